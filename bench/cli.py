@@ -1,0 +1,149 @@
+"""`parabench`: run, list, verify, report, compare.
+
+Bad input is one line on stderr and exit code 2, before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.config import DATASETS, ConfigError, RunConfig
+
+EXIT_BAD_INPUT = 2
+
+
+def _csv(kind: type):
+    def parse(text: str):
+        try:
+            return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}: {text!r}") from exc
+
+    return parse
+
+
+def _kv(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    k, v = text.split("=", 1)
+    return k.strip(), v.strip()
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2
+        self.exit(EXIT_BAD_INPUT, f"parabench: error: {message}\n")
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    d = RunConfig()
+    p.add_argument("--strategies", type=_csv(str), default=(), help="comma-separated (default: all)")
+    p.add_argument("--world-sizes", type=_csv(int), default=(), help="e.g. 1,2 (default: 1,2,4.. up to devices)")
+    p.add_argument("--dataset", default=d.dataset, help=f"one of {', '.join(DATASETS)}")
+    p.add_argument("--model", default="", help="mnist_cnn or any torchvision classification model")
+    p.add_argument("--global-batch", type=int, default=d.global_batch)
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--max-steps", type=int, default=None, help="cap on steps per epoch")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--device", default=d.device, choices=None, help="auto, cpu or cuda")
+    p.add_argument("--workers", type=int, default=None, help="loader workers per device (default 0 CPU, 4 CUDA)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--data-root", default="", help="default: $PARABENCH_DATA_ROOT or ./data")
+    p.add_argument("--download", action="store_true", help="download MNIST if missing (needs internet)")
+    p.add_argument("--limit", type=int, default=None, help="cap on training samples")
+    p.add_argument("--max-classes", type=int, default=None, help="imagenet-subset: first N classes")
+    p.add_argument("--eval-samples", type=int, default=d.eval_samples)
+    p.add_argument("--image-size", type=int, default=d.image_size)
+    p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds per cell before it is killed")
+    p.add_argument("--out-dir", default=d.out_dir)
+    p.add_argument("--run-id", default="")
+    p.add_argument("--set", dest="options", type=_kv, action="append", default=[],
+                   help="strategy option key=value (e.g. opt_level=O2)")
+
+
+def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
+    return RunConfig(
+        strategies=a.strategies, world_sizes=a.world_sizes, dataset=a.dataset, model=a.model,
+        global_batch=a.global_batch, epochs=a.epochs, max_steps=a.max_steps, warmup_steps=a.warmup_steps,
+        repeats=a.repeats, device=a.device, workers=a.workers, seed=a.seed, lr=a.lr, data_root=a.data_root,
+        download=a.download, limit=a.limit, max_classes=a.max_classes, eval_samples=a.eval_samples,
+        image_size=a.image_size, timeout_s=a.timeout, out_dir=a.out_dir, run_id=a.run_id,
+        options=dict(a.options), **extra,
+    )
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from bench import runner, summary
+
+    cfg = config_from_args(a)
+    try:
+        run_dir, rows = runner.run_matrix(cfg, resume=Path(a.resume) if a.resume else None)
+    except KeyboardInterrupt:
+        return 130
+    print(summary.table(rows))
+    print(f"results: {run_dir}")
+    if not a.no_report:
+        try:
+            from bench import report
+        except ImportError:
+            pass
+        else:
+            print(f"report: {report.render(run_dir)}")
+    return 0
+
+
+def cmd_list(a: argparse.Namespace) -> int:
+    import strategies
+    from bench.env import resolve_device
+    from bench.models import model_names
+
+    device = resolve_device(a.device)
+    print(f"strategies (device: {device}):")
+    for name, spec in strategies.registry().items():
+        why = spec.unavailable(device)
+        state = "available  " if not why else "unavailable"
+        print(f"  {name:<16} {state} {spec.launcher:<11} {spec.description}")
+        if why:
+            print(f"  {'':<16} -> {why}")
+    print(f"datasets: {', '.join(DATASETS)}")
+    names = model_names()
+    print(f"models: {', '.join(names[:12])}, ... ({len(names)} in all; any torchvision classification model)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="parabench", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="run the benchmark matrix")
+    add_run_options(r)
+    r.add_argument("--resume", default=None, metavar="RUN_DIR", help="finish an interrupted run")
+    r.add_argument("--no-report", action="store_true", help="skip the report at the end")
+    r.set_defaults(func=cmd_run)
+    ls = sub.add_parser("list", help="strategies (available or not, and why), datasets, models")
+    ls.add_argument("--device", default="auto")
+    ls.set_defaults(func=cmd_list)
+    for mod in ("verify", "report", "compare"):
+        try:
+            module = __import__(f"bench.{mod}", fromlist=["add_parser"])
+        except ImportError:
+            continue
+        module.add_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"parabench: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

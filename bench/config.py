@@ -1,0 +1,90 @@
+"""Run configuration: one kw_only dataclass, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DATASETS = ("mnist", "imagenet-subset", "synthetic")
+DEFAULT_MODEL = {"mnist": "mnist_cnn", "imagenet-subset": "resnet18", "synthetic": "resnet18"}
+
+
+class ConfigError(ValueError):
+    """Bad input: the CLI prints the message on one line and exits with code 2."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    strategies: tuple[str, ...] = ()  # empty: every registered strategy
+    world_sizes: tuple[int, ...] = ()  # empty: 1, 2, 4, ... up to the devices present
+    dataset: str = "mnist"
+    model: str = ""  # empty: the dataset's default
+    global_batch: int = 64
+    epochs: int = 1
+    max_steps: int | None = None  # per epoch
+    warmup_steps: int = 5
+    repeats: int = 1
+    device: str = "auto"
+    workers: int | None = None  # loader workers per device; None: 0 on CPU, 4 on CUDA
+    seed: int = 0
+    lr: float = 0.01
+    data_root: str = ""
+    download: bool = False
+    limit: int | None = None  # cap on training samples
+    max_classes: int | None = None  # imagenet-subset: first N classes
+    eval_samples: int = 1000
+    image_size: int = 224
+    timeout_s: float = 900.0  # per (strategy, world size, repeat)
+    out_dir: str = "results"
+    run_id: str = ""
+    options: dict[str, str] = field(default_factory=dict)  # strategy options, key=value
+    save_params: bool = False  # write final parameters (parity checks)
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ConfigError(msg)
+
+        need(self.dataset in DATASETS, f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        need(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}; choose auto, cpu or cuda")
+        need(self.global_batch >= 1, f"--global-batch must be a positive integer, got {self.global_batch}")
+        need(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
+        need(self.max_steps is None or self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
+        need(self.warmup_steps >= 0, f"--warmup-steps cannot be negative, got {self.warmup_steps}")
+        need(self.repeats >= 1, f"--repeats must be at least 1, got {self.repeats}")
+        need(self.workers is None or self.workers >= 0, f"--workers cannot be negative, got {self.workers}")
+        need(self.timeout_s > 0, f"--timeout must be positive, got {self.timeout_s}")
+        need(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        need(self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}")
+        need(self.max_classes is None or self.max_classes >= 2, "--max-classes must be at least 2")
+        need(self.eval_samples >= 0, "--eval-samples cannot be negative")
+        for ws in self.world_sizes:
+            need(isinstance(ws, int) and ws >= 1, f"world sizes must be positive integers, got {ws!r}")
+        need(len(set(self.world_sizes)) == len(self.world_sizes), "--world-sizes lists a size twice")
+        need(len(set(self.strategies)) == len(self.strategies), "--strategies lists a strategy twice")
+        if not self.model:
+            object.__setattr__(self, "model", DEFAULT_MODEL[self.dataset])
+        if not self.data_root:
+            object.__setattr__(self, "data_root", os.environ.get("PARABENCH_DATA_ROOT", "data"))
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_root).expanduser()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
+        for key in ("strategies", "world_sizes"):
+            d[key] = tuple(d.get(key) or ())
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,218 @@
+"""Datasets: MNIST from its idx files, an ImageNet subset as an ImageFolder tree, synthetic.
+
+Each loader returns a `DataBundle`: a training set, a held-out set and a sentence that
+says exactly what was used (which split, how the held-out part was made), which lands
+in every result row. Nothing is substituted silently: missing data is a ConfigError.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Subset, TensorDataset
+
+from bench.config import ConfigError, RunConfig
+from bench.models import input_shape
+
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class DataBundle:
+    train: Dataset
+    held_out: Dataset
+    num_classes: int
+    description: str  # e.g. "mnist test split (10000), train 9000 / held-out 1000"
+
+
+def load(cfg: RunConfig) -> DataBundle:
+    if cfg.dataset == "mnist":
+        return _mnist(cfg)
+    if cfg.dataset == "imagenet-subset":
+        return _imagenet_subset(cfg)
+    return _synthetic(cfg)
+
+
+def check(cfg: RunConfig) -> str:
+    """Fail fast, before any process starts, if the data is missing; say what will be used."""
+    if cfg.dataset == "mnist":
+        if cfg.model != "mnist_cnn" and input_shape(cfg.model, cfg.image_size)[0] != 1:
+            raise ConfigError(
+                f"model {cfg.model} takes 3-channel images and MNIST is 1-channel; "
+                "use --model mnist_cnn, or --dataset imagenet-subset / synthetic"
+            )
+        split, _ = _mnist_split(cfg)
+        return f"mnist {split} split"
+    if cfg.dataset == "imagenet-subset":
+        return f"imagenet-subset at {_imagenet_root(cfg.data_path)}"
+    return "synthetic"
+
+
+# ---------------------------------------------------------------- MNIST
+_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def _mnist_raw_dirs(root: Path) -> list[Path]:
+    return [root / "MNIST" / "raw", root / "mnist" / "MNIST" / "raw", root / "raw", root]
+
+
+def _find(raw: Path, stem: str) -> Path | None:
+    for p in (raw / stem, raw / f"{stem}.gz"):
+        if p.is_file():
+            return p
+    return None
+
+
+def _mnist_split(cfg: RunConfig) -> tuple[str, dict[str, tuple[Path, Path]]]:
+    """Which split trains, and the files of every split present."""
+    root = cfg.data_path
+    if cfg.download:
+        _download_mnist(root)
+    for raw in _mnist_raw_dirs(root):
+        present = {}
+        for split, (img, lab) in _MNIST_FILES.items():
+            i, lbl = _find(raw, img), _find(raw, lab)
+            if i and lbl:
+                present[split] = (i, lbl)
+        if present:
+            return ("train" if "train" in present else "test"), present
+    raise ConfigError(
+        f"MNIST not found under {root} (looked for MNIST/raw/*-idx?-ubyte[.gz]); "
+        "pass --download on a machine with internet, point --data-root at it, or use --dataset synthetic"
+    )
+
+
+def _download_mnist(root: Path) -> None:
+    from torchvision.datasets import MNIST
+
+    try:
+        for train in (True, False):
+            MNIST(str(root), train=train, download=True)
+    except Exception as exc:
+        raise ConfigError(f"MNIST download into {root} failed: {exc}".splitlines()[0]) from exc
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise ConfigError(f"{path} is not an idx file of unsigned bytes")
+    ndim = data[3]
+    dims = np.frombuffer(data, dtype=">i4", count=ndim, offset=4)
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(dims)):
+        raise ConfigError(f"{path} is truncated: expected {int(np.prod(dims))} values, found {body.size}")
+    return body.reshape(tuple(int(d) for d in dims))
+
+
+def _mnist_tensors(files: tuple[Path, Path]) -> TensorDataset:
+    images = torch.from_numpy(_read_idx(files[0]).copy()).float().div_(255)
+    labels = torch.from_numpy(_read_idx(files[1]).astype(np.int64))
+    if len(images) != len(labels):
+        raise ConfigError(f"{files[0]} has {len(images)} images but {files[1]} has {len(labels)} labels")
+    images = images.sub_(MNIST_MEAN).div_(MNIST_STD).unsqueeze(1)
+    return TensorDataset(images, labels)
+
+
+def _mnist(cfg: RunConfig) -> DataBundle:
+    split, present = _mnist_split(cfg)
+    train = _mnist_tensors(present[split])
+    if split == "train" and "test" in present:
+        held = _mnist_tensors(present["test"])
+        held = Subset(held, range(min(cfg.eval_samples, len(held))))
+        desc = f"mnist train split ({len(train)}), held-out: test split ({len(held)})"
+    else:
+        # Only one split is here: hold out its last `eval_samples` images.
+        n_eval = min(cfg.eval_samples, len(train) // 10)
+        held = Subset(train, range(len(train) - n_eval, len(train)))
+        train = Subset(train, range(len(train) - n_eval))
+        desc = f"mnist {split} split only ({len(train) + n_eval}): train {len(train)} / held-out last {n_eval}"
+    train = _limit(train, cfg.limit)
+    return DataBundle(train, held, 10, desc)
+
+
+def _limit(ds: Dataset, limit: int | None) -> Dataset:
+    if limit is None or limit >= len(ds):  # type: ignore[arg-type]
+        return ds
+    return Subset(ds, range(limit))
+
+
+# ---------------------------------------------------------------- ImageNet subset
+def _is_class_tree(p: Path) -> bool:
+    return p.is_dir() and any(c.is_dir() for c in p.iterdir())
+
+
+def _imagenet_root(root: Path) -> Path:
+    for cand in (root / "train", root, root / "imagenet-sample", root / "imagenet-subset", root / "imagenet" / "train"):
+        if cand.is_dir() and _is_class_tree(cand) and cand.name != "MNIST":
+            # A tree of class folders holding images (not e.g. the data root holding 'mnist/').
+            first = next(c for c in sorted(cand.iterdir()) if c.is_dir())
+            if any(f.suffix.lower() in (".jpeg", ".jpg", ".png") for f in first.iterdir()):
+                return cand
+    raise ConfigError(
+        f"no ImageFolder tree under {root} (expected <root>/<class>/*.JPEG or <root>/train/<class>/...); "
+        "point --data-root at it, or use --dataset synthetic"
+    )
+
+
+def _imagenet_subset(cfg: RunConfig) -> DataBundle:
+    from torchvision import datasets, transforms
+
+    root = _imagenet_root(cfg.data_path)
+    norm = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    size = cfg.image_size
+    train_tf = transforms.Compose([
+        transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(), transforms.ToTensor(), norm,
+    ])
+    eval_tf = transforms.Compose([
+        transforms.Resize(int(size * 256 / 224)), transforms.CenterCrop(size), transforms.ToTensor(), norm,
+    ])
+    train_full = datasets.ImageFolder(str(root), transform=train_tf)
+    eval_full = datasets.ImageFolder(str(root), transform=eval_tf)
+    classes = len(train_full.classes)
+    keep = list(range(len(train_full)))
+    if cfg.max_classes is not None and cfg.max_classes < classes:
+        classes = cfg.max_classes
+        keep = [i for i, (_, c) in enumerate(train_full.samples) if c < classes]
+    # Every 10th image is held out (deterministic), capped at eval_samples.
+    held_idx = keep[9::10][: cfg.eval_samples]
+    held_set = set(held_idx)
+    train_idx = [i for i in keep if i not in held_set]
+    train = _limit(Subset(train_full, train_idx), cfg.limit)
+    desc = f"imagenet-subset {root} ({classes} classes): train {len(train)} / held-out {len(held_idx)}"
+    return DataBundle(train, Subset(eval_full, held_idx), classes, desc)
+
+
+# ---------------------------------------------------------------- synthetic
+class SyntheticImages(Dataset):
+    """Random images of the model's input shape; a small pool reused, so no I/O and little CPU."""
+
+    def __init__(self, n: int, shape: tuple[int, ...], num_classes: int, seed: int, pool: int = 64):
+        g = torch.Generator().manual_seed(seed)
+        self.n = n
+        self.images = torch.randn((min(pool, n), *shape), generator=g)
+        self.labels = torch.randint(0, num_classes, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[i % len(self.images)], self.labels[i]
+
+
+def _synthetic(cfg: RunConfig) -> DataBundle:
+    shape = input_shape(cfg.model, cfg.image_size)
+    classes = 10 if cfg.model == "mnist_cnn" else 1000
+    n = cfg.limit or 50 * cfg.global_batch
+    train = SyntheticImages(n, shape, classes, cfg.seed)
+    held = SyntheticImages(max(cfg.eval_samples, 1), shape, classes, cfg.seed + 1)
+    return DataBundle(train, held, classes, f"synthetic {shape} x {n}, {classes} classes")

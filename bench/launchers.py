@@ -1,0 +1,54 @@
+"""Launchers: how a cell's processes are started. One signature for all of them.
+
+A launcher turns (cell spec path, world size, device) into the command line of the
+cell's top process; that process starts the ranks, each of which runs bench.worker.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+Launcher = Callable[[Path, int, str], list[str]]
+
+
+def inprocess(spec: Path, world_size: int, device: str) -> list[str]:
+    return [sys.executable, "-m", "bench.worker", str(spec)]
+
+
+def spawn(spec: Path, world_size: int, device: str) -> list[str]:
+    return [sys.executable, "-m", "bench.worker", "--spawn", str(spec)]
+
+
+def torchrun(spec: Path, world_size: int, device: str) -> list[str]:
+    # --standalone: a local rendezvous on a free port, so concurrent runs do not collide.
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+        f"--nproc-per-node={world_size}", "--max-restarts=0",
+        "-m", "bench.worker", str(spec),
+    ]
+
+
+def horovodrun_path() -> str | None:
+    local = Path(sys.executable).parent / "horovodrun"
+    return str(local) if local.exists() else shutil.which("horovodrun")
+
+
+def horovodrun(spec: Path, world_size: int, device: str) -> list[str]:
+    exe = horovodrun_path()
+    if exe is None:
+        raise RuntimeError("horovodrun not found: run `make horovod`")
+    return [
+        exe, "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
+        sys.executable, "-m", "bench.worker", str(spec),
+    ]
+
+
+LAUNCHERS: dict[str, Launcher] = {
+    "inprocess": inprocess,
+    "spawn": spawn,
+    "torchrun": torchrun,
+    "horovodrun": horovodrun,
+}

@@ -1,0 +1,133 @@
+"""Process hygiene: free ports, parent-death signals, and killing a cell's whole tree.
+
+Each (strategy, world size, repeat) runs as its own process tree in its own session.
+The harness records every descendant while the cell runs and kills them all when it
+ends, times out or is interrupted; it also makes itself a child subreaper, so a
+launcher's grandchildren that detach (daemonise) are reparented to the harness and
+can still be found. Ranks ask the kernel to kill them if their parent dies, so a
+harness killed with SIGKILL leaves no orphans training on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def die_with_parent() -> None:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def become_subreaper() -> None:
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    oom_type = getattr(__import__("torch"), "OutOfMemoryError", ())
+    if oom_type and isinstance(exc, oom_type):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text
+
+
+class CellProcess:
+    """One launched cell: a process in a new session plus every descendant seen."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, marker: str) -> None:
+        self.marker = marker  # PARABENCH_CELL value: finds reparented orphans
+        self._seen: dict[int, psutil.Process] = {}
+        with open(log, "ab") as out:
+            self.popen = subprocess.Popen(
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )
+
+    def _track(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.popen.pid)
+            for p in [root, *root.children(recursive=True)]:
+                self._seen.setdefault(p.pid, p)
+        # Orphans of this cell reparented to us (we are a subreaper).
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process().children(recursive=True):
+                if p.pid not in self._seen and self._belongs(p):
+                    self._seen[p.pid] = p
+
+    def _belongs(self, p: psutil.Process) -> bool:
+        try:
+            return p.environ().get("PARABENCH_CELL") == self.marker
+        except psutil.Error:
+            return False
+
+    def wait(self, timeout_s: float, poll_s: float = 0.2) -> tuple[int | None, bool]:
+        """(returncode, timed_out). A cell past its deadline is killed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._track()
+            rc = self.popen.poll()
+            if rc is not None:
+                return rc, False
+            if time.monotonic() > deadline:
+                self.kill()
+                return self.popen.poll(), True
+            time.sleep(poll_s)
+
+    def alive(self) -> list[psutil.Process]:
+        out = []
+        for pid, p in self._seen.items():
+            if pid != self.popen.pid:
+                # Orphans reparented to us become our zombies: reap exactly those pids.
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+            with contextlib.suppress(psutil.Error):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+        return out
+
+    def kill(self, grace_s: float = 3.0) -> None:
+        """SIGTERM the session, then SIGKILL whatever of the tree is still there."""
+        self._track()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        for p in self.alive():
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, still = psutil.wait_procs(self.alive(), timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        for p in still:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(self.alive(), timeout=grace_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=grace_s)
+
+    def reap(self) -> None:
+        """After a normal exit: anything of the tree still running is killed."""
+        self._track()
+        if self.alive():
+            self.kill(grace_s=1.0)

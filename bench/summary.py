@@ -1,0 +1,50 @@
+"""The table printed at the end of a run: one line per strategy and world size."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+
+def _f(row: Mapping[str, str], key: str) -> float:
+    try:
+        return float(row.get(key) or "nan")
+    except ValueError:
+        return float("nan")
+
+
+def table(rows: Iterable[Mapping[str, str]]) -> str:
+    rows = list(rows)
+    ok: dict[tuple[str, int], list[Mapping[str, str]]] = defaultdict(list)
+    other: dict[tuple[str, int], Mapping[str, str]] = {}
+    for r in rows:
+        key = (r["strategy"], int(r["world_size"]))
+        if r["status"] == "ok":
+            ok[key].append(r)
+        else:
+            other.setdefault(key, r)
+
+    def med(rs: list, k: str) -> float:
+        vals = [_f(r, k) for r in rs]
+        vals = [v for v in vals if v == v]
+        return statistics.median(vals) if vals else float("nan")
+
+    base = med(ok.get(("single", 1), []), "samples_per_s")
+    head = f"{'strategy':<16}{'ws':>3}{'samples/s':>12}{'speed-up':>9}{'step p50 ms':>13}{'data %':>8}{'peak MiB':>10}{'loss':>8}{'acc':>7}  status"
+    lines = [head, "-" * len(head)]
+    for key in sorted(set(ok) | set(other)):
+        name, ws = key
+        if key in ok:
+            rs = ok[key]
+            sps = med(rs, "samples_per_s")
+            up = sps / base if base == base and base > 0 else float("nan")
+            lines.append(
+                f"{name:<16}{ws:>3}{sps:>12.1f}{up:>8.2f}x{med(rs, 'step_time_ms_p50'):>13.2f}"
+                f"{med(rs, 'data_wait_pct'):>8.1f}{med(rs, 'peak_mem_mib'):>10.0f}"
+                f"{med(rs, 'train_loss_final'):>8.3f}{med(rs, 'eval_accuracy'):>7.3f}  ok"
+            )
+        if key in other:
+            r = other[key]
+            lines.append(f"{name:<16}{ws:>3}{'':>67}  {r['status']}: {r['reason']}")
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""Per-rank entry point: `python -m bench.worker [--spawn] CELL_SPEC.json`.
+
+Every launcher (in-process, mp.spawn, torchrun, horovodrun) ends up here, so a rank's
+work is the same whoever started it: read the cell spec, build data, model and
+strategy with the cell's seed, run the epochs, and (rank 0 only) append one JSON
+record per epoch to the cell directory. An exception is written to `error-rank<r>.json`
+first, so the harness can say in one line why a cell failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+import strategies
+from bench import data, proc
+from bench.config import RunConfig
+from bench.env import threads_per_rank
+from bench.models import build_model
+from bench.probes import reset_peaks
+from strategies.base import RankContext, Strategy
+
+
+def rank_context(cfg: RunConfig, world_size: int, device_type: str, multiprocess: bool) -> RankContext:
+    env = os.environ
+    rank = int(env.get("RANK", env.get("HOROVOD_RANK", 0)))
+    local = int(env.get("LOCAL_RANK", env.get("HOROVOD_LOCAL_RANK", rank)))
+    size = int(env.get("WORLD_SIZE", env.get("HOROVOD_SIZE", 1)))
+    if multiprocess and size != world_size:
+        raise RuntimeError(f"launcher started {size} ranks, the cell asked for {world_size}")
+    device = torch.device(f"cuda:{local}") if device_type == "cuda" else torch.device("cpu")
+    return RankContext(rank=rank, local_rank=local, world_size=world_size, device=device, seed=cfg.seed)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def evaluate(strategy: Strategy, dataset: Any, batch: int = 256) -> dict[str, float]:
+    model = strategy.unwrap(strategy.model)
+    model.eval()
+    correct, loss_sum, n = 0, 0.0, 0
+    with torch.no_grad():
+        for x, y in DataLoader(dataset, batch_size=batch):
+            x, y = x.to(strategy.ctx.device), y.to(strategy.ctx.device)
+            with strategy.autocast():
+                out = model(x)
+            loss_sum += torch.nn.functional.cross_entropy(out.float(), y, reduction="sum").item()
+            correct += (out.argmax(1) == y).sum().item()
+            n += len(y)
+    model.train()
+    return {"eval_loss": loss_sum / max(n, 1), "eval_accuracy": correct / max(n, 1)}
+
+
+def run(spec: dict[str, Any]) -> None:
+    cfg = RunConfig.from_dict(spec["config"])
+    cell_dir = Path(spec["dir"])
+    ws, device_type = spec["world_size"], spec["device"]
+    multiprocess = strategies.get(spec["strategy"]).cls.multiprocess
+    ctx = rank_context(cfg, ws, device_type, multiprocess)
+    try:
+        _run(cfg, spec, ctx, cell_dir)
+    except BaseException as exc:
+        err = {
+            "rank": ctx.rank,
+            "time": time.time(),
+            "type": type(exc).__name__,
+            "message": str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            "oom": proc.is_oom(exc),
+            "traceback": traceback.format_exc(),
+        }
+        (cell_dir / f"error-rank{ctx.rank}.json").write_text(json.dumps(err))
+        raise
+
+
+def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path) -> None:
+    threads = threads_per_rank(spec["device"], ctx.world_size)
+    torch.set_num_threads(threads)
+    seed_everything(cfg.seed)
+    strategy = strategies.get(spec["strategy"]).create(ctx)
+    strategy.setup_distributed()
+    try:
+        bundle = data.load(cfg)
+        seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
+        model = build_model(cfg.model, bundle.num_classes, **cfg.model_kwargs).to(ctx.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+        strategy.attach(model, optimizer)
+        per_rank = strategy.per_rank_batch(cfg.global_batch)
+        devices_here = 1 if strategy.multiprocess else ctx.world_size
+        workers = spec["workers_per_device"] * devices_here
+        loader = DataLoader(
+            bundle.train,
+            batch_size=per_rank,
+            sampler=strategy.sampler(bundle.train),
+            num_workers=workers,
+            pin_memory=ctx.device.type == "cuda",
+            drop_last=True,
+            persistent_workers=workers > 0,
+        )
+        if len(loader) == 0:
+            raise ValueError(
+                f"global batch {cfg.global_batch} is larger than the {len(bundle.train)} training samples"
+            )
+        for epoch in range(cfg.epochs):
+            reset_peaks(ctx.device)
+            stats = strategy.train_epoch(
+                loader, epoch, max_steps=cfg.max_steps, warmup_steps=cfg.warmup_steps
+            )
+            metrics = evaluate(strategy, bundle.held_out) if ctx.rank == 0 and cfg.eval_samples else {}
+            ranks = strategy.gather(
+                {"rank": ctx.rank, "samples": stats.samples, "timed_s": stats.timed_s, **stats.memory}
+            )
+            if ctx.rank == 0:
+                record = {
+                    "epoch": epoch,
+                    "steps": stats.steps,
+                    "warmup_steps": stats.warmup_steps,
+                    "step_times_ms": stats.step_times_ms,
+                    "data_wait_ms": stats.data_wait_ms,
+                    "losses": stats.losses,
+                    "ranks": ranks,
+                    "per_rank_batch": per_rank,
+                    "loader_workers": workers,
+                    "threads_per_rank": threads,
+                    "backend": getattr(strategy, "backend", ""),
+                    "precision": strategy.precision,
+                    "notes": "; ".join(strategy.notes),
+                    "data": bundle.description,
+                    **metrics,
+                }
+                with open(cell_dir / "epochs.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
+        if cfg.save_params and ctx.rank == 0:
+            state = {k: v.detach().cpu() for k, v in strategy.unwrap(strategy.model).state_dict().items()}
+            torch.save(state, cell_dir / "params.pt")
+        strategy.barrier()
+    finally:
+        strategy.teardown()
+
+
+def _spawn_entry(index: int, spec: dict[str, Any], port: int) -> None:
+    os.environ.update(
+        RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(spec["world_size"]),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    proc.die_with_parent()
+    run(spec)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    spawn = argv[0] == "--spawn"
+    spec = json.loads(Path(argv[-1]).read_text())
+    proc.die_with_parent()
+    if spawn:
+        import torch.multiprocessing as mp
+
+        mp.spawn(_spawn_entry, args=(spec, proc.free_port()), nprocs=spec["world_size"], join=True)
+    else:
+        run(spec)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Strategy registry, filled by scanning this package (plus plug-ins).
+
+Adding a module with a `Strategy` subclass that declares `variants` is all it takes for
+a strategy to appear in `parabench list` and in the next `make bench`. Other sources:
+- installed packages, through the entry-point group `parabench.strategies`
+  (value: an importable module);
+- `PARABENCH_STRATEGIES`, a comma-separated list of importable modules (how tests and
+  users try a strategy without packaging it; child processes inherit it).
+A module that fails to import is listed as unavailable with its error, never a crash.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import pkgutil
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import entry_points
+
+from bench.config import ConfigError
+from strategies.base import RankContext, Strategy, Variant
+
+__all__ = ["RankContext", "Strategy", "StrategySpec", "Variant", "registry", "get", "UnknownStrategy"]
+
+ENTRY_POINT_GROUP = "parabench.strategies"
+
+
+class UnknownStrategy(ConfigError):
+    pass
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    cls: type[Strategy] | None
+    variant: Variant | None
+    module: str
+    import_error: str | None = None
+
+    @property
+    def launcher(self) -> str:
+        return self.variant.launcher if self.variant else "inprocess"
+
+    @property
+    def description(self) -> str:
+        return self.variant.description if self.variant else f"module {self.module} failed to import"
+
+    def unavailable(self, device: str) -> str | None:
+        if self.cls is None:
+            return self.import_error
+        return self.cls.unavailable(device)
+
+    def cannot_run(self, world_size: int, device: str, n_devices: int) -> str | None:
+        assert self.cls is not None
+        return self.cls.cannot_run(world_size, device, n_devices)
+
+    def create(self, ctx: RankContext) -> Strategy:
+        assert self.cls is not None and self.variant is not None
+        return self.cls(ctx, self.variant.options)
+
+
+def _module_names() -> list[str]:
+    names = [
+        f"{__name__}.{m.name}"
+        for m in pkgutil.iter_modules(__path__)
+        if m.name != "base" and not m.name.startswith("_")
+    ]
+    names += [ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    names += [m.strip() for m in os.environ.get("PARABENCH_STRATEGIES", "").split(",") if m.strip()]
+    return names
+
+
+def _specs_in(module_name: str) -> list[StrategySpec]:
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a broken plug-in is listed, not fatal
+        short = module_name.rsplit(".", 1)[-1]
+        reason = f"import of {module_name} failed: {type(exc).__name__}: {exc}".splitlines()[0]
+        return [StrategySpec(short, None, None, module_name, reason)]
+    specs = []
+    for _, cls in inspect.getmembers(module, inspect.isclass):
+        # `cls.__dict__` so a subclass does not re-register its parent's names.
+        if issubclass(cls, Strategy) and cls.__module__ == module.__name__:
+            for name, variant in cls.__dict__.get("variants", {}).items():
+                specs.append(StrategySpec(name, cls, variant, module_name))
+    return specs
+
+
+@cache
+def registry() -> dict[str, StrategySpec]:
+    found: dict[str, StrategySpec] = {}
+    for module_name in _module_names():
+        for spec in _specs_in(module_name):
+            if spec.name in found and found[spec.name].module != spec.module:
+                raise RuntimeError(
+                    f"strategy name {spec.name!r} is registered by both {found[spec.name].module} and {spec.module}"
+                )
+            found[spec.name] = spec
+    return dict(sorted(found.items()))
+
+
+def get(name: str) -> StrategySpec:
+    specs = registry()
+    if name not in specs:
+        raise UnknownStrategy(f"unknown strategy {name!r}; known: {', '.join(specs)}")
+    return specs[name]

@@ -1,0 +1,40 @@
+"""torch.nn.DataParallel: one process scatters each global batch over its devices."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from strategies.base import Strategy, Variant
+
+
+class DataParallel(Strategy):
+    variants = {"dp": Variant("inprocess", "nn.DataParallel, one process driving all devices")}
+
+    @classmethod
+    def cannot_run(cls, world_size: int, device: str, n_devices: int) -> str | None:
+        if device != "cuda" and world_size != 1:
+            return f"DataParallel parallelises over GPUs; on {device} it has one device, so world size {world_size} cannot run"
+        if device == "cuda" and world_size > n_devices:
+            return f"DataParallel over {world_size} GPUs needs {world_size} GPUs, found {n_devices}"
+        return None
+
+    def per_rank_batch(self, global_batch: int) -> int:
+        # DataParallel splits the batch across devices itself.
+        return global_batch
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        if self.ctx.device.type == "cuda":
+            ids = list(range(self.ctx.world_size))
+            self.notes.append(f"DataParallel over cuda:{','.join(map(str, ids))}")
+            return nn.DataParallel(model, device_ids=ids), optimizer
+        self.notes.append(f"DataParallel wraps a single {self.ctx.device.type} device: no parallelism")
+        return nn.DataParallel(model), optimizer
+
+    def sampler(self, dataset, *, shuffle: bool = True):
+        # One process reads the whole global batch: a single replica sampler.
+        from torch.utils.data import DistributedSampler
+
+        return DistributedSampler(
+            dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=self.ctx.seed, drop_last=True
+        )
