@@ -20,7 +20,9 @@ def _csv(kind: type):
         try:
             return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}: {text!r}") from exc
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {kind.__name__}: {text!r}"
+            ) from exc
 
     return parse
 
@@ -39,8 +41,15 @@ class _Parser(argparse.ArgumentParser):
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     d = RunConfig()
-    p.add_argument("--strategies", type=_csv(str), default=(), help="comma-separated (default: all)")
-    p.add_argument("--world-sizes", type=_csv(int), default=(), help="e.g. 1,2 (default: 1,2,4.. up to devices)")
+    p.add_argument(
+        "--strategies", type=_csv(str), default=(), help="comma-separated (default: all)"
+    )
+    p.add_argument(
+        "--world-sizes",
+        type=_csv(int),
+        default=(),
+        help="e.g. 1,2 (default: 1,2,4.. up to devices)",
+    )
     p.add_argument("--dataset", default=d.dataset, help=f"one of {', '.join(DATASETS)}")
     p.add_argument("--model", default="", help="mnist_cnn or any torchvision classification model")
     p.add_argument("--global-batch", type=int, default=d.global_batch)
@@ -49,30 +58,63 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--device", default=d.device, choices=None, help="auto, cpu or cuda")
-    p.add_argument("--workers", type=int, default=None, help="loader workers per device (default 0 CPU, 4 CUDA)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="loader workers per device (default 0 CPU, 4 CUDA)",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--data-root", default="", help="default: $PARABENCH_DATA_ROOT or ./data")
-    p.add_argument("--download", action="store_true", help="download MNIST if missing (needs internet)")
+    p.add_argument(
+        "--download", action="store_true", help="download MNIST if missing (needs internet)"
+    )
     p.add_argument("--limit", type=int, default=None, help="cap on training samples")
     p.add_argument("--max-classes", type=int, default=None, help="imagenet-subset: first N classes")
     p.add_argument("--eval-samples", type=int, default=d.eval_samples)
     p.add_argument("--image-size", type=int, default=d.image_size)
-    p.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds per cell before it is killed")
+    p.add_argument(
+        "--timeout", type=float, default=d.timeout_s, help="seconds per cell before it is killed"
+    )
     p.add_argument("--out-dir", default=d.out_dir)
     p.add_argument("--run-id", default="")
-    p.add_argument("--set", dest="options", type=_kv, action="append", default=[],
-                   help="strategy option key=value (e.g. opt_level=O2)")
+    p.add_argument(
+        "--set",
+        dest="options",
+        type=_kv,
+        action="append",
+        default=[],
+        help="strategy option key=value (e.g. opt_level=O2)",
+    )
 
 
 def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
     return RunConfig(
-        strategies=a.strategies, world_sizes=a.world_sizes, dataset=a.dataset, model=a.model,
-        global_batch=a.global_batch, epochs=a.epochs, max_steps=a.max_steps, warmup_steps=a.warmup_steps,
-        repeats=a.repeats, device=a.device, workers=a.workers, seed=a.seed, lr=a.lr, data_root=a.data_root,
-        download=a.download, limit=a.limit, max_classes=a.max_classes, eval_samples=a.eval_samples,
-        image_size=a.image_size, timeout_s=a.timeout, out_dir=a.out_dir, run_id=a.run_id,
-        options=dict(a.options), **extra,
+        strategies=a.strategies,
+        world_sizes=a.world_sizes,
+        dataset=a.dataset,
+        model=a.model,
+        global_batch=a.global_batch,
+        epochs=a.epochs,
+        max_steps=a.max_steps,
+        warmup_steps=a.warmup_steps,
+        repeats=a.repeats,
+        device=a.device,
+        workers=a.workers,
+        seed=a.seed,
+        lr=a.lr,
+        data_root=a.data_root,
+        download=a.download,
+        limit=a.limit,
+        max_classes=a.max_classes,
+        eval_samples=a.eval_samples,
+        image_size=a.image_size,
+        timeout_s=a.timeout,
+        out_dir=a.out_dir,
+        run_id=a.run_id,
+        options=dict(a.options),
+        **extra,
     )
 
 
@@ -111,7 +153,9 @@ def cmd_list(a: argparse.Namespace) -> int:
             print(f"  {'':<16} -> {why}")
     print(f"datasets: {', '.join(DATASETS)}")
     names = model_names()
-    print(f"models: {', '.join(names[:12])}, ... ({len(names)} in all; any torchvision classification model)")
+    print(
+        f"models: {', '.join(names[:12])}, ... ({len(names)} in all; any torchvision classification model)"
+    )
     return 0
 
 

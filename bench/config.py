@@ -49,23 +49,45 @@ class RunConfig:
             if not cond:
                 raise ConfigError(msg)
 
-        need(self.dataset in DATASETS, f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
-        need(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}; choose auto, cpu or cuda")
-        need(self.global_batch >= 1, f"--global-batch must be a positive integer, got {self.global_batch}")
+        need(
+            self.dataset in DATASETS,
+            f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}",
+        )
+        need(
+            self.device in ("auto", "cpu", "cuda"),
+            f"unknown device {self.device!r}; choose auto, cpu or cuda",
+        )
+        need(
+            self.global_batch >= 1,
+            f"--global-batch must be a positive integer, got {self.global_batch}",
+        )
         need(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
-        need(self.max_steps is None or self.max_steps >= 1, f"--max-steps must be at least 1, got {self.max_steps}")
+        need(
+            self.max_steps is None or self.max_steps >= 1,
+            f"--max-steps must be at least 1, got {self.max_steps}",
+        )
         need(self.warmup_steps >= 0, f"--warmup-steps cannot be negative, got {self.warmup_steps}")
         need(self.repeats >= 1, f"--repeats must be at least 1, got {self.repeats}")
-        need(self.workers is None or self.workers >= 0, f"--workers cannot be negative, got {self.workers}")
+        need(
+            self.workers is None or self.workers >= 0,
+            f"--workers cannot be negative, got {self.workers}",
+        )
         need(self.timeout_s > 0, f"--timeout must be positive, got {self.timeout_s}")
         need(self.lr > 0, f"--lr must be positive, got {self.lr}")
         need(self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}")
         need(self.max_classes is None or self.max_classes >= 2, "--max-classes must be at least 2")
         need(self.eval_samples >= 0, "--eval-samples cannot be negative")
         for ws in self.world_sizes:
-            need(isinstance(ws, int) and ws >= 1, f"world sizes must be positive integers, got {ws!r}")
-        need(len(set(self.world_sizes)) == len(self.world_sizes), "--world-sizes lists a size twice")
-        need(len(set(self.strategies)) == len(self.strategies), "--strategies lists a strategy twice")
+            need(
+                isinstance(ws, int) and ws >= 1,
+                f"world sizes must be positive integers, got {ws!r}",
+            )
+        need(
+            len(set(self.world_sizes)) == len(self.world_sizes), "--world-sizes lists a size twice"
+        )
+        need(
+            len(set(self.strategies)) == len(self.strategies), "--strategies lists a strategy twice"
+        )
         if not self.model:
             object.__setattr__(self, "model", DEFAULT_MODEL[self.dataset])
         if not self.data_root:

@@ -74,8 +74,19 @@ def _find(raw: Path, stem: str) -> Path | None:
 def _mnist_split(cfg: RunConfig) -> tuple[str, dict[str, tuple[Path, Path]]]:
     """Which split trains, and the files of every split present."""
     root = cfg.data_path
-    if cfg.download:
+    found = _mnist_present(root)
+    if found is None and cfg.download:
         _download_mnist(root)
+        found = _mnist_present(root)
+    if found is not None:
+        return found
+    raise ConfigError(
+        f"MNIST not found under {root} (looked for MNIST/raw/*-idx?-ubyte[.gz]); "
+        "pass --download on a machine with internet, point --data-root at it, or use --dataset synthetic"
+    )
+
+
+def _mnist_present(root: Path) -> tuple[str, dict[str, tuple[Path, Path]]] | None:
     for raw in _mnist_raw_dirs(root):
         present = {}
         for split, (img, lab) in _MNIST_FILES.items():
@@ -84,10 +95,7 @@ def _mnist_split(cfg: RunConfig) -> tuple[str, dict[str, tuple[Path, Path]]]:
                 present[split] = (i, lbl)
         if present:
             return ("train" if "train" in present else "test"), present
-    raise ConfigError(
-        f"MNIST not found under {root} (looked for MNIST/raw/*-idx?-ubyte[.gz]); "
-        "pass --download on a machine with internet, point --data-root at it, or use --dataset synthetic"
-    )
+    return None
 
 
 def _download_mnist(root: Path) -> None:
@@ -110,7 +118,9 @@ def _read_idx(path: Path) -> np.ndarray:
     dims = np.frombuffer(data, dtype=">i4", count=ndim, offset=4)
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != int(np.prod(dims)):
-        raise ConfigError(f"{path} is truncated: expected {int(np.prod(dims))} values, found {body.size}")
+        raise ConfigError(
+            f"{path} is truncated: expected {int(np.prod(dims))} values, found {body.size}"
+        )
     return body.reshape(tuple(int(d) for d in dims))
 
 
@@ -118,7 +128,9 @@ def _mnist_tensors(files: tuple[Path, Path]) -> TensorDataset:
     images = torch.from_numpy(_read_idx(files[0]).copy()).float().div_(255)
     labels = torch.from_numpy(_read_idx(files[1]).astype(np.int64))
     if len(images) != len(labels):
-        raise ConfigError(f"{files[0]} has {len(images)} images but {files[1]} has {len(labels)} labels")
+        raise ConfigError(
+            f"{files[0]} has {len(images)} images but {files[1]} has {len(labels)} labels"
+        )
     images = images.sub_(MNIST_MEAN).div_(MNIST_STD).unsqueeze(1)
     return TensorDataset(images, labels)
 
@@ -152,7 +164,13 @@ def _is_class_tree(p: Path) -> bool:
 
 
 def _imagenet_root(root: Path) -> Path:
-    for cand in (root / "train", root, root / "imagenet-sample", root / "imagenet-subset", root / "imagenet" / "train"):
+    for cand in (
+        root / "train",
+        root,
+        root / "imagenet-sample",
+        root / "imagenet-subset",
+        root / "imagenet" / "train",
+    ):
         if cand.is_dir() and _is_class_tree(cand) and cand.name != "MNIST":
             # A tree of class folders holding images (not e.g. the data root holding 'mnist/').
             first = next(c for c in sorted(cand.iterdir()) if c.is_dir())
@@ -170,12 +188,22 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
     root = _imagenet_root(cfg.data_path)
     norm = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     size = cfg.image_size
-    train_tf = transforms.Compose([
-        transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(), transforms.ToTensor(), norm,
-    ])
-    eval_tf = transforms.Compose([
-        transforms.Resize(int(size * 256 / 224)), transforms.CenterCrop(size), transforms.ToTensor(), norm,
-    ])
+    train_tf = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            norm,
+        ]
+    )
+    eval_tf = transforms.Compose(
+        [
+            transforms.Resize(int(size * 256 / 224)),
+            transforms.CenterCrop(size),
+            transforms.ToTensor(),
+            norm,
+        ]
+    )
     train_full = datasets.ImageFolder(str(root), transform=train_tf)
     eval_full = datasets.ImageFolder(str(root), transform=eval_tf)
     classes = len(train_full.classes)
@@ -188,7 +216,9 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
     held_set = set(held_idx)
     train_idx = [i for i in keep if i not in held_set]
     train = _limit(Subset(train_full, train_idx), cfg.limit)
-    desc = f"imagenet-subset {root} ({classes} classes): train {len(train)} / held-out {len(held_idx)}"
+    desc = (
+        f"imagenet-subset {root} ({classes} classes): train {len(train)} / held-out {len(held_idx)}"
+    )
     return DataBundle(train, Subset(eval_full, held_idx), classes, desc)
 
 

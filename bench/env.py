@@ -60,11 +60,16 @@ def git_commit() -> str:
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -95,7 +100,9 @@ def provenance(device: str) -> dict[str, str | int]:
         "torch_version": torch.__version__,
         "torchvision_version": _version("torchvision"),
         "cuda_version": torch.version.cuda or "",
-        "cudnn_version": str(torch.backends.cudnn.version() or "") if torch.cuda.is_available() else "",
+        "cudnn_version": str(torch.backends.cudnn.version() or "")
+        if torch.cuda.is_available()
+        else "",
         "nccl_version": nccl_version() if torch.cuda.is_available() else "",
         "horovod_version": _version("horovod"),
         "apex_version": _version("apex"),

@@ -25,9 +25,16 @@ def spawn(spec: Path, world_size: int, device: str) -> list[str]:
 def torchrun(spec: Path, world_size: int, device: str) -> list[str]:
     # --standalone: a local rendezvous on a free port, so concurrent runs do not collide.
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc-per-node={world_size}", "--max-restarts=0",
-        "-m", "bench.worker", str(spec),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={world_size}",
+        "--max-restarts=0",
+        "-m",
+        "bench.worker",
+        str(spec),
     ]
 
 
@@ -41,8 +48,16 @@ def horovodrun(spec: Path, world_size: int, device: str) -> list[str]:
     if exe is None:
         raise RuntimeError("horovodrun not found: run `make horovod`")
     return [
-        exe, "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
-        sys.executable, "-m", "bench.worker", str(spec),
+        exe,
+        "--gloo",
+        "-np",
+        str(world_size),
+        "-H",
+        f"localhost:{world_size}",
+        sys.executable,
+        "-m",
+        "bench.worker",
+        str(spec),
     ]
 
 

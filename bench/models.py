@@ -15,12 +15,19 @@ class MnistCNN(nn.Module):
     def __init__(self, num_classes: int = 10, dropout: float = 0.25) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 32, 3), nn.ReLU(),
-            nn.Conv2d(32, 64, 3), nn.ReLU(),
-            nn.MaxPool2d(2), nn.Dropout(dropout), nn.Flatten(),
+            nn.Conv2d(1, 32, 3),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Dropout(dropout),
+            nn.Flatten(),
         )
         self.classifier = nn.Sequential(
-            nn.Linear(9216, 128), nn.ReLU(), nn.Dropout(2 * dropout), nn.Linear(128, num_classes),
+            nn.Linear(9216, 128),
+            nn.ReLU(),
+            nn.Dropout(2 * dropout),
+            nn.Linear(128, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -62,8 +62,13 @@ class CellProcess:
         self._seen: dict[int, psutil.Process] = {}
         with open(log, "ab") as out:
             self.popen = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=die_with_parent,
+                argv,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
     def _track(self) -> None:

@@ -20,29 +20,100 @@ import numpy as np
 
 ID = ["run_id", "strategy", "world_size", "repeat", "epoch"]
 PARAMS = [
-    "launcher", "backend", "precision", "device", "dataset", "data", "model", "global_batch",
-    "per_rank_batch", "epochs", "max_steps", "warmup_steps", "loader_workers", "threads_per_rank",
-    "seed", "lr", "options",
+    "launcher",
+    "backend",
+    "precision",
+    "device",
+    "dataset",
+    "data",
+    "model",
+    "global_batch",
+    "per_rank_batch",
+    "epochs",
+    "max_steps",
+    "warmup_steps",
+    "loader_workers",
+    "threads_per_rank",
+    "seed",
+    "lr",
+    "options",
 ]
 STATUS = ["status", "reason", "notes"]
 MEASUREMENTS = [
-    "steps", "timed_steps", "samples", "timed_s", "samples_per_s", "samples_per_s_per_device",
-    "step_time_ms_p50", "step_time_ms_p90", "step_time_ms_iqr", "step_time_ms_mean",
-    "data_wait_ms_p50", "compute_ms_p50", "data_wait_pct",
-    "train_loss_first", "train_loss_final", "train_loss_mean", "eval_loss", "eval_accuracy",
-    "peak_mem_mib", "mem_source", "peak_alloc_mib", "peak_reserved_mib", "peak_rss_mib", "cell_wall_s",
+    "steps",
+    "timed_steps",
+    "samples",
+    "timed_s",
+    "samples_per_s",
+    "samples_per_s_per_device",
+    "step_time_ms_p50",
+    "step_time_ms_p90",
+    "step_time_ms_iqr",
+    "step_time_ms_mean",
+    "data_wait_ms_p50",
+    "compute_ms_p50",
+    "data_wait_pct",
+    "train_loss_first",
+    "train_loss_final",
+    "train_loss_mean",
+    "eval_loss",
+    "eval_accuracy",
+    "peak_mem_mib",
+    "mem_source",
+    "peak_alloc_mib",
+    "peak_reserved_mib",
+    "peak_rss_mib",
+    "cell_wall_s",
 ]
 PROVENANCE = [
-    "timestamp", "host", "cpu_model", "cpu_cores", "device_type", "device_names", "gpu_count",
-    "python_version", "torch_version", "torchvision_version", "cuda_version", "cudnn_version",
-    "nccl_version", "horovod_version", "apex_version", "parabench_version", "git_commit", "platform",
+    "timestamp",
+    "host",
+    "cpu_model",
+    "cpu_cores",
+    "device_type",
+    "device_names",
+    "gpu_count",
+    "python_version",
+    "torch_version",
+    "torchvision_version",
+    "cuda_version",
+    "cudnn_version",
+    "nccl_version",
+    "horovod_version",
+    "apex_version",
+    "parabench_version",
+    "git_commit",
+    "platform",
 ]
 RUN_COLUMNS = ID + PARAMS + STATUS + MEASUREMENTS + PROVENANCE
-STEP_COLUMNS = ID[:-1] + ["epoch", "step", "warmup", "step_time_ms", "data_wait_ms", "compute_ms", "loss"]
-RANK_COLUMNS = ID + ["rank", "samples", "timed_s", "samples_per_s", "peak_rss_mib", "peak_alloc_mib", "peak_reserved_mib"]
+STEP_COLUMNS = ID[:-1] + [
+    "epoch",
+    "step",
+    "warmup",
+    "step_time_ms",
+    "data_wait_ms",
+    "compute_ms",
+    "loss",
+]
+RANK_COLUMNS = ID + [
+    "rank",
+    "samples",
+    "timed_s",
+    "samples_per_s",
+    "peak_rss_mib",
+    "peak_alloc_mib",
+    "peak_reserved_mib",
+]
 
 #: statuses a cell can end with
-OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE = "ok", "failed", "oom", "timeout", "skipped", "unavailable"
+OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE = (
+    "ok",
+    "failed",
+    "oom",
+    "timeout",
+    "skipped",
+    "unavailable",
+)
 STATUSES = (OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE)
 
 
@@ -61,8 +132,10 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
     timed_s = max(r["timed_s"] for r in ranks)
     losses = record["losses"]
     cuda = device == "cuda"
-    peak = {k: max((r.get(k, float("nan")) for r in ranks), default=float("nan"))
-            for k in ("peak_alloc_mib", "peak_reserved_mib", "peak_rss_mib")}
+    peak = {
+        k: max((r.get(k, float("nan")) for r in ranks), default=float("nan"))
+        for k in ("peak_alloc_mib", "peak_reserved_mib", "peak_rss_mib")
+    }
     sps = samples / timed_s if timed_s > 0 else float("nan")
     return {
         "steps": record["steps"],
@@ -77,7 +150,9 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "step_time_ms_mean": float(step.mean()) if step.size else float("nan"),
         "data_wait_ms_p50": _pct(wait, 50),
         "compute_ms_p50": _pct(compute, 50),
-        "data_wait_pct": 100 * float(wait.sum() / step.sum()) if step.size and step.sum() > 0 else float("nan"),
+        "data_wait_pct": 100 * float(wait.sum() / step.sum())
+        if step.size and step.sum() > 0
+        else float("nan"),
         "train_loss_first": losses[0] if losses else float("nan"),
         "train_loss_final": losses[-1] if losses else float("nan"),
         "train_loss_mean": float(np.mean(losses)) if losses else float("nan"),
@@ -94,8 +169,17 @@ def step_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[
     rows = []
     for i, (t, w) in enumerate(zip(record["step_times_ms"], record["data_wait_ms"], strict=True)):
         loss = record["losses"][i] if i < len(record["losses"]) else float("nan")
-        rows.append({**ident, "step": i, "warmup": int(i < warm), "step_time_ms": t,
-                     "data_wait_ms": w, "compute_ms": t - w, "loss": loss})
+        rows.append(
+            {
+                **ident,
+                "step": i,
+                "warmup": int(i < warm),
+                "step_time_ms": t,
+                "data_wait_ms": w,
+                "compute_ms": t - w,
+                "loss": loss,
+            }
+        )
     return rows
 
 
@@ -103,9 +187,18 @@ def rank_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[
     rows = []
     for r in record["ranks"]:
         sps = r["samples"] / r["timed_s"] if r["timed_s"] > 0 else float("nan")
-        rows.append({**ident, "rank": r["rank"], "samples": r["samples"], "timed_s": r["timed_s"],
-                     "samples_per_s": sps, "peak_rss_mib": r.get("peak_rss_mib"),
-                     "peak_alloc_mib": r.get("peak_alloc_mib"), "peak_reserved_mib": r.get("peak_reserved_mib")})
+        rows.append(
+            {
+                **ident,
+                "rank": r["rank"],
+                "samples": r["samples"],
+                "timed_s": r["timed_s"],
+                "samples_per_s": sps,
+                "peak_rss_mib": r.get("peak_rss_mib"),
+                "peak_alloc_mib": r.get("peak_alloc_mib"),
+                "peak_reserved_mib": r.get("peak_reserved_mib"),
+            }
+        )
     return rows
 
 

@@ -60,16 +60,24 @@ def plan(cfg: RunConfig) -> list[Cell]:
     """Every cell of the matrix, or a ConfigError that says what is wrong with the request."""
     device = resolve_device(cfg.device)
     if device == "cuda" and not _cuda_available():
-        raise ConfigError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
+        raise ConfigError(
+            "--device cuda asked for, but torch sees no CUDA device; use --device cpu"
+        )
     n_dev = device_count(device)
     sizes = cfg.world_sizes or default_world_sizes(n_dev)
     explicit = bool(cfg.strategies)
-    specs = [strategies.get(n) for n in cfg.strategies] if explicit else list(strategies.registry().values())
+    specs = (
+        [strategies.get(n) for n in cfg.strategies]
+        if explicit
+        else list(strategies.registry().values())
+    )
     check_model(cfg.model)
     for ws in sizes:
         if cfg.global_batch % ws:
-            raise ConfigError(f"global batch {cfg.global_batch} is not divisible by world size {ws}; "
-                              "every rank must get the same share")
+            raise ConfigError(
+                f"global batch {cfg.global_batch} is not divisible by world size {ws}; "
+                "every rank must get the same share"
+            )
     data.check(cfg)
     cells: list[Cell] = []
     for spec in specs:
@@ -78,8 +86,10 @@ def plan(cfg: RunConfig) -> list[Cell]:
             raise ConfigError(f"strategy {spec.name} is unavailable: {why_not}")
         reasons = {ws: spec.cannot_run(ws, device, n_dev) if not why_not else None for ws in sizes}
         if explicit and all(reasons.values()):
-            raise ConfigError(f"{spec.name} cannot run at world size {','.join(map(str, sizes))}: "
-                              f"{next(iter(reasons.values()))}")
+            raise ConfigError(
+                f"{spec.name} cannot run at world size {','.join(map(str, sizes))}: "
+                f"{next(iter(reasons.values()))}"
+            )
         for ws in sizes:
             for r in range(cfg.repeats):
                 if why_not:
@@ -141,37 +151,59 @@ class Runner:
         self.echo = echo
         self.device = resolve_device(cfg.device)
         self.run_id = run_dir.path.name
-        self.workers = cfg.workers if cfg.workers is not None else (4 if self.device == "cuda" else 0)
+        self.workers = (
+            cfg.workers if cfg.workers is not None else (4 if self.device == "cuda" else 0)
+        )
         self.current: proc.CellProcess | None = None
 
     # ---- rows ----
     def _ident(self, cell: Cell, epoch: int | str) -> dict[str, Any]:
-        return {"run_id": self.run_id, "strategy": cell.strategy, "world_size": cell.world_size,
-                "repeat": cell.repeat, "epoch": epoch}
+        return {
+            "run_id": self.run_id,
+            "strategy": cell.strategy,
+            "world_size": cell.world_size,
+            "repeat": cell.repeat,
+            "epoch": epoch,
+        }
 
     def _base_row(self, cell: Cell, epoch: int | str = "") -> dict[str, Any]:
         cfg = self.cfg
         spec = strategies.get(cell.strategy)
         return {
             **self._ident(cell, epoch),
-            "launcher": spec.launcher, "device": self.device, "dataset": cfg.dataset, "model": cfg.model,
-            "global_batch": cfg.global_batch, "epochs": cfg.epochs, "max_steps": cfg.max_steps,
-            "warmup_steps": cfg.warmup_steps, "seed": cfg.seed, "lr": cfg.lr,
+            "launcher": spec.launcher,
+            "device": self.device,
+            "dataset": cfg.dataset,
+            "model": cfg.model,
+            "global_batch": cfg.global_batch,
+            "epochs": cfg.epochs,
+            "max_steps": cfg.max_steps,
+            "warmup_steps": cfg.warmup_steps,
+            "seed": cfg.seed,
+            "lr": cfg.lr,
             "threads_per_rank": threads_per_rank(self.device, cell.world_size),
-            "options": json.dumps({**(spec.variant.options if spec.variant else {}), **cfg.options}),
+            "options": json.dumps(
+                {**(spec.variant.options if spec.variant else {}), **cfg.options}
+            ),
             "precision": spec.cls.precision if spec.cls else "",
             "timestamp": dt.datetime.now().isoformat(timespec="seconds"),
             **provenance(self.device),
         }
 
-    def _status_row(self, cell: Cell, status: str, reason: str, wall: float | None = None) -> dict[str, Any]:
+    def _status_row(
+        self, cell: Cell, status: str, reason: str, wall: float | None = None
+    ) -> dict[str, Any]:
         return {**self._base_row(cell), "status": status, "reason": reason, "cell_wall_s": wall}
 
     # ---- running ----
     def _spec(self, cell: Cell, cell_dir: Path) -> Path:
         spec = {
-            "config": self.cfg.to_dict(), "strategy": cell.strategy, "world_size": cell.world_size,
-            "repeat": cell.repeat, "device": self.device, "dir": str(cell_dir),
+            "config": self.cfg.to_dict(),
+            "strategy": cell.strategy,
+            "world_size": cell.world_size,
+            "repeat": cell.repeat,
+            "device": self.device,
+            "dir": str(cell_dir),
             "workers_per_device": self.workers,
         }
         path = cell_dir / "spec.json"
@@ -198,10 +230,14 @@ class Runner:
         spec = strategies.get(cell.strategy)
         t0 = time.monotonic()
         try:
-            argv = LAUNCHERS[spec.launcher](self._spec(cell, cell_dir), cell.world_size, self.device)
+            argv = LAUNCHERS[spec.launcher](
+                self._spec(cell, cell_dir), cell.world_size, self.device
+            )
         except RuntimeError as exc:
             return [self._status_row(cell, results.FAILED, str(exc))], [], []
-        self.current = proc.CellProcess(argv, self._env(cell, cell_dir), cell_dir / "log.txt", str(cell_dir))
+        self.current = proc.CellProcess(
+            argv, self._env(cell, cell_dir), cell_dir / "log.txt", str(cell_dir)
+        )
         try:
             rc, timed_out = self.current.wait(self.cfg.timeout_s)
             self.current.reap()
@@ -217,19 +253,33 @@ class Runner:
         runs, steps, ranks = [], [], []
         for rec in records:
             ident = self._ident(cell, rec["epoch"])
-            runs.append({
-                **self._base_row(cell, rec["epoch"]),
-                "backend": rec["backend"], "precision": rec["precision"], "data": rec["data"],
-                "per_rank_batch": rec["per_rank_batch"], "loader_workers": rec["loader_workers"],
-                "threads_per_rank": rec["threads_per_rank"], "notes": rec["notes"],
-                "status": results.OK, "reason": "", "cell_wall_s": wall,
-                **results.measure(rec, cell.world_size, self.device),
-            })
+            runs.append(
+                {
+                    **self._base_row(cell, rec["epoch"]),
+                    "backend": rec["backend"],
+                    "precision": rec["precision"],
+                    "data": rec["data"],
+                    "per_rank_batch": rec["per_rank_batch"],
+                    "loader_workers": rec["loader_workers"],
+                    "threads_per_rank": rec["threads_per_rank"],
+                    "notes": rec["notes"],
+                    "status": results.OK,
+                    "reason": "",
+                    "cell_wall_s": wall,
+                    **results.measure(rec, cell.world_size, self.device),
+                }
+            )
             steps += results.step_rows(ident, rec)
             ranks += results.rank_rows(ident, rec)
         if timed_out:
-            runs.append(self._status_row(cell, results.TIMEOUT,
-                        f"no result within {self.cfg.timeout_s:g} s (hang?); all its processes were killed", wall))
+            runs.append(
+                self._status_row(
+                    cell,
+                    results.TIMEOUT,
+                    f"no result within {self.cfg.timeout_s:g} s (hang?); all its processes were killed",
+                    wall,
+                )
+            )
         elif rc != 0 or len(records) < self.cfg.epochs:
             status, reason = _failure(cell_dir, rc)
             runs.append(self._status_row(cell, status, reason, wall))
@@ -239,9 +289,13 @@ class Runner:
         done = self.dir.done()
         todo = [c for c in cells if c.key not in done]
         if done:
-            self.echo(f"resuming {self.dir.path}: {len(cells) - len(todo)} of {len(cells)} cells already done")
+            self.echo(
+                f"resuming {self.dir.path}: {len(cells) - len(todo)} of {len(cells)} cells already done"
+            )
         for i, cell in enumerate(todo, 1):
-            label = f"[{i}/{len(todo)}] {cell.strategy:<14} ws={cell.world_size} repeat={cell.repeat}"
+            label = (
+                f"[{i}/{len(todo)}] {cell.strategy:<14} ws={cell.world_size} repeat={cell.repeat}"
+            )
             if not cell.status:
                 self.echo(f"{label} running ...")
             runs, steps, ranks = self.run_cell(cell)
@@ -292,15 +346,19 @@ def _last_line(log: Path) -> str:
 def _summary(row: dict[str, Any]) -> str:
     if row["status"] != results.OK:
         return f"{row['status'].upper()}: {row['reason']}"
-    return (f"ok  {float(row['samples_per_s']):9.1f} samples/s  step p50 {float(row['step_time_ms_p50']):7.2f} ms"
-            f"  loss {float(row['train_loss_final']):.3f}")
+    return (
+        f"ok  {float(row['samples_per_s']):9.1f} samples/s  step p50 {float(row['step_time_ms_p50']):7.2f} ms"
+        f"  loss {float(row['train_loss_final']):.3f}"
+    )
 
 
 def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir]:
     if resume is not None:
         rd = RunDir(resume)
         if not rd.config_path.exists():
-            raise ConfigError(f"--resume {resume}: no config.json there; is it a parabench run directory?")
+            raise ConfigError(
+                f"--resume {resume}: no config.json there; is it a parabench run directory?"
+            )
         return RunConfig.from_dict(json.loads(rd.config_path.read_text())), rd
     run_id = cfg.run_id or _new_run_id()
     path = Path(cfg.out_dir) / run_id
@@ -312,11 +370,14 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir]:
     return cfg.replace(run_id=run_id), rd
 
 
-def run_matrix(cfg: RunConfig, *, resume: Path | None = None, echo: Echo = print) -> tuple[Path, list[dict]]:
+def run_matrix(
+    cfg: RunConfig, *, resume: Path | None = None, echo: Echo = print
+) -> tuple[Path, list[dict]]:
     cfg, run_dir = open_run(cfg, resume)
     cells = plan(cfg)
     (run_dir.path / "environment.json").write_text(
-        json.dumps(provenance(resolve_device(cfg.device)), indent=1))
+        json.dumps(provenance(resolve_device(cfg.device)), indent=1)
+    )
     proc.become_subreaper()
     runner = Runner(cfg, run_dir, echo)
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -325,8 +386,10 @@ def run_matrix(cfg: RunConfig, *, resume: Path | None = None, echo: Echo = print
     except KeyboardInterrupt:
         runner.interrupt()
         n = len(run_dir.runs.read())
-        echo(f"interrupted: {n} finished rows kept in {run_dir.runs.path}; "
-             f"continue with: parabench run --resume {run_dir.path}")
+        echo(
+            f"interrupted: {n} finished rows kept in {run_dir.runs.path}; "
+            f"continue with: parabench run --resume {run_dir.path}"
+        )
         raise
     finally:
         signal.signal(signal.SIGTERM, old)

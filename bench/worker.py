@@ -31,7 +31,9 @@ from bench.probes import reset_peaks
 from strategies.base import RankContext, Strategy
 
 
-def rank_context(cfg: RunConfig, world_size: int, device_type: str, multiprocess: bool) -> RankContext:
+def rank_context(
+    cfg: RunConfig, world_size: int, device_type: str, multiprocess: bool
+) -> RankContext:
     env = os.environ
     rank = int(env.get("RANK", env.get("HOROVOD_RANK", 0)))
     local = int(env.get("LOCAL_RANK", env.get("HOROVOD_LOCAL_RANK", rank)))
@@ -39,7 +41,9 @@ def rank_context(cfg: RunConfig, world_size: int, device_type: str, multiprocess
     if multiprocess and size != world_size:
         raise RuntimeError(f"launcher started {size} ranks, the cell asked for {world_size}")
     device = torch.device(f"cuda:{local}") if device_type == "cuda" else torch.device("cpu")
-    return RankContext(rank=rank, local_rank=local, world_size=world_size, device=device, seed=cfg.seed)
+    return RankContext(
+        rank=rank, local_rank=local, world_size=world_size, device=device, seed=cfg.seed
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -89,7 +93,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
     threads = threads_per_rank(spec["device"], ctx.world_size)
     torch.set_num_threads(threads)
     seed_everything(cfg.seed)
-    strategy = strategies.get(spec["strategy"]).create(ctx)
+    strategy = strategies.get(spec["strategy"]).create(ctx, cfg.options)
     strategy.setup_distributed()
     try:
         bundle = data.load(cfg)
@@ -118,9 +122,16 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
             stats = strategy.train_epoch(
                 loader, epoch, max_steps=cfg.max_steps, warmup_steps=cfg.warmup_steps
             )
-            metrics = evaluate(strategy, bundle.held_out) if ctx.rank == 0 and cfg.eval_samples else {}
+            metrics = (
+                evaluate(strategy, bundle.held_out) if ctx.rank == 0 and cfg.eval_samples else {}
+            )
             ranks = strategy.gather(
-                {"rank": ctx.rank, "samples": stats.samples, "timed_s": stats.timed_s, **stats.memory}
+                {
+                    "rank": ctx.rank,
+                    "samples": stats.samples,
+                    "timed_s": stats.timed_s,
+                    **stats.memory,
+                }
             )
             if ctx.rank == 0:
                 record = {
@@ -143,7 +154,9 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                 with open(cell_dir / "epochs.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
         if cfg.save_params and ctx.rank == 0:
-            state = {k: v.detach().cpu() for k, v in strategy.unwrap(strategy.model).state_dict().items()}
+            state = {
+                k: v.detach().cpu() for k, v in strategy.unwrap(strategy.model).state_dict().items()
+            }
             torch.save(state, cell_dir / "params.pt")
         strategy.barrier()
     finally:
@@ -152,8 +165,11 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
 
 def _spawn_entry(index: int, spec: dict[str, Any], port: int) -> None:
     os.environ.update(
-        RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(spec["world_size"]),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(index),
+        LOCAL_RANK=str(index),
+        WORLD_SIZE=str(spec["world_size"]),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     proc.die_with_parent()
     run(spec)

@@ -15,6 +15,7 @@ import importlib
 import inspect
 import os
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
@@ -22,7 +23,15 @@ from importlib.metadata import entry_points
 from bench.config import ConfigError
 from strategies.base import RankContext, Strategy, Variant
 
-__all__ = ["RankContext", "Strategy", "StrategySpec", "Variant", "registry", "get", "UnknownStrategy"]
+__all__ = [
+    "RankContext",
+    "Strategy",
+    "StrategySpec",
+    "Variant",
+    "registry",
+    "get",
+    "UnknownStrategy",
+]
 
 ENTRY_POINT_GROUP = "parabench.strategies"
 
@@ -45,7 +54,9 @@ class StrategySpec:
 
     @property
     def description(self) -> str:
-        return self.variant.description if self.variant else f"module {self.module} failed to import"
+        return (
+            self.variant.description if self.variant else f"module {self.module} failed to import"
+        )
 
     def unavailable(self, device: str) -> str | None:
         if self.cls is None:
@@ -56,9 +67,10 @@ class StrategySpec:
         assert self.cls is not None
         return self.cls.cannot_run(world_size, device, n_devices)
 
-    def create(self, ctx: RankContext) -> Strategy:
+    def create(self, ctx: RankContext, options: Mapping[str, str] | None = None) -> Strategy:
+        """An instance for one rank; `options` (from --set) override the variant's."""
         assert self.cls is not None and self.variant is not None
-        return self.cls(ctx, self.variant.options)
+        return self.cls(ctx, {**self.variant.options, **(options or {})})
 
 
 def _module_names() -> list[str]:

@@ -179,10 +179,7 @@ class Strategy:
     ) -> EpochStats:
         warmup = min(warmup, max(len(records) - 1, 0))
         timed = records[warmup:]
-        if losses:
-            local = torch.stack(losses).float()
-        else:
-            local = torch.zeros(0, device=self.ctx.device)
+        local = torch.stack(losses).float() if losses else torch.zeros(0, device=self.ctx.device)
         mean_losses = self.all_mean(local).cpu().tolist()
         return EpochStats(
             epoch=epoch,
@@ -195,4 +192,3 @@ class Strategy:
             losses=tuple(mean_losses),
             memory=memory_snapshot(self.ctx.device),
         )
-

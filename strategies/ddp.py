@@ -60,7 +60,9 @@ class TorchDistributed(Strategy):
 
 class DistributedDataParallel(TorchDistributed):
     variants = {
-        "ddp_torchrun": Variant("torchrun", "DistributedDataParallel, processes started by torchrun"),
+        "ddp_torchrun": Variant(
+            "torchrun", "DistributedDataParallel, processes started by torchrun"
+        ),
         "ddp_spawn": Variant("spawn", "DistributedDataParallel, processes started by mp.spawn"),
     }
 

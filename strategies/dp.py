@@ -28,7 +28,9 @@ class DataParallel(Strategy):
             ids = list(range(self.ctx.world_size))
             self.notes.append(f"DataParallel over cuda:{','.join(map(str, ids))}")
             return nn.DataParallel(model, device_ids=ids), optimizer
-        self.notes.append(f"DataParallel wraps a single {self.ctx.device.type} device: no parallelism")
+        self.notes.append(
+            f"DataParallel wraps a single {self.ctx.device.type} device: no parallelism"
+        )
         return nn.DataParallel(model), optimizer
 
     def sampler(self, dataset, *, shuffle: bool = True):

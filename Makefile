@@ -1,0 +1,66 @@
+# parabench: every target installs what it needs, so a fresh machine runs `make bench`
+# or `make test` and nothing else.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PB     := $(VENV)/bin/parabench
+# Data: $PARABENCH_DATA_ROOT, else ../shared/data where it exists, else ./data (MNIST is
+# downloaded there on first use when the machine has internet).
+DATA_ROOT ?= $(or $(PARABENCH_DATA_ROOT),$(wildcard ../shared/data),data)
+BENCH_ARGS ?=
+export PARABENCH_TEST_DATA ?= $(abspath $(DATA_ROOT))
+
+.PHONY: install horovod bench test test-fast lint format report verify microbench clean help
+help:
+	@echo "make bench      install, then run every available strategy on MNIST (results/<run-id>/)"
+	@echo "make test       install (Horovod included), then the test suite"
+	@echo "make verify     parity of every strategy with the single-device baseline"
+	@echo "make report     re-render the report of the newest run"
+	@echo "make microbench all_reduce latency / bus bandwidth (pytest-benchmark)"
+	@echo "make horovod    build Horovod 0.28.1 against the installed torch (cached)"
+	@echo "make lint       ruff"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+
+$(VENV)/.installed: $(PY) pyproject.toml constraints.txt
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+# Builds Horovod from its PyPI sdist against this torch, once; later calls reuse the
+# cached wheel. A failed build leaves the horovod strategies listed as unavailable.
+horovod: install
+	scripts/build_horovod.sh $(PY)
+
+bench: install
+	-@$(MAKE) --no-print-directory horovod
+	$(PB) run --dataset mnist --data-root $(DATA_ROOT) --download $(BENCH_ARGS)
+
+test: install horovod
+	$(PY) -m pytest -q -ra
+
+test-fast: install
+	$(PY) -m pytest -q -ra -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check bench strategies tests benchmarks
+	$(VENV)/bin/ruff format --check bench strategies tests benchmarks
+
+format: install
+	$(VENV)/bin/ruff format bench strategies tests benchmarks
+
+report: install
+	$(PB) report $$(ls -td results/*/ | grep -v reference | head -1)
+
+verify: install
+	-@$(MAKE) --no-print-directory horovod
+	$(PB) verify --data-root $(DATA_ROOT) --download
+
+microbench: install
+	$(PY) -m pytest benchmarks -q --benchmark-autosave --benchmark-storage=results/microbench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""parabench harness: config -> launcher -> worker (per rank) -> strategy -> probes -> CSV."""

@@ -1,0 +1,437 @@
+"""`parabench report RUN_DIR`: summary.csv, plots and report.md from a run's CSVs.
+
+The reporter reads only what a run wrote (runs.csv, steps.csv, and optionally
+environment.json / config.json), so a run copied from another machine reports the same.
+
+Which rows count: a repeat counts when all its rows are `ok` (a repeat that failed in a
+later epoch is reported as failed, not as a shorter success), and from each counted repeat
+only its last epoch is used. One value per repeat keeps the repeats independent samples for
+the median and spread, and the last epoch is the one whose loss and accuracy are the
+end-of-training values. Step-level plots use the same epochs, warm-up steps excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench import results
+from bench.config import ConfigError
+
+#: the per-repeat measurements that summary.csv gives a median and spread for
+SUMMARY_METRICS = (
+    "samples_per_s",
+    "timed_s",
+    "step_time_ms_p50",
+    "step_time_ms_p90",
+    "data_wait_pct",
+    "peak_mem_mib",
+    "train_loss_final",
+    "eval_accuracy",
+)
+SPREAD = ("median", "iqr", "min", "max")
+KEY = ["strategy", "world_size"]
+BASELINE = ("single", 1)
+
+#: report.md image name -> (plot function name in bench.plots, what it needs)
+PLOTS = {
+    "throughput.png": "throughput",
+    "scaling_efficiency.png": "scaling_efficiency",
+    "peak_memory.png": "peak_memory",
+    "step_time.png": "step_time_distribution",
+    "loss.png": "loss_curves",
+    "time_split.png": "time_split",
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """The tables of one run directory, as written by the runner."""
+
+    path: Path
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    ranks: pd.DataFrame
+    environment: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
+    # A table with no rows is never written (e.g. steps.csv when every cell was skipped).
+    if not path.exists():
+        return pd.DataFrame(columns=list(columns))
+    df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    for col in ("status", "reason", "notes", "strategy"):
+        if col in df:
+            df[col] = df[col].fillna("").astype(str)
+    return df
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """A run's tables; ConfigError when the directory or its runs.csv is missing."""
+    path = Path(run_dir)
+    if path.is_file() and path.name == "runs.csv":
+        path = path.parent
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such run directory")
+    if not (path / "runs.csv").is_file():
+        raise ConfigError(f"{path}: no runs.csv there; is it a parabench run directory?")
+    runs = _read_csv(path / "runs.csv", results.RUN_COLUMNS)
+    missing = {"strategy", "world_size", "repeat", "status"} - set(runs.columns)
+    if missing:
+        raise ConfigError(
+            f"{path / 'runs.csv'}: not a parabench runs.csv "
+            f"(no column {', '.join(sorted(missing))})"
+        )
+    return Run(
+        path=path,
+        runs=runs,
+        steps=_read_csv(path / "steps.csv", results.STEP_COLUMNS),
+        ranks=_read_csv(path / "ranks.csv", results.RANK_COLUMNS),
+        environment=_read_json(path / "environment.json"),
+        config=_read_json(path / "config.json"),
+    )
+
+
+# ---------------------------------------------------------------- selection
+
+
+def counted_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The last epoch of every repeat whose rows are all `ok` (see the module docstring)."""
+    rep = ["strategy", "world_size", "repeat"]
+    bad = runs.loc[runs["status"] != results.OK, rep].drop_duplicates()
+    ok = runs[runs["status"] == results.OK]
+    ok = ok.merge(bad.assign(_bad=True), on=rep, how="left")
+    ok = ok[ok["_bad"].isna()].drop(columns="_bad")
+    if ok.empty:
+        return ok
+    last = ok.groupby(rep)["epoch"].transform("max")
+    return ok[ok["epoch"] == last].sort_values(rep).reset_index(drop=True)
+
+
+def counted_steps(
+    steps: pd.DataFrame, counted: pd.DataFrame, *, timed_only: bool = True, all_epochs: bool = False
+) -> pd.DataFrame:
+    """steps.csv rows of the counted repeats: their last epoch (or all), warm-up excluded."""
+    keys = ["strategy", "world_size", "repeat"] + ([] if all_epochs else ["epoch"])
+    if steps.empty or counted.empty:
+        return steps.iloc[0:0]
+    sel = steps.merge(counted[keys].drop_duplicates(), on=keys, how="inner")
+    if timed_only:
+        sel = sel[sel["warmup"] == 0]
+    return sel.reset_index(drop=True)
+
+
+# ---------------------------------------------------------------- summary
+
+
+def _spread(values: pd.Series) -> dict[str, float]:
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if v.empty:
+        return dict.fromkeys(SPREAD, math.nan)
+    return {
+        "median": float(v.median()),
+        "iqr": float(v.quantile(0.75) - v.quantile(0.25)),
+        "min": float(v.min()),
+        "max": float(v.max()),
+    }
+
+
+def summarise(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (strategy, world size) with an ok repeat: median and spread over repeats.
+
+    Columns: strategy, world_size, n_repeats, <metric>_{median,iqr,min,max} for each of
+    SUMMARY_METRICS, speedup_vs_single (median over the median of `single` at world
+    size 1), scaling_efficiency (speed-up / world size), mem_source.
+    """
+    counted = counted_rows(runs)
+    cols = KEY + ["n_repeats"] + [f"{m}_{s}" for m in SUMMARY_METRICS for s in SPREAD]
+    cols += ["speedup_vs_single", "scaling_efficiency", "mem_source"]
+    if counted.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for (name, ws), grp in counted.groupby(KEY, sort=True):
+        row: dict[str, Any] = {"strategy": name, "world_size": int(ws), "n_repeats": len(grp)}
+        for metric in SUMMARY_METRICS:
+            for stat, value in _spread(grp[metric]).items():
+                row[f"{metric}_{stat}"] = value
+        row["mem_source"] = ",".join(sorted(set(grp["mem_source"].dropna().astype(str))))
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    base = table.loc[
+        (table["strategy"] == BASELINE[0]) & (table["world_size"] == BASELINE[1]),
+        "samples_per_s_median",
+    ]
+    base_sps = float(base.iloc[0]) if len(base) else math.nan
+    table["speedup_vs_single"] = table["samples_per_s_median"] / base_sps
+    table["scaling_efficiency"] = table["speedup_vs_single"] / table["world_size"]
+    return table[cols]
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _num(v: Any, digits: int = 1) -> str:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return "–" if math.isnan(f) else f"{f:,.{digits}f}"
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _with_range(row: Mapping[str, Any], metric: str, digits: int) -> str:
+    med, lo, hi = (row[f"{metric}_{s}"] for s in ("median", "min", "max"))
+    if row["n_repeats"] < 2 or _num(lo, digits) == _num(hi, digits):
+        return _num(med, digits)
+    return f"{_num(med, digits)} ({_num(lo, digits)}–{_num(hi, digits)})"
+
+
+def summary_markdown(summary: pd.DataFrame) -> str:
+    header = [
+        "strategy",
+        "world size",
+        "repeats",
+        "samples/s",
+        "speed-up",
+        "efficiency",
+        "epoch time (s)",
+        "step p50 (ms)",
+        "step p90 (ms)",
+        "data wait (%)",
+        "peak mem/device (MiB)",
+        "final loss",
+        "eval acc",
+    ]
+    rows = []
+    for _, r in summary.iterrows():
+        rows.append(
+            [
+                r["strategy"],
+                r["world_size"],
+                r["n_repeats"],
+                _with_range(r, "samples_per_s", 1),
+                f"{_num(r['speedup_vs_single'], 2)}x",
+                _num(r["scaling_efficiency"], 2),
+                _with_range(r, "timed_s", 3),
+                _with_range(r, "step_time_ms_p50", 1),
+                _with_range(r, "step_time_ms_p90", 1),
+                _with_range(r, "data_wait_pct", 1),
+                _with_range(r, "peak_mem_mib", 0),
+                _num(r["train_loss_final_median"], 3),
+                _num(r["eval_accuracy_median"], 3),
+            ]
+        )
+    return md_table(header, rows)
+
+
+def _distinct(runs: pd.DataFrame, col: str) -> str:
+    if col not in runs:
+        return ""
+    return ", ".join(sorted({_plain(v) for v in runs[col].dropna().unique()} - {""}))
+
+
+def _plain(v: Any) -> str:
+    # int-valued columns read back as float when a status row left them empty
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def environment_markdown(run: Run) -> str:
+    """Hardware and versions, from the rows' provenance columns (environment.json if none)."""
+    labels = {
+        "host": "host",
+        "device_type": "device type",
+        "device_names": "devices",
+        "gpu_count": "GPUs",
+        "cpu_model": "CPU",
+        "cpu_cores": "CPU cores",
+        "platform": "platform",
+        "python_version": "Python",
+        "torch_version": "torch",
+        "torchvision_version": "torchvision",
+        "cuda_version": "CUDA",
+        "cudnn_version": "cuDNN",
+        "nccl_version": "NCCL",
+        "horovod_version": "Horovod",
+        "apex_version": "apex",
+        "parabench_version": "parabench",
+        "git_commit": "git commit",
+    }
+    rows = []
+    for col, label in labels.items():
+        value = _distinct(run.runs, col) or str(run.environment.get(col, "") or "")
+        rows.append([label, value or "–"])
+    stamps = run.runs["timestamp"].dropna().astype(str) if "timestamp" in run.runs else []
+    if len(stamps):
+        rows.append(["run time", f"{min(stamps)} .. {max(stamps)}"])
+    return md_table(["", "value"], rows)
+
+
+def _one_value(counted: pd.DataFrame, col: str) -> str:
+    """A condition that must be equal for all strategies: the value, or a loud warning."""
+    vals = _distinct(counted, col)
+    return vals if "," not in vals else f"**differs: {vals}**"
+
+
+def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
+    cfg = run.config
+    lines = [
+        f"- data set: {_distinct(counted, 'dataset') or cfg.get('dataset', '–')}"
+        f" ({_distinct(counted, 'data') or 'no description'})",
+        f"- model: {_one_value(counted, 'model')}; device: {_one_value(counted, 'device')}",
+        f"- global batch (the same for every strategy at a world size): "
+        f"{_one_value(counted, 'global_batch')}",
+        f"- warm-up steps excluded from timing, per epoch: {_one_value(counted, 'warmup_steps')}",
+        f"- seed: {_one_value(counted, 'seed')}; learning rate: {_one_value(counted, 'lr')}",
+        f"- epochs: {_one_value(counted, 'epochs')}; max steps per epoch: "
+        f"{_one_value(counted, 'max_steps') or 'all'}; repeats asked for: {cfg.get('repeats', '–')}",
+    ]
+    per_cell = {
+        "launcher": "launcher",
+        "backend": "backend",
+        "precision": "precision",
+        "per-rank batch": "per_rank_batch",
+        "loader workers": "loader_workers",
+        "threads per rank": "threads_per_rank",
+        "notes": "notes",
+    }
+    header = ["strategy", "world size", *per_cell]
+    rows = [
+        [name, ws, *(_distinct(grp, col) or "–" for col in per_cell.values())]
+        for (name, ws), grp in counted.groupby(KEY, sort=True)
+    ]
+    return "\n".join(lines) + "\n\n" + md_table(header, rows)
+
+
+def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame) -> str:
+    """Every non-ok cell with its status and reason, and strategies with no result at all."""
+    bad = runs[runs["status"] != results.OK]
+    lines = []
+    no_result = sorted(set(runs["strategy"]) - set(summary["strategy"]))
+    if no_result:
+        lines.append(
+            f"Strategies with no ok result (not in the summary): {', '.join(no_result)}.\n"
+        )
+    if bad.empty:
+        lines.append("Every cell finished ok.")
+        return "\n".join(lines)
+    rows = []
+    for (name, ws, status, reason), grp in bad.groupby(KEY + ["status", "reason"], sort=True):
+        repeats = ", ".join(str(int(r)) for r in sorted(grp["repeat"].unique()))
+        rows.append([name, ws, status, repeats, reason or "–"])
+    lines.append(
+        "A repeat listed here is left out of the summary, even where some of its epochs finished.\n"
+    )
+    lines.append(md_table(["strategy", "world size", "status", "repeats", "reason"], rows))
+    return "\n".join(lines)
+
+
+def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str, str]]) -> str:
+    counted = counted_rows(run.runs)
+    n_ok = summary["n_repeats"].max() if len(summary) else 0
+    base = (
+        ""
+        if ((summary["strategy"] == BASELINE[0]) & (summary["world_size"] == BASELINE[1])).any()
+        else " (no ok `single` run at world size 1, so no speed-up)"
+    )
+    parts = [
+        f"# parabench report: {run.name}",
+        f"Strategies: {', '.join(sorted(set(run.runs['strategy'])))}.",
+        "## Environment",
+        environment_markdown(run),
+        "## Conditions (what makes the comparison fair)",
+        fairness_markdown(run, counted),
+        "## Summary",
+        f"Median over repeats (up to {n_ok}); in brackets the minimum and maximum over repeats. "
+        "Each repeat contributes its last epoch; warm-up steps are not timed. Speed-up is the "
+        f"median samples/s over that of `single` at world size 1{base}; efficiency is speed-up "
+        "divided by world size. Memory is the peak per device (the maximum over ranks). "
+        "The full table, with the IQR, is summary.csv.",
+        summary_markdown(summary) if len(summary) else "No strategy produced an ok result.",
+        "## Plots",
+        *[f"![{title}]({name})" for name, title in images],
+        "## Unavailable, skipped and failed",
+        problems_markdown(run.runs, summary),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------- render
+
+
+def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
+    """The report's figures by file name (matplotlib Figure objects, not yet saved)."""
+    from bench import plots
+
+    counted = counted_rows(run.runs)
+    colours = plots.colour_map(run.runs["strategy"])
+    timed = counted_steps(run.steps, counted)
+    every_step = counted_steps(run.steps, counted, timed_only=False, all_epochs=True)
+    data = {
+        "throughput": summary,
+        "scaling_efficiency": summary,
+        "peak_memory": summary,
+        "step_time_distribution": timed,
+        "loss_curves": every_step,
+        "time_split": timed,
+    }
+    return {name: getattr(plots, fn)(data[fn], colours=colours) for name, fn in PLOTS.items()}
+
+
+def render(run_dir: str | Path) -> Path:
+    """Write summary.csv, the plots and report.md into run_dir; return report.md's path."""
+    run = load_run(run_dir)
+    summary = summarise(run.runs)
+    summary.to_csv(run.path / "summary.csv", index=False, float_format="%.6g")
+    images: list[tuple[str, str]] = []
+    if len(summary):
+        for name, fig in figures(run, summary).items():
+            fig.savefig(run.path / name, dpi=110)
+            images.append((name, fig.axes[0].get_title() or name))
+    out = run.path / "report.md"
+    out.write_text(report_markdown(run, summary, images))
+    return out
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    print(render(args.run_dir))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="summary.csv, plots and report.md for a run directory",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="e.g. results/20250101-120000-1234")
+    p.set_defaults(func=cmd_report)

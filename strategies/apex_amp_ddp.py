@@ -1,0 +1,83 @@
+"""NVIDIA apex.amp with apex.parallel.DistributedDataParallel, as NVIDIA's examples used them.
+
+apex.amp and apex.parallel exist up to apex 25.05 (removed in 25.07), need CUDA, and
+apex is not on PyPI (the PyPI project named `apex` is an unrelated web toolkit): build
+NVIDIA's repository at tag 25.05 (README, "Optional strategies"). Options:
+`--set opt_level=O1|O2` (default O1), `--set ddp=apex|torch` (default apex).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import torch
+from torch import nn
+
+from strategies.base import Variant
+from strategies.ddp import TorchDistributed
+
+INSTALL = (
+    "build NVIDIA apex at tag 25.05 (the last with apex.amp): see README, 'Optional strategies'"
+)
+
+
+def apex_problem() -> str | None:
+    """Why apex.amp cannot be imported here, or None."""
+    try:
+        import apex  # noqa: F401
+    except ImportError:
+        return f"NVIDIA apex is not installed; {INSTALL}"
+    try:
+        from apex import (
+            amp,  # noqa: F401
+            parallel,  # noqa: F401
+        )
+    except ImportError as exc:
+        try:
+            version = metadata.version("apex")
+        except metadata.PackageNotFoundError:
+            version = "?"
+        return (
+            f"the installed apex ({version}) has no apex.amp/apex.parallel ({exc}); they were removed "
+            f"in apex 25.07, and PyPI's 'apex' is an unrelated package; {INSTALL}"
+        )
+    return None
+
+
+class ApexAmpDDP(TorchDistributed):
+    variants = {
+        "apex_amp_ddp": Variant(
+            "torchrun", "NVIDIA apex.amp (O1) + apex DistributedDataParallel, torchrun"
+        ),
+    }
+    precision = "apex_amp"
+
+    @classmethod
+    def unavailable(cls, device: str) -> str | None:
+        if device != "cuda":
+            return f"apex.amp needs CUDA (device is {device})"
+        return apex_problem()
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        from apex import amp
+
+        opt_level = self.options.get("opt_level", "O1")
+        if opt_level not in ("O0", "O1", "O2", "O3"):
+            raise ValueError(f"opt_level must be O0..O3, got {opt_level!r}")
+        self.precision = f"apex_{opt_level}"
+        model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, verbosity=0)
+        if self.options.get("ddp", "apex") == "torch":
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.notes.append("torch DDP")
+            return DistributedDataParallel(model, device_ids=[self.ctx.device.index]), optimizer
+        from apex.parallel import DistributedDataParallel
+
+        self.notes.append("apex.parallel.DistributedDataParallel")
+        return DistributedDataParallel(model), optimizer
+
+    def backward(self, loss: torch.Tensor) -> None:
+        from apex import amp
+
+        with amp.scale_loss(loss, self.optimizer) as scaled:
+            scaled.backward()

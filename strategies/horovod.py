@@ -1,0 +1,97 @@
+"""Horovod data parallelism: hvd.DistributedOptimizer all-reduces gradients, horovodrun starts ranks.
+
+Gloo on CPU, NCCL on GPU where Horovod was built with it. Horovod 0.28.1 (its last
+release) must be built against the installed torch: `make horovod`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from strategies.base import Strategy, Variant
+
+INSTALL = "build it against this torch with `make horovod`"
+
+
+class Horovod(Strategy):
+    multiprocess = True
+    variants = {
+        "horovod": Variant("horovodrun", "Horovod DistributedOptimizer, horovodrun"),
+        "horovod_fp16": Variant(
+            "horovodrun",
+            "Horovod with fp16 gradient compression, horovodrun",
+            {"compression": "fp16"},
+        ),
+    }
+
+    @classmethod
+    def unavailable(cls, device: str) -> str | None:
+        try:
+            import horovod.torch as hvd
+        except Exception as exc:  # ImportError, or a build that does not match this torch
+            detail = (
+                f" ({type(exc).__name__}: {exc})".splitlines()[0]
+                if not isinstance(exc, ModuleNotFoundError)
+                else ""
+            )
+            return f"Horovod is not installed{detail}; {INSTALL}"
+        from bench.launchers import horovodrun_path
+
+        if horovodrun_path() is None:
+            return f"horovodrun is not on PATH; {INSTALL}"
+        if device == "cuda" and not hvd.nccl_built():
+            return "this Horovod was built without NCCL; rebuild on the GPU machine with `make horovod`"
+        return None
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.ctx.device.type == "cuda" else "gloo"
+
+    @property
+    def compression_name(self) -> str:
+        return self.options.get("compression", "none")
+
+    def setup_distributed(self) -> None:
+        import horovod.torch as hvd
+
+        hvd.init()
+        if self.ctx.device.type == "cuda":
+            torch.cuda.set_device(self.ctx.device)
+        if self.compression_name == "fp16":
+            self.precision = "fp32 (fp16 gradients)"
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        import horovod.torch as hvd
+
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        compression = (
+            hvd.Compression.fp16 if self.compression_name == "fp16" else hvd.Compression.none
+        )
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compression
+        )
+        return model, optimizer
+
+    def all_mean(self, t: torch.Tensor) -> torch.Tensor:
+        import horovod.torch as hvd
+
+        return hvd.allreduce(t, op=hvd.Average, name="parabench.epoch_mean")
+
+    def gather(self, obj: Any) -> list[Any]:
+        import horovod.torch as hvd
+
+        return hvd.allgather_object(obj)
+
+    def barrier(self) -> None:
+        import horovod.torch as hvd
+
+        hvd.barrier()
+
+    def teardown(self) -> None:
+        import horovod.torch as hvd
+
+        hvd.shutdown()

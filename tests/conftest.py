@@ -1,0 +1,66 @@
+"""Shared fixtures. Tests point the harness at ../shared/data (real MNIST test split and
+ImageNet sample); PARABENCH_TEST_DATA overrides that."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.config import RunConfig
+from bench.runner import run_matrix
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("PARABENCH_TEST_DATA", ROOT.parent / "shared" / "data"))
+
+
+def pytest_collection_modifyitems(config, items):
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        if item.get_closest_marker("requires_cuda") and gpus == 0:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        m = item.get_closest_marker("requires_gpus")
+        if m and gpus < m.args[0]:
+            item.add_marker(pytest.mark.skip(reason=f"needs {m.args[0]} GPUs, found {gpus}"))
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    if not (DATA / "mnist").is_dir():
+        pytest.fail(
+            f"test data not found at {DATA}: set PARABENCH_TEST_DATA to the shared data folder"
+        )
+    return DATA
+
+
+def small_config(tmp: Path, data_root: Path, **kw) -> RunConfig:
+    """A real run of a few steps: MNIST CNN on the real MNIST files, CPU, gloo."""
+    base = dict(
+        dataset="mnist",
+        data_root=str(data_root),
+        max_steps=6,
+        warmup_steps=2,
+        global_batch=32,
+        eval_samples=200,
+        limit=2048,
+        device="cpu",
+        out_dir=str(tmp),
+        timeout_s=240,
+    )
+    base.update(kw)
+    return RunConfig(**base)
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory, data_root) -> Path:
+    """Every registered strategy at world sizes 1 and 2, a few steps each, two repeats.
+
+    Unavailable strategies and impossible cells appear as rows with their reasons.
+    Shared by the reporter tests; read-only for its users.
+    """
+    out = tmp_path_factory.mktemp("runs")
+    cfg = small_config(out, data_root, world_sizes=(1, 2), repeats=2, run_id="small")
+    run_dir, _ = run_matrix(cfg, echo=lambda m: None)
+    return run_dir

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import gzip
+import shutil
+
+import pytest
+import torch
+
+from bench import data
+from bench.config import ConfigError, RunConfig
+
+
+def test_mnist_uses_the_split_present_and_says_which(data_root):
+    b = data.load(RunConfig(dataset="mnist", data_root=str(data_root)))
+    # ../shared/data holds only the 10,000-image test split: train on 9,000, hold out 1,000.
+    assert "test split only" in b.description
+    assert len(b.train) == 9000 and len(b.held_out) == 1000
+    x, y = b.train[0]
+    assert x.shape == (1, 28, 28) and x.dtype == torch.float32
+    assert 0 <= int(y) <= 9
+    # normalised with MNIST's mean/std: roughly zero mean, unit spread
+    xs = torch.stack([b.train[i][0] for i in range(500)])
+    assert abs(xs.mean().item()) < 0.2 and 0.8 < xs.std().item() < 1.2
+
+
+def test_mnist_limit_and_check(data_root):
+    cfg = RunConfig(dataset="mnist", data_root=str(data_root), limit=100)
+    assert len(data.load(cfg).train) == 100
+    assert data.check(cfg) == "mnist test split"
+
+
+def test_missing_mnist_names_the_alternatives(tmp_path):
+    with pytest.raises(ConfigError, match="MNIST not found.*--download.*synthetic"):
+        data.check(RunConfig(dataset="mnist", data_root=str(tmp_path)))
+
+
+def test_truncated_idx_file_is_reported(tmp_path, data_root):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    src = data_root / "mnist" / "MNIST" / "raw"
+    shutil.copy(src / "t10k-labels-idx1-ubyte.gz", raw)
+    with gzip.open(src / "t10k-images-idx3-ubyte.gz") as f:
+        head = f.read(5000)
+    (raw / "t10k-images-idx3-ubyte").write_bytes(head)
+    with pytest.raises(ConfigError, match="truncated"):
+        data.load(RunConfig(dataset="mnist", data_root=str(tmp_path)))
+
+
+def test_imagenet_subset_with_class_limit(data_root):
+    cfg = RunConfig(
+        dataset="imagenet-subset", data_root=str(data_root), max_classes=20, image_size=64
+    )
+    b = data.load(cfg)
+    assert b.num_classes == 20
+    assert len(b.train) + len(b.held_out) == 20  # one image per class in the sample
+    x, y = b.train[0]
+    assert x.shape == (3, 64, 64) and 0 <= int(y) < 20
+
+
+def test_imagenet_root_found_from_the_data_root_or_the_tree_itself(data_root):
+    a = data.check(RunConfig(dataset="imagenet-subset", data_root=str(data_root)))
+    b = data.check(
+        RunConfig(dataset="imagenet-subset", data_root=str(data_root / "imagenet-sample"))
+    )
+    assert a == b and a.endswith("imagenet-sample")
+
+
+def test_imagenet_missing_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no ImageFolder tree"):
+        data.check(RunConfig(dataset="imagenet-subset", data_root=str(tmp_path)))
+
+
+def test_synthetic_matches_the_model_input():
+    b = data.load(RunConfig(dataset="synthetic", model="mnist_cnn", global_batch=8))
+    assert b.train[3][0].shape == (1, 28, 28) and b.num_classes == 10
+    b = data.load(RunConfig(dataset="synthetic", model="resnet18", image_size=32, limit=16))
+    assert b.train[3][0].shape == (3, 32, 32) and len(b.train) == 16
+
+
+def test_resnet_on_mnist_is_refused(data_root):
+    with pytest.raises(ConfigError, match="3-channel"):
+        data.check(RunConfig(dataset="mnist", model="resnet18", data_root=str(data_root)))

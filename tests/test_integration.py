@@ -1,0 +1,133 @@
+"""Real processes: every strategy launched by its own launcher (in-process, mp.spawn,
+torchrun) with gloo on CPU, a few steps, and the rows that come out checked."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench import results
+from bench.runner import RunDir, run_matrix
+from tests.conftest import small_config
+
+pytestmark = pytest.mark.slow
+FOUR = ("single", "dp", "ddp_torchrun", "ddp_spawn")
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory, data_root):
+    # No dropout: its masks differ by rank, and the first-loss check below needs equal starts.
+    cfg = small_config(
+        tmp_path_factory.mktemp("four"),
+        data_root,
+        strategies=FOUR,
+        world_sizes=(1, 2),
+        model_kwargs={"dropout": 0.0},
+    )
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    return run_dir, rows
+
+
+def _ok(rows, strategy, ws):
+    found = [r for r in rows if r["strategy"] == strategy and r["world_size"] == str(ws)]
+    assert found, f"no row for {strategy} ws={ws}"
+    assert found[0]["status"] == "ok", found[0]["reason"]
+    return found[0]
+
+
+def test_a_row_for_every_pair(four):
+    _, rows = four
+    assert {(r["strategy"], int(r["world_size"])) for r in rows} == {
+        (s, w) for s in FOUR for w in (1, 2)
+    }
+
+
+@pytest.mark.parametrize(
+    ("strategy", "ws"),
+    [
+        ("single", 1),
+        ("dp", 1),
+        ("ddp_torchrun", 1),
+        ("ddp_torchrun", 2),
+        ("ddp_spawn", 1),
+        ("ddp_spawn", 2),
+    ],
+)
+def test_rows_are_complete_and_plausible(four, strategy, ws):
+    _, rows = four
+    r = _ok(rows, strategy, ws)
+    for col in results.RUN_COLUMNS:
+        assert col in r
+    assert float(r["samples_per_s"]) > 0 and float(r["step_time_ms_p50"]) > 0
+    assert math.isfinite(float(r["train_loss_final"])) and 0 < float(r["train_loss_final"]) < 10
+    assert float(r["peak_mem_mib"]) > 0 and r["mem_source"] == "host_rss"
+    assert 0 <= float(r["eval_accuracy"]) <= 1
+    assert int(r["steps"]) == 6 and int(r["timed_steps"]) == 4
+    assert int(r["samples"]) == 4 * 32  # timed steps x global batch, summed over ranks
+    assert int(r["per_rank_batch"]) == (32 if strategy == "dp" else 32 // ws)
+    assert int(r["threads_per_rank"]) >= 1
+    assert r["torch_version"] and r["cpu_model"] and r["host"]
+    if strategy.startswith("ddp"):
+        assert r["backend"] == "gloo"
+
+
+def test_impossible_cells_are_skipped_rows_with_reasons(four):
+    _, rows = four
+    by = {(r["strategy"], r["world_size"]): r for r in rows}
+    assert by[("single", "2")]["status"] == "skipped"
+    assert "world size is always 1" in by[("single", "2")]["reason"]
+    assert by[("dp", "2")]["status"] == "skipped" and "one device" in by[("dp", "2")]["reason"]
+    assert (
+        "single" in _ok(rows, "dp", 1)["notes"] or "no parallelism" in _ok(rows, "dp", 1)["notes"]
+    )
+
+
+def test_every_rank_reports_and_steps_are_recorded(four):
+    run_dir, _ = four
+    rd = RunDir(run_dir)
+    ranks = [r for r in rd.ranks.read() if r["strategy"] == "ddp_spawn" and r["world_size"] == "2"]
+    assert sorted(r["rank"] for r in ranks) == ["0", "1"]
+    assert all(float(r["peak_rss_mib"]) > 0 for r in ranks)
+    steps = [
+        s for s in rd.steps.read() if s["strategy"] == "ddp_torchrun" and s["world_size"] == "2"
+    ]
+    assert len(steps) == 6 and [s["warmup"] for s in steps[:3]] == ["1", "1", "0"]
+
+
+def test_same_seed_same_start_every_strategy(four):
+    """Same initial weights and the same first global batch: the first loss is the same
+    for every strategy and world size (DDP ranks average their halves of the batch)."""
+    _, rows = four
+    first = [float(r["train_loss_first"]) for r in rows if r["status"] == "ok"]
+    assert max(first) - min(first) < 1e-4, first
+
+
+def test_amp_ddp_bf16_on_cpu(tmp_path, data_root):
+    cfg = small_config(tmp_path, data_root, strategies=("amp_ddp",), world_sizes=(2,))
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    r = _ok(rows, "amp_ddp", 2)
+    assert r["precision"] == "amp_bf16"
+    assert float(r["samples_per_s"]) > 0 and math.isfinite(float(r["train_loss_final"]))
+
+
+def test_imagenet_subset_resnet18(tmp_path, data_root):
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        dataset="imagenet-subset",
+        model="resnet18",
+        image_size=64,
+        strategies=("single", "ddp_torchrun"),
+        world_sizes=(1, 2),
+        max_steps=3,
+        warmup_steps=1,
+        global_batch=8,
+        max_classes=100,
+        eval_samples=10,
+        limit=None,
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    for strategy, ws in (("single", 1), ("ddp_torchrun", 1), ("ddp_torchrun", 2)):
+        r = _ok(rows, strategy, ws)
+        assert "imagenet-subset" in r["data"] and float(r["samples_per_s"]) > 0

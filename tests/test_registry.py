@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+import strategies
+from bench.config import ConfigError
+
+CORE = {
+    "single",
+    "dp",
+    "ddp_torchrun",
+    "ddp_spawn",
+    "amp_ddp",
+    "apex_amp_ddp",
+    "horovod",
+    "horovod_fp16",
+}
+
+
+def test_every_module_in_the_package_is_discovered():
+    reg = strategies.registry()
+    assert CORE <= set(reg)
+    assert reg["ddp_torchrun"].cls is reg["ddp_spawn"].cls  # one class, two launchers
+    assert reg["ddp_torchrun"].launcher == "torchrun"
+    assert reg["ddp_spawn"].launcher == "spawn"
+    assert reg["horovod_fp16"].variant.options == {"compression": "fp16"}
+
+
+def test_unknown_strategy_is_a_config_error_naming_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown strategy 'nope'.*single"):
+        strategies.get("nope")
+
+
+def test_apex_is_unavailable_without_cuda_with_its_reason():
+    why = strategies.get("apex_amp_ddp").unavailable("cpu")
+    assert why is not None and "CUDA" in why
+
+
+def test_apex_without_amp_says_it_was_removed(tmp_path, monkeypatch):
+    # An apex that lacks apex.amp: what apex >= 25.07 (or PyPI's unrelated 'apex') looks like.
+    pkg = tmp_path / "apex"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for mod in [m for m in sys.modules if m == "apex" or m.startswith("apex.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    from strategies.apex_amp_ddp import apex_problem
+
+    why = apex_problem()
+    assert why is not None and "removed in apex 25.07" in why and "25.05" in why
+
+
+def _plugin(tmp_path, monkeypatch, name: str, body: str) -> None:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PARABENCH_STRATEGIES", name)
+    strategies.registry.cache_clear()
+
+
+def test_a_plugin_module_registers_without_editing_the_package(tmp_path, monkeypatch):
+    _plugin(
+        tmp_path,
+        monkeypatch,
+        "my_plugin",
+        """
+        from strategies.base import Strategy, Variant
+        class Mine(Strategy):
+            variants = {"mine": Variant("inprocess", "a user's strategy")}
+    """,
+    )
+    try:
+        spec = strategies.get("mine")
+        assert spec.module == "my_plugin" and spec.unavailable("cpu") is None
+    finally:
+        monkeypatch.delenv("PARABENCH_STRATEGIES")
+        strategies.registry.cache_clear()
+
+
+def test_a_broken_plugin_is_listed_unavailable_not_fatal(tmp_path, monkeypatch):
+    _plugin(tmp_path, monkeypatch, "broken_plugin", "import not_a_real_package_xyz\n")
+    try:
+        spec = strategies.get("broken_plugin")
+        why = spec.unavailable("cpu")
+        assert "ModuleNotFoundError" in why and "not_a_real_package_xyz" in why
+        assert CORE <= set(strategies.registry())
+    finally:
+        monkeypatch.delenv("PARABENCH_STRATEGIES")
+        strategies.registry.cache_clear()

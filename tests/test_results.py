@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bench import results
+from bench.probes import StepTimer, memory_snapshot
+
+
+def _record(**kw):
+    rec = {
+        "epoch": 0,
+        "steps": 6,
+        "warmup_steps": 2,
+        "step_times_ms": [100.0, 50.0, 10.0, 12.0, 14.0, 20.0],
+        "data_wait_ms": [50.0, 1.0, 1.0, 2.0, 3.0, 4.0],
+        "losses": [2.3, 2.2, 2.0, 1.9, 1.7, 1.6],
+        "ranks": [
+            {"rank": 0, "samples": 64, "timed_s": 0.056, "peak_rss_mib": 500.0},
+            {"rank": 1, "samples": 64, "timed_s": 0.064, "peak_rss_mib": 520.0},
+        ],
+        "eval_accuracy": 0.5,
+    }
+    rec.update(kw)
+    return rec
+
+
+def test_measure_excludes_warmup_and_takes_the_slowest_rank():
+    m = results.measure(_record(), world_size=2, device="cpu")
+    assert m["steps"] == 6 and m["timed_steps"] == 4
+    assert m["samples"] == 128
+    assert m["samples_per_s"] == pytest.approx(128 / 0.064)
+    assert m["samples_per_s_per_device"] == pytest.approx(64 / 0.064)
+    assert m["step_time_ms_p50"] == pytest.approx(13.0)  # median of 10, 12, 14, 20
+    assert m["data_wait_pct"] == pytest.approx(100 * 10 / 56)
+    assert m["compute_ms_p50"] == pytest.approx(10.5)  # median of 9, 10, 11, 16
+    assert m["train_loss_first"] == 2.3 and m["train_loss_final"] == 1.6
+    assert m["peak_mem_mib"] == 520.0 and m["mem_source"] == "host_rss"
+    assert math.isnan(m["eval_loss"]) and m["eval_accuracy"] == 0.5
+
+
+def test_step_rows_flag_warmup():
+    rows = results.step_rows({"run_id": "r"}, _record())
+    assert [r["warmup"] for r in rows] == [1, 1, 0, 0, 0, 0]
+    assert rows[0]["compute_ms"] == 50.0 and rows[-1]["loss"] == 1.6
+
+
+def test_csv_append_keeps_order_and_earlier_rows(tmp_path):
+    t = results.CsvTable(tmp_path / "runs.csv", results.RUN_COLUMNS)
+    t.append([{"run_id": "a", "strategy": "single", "status": "ok", "samples_per_s": 1.5}])
+    t.append(
+        [
+            {
+                "run_id": "a",
+                "strategy": "dp",
+                "status": "failed",
+                "reason": "boom",
+                "samples_per_s": float("nan"),
+            }
+        ]
+    )
+    rows = t.read()
+    assert [r["strategy"] for r in rows] == ["single", "dp"]
+    assert rows[0]["samples_per_s"] == "1.5" and rows[1]["samples_per_s"] == ""
+    header = (tmp_path / "runs.csv").read_text().splitlines()[0].split(",")
+    assert header == results.RUN_COLUMNS
+    assert not list(tmp_path.glob(".runs.csv.*"))  # no temporary left behind
+
+
+def test_step_timer_measures_wall_time():
+    import time
+
+    t = StepTimer(torch.device("cpu"))
+    t.start()
+    time.sleep(0.02)
+    t.data_ready()
+    time.sleep(0.03)
+    r = t.stop(8)
+    assert 18 <= r.data_ms <= 40 and 45 <= r.total_ms <= 90 and r.samples == 8
+
+
+def test_memory_snapshot_on_cpu_reads_rss():
+    snap = memory_snapshot(torch.device("cpu"))
+    assert snap["peak_rss_mib"] > 50  # this process has torch loaded
+    assert "peak_alloc_mib" not in snap
