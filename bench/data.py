@@ -46,7 +46,10 @@ def check(cfg: RunConfig) -> str:
                 f"model {cfg.model} takes 3-channel images and MNIST is 1-channel; "
                 "use --model mnist_cnn, or --dataset imagenet-subset / synthetic"
             )
-        split, _ = _mnist_split(cfg)
+        split, present = _mnist_split(cfg)
+        for files in present.values():
+            for path in files:
+                _idx_header(path)
         return f"mnist {split} split"
     if cfg.dataset == "imagenet-subset":
         return f"imagenet-subset at {_imagenet_root(cfg.data_path)}"
@@ -108,15 +111,34 @@ def _download_mnist(root: Path) -> None:
         raise ConfigError(f"MNIST download into {root} failed: {exc}".splitlines()[0]) from exc
 
 
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _idx_header(path: Path, data: bytes | None = None) -> tuple[int, ...]:
+    """The dimensions an idx file of unsigned bytes declares; ConfigError if it is not one."""
+    if data is None:
+        try:
+            with _open(path) as f:
+                data = f.read(4 + 4 * 4)
+        except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+            raise ConfigError(f"{path} cannot be read: {exc}") from exc
+    if (
+        len(data) < 4
+        or data[0] != 0
+        or data[1] != 0
+        or data[2] != 0x08
+        or len(data) < 4 + 4 * data[3]
+    ):
+        raise ConfigError(f"{path} is not an idx file of unsigned bytes (MNIST's format)")
+    return tuple(int(d) for d in np.frombuffer(data, dtype=">i4", count=data[3], offset=4))
+
+
 def _read_idx(path: Path) -> np.ndarray:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
+    with _open(path) as f:
         data = f.read()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise ConfigError(f"{path} is not an idx file of unsigned bytes")
-    ndim = data[3]
-    dims = np.frombuffer(data, dtype=">i4", count=ndim, offset=4)
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    dims = _idx_header(path, data)
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * len(dims))
     if body.size != int(np.prod(dims)):
         raise ConfigError(
             f"{path} is truncated: expected {int(np.prod(dims))} values, found {body.size}"

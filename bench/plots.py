@@ -13,8 +13,10 @@ from collections.abc import Iterable, Mapping
 import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
@@ -25,25 +27,34 @@ DATA_WAIT_HATCH = "///"
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
+def _palette(n: int) -> list[Colour]:
+    # tab10 (tab20 past nine names) without its greys: grey is kept for reference marks
+    # (the ideal line, the legend key of the stacked bars), which must not look like a strategy
+    name, greys = ("tab10", {7}) if n <= 9 else ("tab20", {14, 15})
+    cmap = matplotlib.colormaps[name]
+    return [cmap(i) for i in range(cmap.N) if i not in greys]
+
+
 def colour_map(names: Iterable[str]) -> dict[str, Colour]:
-    """A fixed colour per strategy, from the sorted names (tab10, tab20 past ten names).
+    """A fixed colour per strategy, from the sorted names.
 
     Give it every strategy of the run(s), failed ones included, so that a strategy keeps
     its colour whether or not its neighbours produced results.
     """
     ordered = sorted({str(n) for n in names})
-    cmap = matplotlib.colormaps["tab10" if len(ordered) <= 10 else "tab20"]
-    return {name: cmap(i % cmap.N) for i, name in enumerate(ordered)}
+    palette = _palette(len(ordered))
+    return {name: palette[i % len(palette)] for i, name in enumerate(ordered)}
 
 
 def _colours(names: Iterable[str], colours: Mapping[str, Colour] | None) -> Mapping[str, Colour]:
+    """The caller's colour map, or one made here when it lacks a name that must be drawn."""
     names = list(names)
     if colours is None or any(n not in colours for n in names):
         return colour_map([*names, *(colours or {})])
     return colours
 
 
-def _figure(width: float = 8.0, height: float = 4.8) -> tuple[Figure, matplotlib.axes.Axes]:
+def _figure(width: float = 8.0, height: float = 4.8) -> tuple[Figure, Axes]:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig, fig.add_subplot()
@@ -58,12 +69,14 @@ def _cells(df: pd.DataFrame) -> list[tuple[str, int]]:
     return sorted((str(s), int(w)) for s, w in keys.itertuples(index=False))
 
 
-def _legend_outside(ax: matplotlib.axes.Axes, **kw) -> None:
+def _legend_outside(ax: Axes, **kw) -> None:
     # outside the axes, so it never hides a bar or a line
+    if not ax.get_legend_handles_labels()[0]:
+        return  # nothing drawn (an empty plot says so in its middle)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, **kw)
 
 
-def _empty(ax: matplotlib.axes.Axes, what: str) -> None:
+def _empty(ax: Axes, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} to show", ha="center", va="center", transform=ax.transAxes)
 
 
@@ -71,7 +84,7 @@ def _empty(ax: matplotlib.axes.Axes, what: str) -> None:
 
 
 def _grouped_bars(
-    ax: matplotlib.axes.Axes,
+    ax: Axes,
     summary: pd.DataFrame,
     metric: str,
     colours: Mapping[str, Colour],
@@ -304,7 +317,7 @@ def time_split(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None)
         # a thin wait slice is invisible: say its share in words on top of each bar
         for i, c, w in zip(idx, comp, wait, strict=True):
             ax.annotate(
-                f"{100 * w / (c + w):.1f}% wait",
+                f"{100 * w / (c + w) if c + w > 0 else 0:.1f}% wait",
                 (i, c + w),
                 xytext=(0, 2),
                 textcoords="offset points",
@@ -318,19 +331,38 @@ def time_split(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None)
     ax.set_xlabel("strategy, world size")
     ax.set_ylabel("time per step (ms, mean over timed steps)")
     ax.set_title("Where a step's time goes: compute vs waiting for data")
-    handles, _ = ax.get_legend_handles_labels()
-    handles += [
-        Patch(facecolor="0.55", label="compute (solid)"),
-        Patch(
-            facecolor="0.85", edgecolor="0.25", hatch=DATA_WAIT_HATCH, label="data wait (hatched)"
-        ),
+    # two legends: the colours name strategies, the fill says which part of the bar is which
+    _legend_outside(ax, title="strategy")
+    parts = [
+        Patch(facecolor="0.5", edgecolor="0.25", label="compute (solid)"),
+        Patch(facecolor="white", edgecolor="0.25", hatch=DATA_WAIT_HATCH, label="data wait"),
     ]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    if cells:
+        key = ax.get_legend()
+        ax.legend(
+            handles=parts,
+            title="bar parts",
+            loc="lower left",
+            bbox_to_anchor=(1.01, 0.0),
+            fontsize=8,
+        )
+        ax.add_artist(key)
     ax.margins(y=0.1)
     return fig
 
 
 # ---------------------------------------------------------------- several runs
+
+
+#: readable names for the metrics of summary.csv
+METRIC_LABELS = {
+    "samples_per_s": "throughput",
+    "step_time_ms_p50": "step time p50",
+    "step_time_ms_p90": "step time p90",
+    "peak_mem_mib": "peak memory per device",
+    "timed_s": "epoch time",
+    "data_wait_pct": "data wait",
+}
 
 
 def runs_trend(
@@ -341,13 +373,15 @@ def runs_trend(
 ) -> Figure:
     """One metric's median across runs (in the given order); a line per strategy/world size."""
     labels = list(summaries)
-    fig, ax = _figure(max(6.0, 1.5 * len(labels) + 3))
+    fig, ax = _figure(max(7.5, 1.5 * len(labels) + 4.5))
     frames = [s.assign(run=i) for i, s in enumerate(summaries.values()) if len(s)]
     both = pd.concat(frames) if frames else pd.DataFrame(columns=["strategy", "world_size"])
     cells = _cells(both)
     cmap = _colours([c[0] for c in cells], colours)
     sizes = sorted({w for _, w in cells})
-    for name, ws in cells:
+    # a small sideways shift per series keeps error bars at the same run apart
+    shift = np.linspace(-0.12, 0.12, len(cells)) if len(cells) > 1 else [0.0]
+    for i, (name, ws) in enumerate(cells):
         rows = both[(both["strategy"] == name) & (both["world_size"] == ws)].sort_values("run")
         med = rows[f"{metric}_median"].to_numpy(float)
         err = np.vstack(
@@ -357,7 +391,7 @@ def runs_trend(
             ]
         )
         ax.errorbar(
-            rows["run"],
+            rows["run"] + shift[i],
             med,
             yerr=err,
             marker="o",
@@ -368,17 +402,21 @@ def runs_trend(
         )
     if not cells:
         _empty(ax, "ok results")
+    what = METRIC_LABELS.get(metric, metric)
     ax.set_xticks(range(len(labels)), labels)
     ax.set_xlim(-0.5, len(labels) - 0.5)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("run")
-    ax.set_ylabel(f"{metric} ({unit}, median over repeats)")
-    ax.set_title(f"{metric} across runs (error bars: min–max over repeats)")
+    ax.set_ylabel(f"{what} ({unit}, median over repeats)")
+    ax.set_title(f"{what.capitalize()} across runs (error bars: min–max over repeats)")
     _legend_outside(ax)
     ax.grid(alpha=0.3)
     return fig
 
 
 def legend_labels(fig: Figure) -> list[str]:
-    """The labels in a figure's legend (what a reader sees; tests use it)."""
-    legend = fig.axes[0].get_legend()
-    return [t.get_text() for t in legend.get_texts()] if legend else []
+    """The labels of every legend in a figure, in drawing order (what a reader sees)."""
+    ax = fig.axes[0]
+    legends = [a for a in ax.artists if isinstance(a, Legend)]
+    legends += [ax.get_legend()] if ax.get_legend() is not None else []
+    return [t.get_text() for legend in legends for t in legend.get_texts()]

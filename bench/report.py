@@ -40,7 +40,7 @@ SPREAD = ("median", "iqr", "min", "max")
 KEY = ["strategy", "world_size"]
 BASELINE = ("single", 1)
 
-#: report.md image name -> (plot function name in bench.plots, what it needs)
+#: image file in the run directory -> the function of bench.plots that draws it
 PLOTS = {
     "throughput.png": "throughput",
     "scaling_efficiency.png": "scaling_efficiency",
@@ -224,7 +224,7 @@ def summary_markdown(summary: pd.DataFrame) -> str:
         "samples/s",
         "speed-up",
         "efficiency",
-        "epoch time (s)",
+        "timed epoch (s)",
         "step p50 (ms)",
         "step p90 (ms)",
         "data wait (%)",
@@ -304,6 +304,8 @@ def _one_value(counted: pd.DataFrame, col: str) -> str:
 
 def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
     cfg = run.config
+    if counted.empty:  # nothing ran: the planned conditions are still worth stating
+        counted = run.runs
     lines = [
         f"- data set: {_distinct(counted, 'dataset') or cfg.get('dataset', '–')}"
         f" ({_distinct(counted, 'data') or 'no description'})",
@@ -372,7 +374,8 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         fairness_markdown(run, counted),
         "## Summary",
         f"Median over repeats (up to {n_ok}); in brackets the minimum and maximum over repeats. "
-        "Each repeat contributes its last epoch; warm-up steps are not timed. Speed-up is the "
+        "Each repeat contributes its last epoch; warm-up steps are not timed (timed epoch: the "
+        "wall time of the steps after warm-up, slowest rank). Speed-up is the "
         f"median samples/s over that of `single` at world size 1{base}; efficiency is speed-up "
         "divided by world size. Memory is the peak per device (the maximum over ranks). "
         "The full table, with the IQR, is summary.csv.",
@@ -390,7 +393,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
 
 def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
     """The report's figures by file name (matplotlib Figure objects, not yet saved)."""
-    from bench import plots
+    from bench import plots  # here, so `parabench compare` does not pay for matplotlib
 
     counted = counted_rows(run.runs)
     colours = plots.colour_map(run.runs["strategy"])

@@ -101,6 +101,8 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
         model = build_model(cfg.model, bundle.num_classes, **cfg.model_kwargs).to(ctx.device)
         optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
         strategy.attach(model, optimizer)
+        if cfg.save_params and ctx.rank == 0:
+            _save_params(strategy, cell_dir / "params_init.pt")
         per_rank = strategy.per_rank_batch(cfg.global_batch)
         devices_here = 1 if strategy.multiprocess else ctx.world_size
         workers = spec["workers_per_device"] * devices_here
@@ -161,6 +163,11 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
         strategy.barrier()
     finally:
         strategy.teardown()
+
+
+def _save_params(strategy: Strategy, path: Path) -> None:
+    model = strategy.unwrap(strategy.model)
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
 
 
 def _spawn_entry(index: int, spec: dict[str, Any], port: int) -> None:

@@ -85,6 +85,8 @@ class Strategy:
             return f"{cls.__name__} runs one process on one device: world size is always 1"
         if cls.multiprocess and device == "cuda" and world_size > n_devices:
             return f"one rank per GPU: world size {world_size} needs {world_size} GPUs, found {n_devices}"
+        if cls.multiprocess and device == "cpu" and world_size > n_devices:
+            return f"one CPU core per rank at least: world size {world_size} needs {world_size} cores, found {n_devices}"
         return None
 
     # ---- hooks ----

@@ -1,0 +1,55 @@
+"""Strategies that misbehave on purpose, registered through PARABENCH_STRATEGIES by the
+failure-isolation tests. Each fails in a real way: an exception on one rank, a rank
+that hangs while its peer waits in a collective, and a real allocation the allocator
+refuses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from strategies.base import Strategy, Variant
+from strategies.ddp import DistributedDataParallel
+
+
+class Crashes(DistributedDataParallel):
+    """Rank 1 raises in its third backward; rank 0 is left waiting in all-reduce."""
+
+    variants = {"test_crash": Variant("spawn", "raises on rank 1 at step 3")}
+    _calls = 0
+
+    def backward(self, loss):
+        self._calls += 1
+        if self.ctx.rank == 1 and self._calls == 3:
+            raise RuntimeError("deliberate crash in backward at step 3")
+        super().backward(loss)
+
+
+class Hangs(DistributedDataParallel):
+    """Rank 1 stops forever before its second step and ignores SIGTERM, so the
+    harness must escalate to SIGKILL; its peers block in all-reduce."""
+
+    variants = {"test_hang": Variant("torchrun", "hangs on rank 1 at step 2")}
+    _calls = 0
+
+    def optimizer_step(self, optimizer):
+        self._calls += 1
+        if self.ctx.rank == 1 and self._calls == 2:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            (open(os.environ["PARABENCH_CELL"] + "/hung", "w")).close()
+            while True:
+                time.sleep(1)
+        super().optimizer_step(optimizer)
+
+
+class OutOfMemory(Strategy):
+    """Asks the allocator for 64 PiB of activations in the first forward."""
+
+    variants = {"test_oom": Variant("inprocess", "allocates far more than any machine has")}
+
+    def forward_loss(self, x, y):
+        torch.empty(2**56, dtype=torch.uint8, device=self.ctx.device).fill_(1)
+        return super().forward_loss(x, y)

@@ -1,0 +1,85 @@
+"""Bad input: one line on stderr, exit code 2, before anything starts (no run directory)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.cli import main
+
+
+@pytest.fixture
+def run(tmp_path, capsys, data_root):
+    def _run(*args: str, data: str | None = None) -> tuple[int, str, str]:
+        argv = [
+            "run",
+            "--out-dir",
+            str(tmp_path / "out"),
+            "--device",
+            "cpu",
+            "--data-root",
+            data if data is not None else str(data_root),
+            *args,
+        ]
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse errors
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return _run
+
+
+CASES = [
+    (["--strategies", "nosuch"], "unknown strategy 'nosuch'"),
+    (["--strategies", "single", "--model", "notamodel"], "unknown model 'notamodel'"),
+    (["--dataset", "cifar10"], "unknown dataset 'cifar10'"),
+    (["--strategies", "dp", "--world-sizes", "2"], "dp cannot run at world size 2"),
+    (["--strategies", "ddp_spawn", "--world-sizes", "64"], "needs 64 cores"),
+    (
+        ["--strategies", "ddp_spawn", "--world-sizes", "2", "--global-batch", "33"],
+        "not divisible by world size 2",
+    ),
+    (["--strategies", "single", "--world-sizes", "0"], "world sizes must be positive"),
+    (["--strategies", "single", "--world-sizes", "one"], "comma-separated list of int"),
+    (
+        ["--strategies", "single", "--global-batch", "-4"],
+        "--global-batch must be a positive integer",
+    ),
+    (["--strategies", "apex_amp_ddp"], "apex_amp_ddp is unavailable: apex.amp needs CUDA"),
+    (["--strategies", "single", "--device", "cuda"], "torch sees no CUDA device"),
+    (["--strategies", "single", "--resume", "/nonexistent/run"], "no config.json there"),
+    (["--strategies", "single", "--dataset", "imagenet-subset"], None),  # fine: real data
+]
+
+
+@pytest.mark.parametrize(("args", "message"), [c for c in CASES if c[1]])
+def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
+    code, out, err = run(*args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("parabench: error:"), err
+    assert message in lines[0]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*/runs.csv"))
+
+
+def test_missing_data_root(run, tmp_path):
+    code, _, err = run("--strategies", "single", data=str(tmp_path / "nowhere"))
+    assert code == 2 and "MNIST not found" in err and len(err.strip().splitlines()) == 1
+
+
+def test_malformed_data_root(run, tmp_path):
+    raw = tmp_path / "bad" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "t10k-images-idx3-ubyte").write_bytes(b"not an idx file")
+    (raw / "t10k-labels-idx1-ubyte").write_bytes(b"nor this")
+    code, _, err = run("--strategies", "single", data=str(tmp_path / "bad"))
+    assert code == 2 and "is not an idx file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_list_shows_every_strategy_with_reasons(capsys):
+    assert main(["list", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    for name in ("single", "dp", "ddp_torchrun", "ddp_spawn", "amp_ddp", "apex_amp_ddp", "horovod"):
+        assert f"  {name} " in out
+    assert "apex.amp needs CUDA" in out

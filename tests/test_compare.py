@@ -1,0 +1,134 @@
+"""`parabench compare` on a real run and a copy of it with a known difference."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench import compare, report
+from bench.cli import main
+
+STEP_TIMES = ("step_time_ms_p50", "step_time_ms_p90", "step_time_ms_mean", "timed_s")
+
+
+def scaled_copy(src: Path, dst: Path, speed: float, *, drop: str | None = None) -> Path:
+    """A copy of run `src` that is `speed` times as fast: samples/s times speed, times over it.
+
+    `drop` removes a strategy's rows, to leave cells present in one run only.
+    """
+    shutil.copytree(src, dst)
+    runs = pd.read_csv(dst / "runs.csv", dtype=str, keep_default_na=False)
+    ok = runs["status"] == "ok"
+    runs.loc[ok, "samples_per_s"] = (runs.loc[ok, "samples_per_s"].astype(float) * speed).map(repr)
+    for col in STEP_TIMES:
+        runs.loc[ok, col] = (runs.loc[ok, col].astype(float) / speed).map(repr)
+    if drop:
+        runs = runs[runs["strategy"] != drop]
+    runs.to_csv(dst / "runs.csv", index=False)
+    return dst
+
+
+@pytest.fixture
+def run_a(small_run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(small_run, tmp_path / "a"))
+
+
+def _ok_cells(run_dir: Path) -> set[tuple[str, int]]:
+    runs = pd.read_csv(run_dir / "runs.csv")
+    ok = runs[runs["status"] == "ok"]
+    return set(zip(ok["strategy"], ok["world_size"], strict=True))
+
+
+def test_ratios_of_a_known_slow_down(run_a: Path, tmp_path: Path) -> None:
+    run_b = scaled_copy(run_a, tmp_path / "b", speed=0.5)
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b))
+    assert set(zip(cmp.table["strategy"], cmp.table["world_size"], strict=True)) == _ok_cells(run_a)
+    assert cmp.table["samples_per_s_ratio"].tolist() == pytest.approx([0.5] * len(cmp.table))
+    assert cmp.table["step_time_ms_p50_ratio"].tolist() == pytest.approx([2.0] * len(cmp.table))
+    assert cmp.table["peak_mem_mib_ratio"].tolist() == pytest.approx([1.0] * len(cmp.table))
+    assert set(cmp.table["verdict"]) == {"SLOW-DOWN"}
+    assert cmp.only_a == [] and cmp.only_b == []
+
+
+def test_cli_exit_code_1_on_a_slow_down(run_a: Path, tmp_path: Path, capsys) -> None:
+    run_b = scaled_copy(run_a, tmp_path / "b", speed=0.8)
+    assert main(["compare", str(run_a), str(run_b)]) == 1
+    out = capsys.readouterr().out
+    assert "SLOW-DOWN" in out and "0.80" in out and "1.25" in out
+    # the same slow-down is within a factor of 1.3: no flag
+    assert main(["compare", str(run_a), str(run_b), "--factor", "1.3"]) == 0
+    assert "SLOW-DOWN" not in capsys.readouterr().out.split("-\n", 1)[1]
+
+
+def test_cli_exit_code_0_without_change(run_a: Path, tmp_path: Path, capsys) -> None:
+    same = Path(shutil.copytree(run_a, tmp_path / "same"))
+    assert main(["compare", str(run_a), str(same)]) == 0
+    out = capsys.readouterr().out
+    body = out.split("-\n", 1)[1]
+    assert "SLOW-DOWN" not in body and "improvement" not in body
+    for name, ws in _ok_cells(run_a):
+        assert any(line.split()[:2] == [name, str(ws)] for line in body.splitlines())
+
+
+def test_a_speed_up_is_noted_not_flagged(run_a: Path, tmp_path: Path, capsys) -> None:
+    run_b = scaled_copy(run_a, tmp_path / "b", speed=2.0)
+    assert main(["compare", str(run_a), str(run_b)]) == 0
+    assert "improvement" in capsys.readouterr().out
+
+
+def test_metric_chooses_what_is_judged(run_a: Path, tmp_path: Path) -> None:
+    # only step time p50 worse: judged by samples/s nothing is flagged, by step time all is
+    run_b = Path(shutil.copytree(run_a, tmp_path / "b"))
+    runs = pd.read_csv(run_b / "runs.csv", dtype=str, keep_default_na=False)
+    ok = runs["status"] == "ok"
+    runs.loc[ok, "step_time_ms_p50"] = (runs.loc[ok, "step_time_ms_p50"].astype(float) * 1.5).map(
+        repr
+    )
+    runs.to_csv(run_b / "runs.csv", index=False)
+    assert main(["compare", str(run_a), str(run_b)]) == 0
+    assert main(["compare", str(run_a), str(run_b), "--metric", "step_time_ms_p50"]) == 1
+
+
+def test_cells_in_one_run_only_are_listed(run_a: Path, tmp_path: Path, capsys) -> None:
+    run_b = scaled_copy(run_a, tmp_path / "b", speed=1.0, drop="ddp_spawn")
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b))
+    dropped = sorted((s, w) for s, w in _ok_cells(run_a) if s == "ddp_spawn")
+    assert [(s, w) for s, w, _ in cmp.only_a] == dropped
+    assert cmp.only_b == []
+    assert "ddp_spawn" not in set(cmp.table["strategy"])
+    assert main(["compare", str(run_a), str(run_b)]) == 0
+    assert "only in A" in capsys.readouterr().out
+    assert main(["compare", str(run_b), str(run_a)]) == 0
+    assert "only in B" in capsys.readouterr().out
+
+
+def test_verdict_thresholds() -> None:
+    assert compare.verdict(1 / 1.2, "samples_per_s", 1.1) == "SLOW-DOWN"
+    assert compare.verdict(1 / 1.05, "samples_per_s", 1.1) == ""
+    assert compare.verdict(1.2, "samples_per_s", 1.1) == "improvement"
+    assert compare.verdict(1.2, "step_time_ms_p50", 1.1) == "SLOW-DOWN"
+    assert compare.verdict(0.8, "step_time_ms_p50", 1.1) == "improvement"
+    assert compare.verdict(1.2, "peak_mem_mib", 1.1) == "MORE MEMORY"
+
+
+@pytest.mark.parametrize("bad", ["missing-a", "missing-b", "no-runs-csv", "factor", "metric"])
+def test_bad_input_is_one_line_and_exit_2(run_a: Path, tmp_path: Path, capsys, bad: str) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = {
+        "missing-a": [str(tmp_path / "nope"), str(run_a)],
+        "missing-b": [str(run_a), str(tmp_path / "nope")],
+        "no-runs-csv": [str(run_a), str(empty)],
+        "factor": [str(run_a), str(run_a), "--factor", "0.5"],
+        "metric": [str(run_a), str(run_a), "--metric", "bogus"],
+    }[bad]
+    try:
+        code = main(["compare", *argv])
+    except SystemExit as exc:  # argparse rejects an unknown --metric itself
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("parabench: error:") and err.count("\n") == 1

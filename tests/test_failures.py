@@ -1,0 +1,85 @@
+"""Failure isolation: a crash, a hang and an out-of-memory error each become a row with
+its status and reason, the rest of the matrix completes, and no process is left."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+import strategies
+from bench.runner import run_matrix
+from tests.conftest import small_config
+
+pytestmark = pytest.mark.slow
+
+
+def leftover_processes(run_dir) -> list[psutil.Process]:
+    """Processes still running that belong to any cell of this run (they carry
+    PARABENCH_CELL in their environment: launchers, ranks, loader workers)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(
+                "PARABENCH_CELL", ""
+            ).startswith(str(run_dir)):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def faulty(monkeypatch):
+    monkeypatch.setenv("PARABENCH_STRATEGIES", "tests.plugins.faulty_strategies")
+    strategies.registry.cache_clear()
+    yield
+    monkeypatch.delenv("PARABENCH_STRATEGIES")
+    strategies.registry.cache_clear()
+
+
+def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_root, faulty):
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        world_sizes=(1, 2),
+        timeout_s=30,
+        strategies=("single", "test_crash", "test_hang", "test_oom", "ddp_spawn"),
+    )
+    t0 = time.monotonic()
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    by = {(r["strategy"], int(r["world_size"])): r for r in rows}
+
+    crash = by[("test_crash", 2)]
+    assert crash["status"] == "failed"
+    assert "rank 1: RuntimeError: deliberate crash in backward at step 3" == crash["reason"]
+
+    hang = by[("test_hang", 2)]
+    assert hang["status"] == "timeout" and "30 s" in hang["reason"]
+    assert (run_dir / "cells" / "test_hang-ws2-r0" / "hung").exists()  # it really hung
+
+    oom = by[("test_oom", 1)]
+    assert oom["status"] == "oom" and "allocate" in oom["reason"]
+
+    # the rest of the matrix ran, after the failures
+    for key in [
+        ("single", 1),
+        ("ddp_spawn", 1),
+        ("ddp_spawn", 2),
+        ("test_crash", 1),
+        ("test_hang", 1),
+    ]:
+        assert by[key]["status"] == "ok", (key, by[key]["reason"])
+    assert time.monotonic() - t0 < 600
+    assert leftover_processes(run_dir) == []
+
+
+def test_missing_launcher_executable_is_a_failed_row(tmp_path, data_root, faulty, monkeypatch):
+    import bench.launchers as launchers
+
+    monkeypatch.setattr(launchers, "horovodrun_path", lambda: None)
+    monkeypatch.setitem(launchers.LAUNCHERS, "spawn", launchers.horovodrun)
+    cfg = small_config(tmp_path, data_root, world_sizes=(2,), strategies=("ddp_spawn",))
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    assert rows[0]["status"] == "failed" and "horovodrun not found" in rows[0]["reason"]

@@ -1,0 +1,379 @@
+"""The reporter on a real small run: summary.csv, the plots (as Figure objects) and report.md.
+
+Every test works on its own copy of the shared run, so rendering never touches it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.colors import to_rgba
+
+from bench import plots, report
+from bench.cli import main
+
+REP = ["strategy", "world_size", "repeat"]
+
+
+@pytest.fixture(scope="module")
+def rendered(small_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A rendered copy of the small run (read-only for the tests of this module)."""
+    run_dir = tmp_path_factory.mktemp("report") / small_run.name
+    shutil.copytree(small_run, run_dir)
+    assert report.render(run_dir) == run_dir / "report.md"
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(rendered: Path) -> pd.DataFrame:
+    return pd.read_csv(rendered / "runs.csv")
+
+
+@pytest.fixture(scope="module")
+def summary(rendered: Path) -> pd.DataFrame:
+    return pd.read_csv(rendered / "summary.csv")
+
+
+@pytest.fixture(scope="module")
+def figures(rendered: Path) -> dict:
+    run = report.load_run(rendered)
+    return report.figures(run, report.summarise(run.runs))
+
+
+def _expected(runs: pd.DataFrame, metric: str) -> pd.Series:
+    """Median over repeats of the last epoch of each all-ok repeat, straight from runs.csv."""
+    failed = set(runs.loc[runs["status"] != "ok", REP].itertuples(index=False, name=None))
+    ok = runs[runs["status"] == "ok"]
+    ok = ok[[k not in failed for k in ok[REP].itertuples(index=False, name=None)]]
+    last = ok[ok["epoch"] == ok.groupby(REP)["epoch"].transform("max")]
+    return last.groupby(["strategy", "world_size"])[metric].median()
+
+
+def _ok_names(runs: pd.DataFrame) -> list[str]:
+    return sorted(runs.loc[runs["status"] == "ok", "strategy"].unique())
+
+
+def _colours(runs: pd.DataFrame) -> dict:
+    return plots.colour_map(runs["strategy"])
+
+
+# ---------------------------------------------------------------- files
+
+
+def test_render_writes_summary_plots_and_report(rendered: Path) -> None:
+    for name in ["summary.csv", "report.md", *report.PLOTS]:
+        path = rendered / name
+        assert path.is_file() and path.stat().st_size > 0, name
+    for name in report.PLOTS:
+        assert (rendered / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+# ---------------------------------------------------------------- summary.csv
+
+
+@pytest.mark.parametrize(
+    "metric",
+    ["samples_per_s", "timed_s", "step_time_ms_p50", "step_time_ms_p90", "peak_mem_mib"],
+)
+def test_summary_medians_are_those_of_runs_csv(runs, summary, metric: str) -> None:
+    expected = _expected(runs, metric)
+    got = summary.set_index(["strategy", "world_size"])[f"{metric}_median"]
+    assert sorted(got.index) == sorted(expected.index)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-5), key
+
+
+def test_summary_spread_and_repeat_count(runs, summary) -> None:
+    ok = runs[runs["status"] == "ok"]
+    for (name, ws), grp in ok.groupby(["strategy", "world_size"]):
+        row = summary[(summary["strategy"] == name) & (summary["world_size"] == ws)].iloc[0]
+        v = grp["samples_per_s"].to_numpy(float)
+        assert row["n_repeats"] == grp["repeat"].nunique() == 2
+        assert row["samples_per_s_min"] == pytest.approx(v.min(), rel=1e-5)
+        assert row["samples_per_s_max"] == pytest.approx(v.max(), rel=1e-5)
+        iqr = np.percentile(v, 75) - np.percentile(v, 25)
+        assert row["samples_per_s_iqr"] == pytest.approx(iqr, rel=1e-5, abs=1e-9)
+
+
+def test_speedup_is_over_single_at_world_size_one(runs, summary) -> None:
+    sps = _expected(runs, "samples_per_s")
+    base = sps[("single", 1)]
+    for _, row in summary.iterrows():
+        up = sps[(row["strategy"], row["world_size"])] / base
+        assert row["speedup_vs_single"] == pytest.approx(up, rel=1e-5)
+        assert row["scaling_efficiency"] == pytest.approx(up / row["world_size"], rel=1e-5)
+    single = summary[(summary["strategy"] == "single") & (summary["world_size"] == 1)]
+    assert single["speedup_vs_single"].iloc[0] == pytest.approx(1.0)
+
+
+def test_summary_has_only_strategies_with_an_ok_row(runs, summary) -> None:
+    assert sorted(summary["strategy"].unique()) == _ok_names(runs)
+    never_ok = set(runs["strategy"]) - set(_ok_names(runs))
+    assert never_ok, "the small run should hold an unavailable strategy (apex on CPU)"
+    assert not never_ok & set(summary["strategy"])
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _bars_by_label(fig) -> dict[str, list]:
+    ax = fig.axes[0]
+    return {c.get_label(): list(c) for c in ax.containers if hasattr(c, "patches")}
+
+
+@pytest.mark.parametrize(
+    ("name", "metric", "unit"),
+    [("throughput.png", "samples_per_s", "samples/s"), ("peak_memory.png", "peak_mem_mib", "MiB")],
+)
+def test_grouped_bars_hold_one_series_per_strategy(figures, runs, summary, name, metric, unit):
+    fig = figures[name]
+    ax = fig.axes[0]
+    assert unit in ax.get_ylabel() and "world size" in ax.get_xlabel() and ax.get_title()
+    bars = _bars_by_label(fig)
+    assert sorted(bars) == _ok_names(runs)
+    colours = _colours(runs)
+    for strategy, patches in bars.items():
+        rows = summary[summary["strategy"] == strategy].sort_values("world_size")
+        assert [p.get_height() for p in patches] == pytest.approx(
+            list(rows[f"{metric}_median"]), rel=1e-5
+        )
+        assert {p.get_facecolor() for p in patches} == {to_rgba(colours[strategy])}
+    assert plots.legend_labels(fig) == _ok_names(runs)
+
+
+def test_scaling_efficiency_lines_and_ideal(figures, runs, summary) -> None:
+    ax = figures["scaling_efficiency.png"].axes[0]
+    assert "world size" in ax.get_xlabel() and "efficiency" in ax.get_ylabel()
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    ideal = [ln for label, ln in lines.items() if label.startswith("ideal")]
+    assert len(ideal) == 1 and set(ideal[0].get_ydata()) == {1.0}
+    assert sorted(k for k in lines if not k.startswith("ideal")) == _ok_names(runs)
+    colours = _colours(runs)
+    for strategy in _ok_names(runs):
+        rows = summary[summary["strategy"] == strategy].sort_values("world_size")
+        assert list(lines[strategy].get_xdata()) == list(rows["world_size"])
+        assert list(lines[strategy].get_ydata()) == pytest.approx(
+            list(rows["scaling_efficiency"]), rel=1e-5
+        )
+        assert to_rgba(lines[strategy].get_color()) == to_rgba(colours[strategy])
+
+
+def _cells(summary: pd.DataFrame) -> list[tuple[str, int]]:
+    return sorted(zip(summary["strategy"], summary["world_size"].astype(int), strict=True))
+
+
+def test_step_time_boxes_exclude_warmup(rendered, figures, runs, summary) -> None:
+    ax = figures["step_time.png"].axes[0]
+    assert "step time (ms" in ax.get_ylabel()
+    boxes = [p for p in ax.patches if p.get_label() in set(runs["strategy"])]
+    cells = _cells(summary)
+    assert len(boxes) == len(cells)
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"{s}\nws={w}" for s, w in cells]
+    steps = pd.read_csv(rendered / "steps.csv")
+    timed = steps[steps["warmup"] == 0]
+    assert len(timed) < len(steps), "the small run has warm-up steps to exclude"
+    colours = _colours(runs)
+    for box, (name, ws) in zip(boxes, cells, strict=True):
+        v = timed.loc[(timed["strategy"] == name) & (timed["world_size"] == ws), "step_time_ms"]
+        ys = box.get_path().vertices[:, 1]
+        # the box spans the quartiles of exactly the timed steps
+        assert ys.min() == pytest.approx(np.percentile(v, 25), rel=1e-6)
+        assert ys.max() == pytest.approx(np.percentile(v, 75), rel=1e-6)
+        assert box.get_label() == name and box.get_facecolor() == to_rgba(colours[name])
+
+
+def test_loss_lines_one_per_strategy_and_world_size(rendered, figures, runs, summary) -> None:
+    ax = figures["loss.png"].axes[0]
+    assert "loss" in ax.get_ylabel() and "step" in ax.get_xlabel()
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert sorted(lines) == sorted(f"{s} ws={w}" for s, w in _cells(summary))
+    steps = pd.read_csv(rendered / "steps.csv")
+    colours = _colours(runs)
+    for (name, ws), label in zip(_cells(summary), sorted(lines), strict=True):
+        line = lines[f"{name} ws={ws}"]
+        one = steps[(steps["strategy"] == name) & (steps["world_size"] == ws)]
+        expected = one.groupby("step")["loss"].median()  # one epoch: step is the x position
+        assert list(line.get_ydata()) == pytest.approx(list(expected), rel=1e-6), label
+        assert to_rgba(line.get_color())[:3] == to_rgba(colours[name])[:3]
+
+
+def test_time_split_stacks_compute_and_data_wait(rendered, figures, runs, summary) -> None:
+    fig = figures["time_split.png"]
+    ax = fig.axes[0]
+    assert "ms" in ax.get_ylabel()
+    steps = pd.read_csv(rendered / "steps.csv")
+    means = steps[steps["warmup"] == 0].groupby(["strategy", "world_size"])
+    means = means[["compute_ms", "data_wait_ms"]].mean()
+    containers = [c for c in ax.containers if hasattr(c, "patches")]
+    # per strategy: a solid compute container and a hatched data-wait one on top of it
+    assert len(containers) == 2 * len(_ok_names(runs))
+    cells = _cells(summary)
+    heights = {}
+    for c in containers:
+        kind = "data_wait_ms" if c.get_label().endswith("data wait") else "compute_ms"
+        for p in c.patches:
+            heights[(cells[round(p.get_x() + p.get_width() / 2)], kind)] = p.get_height()
+    for cell in cells:
+        for kind in ("compute_ms", "data_wait_ms"):
+            assert heights[(cell, kind)] == pytest.approx(means.loc[cell, kind], rel=1e-6)
+    labels = plots.legend_labels(fig)
+    assert labels[: len(_ok_names(runs))] == _ok_names(runs)
+    assert any("data wait" in t for t in labels) and any("compute" in t for t in labels)
+
+
+def test_every_plot_has_labelled_axes_and_a_title(figures) -> None:
+    for name, fig in figures.items():
+        ax = fig.axes[0]
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel(), name
+
+
+def test_colour_map_is_stable_and_distinct() -> None:
+    a = plots.colour_map(["single", "ddp_spawn", "dp"])
+    assert a == plots.colour_map(["dp", "single", "ddp_spawn", "dp"])
+    assert len(set(a.values())) == 3
+    many = plots.colour_map([f"s{i:02d}" for i in range(15)])
+    assert len(set(many.values())) == 15
+
+
+# ---------------------------------------------------------------- report.md
+
+
+def test_report_names_every_strategy_and_its_conditions(rendered, runs) -> None:
+    text = (rendered / "report.md").read_text()
+    for name in runs["strategy"].unique():
+        assert name in text, name
+    for heading in ("## Environment", "## Conditions", "## Summary", "## Plots", "## Unavailable"):
+        assert heading in text
+    first = runs.iloc[0]
+    assert str(first["torch_version"]) in text and str(first["host"]) in text
+    assert (
+        f"global batch (the same for every strategy at a world size): {first['global_batch']}"
+        in text
+    )
+    assert f"warm-up steps excluded from timing, per epoch: {first['warmup_steps']}" in text
+    for name in report.PLOTS:
+        assert f"]({name})" in text
+
+
+def test_report_lists_every_non_ok_cell_with_its_reason(rendered, runs) -> None:
+    text = (rendered / "report.md").read_text()
+    problems = text.split("## Unavailable, skipped and failed", 1)[1]
+    bad = runs[runs["status"] != "ok"]
+    assert len(bad), "the small run should hold skipped and unavailable cells"
+    for row in bad.itertuples():
+        assert f"| {row.strategy} | {row.world_size} | {row.status} |" in problems
+        assert str(row.reason) in problems
+    for name in set(runs["strategy"]) - set(_ok_names(runs)):
+        assert name in problems.split("\n\n")[1]  # "Strategies with no ok result: ..."
+
+
+def _add_rows(run_dir: Path, rows: list[dict]) -> None:
+    """Append status rows to a copied runs.csv, as the runner would have written them."""
+    runs = pd.read_csv(run_dir / "runs.csv", dtype=str, keep_default_na=False)
+    template = runs.iloc[0].copy()
+    template[:] = ""
+    new = [template.to_dict() | {k: str(v) for k, v in r.items()} for r in rows]
+    pd.concat([runs, pd.DataFrame(new)]).to_csv(run_dir / "runs.csv", index=False)
+
+
+def test_failed_repeats_leave_the_summary_and_appear_with_their_reason(small_run, tmp_path):
+    run_dir = tmp_path / "with-failures"
+    shutil.copytree(small_run, run_dir)
+    _add_rows(run_dir, [
+        # repeat 1 of ddp_spawn ws=2 finished its epoch, then the cell failed
+        {"strategy": "ddp_spawn", "world_size": 2, "repeat": 1, "status": "failed",
+         "reason": "rank 1: RuntimeError: Connection reset by peer"},
+        {"strategy": "ghost", "world_size": 1, "repeat": 0, "status": "timeout",
+         "reason": "no result within 240 s (hang?)"},
+        {"strategy": "ghost", "world_size": 2, "repeat": 0, "status": "oom",
+         "reason": "rank 0: OutOfMemoryError: CUDA out of memory"},
+    ])  # fmt: skip
+    text = report.render(run_dir).read_text()
+    summary = pd.read_csv(run_dir / "summary.csv")
+    row = summary[(summary["strategy"] == "ddp_spawn") & (summary["world_size"] == 2)].iloc[0]
+    runs = pd.read_csv(small_run / "runs.csv")
+    kept = runs[(runs["strategy"] == "ddp_spawn") & (runs["world_size"] == 2)]
+    kept = kept[(kept["repeat"] == 0) & (kept["status"] == "ok")]
+    assert row["n_repeats"] == 1
+    assert row["samples_per_s_median"] == pytest.approx(kept["samples_per_s"].iloc[-1], rel=1e-5)
+    assert "ghost" not in set(summary["strategy"])
+    problems = text.split("## Unavailable, skipped and failed", 1)[1]
+    assert "| ddp_spawn | 2 | failed | 1 | rank 1: RuntimeError: Connection reset by peer |" in (
+        problems
+    )
+    assert "| ghost | 1 | timeout | 0 | no result within 240 s (hang?) |" in problems
+    assert "| ghost | 2 | oom | 0 |" in problems
+    assert "ghost" in problems.split("\n\n")[1]
+
+
+def test_median_and_spread_over_three_repeats(small_run, tmp_path) -> None:
+    """An odd number of repeats, one of them far off: the median is not the mean."""
+    run_dir = tmp_path / "three"
+    shutil.copytree(small_run, run_dir)
+    runs = pd.read_csv(run_dir / "runs.csv", dtype=str, keep_default_na=False)
+    single = runs[(runs["strategy"] == "single") & (runs["status"] == "ok")]
+    extra = single.iloc[[0]].copy()
+    extra["repeat"] = "2"
+    extra["samples_per_s"] = repr(float(extra["samples_per_s"].iloc[0]) * 10)
+    pd.concat([runs, extra]).to_csv(run_dir / "runs.csv", index=False)
+    report.render(run_dir)
+    row = pd.read_csv(run_dir / "summary.csv").set_index(["strategy", "world_size"])
+    row = row.loc[("single", 1)]
+    v = np.array([*single["samples_per_s"].astype(float), float(extra["samples_per_s"].iloc[0])])
+    assert row["n_repeats"] == 3
+    assert row["samples_per_s_median"] == pytest.approx(np.median(v), rel=1e-5)
+    assert row["samples_per_s_median"] != pytest.approx(v.mean(), rel=1e-3)
+    iqr = np.percentile(v, 75) - np.percentile(v, 25)
+    assert row["samples_per_s_iqr"] == pytest.approx(iqr, rel=1e-5)
+    assert row["samples_per_s_max"] == pytest.approx(v.max(), rel=1e-5)
+
+
+def test_step_plots_leave_out_warmup_steps_they_are_given(rendered) -> None:
+    """The plot functions drop warm-up rows themselves, whatever the caller passes."""
+    steps = pd.read_csv(rendered / "steps.csv")
+    steps = steps[steps["strategy"] == "single"]
+    slow_warmup = steps.assign(
+        step_time_ms=np.where(steps["warmup"] == 1, 1e6, steps["step_time_ms"]),
+        data_wait_ms=np.where(steps["warmup"] == 1, 1e6, steps["data_wait_ms"]),
+    )
+    timed = steps[steps["warmup"] == 0]
+    box = plots.step_time_distribution(slow_warmup).axes[0]
+    assert max(ln.get_ydata().max() for ln in box.get_lines()) == pytest.approx(
+        timed["step_time_ms"].max()
+    )
+    split = plots.time_split(slow_warmup).axes[0]
+    tops = [p.get_y() + p.get_height() for p in split.patches]
+    assert max(tops) == pytest.approx(timed["step_time_ms"].mean(), rel=1e-6)
+
+
+def test_render_needs_only_runs_csv(small_run, tmp_path) -> None:
+    """Results from another machine may come without steps.csv and the json files."""
+    (tmp_path / "bare").mkdir()
+    shutil.copy(small_run / "runs.csv", tmp_path / "bare" / "runs.csv")
+    out = report.render(tmp_path / "bare")
+    assert out.is_file() and (tmp_path / "bare" / "throughput.png").is_file()
+    assert "## Summary" in out.read_text()
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_report_prints_the_report_path(small_run, tmp_path, capsys) -> None:
+    run_dir = tmp_path / "cli"
+    shutil.copytree(small_run, run_dir)
+    assert main(["report", str(run_dir)]) == 0
+    assert capsys.readouterr().out.strip() == str(run_dir / "report.md")
+
+
+@pytest.mark.parametrize("what", ["missing", "no-runs-csv"])
+def test_cli_report_bad_input_is_one_line_and_exit_2(tmp_path, capsys, what: str) -> None:
+    target = tmp_path / what
+    if what == "no-runs-csv":
+        target.mkdir()
+    assert main(["report", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("parabench: error:") and err.count("\n") == 1
