@@ -53,3 +53,13 @@ class OutOfMemory(Strategy):
     def forward_loss(self, x, y):
         torch.empty(2**56, dtype=torch.uint8, device=self.ctx.device).fill_(1)
         return super().forward_loss(x, y)
+
+
+class NoGradientSync(DistributedDataParallel):
+    """Forgets to all-reduce gradients: each rank trains on its own half of the batch.
+    Runs fine and fast, and trains a different model; parity must catch it."""
+
+    variants = {"test_nosync": Variant("spawn", "DDP without the DDP wrapper (wrong on purpose)")}
+
+    def setup(self, model, optimizer):
+        return model, optimizer
