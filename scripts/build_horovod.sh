@@ -30,11 +30,11 @@ die() { echo "$PREFIX ERROR: $*" >&2; exit 1; }
 # Absolute path to the interpreter *without* resolving the venv's symlink.
 PY=$1
 if [[ "$PY" == */* ]]; then
+    [[ -f "$PY" && -x "$PY" ]] || die "python interpreter '$PY' not found or not executable"
     PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 else
-    PY=$(command -v "$PY") || die "python interpreter '$1' not found"
+    PY=$(command -v "$PY") || die "python interpreter '$1' not found in PATH"
 fi
-[[ -x "$PY" ]] || die "python interpreter '$PY' is not executable"
 PY_BIN_DIR=$(dirname "$PY")
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -121,6 +121,7 @@ shopt -s nullglob
 cached=("$CACHE_DIR"/horovod-"$HVD_VERSION"-*.whl)
 shopt -u nullglob
 if [[ ${#cached[@]} -gt 0 ]]; then
+    LOG="$LOG_DIR/$KEY.install.log"   # keep the build log of the cached wheel
     : >"$LOG"
     log "using cached wheel ${cached[0]}"
     install_wheel "${cached[0]}"
@@ -131,10 +132,14 @@ fi
 : >"$LOG"
 log "no cached wheel; building horovod $HVD_VERSION ($VARIANT) from source, log: $LOG"
 fail() {
+    if grep -qE 'CMake Error|error:|Error [0-9]+' "$LOG" 2>/dev/null; then
+        echo "$PREFIX ---- first error lines in $LOG ----" >&2
+        grep -E -m 15 -A 3 'CMake Error|error:|Error [0-9]+' "$LOG" | cut -c1-400 >&2 || true
+    fi
     echo "$PREFIX ---- last 40 lines of $LOG ----" >&2
-    tail -n 40 "$LOG" >&2
+    tail -n 40 "$LOG" | cut -c1-400 >&2
     echo "$PREFIX ----" >&2
-    die "$*"
+    die "$* (full log: $LOG)"
 }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/parabench-horovod.XXXXXX")

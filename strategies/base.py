@@ -119,6 +119,9 @@ class Strategy:
         with self.autocast():
             return F.cross_entropy(self.model(x), y)
 
+    def zero_grad(self, optimizer: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
@@ -168,7 +171,7 @@ class Strategy:
             x = x.to(self.ctx.device, non_blocking=True)
             y = y.to(self.ctx.device, non_blocking=True)
             timer.data_ready()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.zero_grad(self.optimizer)
             loss = self.forward_loss(x, y)
             self.backward(loss)
             self.optimizer_step(self.optimizer)

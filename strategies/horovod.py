@@ -76,6 +76,10 @@ class Horovod(Strategy):
         )
         return model, optimizer
 
+    def zero_grad(self, optimizer) -> None:
+        # Horovod's wrapper takes no arguments; torch's default (set_to_none=True) applies.
+        optimizer.zero_grad()
+
     def all_mean(self, t: torch.Tensor) -> torch.Tensor:
         import horovod.torch as hvd
 

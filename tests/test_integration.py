@@ -131,3 +131,29 @@ def test_imagenet_subset_resnet18(tmp_path, data_root):
     for strategy, ws in (("single", 1), ("ddp_torchrun", 1), ("ddp_torchrun", 2)):
         r = _ok(rows, strategy, ws)
         assert "imagenet-subset" in r["data"] and float(r["samples_per_s"]) > 0
+
+
+def test_horovod_and_fp16_compression_through_horovodrun(tmp_path, data_root):
+    import os
+
+    import strategies
+    from tests.test_failures import leftover_processes
+
+    why = strategies.get("horovod").unavailable("cpu")
+    if why:
+        if os.environ.get("PARABENCH_REQUIRE_HOROVOD") == "1":
+            pytest.fail(f"Horovod should have been built by `make horovod`: {why}")
+        pytest.skip(why)
+    cfg = small_config(
+        tmp_path, data_root, strategies=("horovod", "horovod_fp16"), world_sizes=(2,)
+    )
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    plain, fp16 = _ok(rows, "horovod", 2), _ok(rows, "horovod_fp16", 2)
+    for r in (plain, fp16):
+        assert r["launcher"] == "horovodrun" and r["backend"] == "gloo"
+        assert float(r["samples_per_s"]) > 0 and math.isfinite(float(r["train_loss_final"]))
+        assert int(r["samples"]) == 4 * 32 and r["horovod_version"] == "0.28.1"
+    assert plain["precision"] == "fp32" and fp16["precision"] == "fp32 (fp16 gradients)"
+    ranks = [r for r in RunDir(run_dir).ranks.read() if r["strategy"] == "horovod"]
+    assert sorted(r["rank"] for r in ranks) == ["0", "1"]
+    assert leftover_processes(run_dir) == []
