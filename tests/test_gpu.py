@@ -1,0 +1,76 @@
+"""GPU paths: nccl, the CUDA allocator's counters, fp16 AMP, apex. Skipped without CUDA;
+run them when a GPU machine is lent (`pytest tests/test_gpu.py`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import strategies
+from bench.runner import run_matrix
+from tests.conftest import small_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.requires_cuda]
+
+
+def _ok(rows, name, ws=1):
+    r = next(r for r in rows if r["strategy"] == name and r["world_size"] == str(ws))
+    assert r["status"] == "ok", r["reason"]
+    return r
+
+
+def test_single_dp_ddp_on_one_gpu_with_nccl(tmp_path, data_root):
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        device="cuda",
+        world_sizes=(1,),
+        strategies=("single", "dp", "ddp_torchrun", "ddp_spawn", "amp_ddp"),
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    for name in ("single", "dp", "ddp_torchrun", "ddp_spawn", "amp_ddp"):
+        r = _ok(rows, name)
+        assert r["mem_source"] == "cuda_allocator" and float(r["peak_alloc_mib"]) > 0
+        assert float(r["peak_reserved_mib"]) >= float(r["peak_alloc_mib"])
+        assert r["cuda_version"] and r["device_names"]
+    assert _ok(rows, "ddp_torchrun")["backend"] == "nccl"
+    assert _ok(rows, "amp_ddp")["precision"] == "amp_fp16"
+
+
+def test_resnet50_synthetic(tmp_path):
+    cfg = small_config(
+        tmp_path,
+        tmp_path,
+        device="cuda",
+        dataset="synthetic",
+        model="resnet50",
+        strategies=("single", "ddp_torchrun"),
+        world_sizes=(1,),
+        global_batch=64,
+        limit=None,
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    for name in ("single", "ddp_torchrun"):
+        assert math.isfinite(float(_ok(rows, name)["train_loss_final"]))
+
+
+def test_apex_amp_ddp_when_installed(tmp_path, data_root):
+    why = strategies.get("apex_amp_ddp").unavailable("cuda")
+    if why:
+        pytest.skip(why)
+    cfg = small_config(
+        tmp_path, data_root, device="cuda", world_sizes=(1,), strategies=("apex_amp_ddp",)
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    assert _ok(rows, "apex_amp_ddp")["precision"] == "apex_O1"
+
+
+@pytest.mark.requires_gpus(2)
+def test_ddp_two_gpus(tmp_path, data_root):
+    cfg = small_config(
+        tmp_path, data_root, device="cuda", world_sizes=(2,), strategies=("ddp_spawn", "dp")
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    assert _ok(rows, "ddp_spawn", 2)["backend"] == "nccl"
+    assert "cuda:0,1" in _ok(rows, "dp", 2)["notes"]
