@@ -64,19 +64,26 @@ def _wait_gone(run_dir, timeout: float = 20) -> list:
     return left
 
 
-def test_sigkilled_harness_loses_nothing_and_resumes(tmp_path, data_root):
-    run_dir = tmp_path / "r1"
+def _interrupt_mid_matrix(tmp_path, data_root, run_id: str, sig: int) -> tuple[RunDir, str, int]:
+    """Start the harness, let three cells finish and a fourth start, send `sig`."""
     proc = subprocess.Popen(
-        _cli(tmp_path, data_root, "--run-id", "r1"),
+        _cli(tmp_path, data_root, "--run-id", run_id),
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    rd = RunDir(run_dir)
+    rd = RunDir(tmp_path / run_id)
     _wait_rows(rd, 3, proc)  # single ws1, single ws2 (skipped), ddp_spawn ws1 ...
     time.sleep(1.0)  # ... and into the next cell
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    return rd, out, proc.returncode
+
+
+def test_sigkilled_harness_loses_nothing_and_resumes(tmp_path, data_root):
+    rd, _, _ = _interrupt_mid_matrix(tmp_path, data_root, "r1", signal.SIGKILL)
+    run_dir = rd.path
     before = rd.runs.read()
     assert len(before) >= 3 and len(before) < 6
     assert _wait_gone(run_dir) == [], "ranks outlived the killed harness"
@@ -100,20 +107,9 @@ def test_sigkilled_harness_loses_nothing_and_resumes(tmp_path, data_root):
 
 
 def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root):
-    run_dir = tmp_path / "r2"
-    proc = subprocess.Popen(
-        _cli(tmp_path, data_root, "--run-id", "r2"),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    rd = RunDir(run_dir)
-    _wait_rows(rd, 3, proc)
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    rd, out, code = _interrupt_mid_matrix(tmp_path, data_root, "r2", signal.SIGTERM)
+    run_dir = rd.path
+    assert code == 130
     assert f"continue with: parabench run --resume {run_dir}" in out
     assert len(rd.runs.read()) >= 3
     assert leftover_processes(run_dir) == []
