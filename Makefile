@@ -43,7 +43,7 @@ bench: install
 # PARABENCH_REQUIRE_HOROVOD: a Horovod that failed to build fails the Horovod tests
 # instead of skipping them.
 test: install horovod
-	PARABENCH_REQUIRE_HOROVOD=1 $(PY) -m pytest -q -ra
+	PARABENCH_REQUIRE_HOROVOD=1 $(PY) -m pytest -q -ra --durations=15 tests benchmarks/test_collectives.py --benchmark-disable
 
 test-fast: install
 	$(PY) -m pytest -q -ra -m "not slow"
@@ -65,8 +65,13 @@ verify: install
 overhead: install
 	$(PY) benchmarks/overhead.py --data-root $(DATA_ROOT)
 
+# pytest-benchmark keeps every run under results/microbench and compares with the last;
+# MICROBENCH_ARGS=--benchmark-compare-fail=median:25% turns a regression into a failure.
+MICROBENCH_ARGS ?=
 microbench: install
-	$(PY) -m pytest benchmarks -q --benchmark-autosave --benchmark-storage=results/microbench
+	$(PY) -m pytest benchmarks -q -p no:cacheprovider --benchmark-storage=results/microbench \
+		--benchmark-autosave --benchmark-compare --benchmark-columns=min,median,iqr,max,rounds \
+		--benchmark-sort=name $(MICROBENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

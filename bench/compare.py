@@ -4,7 +4,8 @@ For every (strategy, world size) with an ok result in both runs: the ratio B/A o
 medians over repeats of samples/s, step time p50 and peak memory per device. The metric
 chosen with --metric decides the verdict: a change for the worse by more than --factor is
 flagged (exit code 1), a change for the better by more than --factor is noted. Cells with
-a result in only one run are listed as such. Medians come from the same selection as the
+a result in only one run are listed as such; one that was ok in A and failed, ran out of
+memory or timed out in B is flagged too (exit code 1). Medians come from the same selection as the
 report (bench.report.summarise), so the two never disagree.
 """
 
@@ -36,6 +37,7 @@ LABELS = {
     "peak_mem_mib": "peak mem/device (MiB)",
 }
 EXIT_SAME, EXIT_WORSE = 0, 1
+BROKEN = ("failed", "oom", "timeout")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,12 @@ class Comparison:
     @property
     def regressions(self) -> pd.DataFrame:
         return self.table[self.table["verdict"] == worse_word(self.metric)]
+
+    @property
+    def broken(self) -> list[tuple[str, int, str]]:
+        """Cells ok in A that crashed, ran out of memory or hung in B: the worst regression.
+        (Skipped or unavailable in B is a different machine, not a regression.)"""
+        return [c for c in self.only_a if c[2].split(":")[0] in BROKEN]
 
 
 def worse_word(metric: str) -> str:
@@ -146,8 +154,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(worse):
         cells = ", ".join(f"{s} ws={w}" for s, w in worse[report.KEY].itertuples(index=False))
         print(f"{worse_word(cmp.metric).lower()} beyond x{cmp.factor:g} in {cmp.metric}: {cells}")
-        return EXIT_WORSE
-    return EXIT_SAME
+    for name, ws, what in cmp.broken:
+        print(f"ok in A, {what.split(':')[0]} in B: {name} ws={ws}")
+    return EXIT_WORSE if len(worse) or cmp.broken else EXIT_SAME
 
 
 def add_parser(sub: Any) -> None:

@@ -97,7 +97,8 @@ def _grouped_bars(
     """
     sizes = sorted(int(w) for w in summary["world_size"].unique())
     names = sorted(summary["strategy"].unique())
-    width = 0.8 / max(1, summary.groupby("world_size").size().max())
+    # at most 0.3 wide: a lone bar would otherwise fill its whole group
+    width = min(0.3, 0.8 / max(1, summary.groupby("world_size").size().max()))
     pos: dict[tuple[str, int], float] = {}
     for g, ws in enumerate(sizes):
         present = sorted(summary.loc[summary["world_size"] == ws, "strategy"])
@@ -135,6 +136,7 @@ def _grouped_bars(
                 fontsize=8,
             )
     ax.set_xticks(range(len(sizes)), [str(w) for w in sizes])
+    ax.set_xlim(-0.5, len(sizes) - 0.5)
     ax.set_xlabel("world size (ranks)")
     _legend_outside(ax, title="strategy")
     ax.margins(y=0.12)

@@ -132,3 +132,16 @@ def test_bad_input_is_one_line_and_exit_2(run_a: Path, tmp_path: Path, capsys, b
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("parabench: error:") and err.count("\n") == 1
+
+
+def test_a_cell_that_newly_fails_is_flagged(run_a: Path, tmp_path: Path, capsys) -> None:
+    run_b = scaled_copy(run_a, tmp_path / "b", speed=1.0)
+    runs = pd.read_csv(run_b / "runs.csv", dtype=str, keep_default_na=False)
+    hit = (runs["strategy"] == "ddp_spawn") & (runs["world_size"] == "2")
+    runs.loc[hit, "status"] = "oom"
+    runs.loc[hit, "reason"] = "rank 0: OutOfMemoryError: CUDA out of memory"
+    runs.to_csv(run_b / "runs.csv", index=False)
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b))
+    assert [(n, w) for n, w, _ in cmp.broken] == [("ddp_spawn", 2)]
+    assert main(["compare", str(run_a), str(run_b)]) == 1
+    assert "ok in A, oom in B: ddp_spawn ws=2" in capsys.readouterr().out
