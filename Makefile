@@ -56,7 +56,7 @@ format: install
 	$(VENV)/bin/ruff format bench strategies tests benchmarks
 
 report: install
-	$(PB) report $$(ls -td results/*/ | grep -v reference | head -1)
+	$(PB) report $$(dirname $$(ls -t results/*/runs.csv | head -1))
 
 verify: install
 	-@$(MAKE) --no-print-directory horovod

@@ -135,6 +135,10 @@ def cmd_run(a: argparse.Namespace) -> int:
             pass
         else:
             print(f"report: {report.render(run_dir)}")
+    broken = [r for r in rows if r["status"] in ("failed", "oom", "timeout")]
+    if broken:
+        print(f"{len(broken)} cell(s) failed, ran out of memory or timed out (see above)")
+        return 1
     return 0
 
 

@@ -77,6 +77,16 @@ class RunConfig:
         need(self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}")
         need(self.max_classes is None or self.max_classes >= 2, "--max-classes must be at least 2")
         need(self.eval_samples >= 0, "--eval-samples cannot be negative")
+        need(self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}")
+        need(
+            self.max_steps is None or self.warmup_steps < self.max_steps,
+            f"--warmup-steps ({self.warmup_steps}) must be less than --max-steps ({self.max_steps}): "
+            "no step would be timed",
+        )
+        need(
+            self.limit is None or self.limit >= self.global_batch,
+            f"--limit ({self.limit}) is smaller than the global batch ({self.global_batch}): no full step",
+        )
         for ws in self.world_sizes:
             need(
                 isinstance(ws, int) and ws >= 1,

@@ -52,6 +52,11 @@ def check(cfg: RunConfig) -> str:
                 _idx_header(path)
         return f"mnist {split} split"
     if cfg.dataset == "imagenet-subset":
+        if cfg.model == "mnist_cnn":
+            raise ConfigError(
+                "mnist_cnn takes 28x28 1-channel images; use a torchvision model "
+                "(e.g. --model resnet18) with imagenet-subset"
+            )
         return f"imagenet-subset at {_imagenet_root(cfg.data_path)}"
     return "synthetic"
 

@@ -31,9 +31,10 @@ def device_count(device: str) -> int:
     return torch.cuda.device_count() if device == "cuda" else cpu_cores()
 
 
-def threads_per_rank(device: str, world_size: int) -> int:
-    # On CPU the ranks share the cores: cores / ranks each, so no strategy is oversubscribed.
-    return max(1, cpu_cores() // world_size)
+def threads_per_process(processes: int) -> int:
+    # The processes of a cell share the cores: cores / processes each, so no strategy is
+    # oversubscribed and none leaves cores idle (DataParallel is one process).
+    return max(1, cpu_cores() // processes)
 
 
 def _version(dist: str) -> str:

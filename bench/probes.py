@@ -53,16 +53,24 @@ def peak_rss_mib() -> float:
     return peak / 1024 / (1024 if sys.platform == "darwin" else 1)
 
 
-def reset_peaks(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def reset_peaks(devices: list[torch.device]) -> None:
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(d)
 
 
-def memory_snapshot(device: torch.device) -> dict[str, float]:
-    """Peak memory from the allocator's own counters (CUDA) and the host's RSS."""
+def memory_snapshot(devices: list[torch.device]) -> dict[str, float]:
+    """Peak memory from the allocator's own counters (CUDA) and the host's RSS.
+
+    `devices` are those this process drives (several for DataParallel); the figure is the
+    largest per-device peak, so it reads as memory per device like the one-rank-per-GPU
+    strategies' figures.
+    """
     snap = {"peak_rss_mib": peak_rss_mib()}
-    if device.type == "cuda":
-        stats = torch.cuda.memory_stats(device)
-        snap["peak_alloc_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-        snap["peak_reserved_mib"] = stats.get("reserved_bytes.all.peak", 0) / 2**20
+    cuda = [d for d in devices if d.type == "cuda"]
+    if cuda:
+        snap["peak_alloc_mib"] = max(torch.cuda.max_memory_allocated(d) for d in cuda) / 2**20
+        snap["peak_reserved_mib"] = (
+            max(torch.cuda.memory_stats(d).get("reserved_bytes.all.peak", 0) for d in cuda) / 2**20
+        )
     return snap

@@ -34,8 +34,8 @@ def die_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def become_subreaper() -> None:
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+def become_subreaper(on: bool = True) -> None:
+    _prctl(_PR_SET_CHILD_SUBREAPER, int(on))
 
 
 def free_port() -> int:

@@ -206,7 +206,7 @@ def _fmt(v: Any) -> Any:
     if v is None:
         return ""
     if isinstance(v, float):
-        return "" if np.isnan(v) else repr(round(v, 6))
+        return "" if np.isnan(v) else f"{v:.10g}"
     return v
 
 

@@ -24,11 +24,32 @@ from typing import Any
 import strategies
 from bench import data, proc, results
 from bench.config import ConfigError, RunConfig
-from bench.env import device_count, provenance, resolve_device, threads_per_rank
+from bench.env import device_count, provenance, resolve_device, threads_per_process
 from bench.launchers import LAUNCHERS
 from bench.models import check_model
 
 Echo = Callable[[str], None]
+#: rank/rendezvous variables of an enclosing launcher; each cell's launcher sets its own
+LAUNCHER_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "HOROVOD_HOSTNAME",
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT",
+    "HOROVOD_CONTROLLER",
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,7 @@ def plan(cfg: RunConfig) -> list[Cell]:
                 "every rank must get the same share"
             )
     data.check(cfg)
+    _check_options(cfg.options, specs)
     cells: list[Cell] = []
     for spec in specs:
         why_not = spec.unavailable(device)
@@ -99,6 +121,23 @@ def plan(cfg: RunConfig) -> list[Cell]:
                 else:
                     cells.append(Cell(spec.name, ws, r))
     return cells
+
+
+def _check_options(options: dict[str, str], specs: list[strategies.StrategySpec]) -> None:
+    for key, value in options.items():
+        takers = [s for s in specs if s.cls is not None and key in s.cls.accepts]
+        if not takers:
+            known = sorted({k for s in specs if s.cls for k in s.cls.accepts})
+            raise ConfigError(
+                f"--set {key}: no selected strategy takes this option; "
+                f"options: {', '.join(known) or 'none'}"
+            )
+        for s in takers:
+            allowed = s.cls.accepts[key]
+            if value not in allowed:
+                raise ConfigError(
+                    f"--set {key}={value}: {s.name} takes {key} = {' | '.join(allowed)}"
+                )
 
 
 def _cuda_available() -> bool:
@@ -181,7 +220,7 @@ class Runner:
             "warmup_steps": cfg.warmup_steps,
             "seed": cfg.seed,
             "lr": cfg.lr,
-            "threads_per_rank": threads_per_rank(self.device, cell.world_size),
+            "threads_per_rank": self._threads(cell),
             "options": json.dumps(
                 {**(spec.variant.options if spec.variant else {}), **cfg.options}
             ),
@@ -210,12 +249,19 @@ class Runner:
         path.write_text(json.dumps(spec, indent=1))
         return path
 
+    def _threads(self, cell: Cell) -> int:
+        spec = strategies.get(cell.strategy)
+        return threads_per_process(cell.world_size if spec.cls and spec.cls.multiprocess else 1)
+
     def _env(self, cell: Cell, cell_dir: Path) -> dict[str, str]:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         env["PARABENCH_CELL"] = str(cell_dir)
-        env["OMP_NUM_THREADS"] = str(threads_per_rank(self.device, cell.world_size))
+        env["OMP_NUM_THREADS"] = str(self._threads(cell))
+        env["PARABENCH_PG_TIMEOUT_S"] = str(int(self.cfg.timeout_s))  # the cell deadline rules
+        for var in LAUNCHER_VARS:  # a harness started under torchrun/horovodrun must not leak them
+            env.pop(var, None)
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("HOROVOD_GLOO_IFACE", "lo")
@@ -262,6 +308,7 @@ class Runner:
                     "per_rank_batch": rec["per_rank_batch"],
                     "loader_workers": rec["loader_workers"],
                     "threads_per_rank": rec["threads_per_rank"],
+                    "warmup_steps": rec["warmup_steps"],
                     "notes": rec["notes"],
                     "status": results.OK,
                     "reason": "",
@@ -352,29 +399,34 @@ def _summary(row: dict[str, Any]) -> str:
     )
 
 
-def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir]:
+def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, list[Cell]]:
+    """The run's config, directory and cells; nothing is created until `plan` accepts it."""
     if resume is not None:
         rd = RunDir(resume)
         if not rd.config_path.exists():
             raise ConfigError(
                 f"--resume {resume}: no config.json there; is it a parabench run directory?"
             )
-        return RunConfig.from_dict(json.loads(rd.config_path.read_text())), rd
-    run_id = cfg.run_id or _new_run_id()
-    path = Path(cfg.out_dir) / run_id
+        try:
+            saved = RunConfig.from_dict(json.loads(rd.config_path.read_text()))
+        except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+            raise ConfigError(f"--resume {resume}: config.json is unreadable ({exc})") from exc
+        return saved, rd, plan(saved)
+    cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
+    path = Path(cfg.out_dir) / cfg.run_id
     if (path / "runs.csv").exists():
         raise ConfigError(f"{path} already holds a run; use --resume {path} or another --run-id")
+    cells = plan(cfg)
     path.mkdir(parents=True, exist_ok=True)
     rd = RunDir(path)
-    rd.config_path.write_text(json.dumps(cfg.replace(run_id=run_id).to_dict(), indent=1))
-    return cfg.replace(run_id=run_id), rd
+    rd.config_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+    return cfg, rd, cells
 
 
 def run_matrix(
     cfg: RunConfig, *, resume: Path | None = None, echo: Echo = print
 ) -> tuple[Path, list[dict]]:
-    cfg, run_dir = open_run(cfg, resume)
-    cells = plan(cfg)
+    cfg, run_dir, cells = open_run(cfg, resume)
     (run_dir.path / "environment.json").write_text(
         json.dumps(provenance(resolve_device(cfg.device)), indent=1)
     )
@@ -393,6 +445,7 @@ def run_matrix(
         raise
     finally:
         signal.signal(signal.SIGTERM, old)
+        proc.become_subreaper(False)
     return run_dir.path, rows
 
 

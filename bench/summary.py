@@ -14,14 +14,34 @@ def _f(row: Mapping[str, str], key: str) -> float:
         return float("nan")
 
 
+def _key(r: Mapping[str, str]) -> tuple[str, str, str, str]:
+    return (r["strategy"], r["world_size"], r["repeat"], r["epoch"])
+
+
+def _counted(rows: list[Mapping[str, str]]) -> set[tuple[str, str, str, str]]:
+    """The rows the report counts: the last epoch of every repeat whose rows are all ok."""
+    import pandas as pd
+
+    from bench.report import counted_rows
+
+    if not rows:
+        return set()
+    df = pd.DataFrame(rows)
+    df["epoch"] = pd.to_numeric(df["epoch"], errors="coerce")
+    kept = counted_rows(df)
+    return {(r.strategy, r.world_size, r.repeat, str(int(r.epoch))) for r in kept.itertuples()}
+
+
 def table(rows: Iterable[Mapping[str, str]]) -> str:
     rows = list(rows)
+    counted = _counted(rows)
     ok: dict[tuple[str, int], list[Mapping[str, str]]] = defaultdict(list)
     other: dict[tuple[str, int], Mapping[str, str]] = {}
     for r in rows:
         key = (r["strategy"], int(r["world_size"]))
         if r["status"] == "ok":
-            ok[key].append(r)
+            if _key(r) in counted:
+                ok[key].append(r)
         else:
             other.setdefault(key, r)
 

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 import strategies
 from bench import data, proc
 from bench.config import RunConfig
-from bench.env import threads_per_rank
+from bench.env import threads_per_process
 from bench.models import build_model
 from bench.probes import reset_peaks
 from strategies.base import RankContext, Strategy
@@ -44,6 +44,10 @@ def rank_context(
     return RankContext(
         rank=rank, local_rank=local, world_size=world_size, device=device, seed=cfg.seed
     )
+
+
+def multiprocess(spec: dict[str, Any]) -> bool:
+    return strategies.get(spec["strategy"]).cls.multiprocess
 
 
 def seed_everything(seed: int) -> None:
@@ -72,8 +76,7 @@ def run(spec: dict[str, Any]) -> None:
     cfg = RunConfig.from_dict(spec["config"])
     cell_dir = Path(spec["dir"])
     ws, device_type = spec["world_size"], spec["device"]
-    multiprocess = strategies.get(spec["strategy"]).cls.multiprocess
-    ctx = rank_context(cfg, ws, device_type, multiprocess)
+    ctx = rank_context(cfg, ws, device_type, multiprocess(spec))
     try:
         _run(cfg, spec, ctx, cell_dir)
     except BaseException as exc:
@@ -90,7 +93,7 @@ def run(spec: dict[str, Any]) -> None:
 
 
 def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path) -> None:
-    threads = threads_per_rank(spec["device"], ctx.world_size)
+    threads = threads_per_process(ctx.world_size if multiprocess(spec) else 1)
     torch.set_num_threads(threads)
     seed_everything(cfg.seed)
     strategy = strategies.get(spec["strategy"]).create(ctx, cfg.options)
@@ -120,7 +123,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                 f"global batch {cfg.global_batch} is larger than the {len(bundle.train)} training samples"
             )
         for epoch in range(cfg.epochs):
-            reset_peaks(ctx.device)
+            reset_peaks(strategy.devices())
             stats = strategy.train_epoch(
                 loader, epoch, max_steps=cfg.max_steps, warmup_steps=cfg.warmup_steps
             )

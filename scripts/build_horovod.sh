@@ -57,7 +57,13 @@ hvd.shutdown()
 }
 
 # ---------------------------------------------------------------- 1. installed?
-if "$PY" -c "import horovod, horovod.torch, sys; sys.exit(horovod.__version__ != '$HVD_VERSION')" >/dev/null 2>&1; then
+# Installed, importable against this torch, and of the wanted variant (an NCCL build on a
+# GPU machine: a CPU build there would leave the horovod strategies unavailable).
+if PARABENCH_HOROVOD_VARIANT=${PARABENCH_HOROVOD_VARIANT:-} "$PY" -c "
+import os, sys, torch, horovod, horovod.torch as hvd
+want = os.environ['PARABENCH_HOROVOD_VARIANT'] or ('nccl' if torch.cuda.is_available() else 'cpu')
+sys.exit(horovod.__version__ != '$HVD_VERSION' or (want == 'nccl' and not hvd.nccl_built()))
+" >/dev/null 2>&1; then
     log "horovod $HVD_VERSION with torch support is already installed for $PY; nothing to do"
     exit 0
 fi

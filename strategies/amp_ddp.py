@@ -22,6 +22,7 @@ class AmpDDP(DistributedDataParallel):
         "amp_ddp": Variant("torchrun", "native AMP (autocast + GradScaler) with DDP, torchrun"),
     }
     precision = "amp"
+    accepts = {"amp_dtype": tuple(DTYPES)}
 
     def __init__(self, ctx: RankContext, options: Mapping[str, str] | None = None) -> None:
         super().__init__(ctx, options)

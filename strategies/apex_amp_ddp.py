@@ -51,6 +51,7 @@ class ApexAmpDDP(TorchDistributed):
         ),
     }
     precision = "apex_amp"
+    accepts = {"opt_level": ("O0", "O1", "O2", "O3"), "ddp": ("apex", "torch")}
 
     @classmethod
     def unavailable(cls, device: str) -> str | None:
@@ -75,6 +76,10 @@ class ApexAmpDDP(TorchDistributed):
 
         self.notes.append("apex.parallel.DistributedDataParallel")
         return DistributedDataParallel(model), optimizer
+
+    def zero_grad(self, optimizer) -> None:
+        # With master weights (O2) apex replaces zero_grad by one that takes no arguments.
+        optimizer.zero_grad()
 
     def backward(self, loss: torch.Tensor) -> None:
         from apex import amp

@@ -64,6 +64,8 @@ class Strategy:
     multiprocess: ClassVar[bool] = False
     #: numeric precision the strategy trains in; rows and parity tolerances use it
     precision: ClassVar[str] = "fp32"
+    #: options this strategy takes through `--set key=value`, with their allowed values
+    accepts: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init__(self, ctx: RankContext, options: Mapping[str, str] | None = None) -> None:
         self.ctx = ctx
@@ -90,6 +92,10 @@ class Strategy:
         return None
 
     # ---- hooks ----
+    def devices(self) -> list[torch.device]:
+        """The devices this process drives (memory is read on each)."""
+        return [self.ctx.device]
+
     def setup_distributed(self) -> None:
         """Join the process group (multi-process strategies)."""
 
@@ -195,5 +201,5 @@ class Strategy:
             step_times_ms=tuple(r.total_ms for r in records),
             data_wait_ms=tuple(r.data_ms for r in records),
             losses=tuple(mean_losses),
-            memory=memory_snapshot(self.ctx.device),
+            memory=memory_snapshot(self.devices()),
         )

@@ -19,6 +19,11 @@ class DataParallel(Strategy):
             return f"DataParallel over {world_size} GPUs needs {world_size} GPUs, found {n_devices}"
         return None
 
+    def devices(self) -> list[torch.device]:
+        if self.ctx.device.type == "cuda":
+            return [torch.device(f"cuda:{i}") for i in range(self.ctx.world_size)]
+        return [self.ctx.device]
+
     def per_rank_batch(self, global_batch: int) -> int:
         # DataParallel splits the batch across devices itself.
         return global_batch

@@ -18,6 +18,7 @@ INSTALL = "build it against this torch with `make horovod`"
 
 class Horovod(Strategy):
     multiprocess = True
+    accepts = {"compression": ("none", "fp16")}
     variants = {
         "horovod": Variant("horovodrun", "Horovod DistributedOptimizer, horovodrun"),
         "horovod_fp16": Variant(

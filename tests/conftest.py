@@ -19,6 +19,8 @@ DATA = Path(os.environ.get("PARABENCH_TEST_DATA", ROOT.parent / "shared" / "data
 def pytest_collection_modifyitems(config, items):
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
+        if "small_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)  # the fixture runs the whole matrix
         if item.get_closest_marker("requires_cuda") and gpus == 0:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
         m = item.get_closest_marker("requires_gpus")

@@ -49,18 +49,29 @@ CASES = [
     (["--strategies", "apex_amp_ddp"], "apex_amp_ddp is unavailable: apex.amp needs CUDA"),
     (["--strategies", "single", "--device", "cuda"], "torch sees no CUDA device"),
     (["--strategies", "single", "--resume", "/nonexistent/run"], "no config.json there"),
-    (["--strategies", "single", "--dataset", "imagenet-subset"], None),  # fine: real data
+    (
+        ["--strategies", "amp_ddp", "--set", "amp_dtype=fp8"],
+        "amp_ddp takes amp_dtype = fp16 | bf16",
+    ),
+    (["--strategies", "single", "--set", "junk=1"], "--set junk: no selected strategy takes"),
+    (["--strategies", "single", "--max-steps", "3"], "--warmup-steps (5) must be less than"),
+    (["--strategies", "single", "--limit", "10"], "smaller than the global batch"),
+    (["--strategies", "single", "--image-size", "0"], "--image-size must be at least 16"),
+    (
+        ["--strategies", "single", "--dataset", "imagenet-subset", "--model", "mnist_cnn"],
+        "use a torchvision model",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), [c for c in CASES if c[1]])
+@pytest.mark.parametrize(("args", "message"), CASES)
 def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
     code, out, err = run(*args)
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("parabench: error:"), err
     assert message in lines[0]
-    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*/runs.csv"))
+    assert not (tmp_path / "out").exists()  # nothing was created
 
 
 def test_missing_data_root(run, tmp_path):
@@ -83,3 +94,11 @@ def test_list_shows_every_strategy_with_reasons(capsys):
     for name in ("single", "dp", "ddp_torchrun", "ddp_spawn", "amp_ddp", "apex_amp_ddp", "horovod"):
         assert f"  {name} " in out
     assert "apex.amp needs CUDA" in out
+
+
+def test_resume_with_a_corrupt_config(run, tmp_path):
+    bad = tmp_path / "run"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    code, _, err = run("--resume", str(bad))
+    assert code == 2 and "config.json is unreadable" in err and len(err.strip().splitlines()) == 1

@@ -73,7 +73,9 @@ def test_imagenet_missing_is_a_config_error(tmp_path):
 def test_synthetic_matches_the_model_input():
     b = data.load(RunConfig(dataset="synthetic", model="mnist_cnn", global_batch=8))
     assert b.train[3][0].shape == (1, 28, 28) and b.num_classes == 10
-    b = data.load(RunConfig(dataset="synthetic", model="resnet18", image_size=32, limit=16))
+    b = data.load(
+        RunConfig(dataset="synthetic", model="resnet18", image_size=32, limit=16, global_batch=8)
+    )
     assert b.train[3][0].shape == (3, 32, 32) and len(b.train) == 16
 
 

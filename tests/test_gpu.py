@@ -74,3 +74,33 @@ def test_ddp_two_gpus(tmp_path, data_root):
     _, rows = run_matrix(cfg, echo=lambda m: None)
     assert _ok(rows, "ddp_spawn", 2)["backend"] == "nccl"
     assert "cuda:0,1" in _ok(rows, "dp", 2)["notes"]
+
+
+def test_apex_o2_and_parity_when_installed(tmp_path, data_root):
+    why = strategies.get("apex_amp_ddp").unavailable("cuda")
+    if why:
+        pytest.skip(why)
+    from bench.verify import verify
+
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        device="cuda",
+        world_sizes=(1,),
+        strategies=("apex_amp_ddp",),
+        options={"opt_level": "O2"},
+    )
+    _, parity = verify(cfg, steps=8, echo=lambda m: None)
+    (p,) = [p for p in parity if p.strategy == "apex_amp_ddp"]
+    assert p.precision == "apex_O2" and p.status == "pass", p
+
+
+def test_horovod_nccl_when_built(tmp_path, data_root):
+    why = strategies.get("horovod").unavailable("cuda")
+    if why:
+        pytest.skip(why)
+    cfg = small_config(
+        tmp_path, data_root, device="cuda", world_sizes=(1,), strategies=("horovod",)
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    assert _ok(rows, "horovod")["backend"] == "nccl"

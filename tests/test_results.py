@@ -82,6 +82,6 @@ def test_step_timer_measures_wall_time():
 
 
 def test_memory_snapshot_on_cpu_reads_rss():
-    snap = memory_snapshot(torch.device("cpu"))
+    snap = memory_snapshot([torch.device("cpu")])
     assert snap["peak_rss_mib"] > 50  # this process has torch loaded
     assert "peak_alloc_mib" not in snap
