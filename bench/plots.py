@@ -251,6 +251,10 @@ def step_time_distribution(
     return fig
 
 
+#: curves at least this long are drawn as a rolling mean (see loss_curves)
+SMOOTH_FROM = 50
+
+
 def loss_curves(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None) -> Figure:
     """Training loss vs step, median over repeats; a line per strategy and world size."""
     fig, ax = _figure()
@@ -260,12 +264,18 @@ def loss_curves(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None
     # Strategies that agree (the point of a parity check) draw the same curve; wider lines
     # underneath and markers at staggered steps keep every one of them visible.
     widths = np.linspace(5.0, 1.5, len(cells)) if len(cells) > 1 else [1.5]
+    window = 1
     for i, (name, ws) in enumerate(cells):
         one = steps[(steps["strategy"] == name) & (steps["world_size"] == ws)]
         one = one.sort_values(["repeat", "epoch", "step"])
         # global step: position in the repeat across epochs
         one = one.assign(gstep=one.groupby("repeat").cumcount())
         curve = one.groupby("gstep")["loss"].median()
+        # Per-step losses of a long run are noise around the trend, and a dozen noisy
+        # curves hide each other: past SMOOTH_FROM steps, draw a centred rolling mean.
+        if len(curve) >= SMOOTH_FROM:
+            window = max(window, len(curve) // 25)
+            curve = curve.rolling(window, center=True, min_periods=1).mean()
         every = max(1, len(curve) // 8)
         ax.plot(
             curve.index,
@@ -282,7 +292,8 @@ def loss_curves(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None
     if not cells:
         _empty(ax, "steps")
     ax.set_xlabel("training step (across epochs, warm-up included)")
-    ax.set_ylabel("training loss (median over repeats)")
+    smoothed = f", rolling mean over {window} steps" if window > 1 else ""
+    ax.set_ylabel(f"training loss (median over repeats{smoothed})")
     ax.set_title("Training loss per step (coinciding curves: the strategies agree)")
     _legend_outside(ax)
     ax.grid(alpha=0.3)
