@@ -16,7 +16,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -267,9 +267,10 @@ class Runner:
         env.setdefault("HOROVOD_GLOO_IFACE", "lo")
         return env
 
-    def run_cell(self, cell: Cell) -> tuple[list[dict], list[dict], list[dict]]:
+    def run_cell(self, cell: Cell) -> list[dict]:
+        """Run one cell and write its rows; returns its runs.csv rows."""
         if cell.status:
-            return [self._status_row(cell, cell.status, cell.reason)], [], []
+            return self._write([self._status_row(cell, cell.status, cell.reason)])
         cell_dir = self.dir.path / "cells" / cell.dirname
         shutil.rmtree(cell_dir, ignore_errors=True)
         cell_dir.mkdir(parents=True)
@@ -280,19 +281,28 @@ class Runner:
                 self._spec(cell, cell_dir), cell.world_size, self.device
             )
         except RuntimeError as exc:
-            return [self._status_row(cell, results.FAILED, str(exc))], [], []
+            return self._write([self._status_row(cell, results.FAILED, str(exc))])
         self.current = proc.CellProcess(
             argv, self._env(cell, cell_dir), cell_dir / "log.txt", str(cell_dir)
         )
         try:
             rc, timed_out = self.current.wait(self.cfg.timeout_s)
-            self.current.reap()
-        finally:
-            if self.current.alive():
-                self.current.kill()
+        except BaseException:  # Ctrl-C / SIGTERM while the cell runs
+            self.current.kill()
             self.current = None
-        wall = time.monotonic() - t0
-        return self._collect(cell, cell_dir, rc, timed_out, wall)
+            raise
+        # The cell is over: an interrupt now waits until its rows are on disk.
+        with _signals_held():
+            self.current.reap()
+            self.current = None
+            wall = time.monotonic() - t0
+            return self._write(*self._collect(cell, cell_dir, rc, timed_out, wall))
+
+    def _write(
+        self, runs: list[dict], steps: Sequence[dict] = (), ranks: Sequence[dict] = ()
+    ) -> list[dict]:
+        self.dir.write(runs, list(steps), list(ranks))
+        return runs
 
     def _collect(self, cell: Cell, cell_dir: Path, rc: int | None, timed_out: bool, wall: float):
         records = _read_records(cell_dir / "epochs.jsonl")
@@ -345,13 +355,12 @@ class Runner:
             )
             if not cell.status:
                 self.echo(f"{label} running ...")
-            runs, steps, ranks = self.run_cell(cell)
-            self.dir.write(runs, steps, ranks)
+            runs = self.run_cell(cell)
             self.echo(f"{label} {_summary(runs[-1])}")
         return self.dir.runs.read()
 
     def interrupt(self) -> None:
-        if self.current is not None:
+        if self.current is not None:  # normally already killed by run_cell
             self.current.kill()
 
 
