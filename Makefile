@@ -7,6 +7,7 @@ PB     := $(VENV)/bin/parabench
 # Data: $PARABENCH_DATA_ROOT, else ../shared/data where it exists, else ./data (MNIST is
 # downloaded there on first use when the machine has internet).
 DATA_ROOT ?= $(or $(PARABENCH_DATA_ROOT),$(wildcard ../shared/data),data)
+# Two repeats: enough for a spread over repeats in the report; BENCH_ARGS may override.
 BENCH_ARGS ?=
 export PARABENCH_TEST_DATA ?= $(abspath $(DATA_ROOT))
 
@@ -38,7 +39,7 @@ horovod: install
 
 bench: install
 	-@$(MAKE) --no-print-directory horovod
-	$(PB) run --dataset mnist --data-root $(DATA_ROOT) --download $(BENCH_ARGS)
+	$(PB) run --dataset mnist --data-root $(DATA_ROOT) --download --repeats 2 $(BENCH_ARGS)
 
 # PARABENCH_REQUIRE_HOROVOD: a Horovod that failed to build fails the Horovod tests
 # instead of skipping them.
