@@ -57,7 +57,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="cap on steps per epoch")
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--repeats", type=int, default=d.repeats)
-    p.add_argument("--device", default=d.device, choices=None, help="auto, cpu or cuda")
+    p.add_argument("--device", default=d.device, help="auto, cpu or cuda")
     p.add_argument(
         "--workers",
         type=int,

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -244,6 +243,7 @@ class Runner:
             "device": self.device,
             "dir": str(cell_dir),
             "workers_per_device": self.workers,
+            "threads": self._threads(cell),
         }
         path = cell_dir / "spec.json"
         path.write_text(json.dumps(spec, indent=1))
@@ -251,7 +251,7 @@ class Runner:
 
     def _threads(self, cell: Cell) -> int:
         spec = strategies.get(cell.strategy)
-        return threads_per_process(cell.world_size if spec.cls and spec.cls.multiprocess else 1)
+        return threads_per_process(spec.cls.processes(cell.world_size) if spec.cls else 1)
 
     def _env(self, cell: Cell, cell_dir: Path) -> dict[str, str]:
         env = dict(os.environ)
@@ -460,7 +460,3 @@ def run_matrix(
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
-
-
-def echo_stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)

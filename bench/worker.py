@@ -25,7 +25,6 @@ from torch.utils.data import DataLoader
 import strategies
 from bench import data, proc
 from bench.config import RunConfig
-from bench.env import threads_per_process
 from bench.models import build_model
 from bench.probes import reset_peaks
 from strategies.base import RankContext, Strategy
@@ -93,7 +92,7 @@ def run(spec: dict[str, Any]) -> None:
 
 
 def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path) -> None:
-    threads = threads_per_process(ctx.world_size if multiprocess(spec) else 1)
+    threads = spec["threads"]  # decided by the harness, which also set OMP_NUM_THREADS
     torch.set_num_threads(threads)
     seed_everything(cfg.seed)
     strategy = strategies.get(spec["strategy"]).create(ctx, cfg.options)
@@ -107,8 +106,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
         if cfg.save_params and ctx.rank == 0:
             _save_params(strategy, cell_dir / "params_init.pt")
         per_rank = strategy.per_rank_batch(cfg.global_batch)
-        devices_here = 1 if strategy.multiprocess else ctx.world_size
-        workers = spec["workers_per_device"] * devices_here
+        workers = spec["workers_per_device"] * len(strategy.devices())
         loader = DataLoader(
             bundle.train,
             batch_size=per_rank,

@@ -74,6 +74,12 @@ class Strategy:
         self.optimizer: torch.optim.Optimizer | None = None
         self.notes: list[str] = []
 
+    @classmethod
+    def processes(cls, world_size: int) -> int:
+        """OS processes a cell of this strategy runs: one per rank, or one for all devices.
+        Batch split, sampler replicas, threads and loader workers all follow from it."""
+        return world_size if cls.multiprocess else 1
+
     # ---- capability checks (class level: called before any process starts) ----
     @classmethod
     def unavailable(cls, device: str) -> str | None:
@@ -100,14 +106,16 @@ class Strategy:
         """Join the process group (multi-process strategies)."""
 
     def per_rank_batch(self, global_batch: int) -> int:
-        return global_batch // self.ctx.world_size
+        # A process that drives several devices (DataParallel) takes the whole global batch
+        # and splits it across them itself.
+        return global_batch // self.processes(self.ctx.world_size)
 
     def sampler(self, dataset: Any, *, shuffle: bool = True) -> Sampler:
-        # The single baseline uses the same sampler with one replica, so every
-        # strategy sees the same sample order for a given seed.
+        # One replica per process; the single baseline and DataParallel use the same sampler
+        # with one replica, so every strategy sees the same sample order for a given seed.
         return DistributedSampler(
             dataset,
-            num_replicas=self.ctx.world_size,
+            num_replicas=self.processes(self.ctx.world_size),
             rank=self.ctx.rank,
             shuffle=shuffle,
             seed=self.ctx.seed,

@@ -24,24 +24,12 @@ class DataParallel(Strategy):
             return [torch.device(f"cuda:{i}") for i in range(self.ctx.world_size)]
         return [self.ctx.device]
 
-    def per_rank_batch(self, global_batch: int) -> int:
-        # DataParallel splits the batch across devices itself.
-        return global_batch
-
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         if self.ctx.device.type == "cuda":
-            ids = list(range(self.ctx.world_size))
+            ids = [d.index for d in self.devices()]
             self.notes.append(f"DataParallel over cuda:{','.join(map(str, ids))}")
             return nn.DataParallel(model, device_ids=ids), optimizer
         self.notes.append(
             f"DataParallel wraps a single {self.ctx.device.type} device: no parallelism"
         )
         return nn.DataParallel(model), optimizer
-
-    def sampler(self, dataset, *, shuffle: bool = True):
-        # One process reads the whole global batch: a single replica sampler.
-        from torch.utils.data import DistributedSampler
-
-        return DistributedSampler(
-            dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=self.ctx.seed, drop_last=True
-        )
