@@ -14,6 +14,12 @@ from tests.conftest import small_config
 pytestmark = [pytest.mark.slow, pytest.mark.requires_cuda]
 
 
+def skip_unless_usable(name: str) -> None:
+    why = strategies.get(name).unavailable("cuda")
+    if why:
+        pytest.skip(why)
+
+
 def _ok(rows, name, ws=1):
     r = next(r for r in rows if r["strategy"] == name and r["world_size"] == str(ws))
     assert r["status"] == "ok", r["reason"]
@@ -56,9 +62,7 @@ def test_resnet50_synthetic(tmp_path):
 
 
 def test_apex_amp_ddp_when_installed(tmp_path, data_root):
-    why = strategies.get("apex_amp_ddp").unavailable("cuda")
-    if why:
-        pytest.skip(why)
+    skip_unless_usable("apex_amp_ddp")
     cfg = small_config(
         tmp_path, data_root, device="cuda", world_sizes=(1,), strategies=("apex_amp_ddp",)
     )
@@ -77,9 +81,7 @@ def test_ddp_two_gpus(tmp_path, data_root):
 
 
 def test_apex_o2_and_parity_when_installed(tmp_path, data_root):
-    why = strategies.get("apex_amp_ddp").unavailable("cuda")
-    if why:
-        pytest.skip(why)
+    skip_unless_usable("apex_amp_ddp")
     from bench.verify import verify
 
     cfg = small_config(
@@ -96,9 +98,7 @@ def test_apex_o2_and_parity_when_installed(tmp_path, data_root):
 
 
 def test_horovod_nccl_when_built(tmp_path, data_root):
-    why = strategies.get("horovod").unavailable("cuda")
-    if why:
-        pytest.skip(why)
+    skip_unless_usable("horovod")
     cfg = small_config(
         tmp_path, data_root, device="cuda", world_sizes=(1,), strategies=("horovod",)
     )
