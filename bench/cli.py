@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.config import DATASETS, ConfigError, RunConfig
+from bench.config import DATASETS, OPTIMIZERS, PRECISIONS, ConfigError, RunConfig
 
 EXIT_BAD_INPUT = 2
 
@@ -25,6 +25,15 @@ def _csv(kind: type):
             ) from exc
 
     return parse
+
+
+def _on_off(text: str) -> tuple[bool, ...]:
+    """`on`, `off` or `off,on` (both, as a matrix axis)."""
+    words = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
+    parts = [x.strip().lower() for x in text.split(",") if x.strip()]
+    if not parts or any(x not in words for x in parts):
+        raise argparse.ArgumentTypeError(f"expected on, off or off,on; got {text!r}")
+    return tuple(words[x] for x in parts)
 
 
 def _kv(text: str) -> tuple[str, str]:
@@ -43,6 +52,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     d = RunConfig()
     p.add_argument(
         "--strategies", type=_csv(str), default=(), help="comma-separated (default: all)"
+    )
+    p.add_argument(
+        "--exclude",
+        type=_csv(str),
+        default=(),
+        help="strategies to leave out of the default (every strategy), comma-separated",
     )
     p.add_argument(
         "--world-sizes",
@@ -85,13 +100,47 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         type=_kv,
         action="append",
         default=[],
-        help="strategy option key=value (e.g. opt_level=O2)",
+        help="strategy option key=value (e.g. opt_level=O2); key=a,b,c sweeps it as an axis",
     )
+    axes = p.add_argument_group(
+        "run options applied around every strategy that supports them (each a matrix axis)"
+    )
+    axes.add_argument(
+        "--precision",
+        dest="precisions",
+        type=_csv(str),
+        default=(),
+        help=f"{', '.join(PRECISIONS)} or a list, e.g. fp32,bf16 (default: each strategy's own)",
+    )
+    axes.add_argument(
+        "--compile",
+        type=_on_off,
+        nargs="?",
+        const=(True,),
+        default=d.compile,
+        help="torch.compile the model: --compile, or off,on for both",
+    )
+    axes.add_argument(
+        "--accumulate",
+        type=_csv(int),
+        default=d.accumulate,
+        help="micro-batches per optimizer step, e.g. 1,2 (same global batch per step)",
+    )
+    axes.add_argument(
+        "--sync-bn",
+        type=_on_off,
+        nargs="?",
+        const=(True,),
+        default=d.sync_bn,
+        help="convert BatchNorm to SyncBatchNorm (GPU only): --sync-bn, or off,on",
+    )
+    p.add_argument("--optimizer", default=d.optimizer, help=f"one of {', '.join(OPTIMIZERS)}")
 
 
 def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
     return RunConfig(
         strategies=a.strategies,
+        exclude=a.exclude,
         world_sizes=a.world_sizes,
         dataset=a.dataset,
         model=a.model,
@@ -114,6 +163,11 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         out_dir=a.out_dir,
         run_id=a.run_id,
         options=dict(a.options),
+        precisions=a.precisions,
+        compile=a.compile,
+        accumulate=a.accumulate,
+        sync_bn=a.sync_bn,
+        optimizer=a.optimizer,
         **extra,
     )
 

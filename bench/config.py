@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 DATASETS = ("mnist", "imagenet-subset", "synthetic")
+PRECISIONS = ("fp32", "bf16", "fp16")  # the precision axis (strategies/precision.py)
+OPTIMIZERS = ("sgd", "adam", "adamw")
 DEFAULT_MODEL = {"mnist": "mnist_cnn", "imagenet-subset": "resnet18", "synthetic": "resnet18"}
 
 
@@ -19,6 +21,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     strategies: tuple[str, ...] = ()  # empty: every registered strategy
+    exclude: tuple[str, ...] = ()  # left out of "every registered strategy"
     world_sizes: tuple[int, ...] = ()  # empty: 1, 2, 4, ... up to the devices present
     dataset: str = "mnist"
     model: str = ""  # empty: the dataset's default
@@ -40,7 +43,14 @@ class RunConfig:
     timeout_s: float = 900.0  # per (strategy, world size, repeat)
     out_dir: str = "results"
     run_id: str = ""
-    options: dict[str, str] = field(default_factory=dict)  # strategy options, key=value
+    #: strategy options, key=value; a value "a,b,c" makes the option a matrix axis
+    options: dict[str, str] = field(default_factory=dict)
+    # Matrix axes applied around every strategy that supports them (strategies.base.Setting).
+    precisions: tuple[str, ...] = ()  # empty: each strategy's own default (fp32 for most)
+    compile: tuple[bool, ...] = (False,)
+    accumulate: tuple[int, ...] = (1,)  # micro-batches per optimizer step
+    sync_bn: tuple[bool, ...] = (False,)
+    optimizer: str = "sgd"
     save_params: bool = False  # write final parameters (parity checks)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -87,6 +97,23 @@ class RunConfig:
             self.limit is None or self.limit >= self.global_batch,
             f"--limit ({self.limit}) is smaller than the global batch ({self.global_batch}): no full step",
         )
+        for p in self.precisions:
+            need(p in PRECISIONS, f"unknown precision {p!r}; choose from {', '.join(PRECISIONS)}")
+        for k in self.accumulate:
+            need(
+                isinstance(k, int) and k >= 1,
+                f"--accumulate takes positive integers (micro-batches per step), got {k!r}",
+            )
+        need(
+            self.optimizer in OPTIMIZERS,
+            f"unknown optimizer {self.optimizer!r}; choose {', '.join(OPTIMIZERS)}",
+        )
+        flags = {"precisions": "--precision", "compile": "--compile"}
+        flags |= {"accumulate": "--accumulate", "sync_bn": "--sync-bn"}
+        for name, flag in flags.items():
+            values = getattr(self, name)
+            need(name == "precisions" or len(values) >= 1, f"{flag} needs at least one value")
+            need(len(set(values)) == len(values), f"{flag} lists a value twice")
         for ws in self.world_sizes:
             need(
                 isinstance(ws, int) and ws >= 1,
@@ -97,6 +124,10 @@ class RunConfig:
         )
         need(
             len(set(self.strategies)) == len(self.strategies), "--strategies lists a strategy twice"
+        )
+        need(
+            not (self.strategies and self.exclude),
+            "--exclude goes with the default selection (every strategy), not with --strategies",
         )
         if not self.model:
             object.__setattr__(self, "model", DEFAULT_MODEL[self.dataset])
@@ -114,8 +145,11 @@ class RunConfig:
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
-        for key in ("strategies", "world_sizes"):
+        for key in ("strategies", "exclude", "world_sizes", "precisions"):
             d[key] = tuple(d.get(key) or ())
+        for key in ("compile", "accumulate", "sync_bn"):
+            if key in d:
+                d[key] = tuple(d[key]) if isinstance(d[key], list | tuple) else (d[key],)
         return cls(**d)
 
     def replace(self, **changes: Any) -> RunConfig:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -74,3 +76,30 @@ def memory_snapshot(devices: list[torch.device]) -> dict[str, float]:
             max(torch.cuda.memory_stats(d).get("reserved_bytes.all.peak", 0) for d in cuda) / 2**20
         )
     return snap
+
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    """Bytes of `t` this process holds: a DTensor's local shard, not its global size."""
+    if t is None or not isinstance(t, torch.Tensor):
+        return 0
+    to_local = getattr(t, "to_local", None)  # DTensor (FSDP2, tensor parallel)
+    if to_local is not None:
+        t = to_local()
+    return t.numel() * t.element_size()
+
+
+def model_state_mib(params: Iterable[torch.Tensor], optimizer_states: Iterable[Any]) -> dict:
+    """What this rank holds of the model's training state, in MiB: parameters, gradients and
+    optimizer state as they are held (local shards of FSDP's DTensors, ZeRO's partition).
+
+    Peak RSS on a CPU is mostly torch's own libraries, and an allocator peak mixes in
+    activations; these three say what sharding saves."""
+    params = list(params)
+    optim = sum(
+        local_bytes(v) for state in optimizer_states for v in state.values() if torch.is_tensor(v)
+    )
+    return {
+        "param_mib": sum(local_bytes(p) for p in params) / 2**20,
+        "grad_mib": sum(local_bytes(p.grad) for p in params) / 2**20,
+        "optim_mib": optim / 2**20,
+    }

@@ -33,6 +33,11 @@ SUMMARY_METRICS = (
     "step_time_ms_p90",
     "data_wait_pct",
     "peak_mem_mib",
+    "model_state_mib",
+    "model_state_mib_min",
+    "param_mib",
+    "grad_mib",
+    "optim_mib",
     "train_loss_final",
     "eval_accuracy",
 )
@@ -104,14 +109,34 @@ def load_run(run_dir: str | Path) -> Run:
             f"{path / 'runs.csv'}: not a parabench runs.csv "
             f"(no column {', '.join(sorted(missing))})"
         )
+    tables = [runs, _read_csv(path / "steps.csv", results.STEP_COLUMNS)]
+    tables.append(_read_csv(path / "ranks.csv", results.RANK_COLUMNS))
+    labelled = _labelled(tables)
     return Run(
         path=path,
-        runs=runs,
-        steps=_read_csv(path / "steps.csv", results.STEP_COLUMNS),
-        ranks=_read_csv(path / "ranks.csv", results.RANK_COLUMNS),
+        runs=labelled[0],
+        steps=labelled[1],
+        ranks=labelled[2],
         environment=_read_json(path / "environment.json"),
         config=_read_json(path / "config.json"),
     )
+
+
+def _labelled(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """Every table with `strategy` holding the display name of the case (strategy plus the
+    run options that vary, see results.case_labels); the registry name moves to
+    `strategy_name`. Everything downstream (summary, plots, compare) groups by it."""
+    for t in tables:
+        t["setting"] = t["setting"].fillna("").astype(str) if "setting" in t else ""
+    pairs = [(s, g) for t in tables for s, g in zip(t["strategy"], t["setting"], strict=True)]
+    labels = results.case_labels(pairs)
+    out = []
+    for t in tables:
+        t = t.copy()
+        t["strategy_name"] = t["strategy"]
+        t["strategy"] = [labels[p] for p in zip(t["strategy"], t["setting"], strict=True)]
+        out.append(t)
+    return out
 
 
 # ---------------------------------------------------------------- selection
@@ -166,27 +191,39 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     size 1), scaling_efficiency (speed-up / world size), mem_source.
     """
     counted = counted_rows(runs)
-    cols = KEY + ["n_repeats"] + [f"{m}_{s}" for m in SUMMARY_METRICS for s in SPREAD]
+    cols = KEY + ["strategy_name", "setting", "n_repeats"]
+    cols += [f"{m}_{s}" for m in SUMMARY_METRICS for s in SPREAD]
     cols += ["speedup_vs_single", "scaling_efficiency", "mem_source"]
     if counted.empty:
         return pd.DataFrame(columns=cols)
     rows = []
     for (name, ws), grp in counted.groupby(KEY, sort=True):
         row: dict[str, Any] = {"strategy": name, "world_size": int(ws), "n_repeats": len(grp)}
+        row["strategy_name"] = grp["strategy_name"].iloc[0] if "strategy_name" in grp else name
+        row["setting"] = grp["setting"].iloc[0] if "setting" in grp else ""
         for metric in SUMMARY_METRICS:
-            for stat, value in _spread(grp[metric]).items():
+            values = grp[metric] if metric in grp else pd.Series(dtype=float)
+            for stat, value in _spread(values).items():
                 row[f"{metric}_{stat}"] = value
         row["mem_source"] = ",".join(sorted(set(grp["mem_source"].dropna().astype(str))))
         rows.append(row)
     table = pd.DataFrame(rows)
-    base = table.loc[
-        (table["strategy"] == BASELINE[0]) & (table["world_size"] == BASELINE[1]),
-        "samples_per_s_median",
-    ]
-    base_sps = float(base.iloc[0]) if len(base) else math.nan
+    base = baseline_row(table)
+    base_sps = float(base["samples_per_s_median"]) if base is not None else math.nan
     table["speedup_vs_single"] = table["samples_per_s_median"] / base_sps
     table["scaling_efficiency"] = table["speedup_vs_single"] / table["world_size"]
     return table[cols]
+
+
+def baseline_row(summary: pd.DataFrame) -> pd.Series | None:
+    """`single` at world size 1, in fp32 with no other run option where the run has it
+    (the plain baseline every speed-up is over), else its first setting; None if absent."""
+    names = summary["strategy_name"] if "strategy_name" in summary else summary["strategy"]
+    single = summary[(names == BASELINE[0]) & (summary["world_size"] == BASELINE[1])]
+    if single.empty:
+        return None
+    plain = single[single["setting"].isin(["fp32", ""])] if "setting" in single else single
+    return (plain if len(plain) else single).iloc[0]
 
 
 # ---------------------------------------------------------------- markdown
@@ -216,6 +253,16 @@ def _with_range(row: Mapping[str, Any], metric: str, digits: int) -> str:
     return f"{_num(med, digits)} ({_num(lo, digits)}–{_num(hi, digits)})"
 
 
+def model_state_text(r: Mapping[str, Any]) -> str:
+    """Largest rank's params + grads + optimizer state; the smallest rank's too where uneven."""
+    top, low = r.get("model_state_mib_median"), r.get("model_state_mib_min_median")
+    if top is None or pd.isna(top):
+        return "–"
+    parts = "/".join(_num(r.get(f"{k}_median"), 1) for k in ("param_mib", "grad_mib", "optim_mib"))
+    uneven = low is not None and not pd.isna(low) and low < 0.99 * top
+    return f"{_num(top, 1)} ({parts})" + (f"; least {_num(low, 1)}" if uneven else "")
+
+
 def summary_markdown(summary: pd.DataFrame) -> str:
     header = [
         "strategy",
@@ -229,6 +276,7 @@ def summary_markdown(summary: pd.DataFrame) -> str:
         "step p90 (ms)",
         "data wait (%)",
         "peak mem/device (MiB)",
+        "model state/rank (MiB)",
         "final loss",
         "eval acc",
     ]
@@ -247,6 +295,7 @@ def summary_markdown(summary: pd.DataFrame) -> str:
                 _with_range(r, "step_time_ms_p90", 1),
                 _with_range(r, "data_wait_pct", 1),
                 _with_range(r, "peak_mem_mib", 0),
+                model_state_text(r),
                 _num(r["train_loss_final_median"], 3),
                 _num(r["eval_accuracy_median"], 3),
             ]
@@ -313,7 +362,8 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
         f"- global batch (the same for every strategy at a world size): "
         f"{_one_value(counted, 'global_batch')}",
         f"- warm-up steps excluded from timing, per epoch: {_one_value(counted, 'warmup_steps')}",
-        f"- seed: {_one_value(counted, 'seed')}; learning rate: {_one_value(counted, 'lr')}",
+        f"- seed: {_one_value(counted, 'seed')}; learning rate: {_one_value(counted, 'lr')}; "
+        f"optimizer: {_one_value(counted, 'optimizer') or 'sgd'}",
         f"- epochs: {_one_value(counted, 'epochs')}; max steps per epoch: "
         f"{_one_value(counted, 'max_steps') or 'all'}; repeats asked for: {cfg.get('repeats', '–')}",
     ]
@@ -321,17 +371,35 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
         "launcher": "launcher",
         "backend": "backend",
         "precision": "precision",
-        "per-rank batch": "per_rank_batch",
+        "numerics": "numerics",
         "loader workers": "loader_workers",
         "threads per rank": "threads_per_rank",
         "notes": "notes",
     }
-    header = ["strategy", "world size", *per_cell]
+    header = ["strategy", "world size", "global batch split", *per_cell]
     rows = [
-        [name, ws, *(_distinct(grp, col) or "–" for col in per_cell.values())]
+        [name, ws, batch_split(grp), *(_distinct(grp, col) or "–" for col in per_cell.values())]
         for (name, ws), grp in counted.groupby(KEY, sort=True)
     ]
-    return "\n".join(lines) + "\n\n" + md_table(header, rows)
+    note = (
+        "Global batch split: the micro-batch one process computes at a time x micro-batches "
+        "accumulated per optimizer step x processes; every strategy at a world size takes the "
+        "same global batch per optimizer step."
+    )
+    return "\n".join(lines) + "\n\n" + note + "\n\n" + md_table(header, rows)
+
+
+def batch_split(grp: pd.DataFrame) -> str:
+    """How a cell's global batch per optimizer step is split, e.g. `16 x 2 x 2 ranks`."""
+    row = grp.iloc[0]
+    try:
+        per_rank, global_batch = int(row["per_rank_batch"]), int(row["global_batch"])
+        micro = int(row.get("micro_batch") or per_rank)
+    except (KeyError, TypeError, ValueError):
+        return "–"
+    acc = max(per_rank // max(micro, 1), 1)
+    procs = max(global_batch // max(per_rank, 1), 1)
+    return f"{micro} x {acc} x {procs} {'process' if procs == 1 else 'processes'}"
 
 
 def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame) -> str:
@@ -362,7 +430,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
     n_ok = summary["n_repeats"].max() if len(summary) else 0
     base = (
         ""
-        if ((summary["strategy"] == BASELINE[0]) & (summary["world_size"] == BASELINE[1])).any()
+        if len(summary) and baseline_row(summary) is not None
         else " (no ok `single` run at world size 1, so no speed-up)"
     )
     parts = [
@@ -378,6 +446,9 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         "wall time of the steps after warm-up, slowest rank). Speed-up is the "
         f"median samples/s over that of `single` at world size 1{base}; efficiency is speed-up "
         "divided by world size. Memory is the peak per device (the maximum over ranks). "
+        "Model state is what the rank holding most keeps of parameters / gradients / optimizer "
+        "state after the first step (local shards for FSDP and ZeRO; 'least': the lightest "
+        "rank where they differ; per rank in ranks.csv and the model-state plot). "
         "The full table, with the IQR, is summary.csv.",
         summary_markdown(summary) if len(summary) else "No strategy produced an ok result.",
         "## Plots",

@@ -18,17 +18,25 @@ from typing import Any
 
 import numpy as np
 
-ID = ["run_id", "strategy", "world_size", "repeat", "epoch"]
+#: `setting`: the cell's run options (precision, compile, accumulation, SyncBN, swept --set
+#: options), e.g. "bf16,acc2"; a strategy at a world size may run under several
+ID = ["run_id", "strategy", "world_size", "setting", "repeat", "epoch"]
 PARAMS = [
     "launcher",
     "backend",
     "precision",
+    "numerics",
+    "compile",
+    "accumulate",
+    "sync_bn",
+    "optimizer",
     "device",
     "dataset",
     "data",
     "model",
     "global_batch",
     "per_rank_batch",
+    "micro_batch",
     "epochs",
     "max_steps",
     "warmup_steps",
@@ -50,6 +58,7 @@ MEASUREMENTS = [
     "step_time_ms_p90",
     "step_time_ms_iqr",
     "step_time_ms_mean",
+    "first_step_ms",
     "data_wait_ms_p50",
     "compute_ms_p50",
     "data_wait_pct",
@@ -63,6 +72,11 @@ MEASUREMENTS = [
     "peak_alloc_mib",
     "peak_reserved_mib",
     "peak_rss_mib",
+    "param_mib",
+    "grad_mib",
+    "optim_mib",
+    "model_state_mib",
+    "model_state_mib_min",
     "cell_wall_s",
 ]
 PROVENANCE = [
@@ -86,8 +100,7 @@ PROVENANCE = [
     "platform",
 ]
 RUN_COLUMNS = ID + PARAMS + STATUS + MEASUREMENTS + PROVENANCE
-STEP_COLUMNS = ID[:-1] + [
-    "epoch",
+STEP_COLUMNS = ID + [
     "step",
     "warmup",
     "step_time_ms",
@@ -103,7 +116,12 @@ RANK_COLUMNS = ID + [
     "peak_rss_mib",
     "peak_alloc_mib",
     "peak_reserved_mib",
+    "param_mib",
+    "grad_mib",
+    "optim_mib",
 ]
+#: what each rank holds of the model's training state (bench.probes.model_state_mib)
+MODEL_STATE = ("param_mib", "grad_mib", "optim_mib")
 
 #: statuses a cell can end with
 OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE = (
@@ -137,6 +155,15 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         for k in ("peak_alloc_mib", "peak_reserved_mib", "peak_rss_mib")
     }
     sps = samples / timed_s if timed_s > 0 else float("nan")
+    # Model state: the rank holding the most (the one that would run out of memory first),
+    # its three parts, and the least any rank holds (ZeRO-1's partitions are uneven).
+    totals = [sum(r.get(k, 0.0) for k in MODEL_STATE) for r in ranks]
+    state = {k: float("nan") for k in (*MODEL_STATE, "model_state_mib", "model_state_mib_min")}
+    if all(k in ranks[0] for k in MODEL_STATE):
+        heaviest = ranks[int(np.argmax(totals))]
+        state = {k: heaviest[k] for k in MODEL_STATE}
+        state |= {"model_state_mib": max(totals), "model_state_mib_min": min(totals)}
+    first = record["step_times_ms"][0] if record["step_times_ms"] else float("nan")
     return {
         "steps": record["steps"],
         "timed_steps": len(step),
@@ -148,6 +175,7 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "step_time_ms_p90": _pct(step, 90),
         "step_time_ms_iqr": _pct(step, 75) - _pct(step, 25),
         "step_time_ms_mean": float(step.mean()) if step.size else float("nan"),
+        "first_step_ms": first,  # warm-up: includes torch.compile's compilation
         "data_wait_ms_p50": _pct(wait, 50),
         "compute_ms_p50": _pct(compute, 50),
         "data_wait_pct": 100 * float(wait.sum() / step.sum())
@@ -161,6 +189,7 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "peak_mem_mib": peak["peak_alloc_mib"] if cuda else peak["peak_rss_mib"],
         "mem_source": "cuda_allocator" if cuda else "host_rss",
         **peak,
+        **state,
     }
 
 
@@ -197,6 +226,7 @@ def rank_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[
                 "peak_rss_mib": r.get("peak_rss_mib"),
                 "peak_alloc_mib": r.get("peak_alloc_mib"),
                 "peak_reserved_mib": r.get("peak_reserved_mib"),
+                **{k: r.get(k) for k in MODEL_STATE},
             }
         )
     return rows
@@ -241,3 +271,43 @@ class CsvTable:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+# ---------------------------------------------------------------- labels
+
+
+def _setting_parts(setting: str) -> dict[str, str]:
+    """A `setting` label (e.g. "bf16,compile,acc2,bucket_cap_mb=25") as axis -> value, with
+    the defaults written out, so that two settings can be told apart axis by axis."""
+    tokens = [t for t in (setting or "").split(",") if t]
+    parts = {"precision": tokens[0] if tokens else "fp32"}
+    parts |= {"compile": "eager", "accumulate": "acc1", "sync_bn": "bn"}
+    for t in tokens[1:]:
+        if t == "compile":
+            parts["compile"] = t
+        elif t == "syncbn":
+            parts["sync_bn"] = t
+        elif t.startswith("acc") and t[3:].isdigit():
+            parts["accumulate"] = t
+        elif "=" in t:
+            parts[t.split("=", 1)[0]] = t
+    return parts
+
+
+def case_labels(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """A display name for every (strategy, setting): the strategy's name, plus in brackets
+    the axes on which some strategy of the run has more than one value (`ddp_torchrun
+    [bf16]`, `ddp_torchrun [bucket_cap_mb=25]`). A run that varies nothing shows bare names,
+    and amp_ddp's own bf16 beside everyone's fp32 is not an axis."""
+    pairs = sorted(set(pairs))
+    seen: dict[tuple[str, str], set[str]] = {}
+    for strategy, setting in pairs:
+        for axis, value in _setting_parts(setting).items():
+            seen.setdefault((strategy, axis), set()).add(value)
+    varying = {axis for (_, axis), values in seen.items() if len(values) > 1}
+    labels = {}
+    for strategy, setting in pairs:
+        parts = _setting_parts(setting)
+        shown = [v for axis, v in parts.items() if axis in varying]
+        labels[(strategy, setting)] = f"{strategy} [{', '.join(shown)}]" if shown else strategy
+    return labels

@@ -9,14 +9,16 @@ goes on. Rows are written as each cell ends; `--resume` skips finished cells.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
+import itertools
 import json
 import os
 import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from bench.config import ConfigError, RunConfig
 from bench.env import device_count, provenance, resolve_device, threads_per_process
 from bench.launchers import LAUNCHERS
 from bench.models import check_model
+from strategies.base import Setting
 
 Echo = Callable[[str], None]
 #: rank/rendezvous variables of an enclosing launcher; each cell's launcher sets its own
@@ -56,16 +59,28 @@ class Cell:
     strategy: str
     world_size: int
     repeat: int
+    setting: Setting = field(default_factory=Setting)
+    #: the strategy options given with --set that this strategy takes (one point of a sweep)
+    options: tuple[tuple[str, str], ...] = ()
     status: str = ""  # pre-decided: skipped / unavailable
     reason: str = ""
 
     @property
-    def key(self) -> tuple[str, int, int]:
-        return (self.strategy, self.world_size, self.repeat)
+    def label(self) -> str:
+        """The run options of this cell, e.g. `bf16,acc2,bucket_cap_mb=25` (runs.csv: setting)."""
+        return ",".join([self.setting.label, *(f"{k}={v}" for k, v in self.options)])
+
+    @property
+    def key(self) -> tuple[str, int, str, int]:
+        return (self.strategy, self.world_size, self.label, self.repeat)
 
     @property
     def dirname(self) -> str:
-        return f"{self.strategy}-ws{self.world_size}-r{self.repeat}"
+        return cell_dirname(self.strategy, self.world_size, self.label, self.repeat)
+
+
+def cell_dirname(strategy: str, world_size: int, label: str, repeat: int) -> str:
+    return f"{strategy}-ws{world_size}-{label.replace(',', '+')}-r{repeat}"
 
 
 def default_world_sizes(n_devices: int) -> tuple[int, ...]:
@@ -77,7 +92,13 @@ def default_world_sizes(n_devices: int) -> tuple[int, ...]:
 
 
 def plan(cfg: RunConfig) -> list[Cell]:
-    """Every cell of the matrix, or a ConfigError that says what is wrong with the request."""
+    """Every cell of the matrix, or a ConfigError that says what is wrong with the request.
+
+    The matrix is strategy x world size x run options (precision, compile, accumulation,
+    SyncBN, and any `--set key=a,b` sweep) x repeat. A cell a strategy cannot run here is a
+    skipped row with the reason; a strategy named with --strategies that can run none of its
+    cells is an error, since that is what was asked for directly.
+    """
     device = resolve_device(cfg.device)
     if device == "cuda" and not _cuda_available():
         raise ConfigError(
@@ -86,44 +107,76 @@ def plan(cfg: RunConfig) -> list[Cell]:
     n_dev = device_count(device)
     sizes = cfg.world_sizes or default_world_sizes(n_dev)
     explicit = bool(cfg.strategies)
+    for name in cfg.exclude:
+        strategies.get(name)  # an unknown name is an error, not silently nothing
     specs = (
         [strategies.get(n) for n in cfg.strategies]
         if explicit
-        else list(strategies.registry().values())
+        else [s for s in strategies.registry().values() if s.name not in cfg.exclude]
     )
     check_model(cfg.model)
     for ws in sizes:
-        if cfg.global_batch % ws:
-            raise ConfigError(
-                f"global batch {cfg.global_batch} is not divisible by world size {ws}; "
-                "every rank must get the same share"
-            )
+        for k in cfg.accumulate:
+            if cfg.global_batch % (ws * k):
+                per = "" if k == 1 else f" x {k} micro-batches"
+                raise ConfigError(
+                    f"global batch {cfg.global_batch} is not divisible by world size {ws}{per}; "
+                    "every rank must get the same share"
+                )
     data.check(cfg)
-    _check_options(cfg.options, specs)
+    sweeps = _option_sweeps(cfg.options, specs)
     cells: list[Cell] = []
     for spec in specs:
         why_not = spec.unavailable(device)
         if why_not and explicit:
             raise ConfigError(f"strategy {spec.name} is unavailable: {why_not}")
-        reasons = {ws: spec.cannot_run(ws, device, n_dev) if not why_not else None for ws in sizes}
-        if explicit and all(reasons.values()):
-            raise ConfigError(
-                f"{spec.name} cannot run at world size {','.join(map(str, sizes))}: "
-                f"{next(iter(reasons.values()))}"
+        points = _option_points(spec, sweeps)
+        settings = _settings(cfg, spec, device, points)
+        mine: list[Cell] = []
+        for ws, (setting, opts) in itertools.product(sizes, settings):
+            reason = why_not or (
+                spec.cannot_run(ws, device, n_dev) or spec.cls.unsupported(setting, device)
             )
-        for ws in sizes:
             for r in range(cfg.repeats):
-                if why_not:
-                    cells.append(Cell(spec.name, ws, r, results.UNAVAILABLE, why_not))
-                elif reasons[ws]:
-                    cells.append(Cell(spec.name, ws, r, results.SKIPPED, reasons[ws] or ""))
-                else:
-                    cells.append(Cell(spec.name, ws, r))
+                status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
+                mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
+        if explicit and all(c.status for c in mine):
+            first = mine[0]
+            raise ConfigError(
+                f"{spec.name} cannot run at world size {','.join(map(str, sizes))}"
+                f"{_with(first)}: {first.reason}"
+            )
+        cells += mine
     return cells
 
 
-def _check_options(options: dict[str, str], specs: list[strategies.StrategySpec]) -> None:
+def _with(cell: Cell) -> str:
+    return "" if cell.label == "fp32" else f" with {cell.label}"
+
+
+def _settings(
+    cfg: RunConfig, spec: strategies.StrategySpec, device: str, points: list[tuple]
+) -> list[tuple[Setting, tuple[tuple[str, str], ...]]]:
+    """Every (run options, strategy options) combination of the matrix for one strategy."""
+    out = []
+    for opts in points:
+        merged = {**(spec.variant.options if spec.variant else {}), **dict(opts)}
+        default = spec.cls.default_precision(device, merged) if spec.cls else "fp32"
+        for p, c, k, bn in itertools.product(
+            cfg.precisions or (default,), cfg.compile, cfg.accumulate, cfg.sync_bn
+        ):
+            setting = Setting(precision=p, compile=c, accumulate=k, sync_bn=bn)
+            out.append((setting, opts))
+    return out
+
+
+def _option_sweeps(options: dict[str, str], specs: list[strategies.StrategySpec]) -> dict:
+    """--set key=a,b,c: each key's values, checked against every selected strategy taking it."""
+    sweeps: dict[str, list[str]] = {}
     for key, value in options.items():
+        values = [v.strip() for v in value.split(",")]
+        if any(not v for v in values) or len(set(values)) != len(values):
+            raise ConfigError(f"--set {key}={value}: give distinct, non-empty values")
         takers = [s for s in specs if s.cls is not None and key in s.cls.accepts]
         if not takers:
             known = sorted({k for s in specs if s.cls for k in s.cls.accepts})
@@ -132,11 +185,37 @@ def _check_options(options: dict[str, str], specs: list[strategies.StrategySpec]
                 f"options: {', '.join(known) or 'none'}"
             )
         for s in takers:
-            allowed = s.cls.accepts[key]
-            if value not in allowed:
-                raise ConfigError(
-                    f"--set {key}={value}: {s.name} takes {key} = {' | '.join(allowed)}"
-                )
+            for v in values:
+                problem = option_problem(s.cls.accepts[key], v)
+                if problem:
+                    raise ConfigError(f"--set {key}={v}: {s.name} takes {key} = {problem}")
+        sweeps[key] = values
+    return sweeps
+
+
+def option_problem(allowed: tuple[str, ...] | type, value: str) -> str | None:
+    """None if `value` is allowed, else what is (for the error message)."""
+    if isinstance(allowed, tuple):
+        return None if value in allowed else " | ".join(allowed)
+    if allowed is bool:
+        ok = value.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off")
+        return None if ok else "true | false"
+    try:
+        number = allowed(value)
+    except ValueError:
+        return f"a {allowed.__name__}"
+    return None if number > 0 else f"a positive {allowed.__name__}"
+
+
+def _option_points(spec: strategies.StrategySpec, sweeps: dict[str, list[str]]) -> list[tuple]:
+    """The points of the option sweep this strategy takes part in (one, empty, if none)."""
+    if spec.cls is None:
+        return [()]
+    keys = sorted(k for k in sweeps if k in spec.cls.accepts)
+    return [
+        tuple(zip(keys, vals, strict=True))
+        for vals in itertools.product(*(sweeps[k] for k in keys))
+    ]
 
 
 def _cuda_available() -> bool:
@@ -167,8 +246,11 @@ class RunDir:
     def config_path(self) -> Path:
         return self.path / "config.json"
 
-    def done(self) -> set[tuple[str, int, int]]:
-        return {(r["strategy"], int(r["world_size"]), int(r["repeat"])) for r in self.runs.read()}
+    def done(self) -> set[tuple[str, int, str, int]]:
+        return {
+            (r["strategy"], int(r["world_size"]), r.get("setting") or "", int(r["repeat"]))
+            for r in self.runs.read()
+        }
 
     def write(self, runs: list[dict], steps: list[dict], ranks: list[dict]) -> None:
         with _signals_held():
@@ -200,6 +282,7 @@ class Runner:
             "run_id": self.run_id,
             "strategy": cell.strategy,
             "world_size": cell.world_size,
+            "setting": cell.label,
             "repeat": cell.repeat,
             "epoch": epoch,
         }
@@ -220,10 +303,12 @@ class Runner:
             "seed": cfg.seed,
             "lr": cfg.lr,
             "threads_per_rank": self._threads(cell),
-            "options": json.dumps(
-                {**(spec.variant.options if spec.variant else {}), **cfg.options}
-            ),
-            "precision": spec.cls.precision if spec.cls else "",
+            "options": json.dumps(self._options(cell)),
+            "precision": cell.setting.precision,
+            "compile": int(cell.setting.compile),
+            "accumulate": cell.setting.accumulate,
+            "sync_bn": int(cell.setting.sync_bn),
+            "optimizer": cfg.optimizer,
             "timestamp": dt.datetime.now().isoformat(timespec="seconds"),
             **provenance(self.device),
         }
@@ -233,12 +318,19 @@ class Runner:
     ) -> dict[str, Any]:
         return {**self._base_row(cell), "status": status, "reason": reason, "cell_wall_s": wall}
 
+    def _options(self, cell: Cell) -> dict[str, str]:
+        """The strategy's options in this cell: its variant's, overridden by --set."""
+        spec = strategies.get(cell.strategy)
+        return {**(spec.variant.options if spec.variant else {}), **dict(cell.options)}
+
     # ---- running ----
     def _spec(self, cell: Cell, cell_dir: Path) -> Path:
         spec = {
             "config": self.cfg.to_dict(),
             "strategy": cell.strategy,
             "world_size": cell.world_size,
+            "setting": dataclasses.asdict(cell.setting),
+            "options": dict(cell.options),
             "repeat": cell.repeat,
             "device": self.device,
             "dir": str(cell_dir),
@@ -316,6 +408,8 @@ class Runner:
                     "precision": rec["precision"],
                     "data": rec["data"],
                     "per_rank_batch": rec["per_rank_batch"],
+                    "micro_batch": rec["micro_batch"],
+                    "numerics": rec["numerics"],
                     "loader_workers": rec["loader_workers"],
                     "threads_per_rank": rec["threads_per_rank"],
                     "warmup_steps": rec["warmup_steps"],
@@ -351,7 +445,8 @@ class Runner:
             )
         for i, cell in enumerate(todo, 1):
             label = (
-                f"[{i}/{len(todo)}] {cell.strategy:<14} ws={cell.world_size} repeat={cell.repeat}"
+                f"[{i}/{len(todo)}] {cell.strategy:<14} ws={cell.world_size}"
+                f"{'' if cell.label == 'fp32' else ' ' + cell.label} repeat={cell.repeat}"
             )
             if not cell.status:
                 self.echo(f"{label} running ...")

@@ -32,8 +32,23 @@ def _counted(rows: list[Mapping[str, str]]) -> set[tuple[str, str, str, str]]:
     return {(r.strategy, r.world_size, r.repeat, str(int(r.epoch))) for r in kept.itertuples()}
 
 
+def _labelled(rows: list[Mapping[str, str]]) -> list[dict[str, str]]:
+    """`strategy` as the case's display name (the strategy plus the run options that vary)."""
+    from bench.results import case_labels
+
+    labels = case_labels((r["strategy"], r.get("setting") or "") for r in rows)
+    return [
+        {
+            **r,
+            "strategy_name": r["strategy"],
+            "strategy": labels[(r["strategy"], r.get("setting") or "")],
+        }
+        for r in rows
+    ]
+
+
 def table(rows: Iterable[Mapping[str, str]]) -> str:
-    rows = list(rows)
+    rows = _labelled(list(rows))
     counted = _counted(rows)
     ok: dict[tuple[str, int], list[Mapping[str, str]]] = defaultdict(list)
     other: dict[tuple[str, int], Mapping[str, str]] = {}
@@ -50,8 +65,13 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
         vals = [v for v in vals if v == v]
         return statistics.median(vals) if vals else float("nan")
 
-    base = med(ok.get(("single", 1), []), "samples_per_s")
-    head = f"{'strategy':<16}{'ws':>3}{'samples/s':>12}{'speed-up':>9}{'step p50 ms':>13}{'data %':>8}{'peak MiB':>10}{'loss':>8}{'acc':>7}  status"
+    plain = [
+        r for (n, ws), rs in ok.items() if ws == 1 for r in rs if r["strategy_name"] == "single"
+    ]
+    fp32 = [r for r in plain if r.get("setting") in ("fp32", "", None)]
+    base = med(fp32 or plain, "samples_per_s")
+    width = max([16, *(len(k[0]) + 1 for k in (*ok, *other))])
+    head = f"{'strategy':<{width}}{'ws':>3}{'samples/s':>12}{'speed-up':>9}{'step p50 ms':>13}{'data %':>8}{'peak MiB':>10}{'loss':>8}{'acc':>7}  status"
     lines = [head, "-" * len(head)]
     for key in sorted(set(ok) | set(other)):
         name, ws = key
@@ -60,11 +80,11 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
             sps = med(rs, "samples_per_s")
             up = sps / base if base == base and base > 0 else float("nan")
             lines.append(
-                f"{name:<16}{ws:>3}{sps:>12.1f}{up:>8.2f}x{med(rs, 'step_time_ms_p50'):>13.2f}"
+                f"{name:<{width}}{ws:>3}{sps:>12.1f}{up:>8.2f}x{med(rs, 'step_time_ms_p50'):>13.2f}"
                 f"{med(rs, 'data_wait_pct'):>8.1f}{med(rs, 'peak_mem_mib'):>10.0f}"
                 f"{med(rs, 'train_loss_final'):>8.3f}{med(rs, 'eval_accuracy'):>7.3f}  ok"
             )
         if key in other:
             r = other[key]
-            lines.append(f"{name:<16}{ws:>3}{'':>67}  {r['status']}: {r['reason']}")
+            lines.append(f"{name:<{width}}{ws:>3}{'':>67}  {r['status']}: {r['reason']}")
     return "\n".join(lines)

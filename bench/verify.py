@@ -3,8 +3,12 @@
 Runs every available strategy for K steps through the normal harness (same seed,
 global batch and sample order; dropout off, since its masks depend on the rank
 layout), then compares each run's per-step losses and final parameters with those of
-`single`. Tolerances depend on the precision the strategy trains in; they are printed
-with every row. Exit code 1 if any strategy fails.
+`single` at fp32 (the plain baseline). Tolerances come from the numeric recipe each
+cell declares (its `numerics` column: exact fp32, bf16/fp16 autocast, fp16/bf16 gradient
+compression, PowerSGD, apex), never from a precision string; a recipe of several parts
+takes the loosest part's. PowerSGD is lossy by design: its check is the final loss within a
+stated band of the baseline's, and the table marks it approximate. Exit code 1 if any
+strategy fails.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 
 from bench import results
 from bench.config import ConfigError, RunConfig
-from bench.runner import RunDir, run_matrix
+from bench.runner import RunDir, cell_dirname, run_matrix
 
 
 @dataclass(frozen=True)
@@ -28,52 +32,90 @@ class Tolerance:
     param_rel: float  # ||p - p_single|| / ||p_single - p_init||: error relative to the update
     #: initial weights may differ by this much (apex O2 keeps the model's copy in fp16)
     init_abs: float = 0.0
+    #: lossy by design (PowerSGD): only the final loss is held to `loss_abs`, weights are not
+    approximate: bool = False
 
     def describe(self) -> str:
+        if math.isnan(self.loss_abs):
+            return "-"
+        if self.approximate:
+            return f"final loss within {self.loss_abs:g} (approximate)"
         return f"loss<={self.loss_abs:g}, params<={self.param_rel:g}"
 
 
-#: by the `precision` column; fp32 strategies differ from the baseline only by the order
-#: of float additions (bucketed all-reduce, per-rank means).
-TOLERANCES = {
-    "fp32": Tolerance(loss_abs=1e-5, param_rel=1e-4),
-    "fp32 (fp16 gradients)": Tolerance(loss_abs=1e-3, param_rel=1e-2),
-    "amp_bf16": Tolerance(loss_abs=5e-2, param_rel=1e-1),
-    "amp_fp16": Tolerance(loss_abs=1e-2, param_rel=5e-2),
+#: by numeric recipe part (the `numerics` column). fp32 strategies differ from the baseline
+#: only by the order of float additions (bucketed all-reduce, per-rank means, micro-batches).
+RECIPES = {
+    "exact": Tolerance(loss_abs=1e-5, param_rel=1e-4),
+    "grad_fp16": Tolerance(loss_abs=1e-3, param_rel=1e-2),
+    # bf16 keeps 8 bits of mantissa (fp16: 11): gradients rounded 8x more coarsely
+    "grad_bf16": Tolerance(loss_abs=5e-3, param_rel=5e-2),
+    "autocast_fp16": Tolerance(loss_abs=1e-2, param_rel=5e-2),
+    "autocast_bf16": Tolerance(loss_abs=5e-2, param_rel=1e-1),
+    # FSDP's MixedPrecisionPolicy: the forward and backward run on rounded weights
+    "params_fp16": Tolerance(loss_abs=1e-2, param_rel=5e-2),
+    "params_bf16": Tolerance(loss_abs=5e-2, param_rel=1e-1),
+    "apex": Tolerance(loss_abs=5e-2, param_rel=1e-1, init_abs=1e-3),
+    # a rank-1 approximation of every gradient matrix: after K steps the loss must still be
+    # near the baseline's (the initial loss is ~2.3 on MNIST), weights are not compared
+    "powersgd": Tolerance(loss_abs=0.15, param_rel=math.inf, approximate=True),
 }
-MIXED = Tolerance(loss_abs=5e-2, param_rel=1e-1, init_abs=1e-3)
 
 
-def tolerance(precision: str) -> Tolerance:
-    return TOLERANCES.get(precision, MIXED)
+def tolerance(numerics: str) -> Tolerance | None:
+    """The tolerance of a recipe such as `autocast_bf16+grad_fp16`: its loosest part's, or
+    None if a part has no stated tolerance (a plug-in's own recipe)."""
+    parts = [RECIPES.get(p) for p in (numerics or "exact").split("+")]
+    if any(t is None for t in parts):
+        return None
+    return Tolerance(
+        loss_abs=max(t.loss_abs for t in parts),
+        param_rel=max(t.param_rel for t in parts),
+        init_abs=max(t.init_abs for t in parts),
+        approximate=any(t.approximate for t in parts),
+    )
+
+
+UNKNOWN = Tolerance(loss_abs=math.nan, param_rel=math.nan)
 
 
 @dataclass(frozen=True)
 class Parity:
     strategy: str
     world_size: int
-    precision: str
+    setting: str
+    numerics: str
     loss_abs: float
     param_abs: float
     param_rel: float
     tol: Tolerance
-    status: str  # pass / FAIL / the cell's own status when it did not run
+    status: str  # pass / FAIL / no tolerance / the cell's own status when it did not run
 
     @property
     def ok(self) -> bool:
         return self.status in ("pass", results.SKIPPED, results.UNAVAILABLE)
 
+    @property
+    def label(self) -> str:
+        return (
+            self.strategy if self.setting in ("", "fp32") else f"{self.strategy} [{self.setting}]"
+        )
 
-def _losses(rd: RunDir) -> dict[tuple[str, int], list[float]]:
-    out: dict[tuple[str, int], list[float]] = {}
+
+Case = tuple[str, int, str]  # strategy, world size, setting
+
+
+def _losses(rd: RunDir) -> dict[Case, list[float]]:
+    out: dict[Case, list[float]] = {}
     for s in rd.steps.read():
         if s["repeat"] == "0":
-            out.setdefault((s["strategy"], int(s["world_size"])), []).append(float(s["loss"]))
+            key = (s["strategy"], int(s["world_size"]), s.get("setting") or "fp32")
+            out.setdefault(key, []).append(float(s["loss"]))
     return out
 
 
-def _params(rd: RunDir, strategy: str, ws: int, which: str = "params") -> dict[str, torch.Tensor]:
-    path = rd.path / "cells" / f"{strategy}-ws{ws}-r0" / f"{which}.pt"
+def _params(rd: RunDir, case: Case, which: str = "params") -> dict[str, torch.Tensor]:
+    path = rd.path / "cells" / cell_dirname(*case, 0) / f"{which}.pt"
     return torch.load(path, weights_only=True)
 
 
@@ -95,57 +137,76 @@ def _param_diff(
     return worst, math.sqrt(num) / max(math.sqrt(den), 1e-30)
 
 
+BASELINE: Case = ("single", 1, "fp32")
+
+
 def compare(run_dir: Path) -> list[Parity]:
     rd = RunDir(run_dir)
     rows = [r for r in rd.runs.read() if r["repeat"] == "0"]
-    base_row = next((r for r in rows if r["strategy"] == "single" and r["world_size"] == "1"), None)
+    case_of = {
+        id(r): (r["strategy"], int(r["world_size"]), r.get("setting") or "fp32") for r in rows
+    }
+    base_row = next((r for r in rows if case_of[id(r)] == BASELINE), None)
     if base_row is None or base_row["status"] != results.OK:
-        raise ConfigError("the single baseline did not run; parity needs it")
+        raise ConfigError("the single baseline (fp32) did not run; parity needs it")
     losses = _losses(rd)
-    base_loss = losses[("single", 1)]
-    base_params = _params(rd, "single", 1)
-    base_init = _params(rd, "single", 1, "params_init")
+    base_loss = losses[BASELINE]
+    base_params = _params(rd, BASELINE)
+    base_init = _params(rd, BASELINE, "params_init")
     out = []
     for r in rows:
-        name, ws = r["strategy"], int(r["world_size"])
-        if name == "single" and ws == 1:
+        case = case_of[id(r)]
+        if case == BASELINE:
             continue
-        tol = tolerance(r["precision"])
+        name, ws, setting = case
+        numerics = r.get("numerics") or ""
+        tol = tolerance(numerics) if numerics else None
+        nan = math.nan
         if r["status"] != results.OK:
             out.append(
-                Parity(name, ws, r["precision"], math.nan, math.nan, math.nan, tol, r["status"])
+                Parity(name, ws, setting, numerics, nan, nan, nan, tol or UNKNOWN, r["status"])
             )
             continue
-        mine = losses[(name, ws)]
+        if tol is None:
+            out.append(Parity(name, ws, setting, numerics, nan, nan, nan, UNKNOWN, "no tolerance"))
+            continue
+        mine = losses[case]
         n = min(len(mine), len(base_loss))
         loss_abs = max(abs(a - b) for a, b in zip(mine[:n], base_loss[:n], strict=True))
-        same_start, _ = _param_diff(_params(rd, name, ws, "params_init"), base_init, base_init)
-        p_abs, p_rel = _param_diff(_params(rd, name, ws), base_params, base_init)
-        good = (
-            same_start <= tol.init_abs
-            and len(mine) == len(base_loss)
-            and loss_abs <= tol.loss_abs
-            and p_rel <= tol.param_rel
-        )
-        out.append(
-            Parity(
-                name, ws, r["precision"], loss_abs, p_abs, p_rel, tol, "pass" if good else "FAIL"
+        same_start, _ = _param_diff(_params(rd, case, "params_init"), base_init, base_init)
+        p_abs, p_rel = _param_diff(_params(rd, case), base_params, base_init)
+        if tol.approximate:
+            loss_abs = abs(mine[-1] - base_loss[-1])
+            good = same_start <= tol.init_abs and len(mine) == len(base_loss)
+            good = good and loss_abs <= tol.loss_abs
+        else:
+            good = (
+                same_start <= tol.init_abs
+                and len(mine) == len(base_loss)
+                and loss_abs <= tol.loss_abs
+                and p_rel <= tol.param_rel
             )
-        )
+        status = "pass" if good else "FAIL"
+        out.append(Parity(name, ws, setting, numerics, loss_abs, p_abs, p_rel, tol, status))
     return out
 
 
 def table(parity: list[Parity]) -> str:
+    width = max([26, *(len(p.label) + 1 for p in parity)])
     head = (
-        f"{'strategy':<16}{'ws':>3}  {'precision':<22}{'max |dloss|':>12}{'max |dparam|':>13}"
-        f"{'rel dparam':>12}  {'tolerance':<28}result"
+        f"{'strategy':<{width}}{'ws':>3}  {'numerics':<20}{'max |dloss|':>12}{'max |dparam|':>13}"
+        f"{'rel dparam':>12}  {'tolerance':<36}result"
     )
     lines = [head, "-" * len(head)]
     for p in parity:
         lines.append(
-            f"{p.strategy:<16}{p.world_size:>3}  {p.precision:<22}{p.loss_abs:>12.2e}"
-            f"{p.param_abs:>13.2e}{p.param_rel:>12.2e}  {p.tol.describe():<28}{p.status}"
+            f"{p.label:<{width}}{p.world_size:>3}  {p.numerics or '-':<20}{p.loss_abs:>12.2e}"
+            f"{p.param_abs:>13.2e}{p.param_rel:>12.2e}  {p.tol.describe():<36}{p.status}"
         )
+    lines.append(
+        "baseline: single at world size 1, fp32; loss: max over steps of |loss - baseline's| "
+        "(approximate: the final step's); rel dparam: ||w - w_base|| / ||w_base - w_init||"
+    )
     return "\n".join(lines)
 
 
@@ -156,12 +217,14 @@ def write_csv(parity: list[Parity], path: Path) -> None:
             [
                 "strategy",
                 "world_size",
-                "precision",
+                "setting",
+                "numerics",
                 "max_abs_loss_diff",
                 "max_abs_param_diff",
                 "rel_param_diff",
                 "loss_tolerance",
                 "param_tolerance",
+                "approximate",
                 "result",
             ]
         )
@@ -170,12 +233,14 @@ def write_csv(parity: list[Parity], path: Path) -> None:
                 [
                     p.strategy,
                     p.world_size,
-                    p.precision,
+                    p.setting,
+                    p.numerics,
                     p.loss_abs,
                     p.param_abs,
                     p.param_rel,
                     p.tol.loss_abs,
                     p.tol.param_rel,
+                    int(p.tol.approximate),
                     p.status,
                 ]
             )
@@ -185,8 +250,15 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
     strategies = base.strategies
     if strategies and "single" not in strategies:
         strategies = ("single", *strategies)
+    # The baseline is single at fp32, one micro-batch, not compiled: keep those in the axes.
     return base.replace(
         strategies=strategies,
+        precisions=base.precisions
+        if not base.precisions or "fp32" in base.precisions
+        else ("fp32", *base.precisions),
+        accumulate=tuple(dict.fromkeys((1, *base.accumulate))),
+        compile=tuple(dict.fromkeys((False, *base.compile))),
+        sync_bn=tuple(dict.fromkeys((False, *base.sync_bn))),
         epochs=1,
         max_steps=steps,
         warmup_steps=0,

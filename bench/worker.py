@@ -27,7 +27,13 @@ from bench import data, proc
 from bench.config import RunConfig
 from bench.models import build_model
 from bench.probes import reset_peaks
-from strategies.base import RankContext, Strategy
+from strategies.base import RankContext, Setting, Strategy
+
+OPTIMIZERS = {
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
+    "adam": lambda params, lr: torch.optim.Adam(params, lr=lr),
+    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),
+}
 
 
 def rank_context(
@@ -56,7 +62,7 @@ def seed_everything(seed: int) -> None:
 
 
 def evaluate(strategy: Strategy, dataset: Any, batch: int = 256) -> dict[str, float]:
-    model = strategy.unwrap(strategy.model)
+    model = strategy.eval_module()
     model.eval()
     correct, loss_sum, n = 0, 0.0, 0
     with torch.no_grad():
@@ -95,15 +101,16 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
     threads = spec["threads"]  # decided by the harness, which also set OMP_NUM_THREADS
     torch.set_num_threads(threads)
     seed_everything(cfg.seed)
-    strategy = strategies.get(spec["strategy"]).create(ctx, cfg.options)
+    setting = Setting(**spec["setting"])
+    strategy = strategies.get(spec["strategy"]).create(ctx, spec["options"], setting)
     strategy.setup_distributed()
     try:
         bundle = data.load(cfg)
         seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
         model = build_model(cfg.model, bundle.num_classes, **cfg.model_kwargs).to(ctx.device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+        optimizer = OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
         strategy.attach(model, optimizer)
-        if cfg.save_params and ctx.rank == 0:
+        if cfg.save_params:
             _save_params(strategy, cell_dir / "params_init.pt")
         per_rank = strategy.per_rank_batch(cfg.global_batch)
         workers = spec["workers_per_device"] * len(strategy.devices())
@@ -125,15 +132,15 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
             stats = strategy.train_epoch(
                 loader, epoch, max_steps=cfg.max_steps, warmup_steps=cfg.warmup_steps
             )
-            metrics = (
-                evaluate(strategy, bundle.held_out) if ctx.rank == 0 and cfg.eval_samples else {}
-            )
+            evaluates = ctx.rank == 0 or strategy.collective_eval
+            metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
             ranks = strategy.gather(
                 {
                     "rank": ctx.rank,
                     "samples": stats.samples,
                     "timed_s": stats.timed_s,
                     **stats.memory,
+                    **stats.model_state,
                 }
             )
             if ctx.rank == 0:
@@ -146,29 +153,29 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                     "losses": stats.losses,
                     "ranks": ranks,
                     "per_rank_batch": per_rank,
+                    "micro_batch": strategy.micro_batch(cfg.global_batch),
+                    "numerics": "+".join(strategy.numerics()) or "exact",
                     "loader_workers": workers,
                     "threads_per_rank": threads,
                     "backend": getattr(strategy, "backend", ""),
                     "precision": strategy.precision,
-                    "notes": "; ".join(strategy.notes),
+                    "notes": "; ".join(strategy.run_notes()),
                     "data": bundle.description,
                     **metrics,
                 }
                 with open(cell_dir / "epochs.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
-        if cfg.save_params and ctx.rank == 0:
-            state = {
-                k: v.detach().cpu() for k, v in strategy.unwrap(strategy.model).state_dict().items()
-            }
-            torch.save(state, cell_dir / "params.pt")
+        if cfg.save_params:
+            _save_params(strategy, cell_dir / "params.pt")
         strategy.barrier()
     finally:
         strategy.teardown()
 
 
 def _save_params(strategy: Strategy, path: Path) -> None:
-    model = strategy.unwrap(strategy.model)
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+    state = strategy.full_state_dict()  # on every rank: a sharded model gathers its weights
+    if strategy.ctx.rank == 0:
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
 
 
 def _spawn_entry(index: int, spec: dict[str, Any], port: int) -> None:

@@ -21,10 +21,11 @@ from functools import cache
 from importlib.metadata import entry_points
 
 from bench.config import ConfigError
-from strategies.base import RankContext, Strategy, Variant
+from strategies.base import RankContext, Setting, Strategy, Variant
 
 __all__ = [
     "RankContext",
+    "Setting",
     "Strategy",
     "StrategySpec",
     "Variant",
@@ -67,10 +68,15 @@ class StrategySpec:
         assert self.cls is not None
         return self.cls.cannot_run(world_size, device, n_devices)
 
-    def create(self, ctx: RankContext, options: Mapping[str, str] | None = None) -> Strategy:
+    def create(
+        self,
+        ctx: RankContext,
+        options: Mapping[str, str] | None = None,
+        setting: Setting | None = None,
+    ) -> Strategy:
         """An instance for one rank; `options` (from --set) override the variant's."""
         assert self.cls is not None and self.variant is not None
-        return self.cls(ctx, {**self.variant.options, **(options or {})})
+        return self.cls(ctx, {**self.variant.options, **(options or {})}, setting)
 
 
 def _module_names() -> list[str]:

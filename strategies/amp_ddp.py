@@ -1,45 +1,25 @@
-"""Native mixed precision (torch.autocast + GradScaler) with torch DDP.
+"""Native mixed precision (torch.autocast + GradScaler) with torch DDP: the seed's `amp_ddp` row.
 
-What apex.amp's deprecation points to. bf16 by default on CPU, fp16 with loss scaling
-on CUDA; `--set amp_dtype=bf16|fp16` chooses.
+Precision is an axis beside every strategy (`--precision bf16` on `ddp_torchrun` trains
+the same way); this name keeps the seed's row: DDP whose default precision is autocast,
+fp16 with loss scaling on CUDA and bf16 on CPU. `--set amp_dtype=bf16|fp16` chooses.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 
-import torch
-
-from strategies.base import RankContext, Variant
+from strategies.base import Variant
 from strategies.ddp import DistributedDataParallel
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class AmpDDP(DistributedDataParallel):
     variants = {
         "amp_ddp": Variant("torchrun", "native AMP (autocast + GradScaler) with DDP, torchrun"),
     }
-    precision = "amp"
-    accepts = {"amp_dtype": tuple(DTYPES)}
+    accepts = {**DistributedDataParallel.accepts, "amp_dtype": ("fp16", "bf16")}
+    precisions = ("bf16", "fp16")
 
-    def __init__(self, ctx: RankContext, options: Mapping[str, str] | None = None) -> None:
-        super().__init__(ctx, options)
-        name = self.options.get("amp_dtype") or ("fp16" if ctx.device.type == "cuda" else "bf16")
-        if name not in DTYPES:
-            raise ValueError(f"amp_dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-        self.dtype = DTYPES[name]
-        self.precision = f"amp_{name}"
-        # Loss scaling only matters for fp16, whose range underflows small gradients.
-        self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.dtype == torch.float16)
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast(self.ctx.device.type, dtype=self.dtype)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.scaler.scale(loss).backward()
-
-    def optimizer_step(self, optimizer) -> None:
-        self.scaler.step(optimizer)
-        self.scaler.update()
+    @classmethod
+    def default_precision(cls, device: str, options: Mapping[str, str]) -> str:
+        return options.get("amp_dtype") or ("fp16" if device == "cuda" else "bf16")

@@ -8,11 +8,13 @@ NVIDIA's repository at tag 25.05 (README, "Optional strategies"). Options:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import metadata
 
 import torch
 from torch import nn
 
+from strategies import precision as prec
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed
 
@@ -50,8 +52,23 @@ class ApexAmpDDP(TorchDistributed):
             "torchrun", "NVIDIA apex.amp (O1) + apex DistributedDataParallel, torchrun"
         ),
     }
-    precision = "apex_amp"
     accepts = {"opt_level": ("O0", "O1", "O2", "O3"), "ddp": ("apex", "torch")}
+    #: apex.amp is its own mixed precision (by opt_level), not a value of the precision axis
+    precisions = ("apex",)
+    no_compile = "apex.amp patches torch functions at run time; torch.compile is not used with it"
+    no_accumulate = (
+        "apex.parallel.DistributedDataParallel has no no_sync(); accumulation is not wired for apex"
+    )
+
+    @classmethod
+    def default_precision(cls, device: str, options: Mapping[str, str]) -> str:
+        return "apex"
+
+    def make_precision(self, name: str) -> prec.Precision:
+        return prec.Precision(self.ctx.device.type)  # amp.initialize and amp.scale_loss do it
+
+    def numerics(self) -> tuple[str, ...]:
+        return ("apex",)
 
     @classmethod
     def unavailable(cls, device: str) -> str | None:

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
-from bench.probes import StepRecord, StepTimer, memory_snapshot
+from bench.probes import StepRecord, StepTimer, memory_snapshot, model_state_mib
+from strategies import precision as prec
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,31 @@ class Variant:
     launcher: str  # "inprocess" | "spawn" | "torchrun" | "horovodrun"
     description: str
     options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setting:
+    """The run options applied around a strategy, each a matrix axis: the precision it trains
+    in, torch.compile, gradient accumulation (micro-batches per optimizer step) and SyncBN.
+    They are applied in one place (`Strategy.attach` and the loop), in a fixed order:
+    SyncBN conversion, the strategy's own wrapping or sharding, then compile."""
+
+    precision: str = "fp32"
+    compile: bool = False
+    accumulate: int = 1
+    sync_bn: bool = False
+
+    @property
+    def label(self) -> str:
+        """Compact and unique, e.g. `bf16,compile,acc2,syncbn`; used in cell names and rows."""
+        parts = [self.precision]
+        if self.compile:
+            parts.append("compile")
+        if self.accumulate > 1:
+            parts.append(f"acc{self.accumulate}")
+        if self.sync_bn:
+            parts.append("syncbn")
+        return ",".join(parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +80,9 @@ class EpochStats:
     data_wait_ms: tuple[float, ...]
     losses: tuple[float, ...]  # per step, averaged over ranks once at epoch end
     memory: Mapping[str, float]
+    #: bytes this rank holds of parameters, gradients and optimizer state (MiB), read after
+    #: the first optimizer step, local shards only
+    model_state: Mapping[str, float] = field(default_factory=dict)
 
 
 class Strategy:
@@ -62,17 +91,36 @@ class Strategy:
     variants: ClassVar[dict[str, Variant]] = {}
     #: one OS process per rank (DDP, Horovod) vs one process for all devices (DP)
     multiprocess: ClassVar[bool] = False
-    #: numeric precision the strategy trains in; rows and parity tolerances use it
-    precision: ClassVar[str] = "fp32"
-    #: options this strategy takes through `--set key=value`, with their allowed values
-    accepts: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: options this strategy takes through `--set key=value`: allowed values, or a type
+    #: (int, float, bool) whose values it takes
+    accepts: ClassVar[dict[str, tuple[str, ...] | type]] = {}
+    #: values of the precision axis it can train in
+    precisions: ClassVar[tuple[str, ...]] = prec.PRECISIONS
+    #: why it cannot run with --compile / --accumulate K / --sync-bn; empty: it can
+    no_compile: ClassVar[str] = ""
+    no_accumulate: ClassVar[str] = ""
+    no_sync_bn: ClassVar[str] = "one process: SyncBatchNorm needs ranks to synchronise with"
+    #: every rank must take part in evaluation and in reading the full weights (sharded models)
+    collective_eval: ClassVar[bool] = False
 
-    def __init__(self, ctx: RankContext, options: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: RankContext,
+        options: Mapping[str, str] | None = None,
+        setting: Setting | None = None,
+    ) -> None:
         self.ctx = ctx
         self.options = dict(options or {})
+        self.setting = setting or Setting(
+            precision=self.default_precision(ctx.device.type, self.options)
+        )
+        self.precision_plugin = self.make_precision(self.setting.precision)
+        #: what the precision column says (e.g. bf16, apex_O2)
+        self.precision = self.setting.precision
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.notes: list[str] = []
+        self.model_state: dict[str, float] = {}
 
     @classmethod
     def processes(cls, world_size: int) -> int:
@@ -84,6 +132,30 @@ class Strategy:
     @classmethod
     def unavailable(cls, device: str) -> str | None:
         """Why this strategy cannot run on this machine at all, or None."""
+        return None
+
+    @classmethod
+    def default_precision(cls, device: str, options: Mapping[str, str]) -> str:
+        """The precision a cell runs in when `--precision` is not given."""
+        return "fp32"
+
+    @classmethod
+    def unsupported(cls, setting: Setting, device: str) -> str | None:
+        """Why this strategy cannot run with these run options, or None."""
+        if setting.precision not in cls.precisions:
+            return f"trains in {' | '.join(cls.precisions)} only, not {setting.precision}"
+        if setting.compile and cls.no_compile:
+            return cls.no_compile
+        if setting.accumulate > 1 and cls.no_accumulate:
+            return cls.no_accumulate
+        if setting.sync_bn:
+            if cls.no_sync_bn:
+                return cls.no_sync_bn
+            if device != "cuda":
+                return (
+                    "SyncBatchNorm needs GPU modules in torch (on CPU it raises "
+                    "'SyncBatchNorm layers only work with GPU modules')"
+                )
         return None
 
     @classmethod
@@ -125,8 +197,18 @@ class Strategy:
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         return model, optimizer
 
+    def make_precision(self, name: str) -> prec.Precision:
+        """The precision plugin for the precision axis value `name`."""
+        return prec.make(name, self.ctx.device.type)
+
+    def numerics(self) -> tuple[str, ...]:
+        """The numeric recipe, as parts that each carry a parity tolerance (bench.verify):
+        `autocast_bf16`, `grad_fp16` (compressed gradients), `powersgd`, ...; () is exact fp32."""
+        p = self.precision_plugin
+        return () if p.dtype is None else (f"autocast_{p.name}",)
+
     def autocast(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
+        return self.precision_plugin.autocast()
 
     def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         assert self.model is not None
@@ -137,14 +219,43 @@ class Strategy:
         optimizer.zero_grad(set_to_none=True)
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        self.precision_plugin.backward(loss)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        """Around every micro-batch but the last of an optimizer step: keep gradients local.
+        Nothing to do for one process; DDP uses `no_sync()`, FSDP2 `set_requires_gradient_sync`."""
+        return contextlib.nullcontext()
 
     def optimizer_step(self, optimizer: Any) -> None:
-        optimizer.step()
+        self.precision_plugin.step(optimizer)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The plain module under any wrapper, for evaluation and parity checks."""
+        """The plain module under any wrapper (compile, DDP, DP), for evaluation and parity."""
+        model = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
         return getattr(model, "module", model)
+
+    def eval_module(self) -> nn.Module:
+        """The module evaluation runs forward on (on rank 0, or on every rank when
+        `collective_eval`, where the forward itself needs every rank)."""
+        assert self.model is not None
+        return self.unwrap(self.model)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full weights on the CPU, on rank 0 (others may get {}). Called on every rank,
+        since a sharded strategy must gather them."""
+        assert self.model is not None
+        if self.ctx.rank != 0:
+            return {}
+        return {k: v.detach().cpu() for k, v in self.unwrap(self.model).state_dict().items()}
+
+    def run_notes(self) -> list[str]:
+        """What the rows' `notes` say about this cell (called after training)."""
+        return list(self.notes)
+
+    def optimizer_states(self) -> Iterable[Mapping[str, Any]]:
+        """The optimizer state this rank holds, per parameter (ZeRO overrides: its shard)."""
+        assert self.optimizer is not None
+        return self.optimizer.state.values()
 
     def all_mean(self, t: torch.Tensor) -> torch.Tensor:
         """Mean over ranks; called once per epoch, never per step."""
@@ -162,7 +273,36 @@ class Strategy:
 
     # ---- the loop, written once ----
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = self.setup(model, optimizer)
+        """Apply the run options around the strategy, in a fixed order: SyncBN, the strategy's
+        own wrapping or sharding, compile."""
+        if self.setting.sync_bn:
+            n = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            self.notes.append(f"SyncBatchNorm: {n} layers" if n else "no BatchNorm layers to sync")
+        model, optimizer = self.setup(model, optimizer)
+        if self.setting.compile:
+            model = torch.compile(model)
+            self.notes.append("torch.compile (its time is in the first, warm-up steps)")
+        self.model, self.optimizer = model, optimizer
+
+    def micro_batch(self, global_batch: int) -> int:
+        return self.per_rank_batch(global_batch) // self.setting.accumulate
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimizer step's forward and backward passes over `accumulate` micro-batches;
+        returns the loss of the whole batch (the mean of the micro-batches')."""
+        k = self.setting.accumulate
+        if k == 1:
+            loss = self.forward_loss(x, y)
+            self.backward(loss)
+            return loss.detach()
+        total = torch.zeros((), device=x.device)
+        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
+            with self.no_sync() if i < k - 1 else contextlib.nullcontext():
+                loss = self.forward_loss(xm, ym)
+                self.backward(loss / k)  # gradients of the batch mean, as without accumulation
+            total += loss.detach().float()
+        return total / k
 
     def train_epoch(
         self, loader: Iterable, epoch: int, *, max_steps: int | None = None, warmup_steps: int = 0
@@ -186,11 +326,14 @@ class Strategy:
             y = y.to(self.ctx.device, non_blocking=True)
             timer.data_ready()
             self.zero_grad(self.optimizer)
-            loss = self.forward_loss(x, y)
-            self.backward(loss)
+            loss = self.forward_backward(x, y)
             self.optimizer_step(self.optimizer)
             records.append(timer.stop(len(y)))
-            losses.append(loss.detach())
+            losses.append(loss)
+            if not self.model_state:  # after the first step, outside its timing
+                self.model_state = model_state_mib(
+                    self.unwrap(self.model).parameters(), self.optimizer_states()
+                )
         return self._epoch_stats(epoch, records, losses, warmup_steps)
 
     def _epoch_stats(
@@ -210,4 +353,5 @@ class Strategy:
             data_wait_ms=tuple(r.data_ms for r in records),
             losses=tuple(mean_losses),
             memory=memory_snapshot(self.devices()),
+            model_state=dict(self.model_state),
         )

@@ -1,11 +1,14 @@
 """torch DistributedDataParallel: one process per rank, gradients all-reduced in buckets.
 
 One class, two registered names that differ only in how the processes are started
-(torchrun vs torch.multiprocessing.spawn), as Lightning's `ddp` / `ddp_spawn`.
+(torchrun vs torch.multiprocessing.spawn), as Lightning's `ddp` / `ddp_spawn`. DDP's own
+knobs are options (`--set bucket_cap_mb=1,25,100` sweeps the bucket size, as PyTorch's
+DDP benchmark does); accumulation uses `no_sync()`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from typing import Any
@@ -22,6 +25,7 @@ class TorchDistributed(Strategy):
     """Process-group plumbing shared by every torch.distributed strategy."""
 
     multiprocess = True
+    no_sync_bn = ""  # SyncBatchNorm synchronises over the default process group
 
     @property
     def backend(self) -> str:
@@ -58,6 +62,10 @@ class TorchDistributed(Strategy):
             dist.destroy_process_group()
 
 
+def flag(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
 class DistributedDataParallel(TorchDistributed):
     variants = {
         "ddp_torchrun": Variant(
@@ -65,7 +73,38 @@ class DistributedDataParallel(TorchDistributed):
         ),
         "ddp_spawn": Variant("spawn", "DistributedDataParallel, processes started by mp.spawn"),
     }
+    #: DDP's constructor knobs
+    accepts = {"bucket_cap_mb": float, "gradient_as_bucket_view": bool, "static_graph": bool}
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        if "bucket_cap_mb" in self.options:
+            kw["bucket_cap_mb"] = float(self.options["bucket_cap_mb"])
+        for key in ("gradient_as_bucket_view", "static_graph"):
+            if key in self.options:
+                kw[key] = flag(self.options[key])
+        return kw
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-        return DDP(model, device_ids=ids), optimizer
+        return DDP(model, device_ids=ids, **self.ddp_kwargs()), optimizer
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        assert self.model is not None
+        return self.unwrap_ddp().no_sync()
+
+    def run_notes(self) -> list[str]:
+        # The buckets DDP settled on after its first step (what --set bucket_cap_mb changes).
+        ddp = self.unwrap_ddp()
+        if not isinstance(ddp, DDP):  # a subclass that does its own thing
+            return super().run_notes()
+        sizes = str(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
+        mib = [int(x) / 2**20 for x in sizes.split(",") if x.strip().isdigit()]
+        if not mib:
+            return super().run_notes()
+        listed = " + ".join(f"{m:.2f}" for m in mib)
+        return [*super().run_notes(), f"{len(mib)} gradient bucket(s): {listed} MiB"]
+
+    def unwrap_ddp(self) -> DDP:
+        """The DDP wrapper, under torch.compile's if any."""
+        return getattr(self.model, "_orig_mod", self.model)

@@ -10,6 +10,10 @@ from strategies.base import Strategy, Variant
 
 class DataParallel(Strategy):
     variants = {"dp": Variant("inprocess", "nn.DataParallel, one process driving all devices")}
+    no_compile = (
+        "nn.DataParallel replicates the module in Python threads every step; "
+        "torch.compile is not used with it (compile single or ddp instead)"
+    )
 
     @classmethod
     def cannot_run(cls, world_size: int, device: str, n_devices: int) -> str | None:

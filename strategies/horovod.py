@@ -19,6 +19,10 @@ INSTALL = "build it against this torch with `make horovod`"
 class Horovod(Strategy):
     multiprocess = True
     accepts = {"compression": ("none", "fp16")}
+    no_sync_bn = (
+        "torch's SyncBatchNorm needs a torch.distributed process group, which horovodrun "
+        "does not create (horovod.torch.SyncBatchNorm is not wired here)"
+    )
     variants = {
         "horovod": Variant("horovodrun", "Horovod DistributedOptimizer, horovodrun"),
         "horovod_fp16": Variant(
@@ -61,8 +65,10 @@ class Horovod(Strategy):
         hvd.init()
         if self.ctx.device.type == "cuda":
             torch.cuda.set_device(self.ctx.device)
-        if self.compression_name == "fp16":
-            self.precision = "fp32 (fp16 gradients)"
+
+    def numerics(self) -> tuple[str, ...]:
+        extra = ("grad_fp16",) if self.compression_name == "fp16" else ()
+        return (*super().numerics(), *extra)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         import horovod.torch as hvd
@@ -72,14 +78,28 @@ class Horovod(Strategy):
         compression = (
             hvd.Compression.fp16 if self.compression_name == "fp16" else hvd.Compression.none
         )
+        # Accumulation: Horovod counts backward passes and all-reduces after the last one.
         optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(), compression=compression
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=compression,
+            backward_passes_per_step=self.setting.accumulate,
         )
         return model, optimizer
 
     def zero_grad(self, optimizer) -> None:
         # Horovod's wrapper takes no arguments; torch's default (set_to_none=True) applies.
         optimizer.zero_grad()
+
+    def optimizer_step(self, optimizer) -> None:
+        if not self.precision_plugin.scaling:
+            return super().optimizer_step(optimizer)
+        # The scaler reads gradients (to unscale and look for inf) before step(): they must
+        # be all-reduced by then, and step() must not synchronise a second time.
+        optimizer.synchronize()
+        self.precision_plugin.unscale(optimizer)
+        with optimizer.skip_synchronize():
+            self.precision_plugin.step(optimizer)
 
     def all_mean(self, t: torch.Tensor) -> torch.Tensor:
         import horovod.torch as hvd

@@ -1,0 +1,115 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): parameters, gradients and optimizer state
+sharded over ranks; each block's parameters are all-gathered for its forward and backward
+and its gradients reduce-scattered.
+
+- `fsdp`: `reshard_after_forward=True`, parameters freed after each block's forward and
+  gathered again for backward (ZeRO-3-like: least memory, one more all-gather).
+- `fsdp_zero2`: `reshard_after_forward=False`, parameters stay gathered from forward to
+  backward (ZeRO-2-like: more memory between the passes, less communication).
+
+Precision: bf16/fp16 use FSDP's own `MixedPrecisionPolicy` (parameters cast for compute,
+gradients reduced in fp32), not autocast; fp16 keeps the GradScaler. Accumulation uses
+`set_requires_gradient_sync(False)` on all micro-batches but the last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from strategies import precision as prec
+from strategies.base import Variant
+from strategies.ddp import TorchDistributed, flag
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The units sharded one by one: a model's `blocks` or `layers` if it lists them (a
+    transformer), else its top-level children that hold parameters."""
+    for name in ("blocks", "layers"):
+        seq = getattr(model, name, None)
+        if isinstance(seq, nn.ModuleList | nn.Sequential):
+            return list(seq)
+    return [m for m in model.children() if any(True for _ in m.parameters())]
+
+
+def rebuild(optimizer: torch.optim.Optimizer, params) -> torch.optim.Optimizer:
+    """The same optimizer over new parameter objects (sharding replaces them)."""
+    return type(optimizer)(params, **optimizer.defaults)
+
+
+class FSDP2(TorchDistributed):
+    variants = {
+        "fsdp": Variant(
+            "torchrun", "FSDP2 fully_shard per block: params, grads, optimizer state sharded"
+        ),
+        "fsdp_zero2": Variant(
+            "torchrun",
+            "FSDP2 with reshard_after_forward=False (ZeRO-2-like)",
+            {"reshard_after_forward": "false"},
+        ),
+    }
+    accepts = {"reshard_after_forward": bool}
+    collective_eval = True
+
+    def make_precision(self, name: str) -> prec.Precision:
+        if name == "fp32":
+            return prec.Precision(self.ctx.device.type)
+        return prec.ParamDtype(self.ctx.device.type, name)
+
+    def numerics(self) -> tuple[str, ...]:
+        p = self.precision_plugin
+        return () if p.dtype is None else (f"params_{p.name}",)
+
+    @property
+    def reshard(self) -> bool:
+        return flag(self.options.get("reshard_after_forward", "true"))
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+        dtype = self.precision_plugin.dtype
+        policy = (
+            MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            if dtype is not None
+            else MixedPrecisionPolicy()
+        )
+        units = blocks(model)
+        for block in units:
+            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=policy)
+        # The root's parameters are needed again at once by backward: keep them gathered.
+        fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
+        self.notes.append(
+            f"fully_shard on {len(units)} blocks + root, reshard_after_forward={self.reshard}"
+            + (f", MixedPrecisionPolicy(param_dtype={self.precision})" if dtype else "")
+        )
+        return model, rebuild(optimizer, model.parameters())
+
+    def fsdp_module(self) -> nn.Module:
+        assert self.model is not None
+        return getattr(self.model, "_orig_mod", self.model)  # under torch.compile's wrapper
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        module = self.fsdp_module()
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return getattr(model, "_orig_mod", model)
+
+    def eval_module(self) -> nn.Module:
+        return self.fsdp_module()  # every rank runs it: each forward all-gathers
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.fsdp_module(), options=opts)
