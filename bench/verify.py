@@ -6,7 +6,7 @@ layout), then compares each run's per-step losses and final parameters with thos
 `single` at fp32 (the plain baseline). Tolerances come from the numeric recipe each
 cell declares (its `numerics` column: exact fp32, bf16/fp16 autocast, fp16/bf16 gradient
 compression, PowerSGD, apex), never from a precision string; a recipe of several parts
-takes the loosest part's. PowerSGD is lossy by design: its check is the final loss within a
+takes the loosest part's. PowerSGD is lossy by design: its check is the mean loss of the last steps within a
 stated band of the baseline's, and the table marks it approximate. Exit code 1 if any
 strategy fails.
 """
@@ -32,14 +32,15 @@ class Tolerance:
     param_rel: float  # ||p - p_single|| / ||p_single - p_init||: error relative to the update
     #: initial weights may differ by this much (apex O2 keeps the model's copy in fp16)
     init_abs: float = 0.0
-    #: lossy by design (PowerSGD): only the final loss is held to `loss_abs`, weights are not
+    #: lossy by design (PowerSGD): weights are not compared; the mean loss over the second
+    #: half of the steps must be within `loss_abs` of the baseline's, *relative* to it
     approximate: bool = False
 
     def describe(self) -> str:
         if math.isnan(self.loss_abs):
             return "-"
         if self.approximate:
-            return f"final loss within {self.loss_abs:g} (approximate)"
+            return f"late loss within {self.loss_abs:.0%} (approximate)"
         return f"loss<={self.loss_abs:g}, params<={self.param_rel:g}"
 
 
@@ -56,9 +57,11 @@ RECIPES = {
     "params_fp16": Tolerance(loss_abs=1e-2, param_rel=5e-2),
     "params_bf16": Tolerance(loss_abs=5e-2, param_rel=1e-1),
     "apex": Tolerance(loss_abs=5e-2, param_rel=1e-1, init_abs=1e-3),
-    # a rank-1 approximation of every gradient matrix: after K steps the loss must still be
-    # near the baseline's (the initial loss is ~2.3 on MNIST), weights are not compared
-    "powersgd": Tolerance(loss_abs=0.15, param_rel=math.inf, approximate=True),
+    # a rank-1 approximation of every gradient matrix: the loss must still fall as the
+    # baseline's does. Measured on MNIST, 2 ranks: 1.3 % off with SGD (8 steps), 6.9 % with
+    # Adam (6 steps); a single step's loss is too noisy to judge by, so the mean over the
+    # second half of the steps is compared.
+    "powersgd": Tolerance(loss_abs=0.10, param_rel=math.inf, approximate=True),
 }
 
 
@@ -140,6 +143,15 @@ def _param_diff(
 BASELINE: Case = ("single", 1, "fp32")
 
 
+def late_loss_gap(mine: list[float], base: list[float]) -> float:
+    """|mean - baseline's mean| / baseline's mean, of the losses of the second half of the
+    steps: how far a lossy strategy's training has drifted (NaN counts as infinitely far)."""
+    half = len(base) // 2
+    a, b = sum(mine[half:]) / len(mine[half:]), sum(base[half:]) / len(base[half:])
+    gap = abs(a - b) / abs(b)
+    return math.inf if math.isnan(gap) else gap
+
+
 def compare(run_dir: Path) -> list[Parity]:
     rd = RunDir(run_dir)
     rows = [r for r in rd.runs.read() if r["repeat"] == "0"]
@@ -176,7 +188,7 @@ def compare(run_dir: Path) -> list[Parity]:
         same_start, _ = _param_diff(_params(rd, case, "params_init"), base_init, base_init)
         p_abs, p_rel = _param_diff(_params(rd, case), base_params, base_init)
         if tol.approximate:
-            loss_abs = abs(mine[-1] - base_loss[-1])
+            loss_abs = late_loss_gap(mine, base_loss)
             good = same_start <= tol.init_abs and len(mine) == len(base_loss)
             good = good and loss_abs <= tol.loss_abs
         else:
@@ -205,7 +217,8 @@ def table(parity: list[Parity]) -> str:
         )
     lines.append(
         "baseline: single at world size 1, fp32; loss: max over steps of |loss - baseline's| "
-        "(approximate: the final step's); rel dparam: ||w - w_base|| / ||w_base - w_init||"
+        "(approximate: relative gap of the mean loss over the second half of the steps); "
+        "rel dparam: ||w - w_base|| / ||w_base - w_init||"
     )
     return "\n".join(lines)
 

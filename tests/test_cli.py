@@ -61,6 +61,35 @@ CASES = [
         ["--strategies", "single", "--dataset", "imagenet-subset", "--model", "mnist_cnn"],
         "use a torchvision model",
     ),
+    (["--exclude", "nosuch"], "unknown strategy 'nosuch'"),
+    (["--strategies", "single", "--exclude", "dp"], "--exclude goes with the default"),
+    # run options (axes) and strategy-option sweeps
+    (["--strategies", "single", "--precision", "fp64"], "unknown precision 'fp64'"),
+    (["--strategies", "single", "--precision", "bf16,bf16"], "--precision lists a value twice"),
+    (["--strategies", "single", "--compile", "maybe"], "expected on, off or off,on"),
+    (["--strategies", "single", "--accumulate", "0"], "--accumulate takes positive integers"),
+    (["--strategies", "single", "--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (
+        ["--strategies", "ddp_spawn", "--world-sizes", "2", "--accumulate", "3"],
+        "not divisible by world size 2 x 3 micro-batches",
+    ),
+    (["--strategies", "ddp_spawn", "--sync-bn"], "SyncBatchNorm needs GPU modules"),
+    (["--strategies", "single", "--sync-bn"], "SyncBatchNorm needs ranks to synchronise"),
+    (["--strategies", "dp", "--compile"], "torch.compile is not used with it"),
+    (["--strategies", "amp_ddp", "--precision", "fp32"], "trains in bf16 | fp16 only"),
+    (
+        ["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=abc"],
+        "ddp_spawn takes bucket_cap_mb = a float",
+    ),
+    (
+        ["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=1,0"],
+        "takes bucket_cap_mb = a positive float",
+    ),
+    (["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=1,1"], "give distinct, non-empty"),
+    (
+        ["--strategies", "fsdp", "--set", "reshard_after_forward=sometimes"],
+        "fsdp takes reshard_after_forward = true | false",
+    ),
 ]
 
 

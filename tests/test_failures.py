@@ -57,7 +57,7 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
 
     hang = by[("test_hang", 2)]
     assert hang["status"] == "timeout" and "30 s" in hang["reason"]
-    assert (run_dir / "cells" / "test_hang-ws2-r0" / "hung").exists()  # it really hung
+    assert (run_dir / "cells" / "test_hang-ws2-fp32-r0" / "hung").exists()  # it really hung
 
     oom = by[("test_oom", 1)]
     assert oom["status"] == "oom" and "allocate" in oom["reason"]

@@ -94,7 +94,7 @@ def test_apex_o2_and_parity_when_installed(tmp_path, data_root):
     )
     _, parity = verify(cfg, steps=8, echo=lambda m: None)
     (p,) = [p for p in parity if p.strategy == "apex_amp_ddp"]
-    assert p.precision == "apex_O2" and p.status == "pass", p
+    assert p.numerics == "apex" and p.status == "pass", p
 
 
 def test_horovod_nccl_when_built(tmp_path, data_root):
@@ -104,3 +104,42 @@ def test_horovod_nccl_when_built(tmp_path, data_root):
     )
     _, rows = run_matrix(cfg, echo=lambda m: None)
     assert _ok(rows, "horovod")["backend"] == "nccl"
+
+
+def test_modern_strategies_and_run_options_on_one_gpu(tmp_path, data_root):
+    """FSDP2, ZeRO-1 and the compression hooks over nccl, fp16 with loss scaling as an axis,
+    and their parity with single at fp32."""
+    from bench.verify import verify
+
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        device="cuda",
+        world_sizes=(1,),
+        strategies=("fsdp", "zero1", "ddp_fp16_hook", "ddp_bf16_hook", "ddp_powersgd"),
+        precisions=("fp32", "fp16"),
+        optimizer="adam",
+        lr=0.001,
+    )
+    run_dir, parity = verify(cfg, steps=8, echo=lambda m: None)
+    for p in parity:
+        assert p.status == "pass", p
+    assert {p.numerics for p in parity} >= {"params_fp16", "autocast_fp16", "exact"}
+
+
+def test_sync_bn_on_a_gpu(tmp_path):
+    cfg = small_config(
+        tmp_path,
+        tmp_path,
+        device="cuda",
+        dataset="synthetic",
+        model="resnet18",
+        image_size=32,
+        strategies=("ddp_torchrun",),
+        world_sizes=(1,),
+        sync_bn=(True,),
+        limit=None,
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    r = _ok(rows, "ddp_torchrun")
+    assert r["sync_bn"] == "1" and "SyncBatchNorm: 20 layers" in r["notes"]

@@ -110,7 +110,7 @@ def test_amp_ddp_bf16_on_cpu(tmp_path, data_root):
     cfg = small_config(tmp_path, data_root, strategies=("amp_ddp",), world_sizes=(2,))
     _, rows = run_matrix(cfg, echo=lambda m: None)
     r = _ok(rows, "amp_ddp", 2)
-    assert r["precision"] == "amp_bf16"
+    assert r["precision"] == "bf16" and r["numerics"] == "autocast_bf16"
     assert float(r["samples_per_s"]) > 0 and math.isfinite(float(r["train_loss_final"]))
 
 
@@ -156,7 +156,8 @@ def test_horovod_and_fp16_compression_through_horovodrun(tmp_path, data_root):
         assert r["launcher"] == "horovodrun" and r["backend"] == "gloo"
         assert float(r["samples_per_s"]) > 0 and math.isfinite(float(r["train_loss_final"]))
         assert int(r["samples"]) == 4 * 32 and r["horovod_version"] == "0.28.1"
-    assert plain["precision"] == "fp32" and fp16["precision"] == "fp32 (fp16 gradients)"
+    assert plain["precision"] == fp16["precision"] == "fp32"
+    assert plain["numerics"] == "exact" and fp16["numerics"] == "grad_fp16"
     ranks = [r for r in RunDir(run_dir).ranks.read() if r["strategy"] == "horovod"]
     assert sorted(r["rank"] for r in ranks) == ["0", "1"]
     assert leftover_processes(run_dir) == []

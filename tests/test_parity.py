@@ -8,7 +8,7 @@ import os
 import pytest
 
 import strategies
-from bench.verify import TOLERANCES, table, verify
+from bench.verify import RECIPES, table, verify
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.slow
@@ -48,23 +48,20 @@ def test_fp32_strategies_match_the_baseline(parity, name):
             assert p.status == "skipped"  # one CPU device
             continue
         assert p.status == "pass", p
-        assert (
-            p.loss_abs <= TOLERANCES["fp32"].loss_abs
-            and p.param_rel <= TOLERANCES["fp32"].param_rel
-        )
+        assert p.loss_abs <= RECIPES["exact"].loss_abs and p.param_rel <= RECIPES["exact"].param_rel
 
 
 def test_amp_matches_at_its_looser_tolerance(parity):
     for ws in (1, 2):
         p = parity[("amp_ddp", ws)]
-        assert p.precision == "amp_bf16" and p.status == "pass", p
+        assert p.numerics == "autocast_bf16" and p.status == "pass", p
         assert p.param_rel > 0  # bf16 really changes the numbers; the check is not vacuous
 
 
 def test_a_strategy_that_skips_gradient_sync_fails_parity(parity):
     assert parity[("test_nosync", 1)].status == "pass"  # one rank: nothing to sync
     bad = parity[("test_nosync", 2)]
-    assert bad.status == "FAIL" and bad.param_rel > 100 * TOLERANCES["fp32"].param_rel
+    assert bad.status == "FAIL" and bad.param_rel > 100 * RECIPES["exact"].param_rel
 
 
 @pytest.mark.parametrize("name", HOROVOD)

@@ -1,0 +1,115 @@
+"""The matrix of strategy x world size x run options x strategy-option sweeps, as planned
+before anything starts (no processes): which cells exist, which are skipped and why, and
+how the report names them."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.config import ConfigError
+from bench.results import case_labels
+from bench.runner import plan
+from strategies.base import Setting
+from tests.conftest import small_config
+
+
+def cells(tmp_path, data_root, **kw):
+    return plan(small_config(tmp_path, data_root, **kw))
+
+
+def test_setting_labels_are_compact_and_distinct():
+    assert Setting().label == "fp32"
+    assert Setting(precision="bf16", compile=True, accumulate=4, sync_bn=True).label == (
+        "bf16,compile,acc4,syncbn"
+    )
+
+
+def test_default_matrix_keeps_each_strategys_own_precision(tmp_path, data_root):
+    got = {(c.strategy, c.world_size): c for c in cells(tmp_path, data_root, world_sizes=(1,))}
+    assert got[("single", 1)].label == "fp32" and got[("ddp_spawn", 1)].label == "fp32"
+    assert got[("amp_ddp", 1)].label == "bf16"  # the seed's row keeps its meaning: AMP
+    assert got[("apex_amp_ddp", 1)].status == "unavailable"
+
+
+def test_precision_axis_runs_every_value_and_skips_what_a_strategy_cannot(tmp_path, data_root):
+    planned = cells(
+        tmp_path,
+        data_root,
+        strategies=("single", "fsdp", "amp_ddp"),
+        world_sizes=(1,),
+        precisions=("fp32", "bf16"),
+    )
+    got = {(c.strategy, c.label): c for c in planned}
+    assert len(planned) == 6
+    for name in ("single", "fsdp"):
+        assert not got[(name, "fp32")].status and not got[(name, "bf16")].status
+    assert got[("amp_ddp", "fp32")].status == "skipped"
+    assert "bf16 | fp16 only" in got[("amp_ddp", "fp32")].reason
+    assert not got[("amp_ddp", "bf16")].status
+
+
+def test_sync_bn_off_and_on_skips_the_cpu_cells_with_the_reason(tmp_path, data_root):
+    planned = cells(
+        tmp_path, data_root, strategies=("ddp_spawn",), world_sizes=(2,), sync_bn=(False, True)
+    )
+    by = {c.label: c for c in planned}
+    assert not by["fp32"].status
+    assert by["fp32,syncbn"].status == "skipped" and "GPU modules" in by["fp32,syncbn"].reason
+
+
+def test_an_option_sweep_multiplies_only_the_strategies_that_take_it(tmp_path, data_root):
+    planned = cells(
+        tmp_path,
+        data_root,
+        strategies=("single", "ddp_spawn", "zero1"),
+        world_sizes=(1,),
+        options={"bucket_cap_mb": "1,25,100"},
+        repeats=2,
+    )
+    per = {
+        s: sorted({c.label for c in planned if c.strategy == s})
+        for s in ("single", "ddp_spawn", "zero1")
+    }
+    assert per["single"] == ["fp32"]
+    assert (
+        per["ddp_spawn"]
+        == per["zero1"]
+        == [
+            "fp32,bucket_cap_mb=1",
+            "fp32,bucket_cap_mb=100",
+            "fp32,bucket_cap_mb=25",
+        ]
+    )
+    assert len(planned) == 2 * (1 + 3 + 3)
+    keys = [c.key for c in planned]
+    assert len(keys) == len(set(keys))  # resume tells every cell apart
+    dirs = [c.dirname for c in planned]
+    assert len(dirs) == len(set(dirs)) and "ddp_spawn-ws1-fp32+bucket_cap_mb=25-r1" in dirs
+
+
+def test_a_strategy_that_can_run_none_of_its_cells_is_an_error(tmp_path, data_root):
+    with pytest.raises(ConfigError, match="dp cannot run at world size 1 with fp32,compile"):
+        cells(tmp_path, data_root, strategies=("dp",), world_sizes=(1,), compile=(True,))
+    # inside a matrix that also has cells it can run, the same cell is a skipped row
+    planned = cells(
+        tmp_path, data_root, strategies=("dp",), world_sizes=(1,), compile=(False, True)
+    )
+    assert [c.status for c in planned] == ["", "skipped"]
+
+
+def test_report_names_show_only_the_axes_that_vary():
+    pairs = [
+        ("single", "fp32"),
+        ("amp_ddp", "bf16"),
+        ("ddp_torchrun", "fp32,bucket_cap_mb=1"),
+        ("ddp_torchrun", "fp32,bucket_cap_mb=25"),
+    ]
+    labels = case_labels(pairs)
+    assert labels[("single", "fp32")] == "single"
+    assert labels[("amp_ddp", "bf16")] == "amp_ddp"  # its own precision is not an axis
+    assert labels[("ddp_torchrun", "fp32,bucket_cap_mb=1")] == "ddp_torchrun [bucket_cap_mb=1]"
+    swept = case_labels([("single", "fp32"), ("single", "bf16"), ("fsdp", "bf16,acc2")])
+    assert swept[("single", "bf16")] == "single [bf16]"
+    assert swept[("fsdp", "bf16,acc2")] == "fsdp [bf16]"  # only fsdp ran acc2: one value
+    both = case_labels([("fsdp", "fp32"), ("fsdp", "fp32,acc2")])
+    assert both[("fsdp", "fp32")] == "fsdp [acc1]" and both[("fsdp", "fp32,acc2")] == "fsdp [acc2]"
