@@ -427,6 +427,224 @@ def runs_trend(
     return fig
 
 
+# ---------------------------------------------------------------- from ranks.csv
+
+#: the three parts of a rank's model state: column, legend label, how the bar part is drawn
+STATE_PARTS = (
+    ("param_mib", "parameters (solid)", {"alpha": 1.0, "hatch": None}),
+    ("grad_mib", "gradients (lighter)", {"alpha": 0.5, "hatch": None}),
+    ("optim_mib", "optimizer state (hatched)", {"alpha": 0.25, "hatch": "xx"}),
+)
+
+
+def model_state(ranks: pd.DataFrame, colours: Mapping[str, Colour] | None = None) -> Figure:
+    """What each rank holds of the training state: a bar per rank of every strategy and world
+    size, stacked parameters / gradients / optimizer state (MiB, median over repeats).
+
+    Every rank gets its own bar, never a mean over ranks: sharding that leaves the ranks
+    uneven (ZeRO-1's optimizer partition) must show as uneven bars. The total is written on
+    top of each bar, so a thin part still adds up in words.
+    """
+    cols = [c for c, _, _ in STATE_PARTS]
+    have = all(c in ranks for c in cols)
+    data = ranks.dropna(subset=cols, how="all") if have else ranks.iloc[0:0]
+    cells = _cells(data) if len(data) else []
+    n_bars = data[["strategy", "world_size", "rank"]].drop_duplicates().shape[0] if cells else 0
+    # about a third of an inch per bar and per gap between groups, plus the legend
+    fig, ax = _figure(max(8.0, 0.32 * (n_bars + len(cells)) + 3.5), 5.2)
+    ax.set_ylabel("model state held per rank (MiB)")
+    ax.set_title(
+        "Model state per rank: parameters, gradients, optimizer state (after the first step)"
+    )
+    if not cells:
+        _empty(ax, "model-state figures")
+        return fig
+    cmap = _colours([c[0] for c in cells], colours)
+    med = (
+        data.assign(rank=data["rank"].astype(int), world_size=data["world_size"].astype(int))
+        .groupby(["strategy", "world_size", "rank"])[cols]
+        .median()
+        .fillna(0.0)  # a part one old run did not record draws as nothing, not as a hole
+    )
+    x, ranks_at, centres = 0.0, [], []
+    for name, ws in cells:
+        one = med.loc[(name, ws)].sort_index()
+        xs = x + np.arange(len(one), dtype=float)
+        bottom = np.zeros(len(one))
+        for col, _, style in STATE_PARTS:
+            height = one[col].to_numpy(float)
+            ax.bar(
+                xs,
+                height,
+                0.8,
+                bottom=bottom,
+                color=cmap[name],
+                alpha=style["alpha"],
+                hatch=style["hatch"],
+                edgecolor="0.25",
+                linewidth=0.5,
+                label=f"_{name} {col}",
+            )
+            bottom = bottom + height
+        for xi, total in zip(xs, bottom, strict=True):
+            ax.annotate(
+                f"{total:.1f}",
+                (xi, total),
+                xytext=(0, 2),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
+        ranks_at += [(xi, f"r{r}") for xi, r in zip(xs, one.index, strict=True)]
+        # a long label ("ddp_torchrun [bf16, bucket_cap_mb=25]") over a few lines, so that it
+        # stays under its own bars
+        wrapped = name.replace(" [", "\n[").replace(", ", ",\n")
+        centres.append((xs.mean(), _cell_label(wrapped, ws)))
+        x = xs[-1] + 2.0  # one empty slot between groups
+    # rank numbers under each bar (minor ticks), the group's name under its ranks (major)
+    ax.xaxis.remove_overlapping_locs = False
+    ax.set_xticks([p for p, _ in ranks_at], [t for _, t in ranks_at], minor=True)
+    ax.set_xticks([p for p, _ in centres], [t for _, t in centres])
+    ax.tick_params(axis="x", which="minor", labelsize=7, length=2)
+    ax.tick_params(axis="x", which="major", labelsize=7, length=0, pad=12)
+    ax.set_xlim(-0.7, x - 1.3)
+    ax.set_xlabel("rank (r0, r1, …), grouped by strategy and world size")
+    ax.margins(y=0.1)
+    ax.grid(axis="y", alpha=0.3)
+    # one key: grey swatches say which part of a bar is which, colours name the strategies
+    parts = [
+        Patch(facecolor="0.5", alpha=s["alpha"], hatch=s["hatch"], edgecolor="0.25", label=lab)
+        for _, lab, s in STATE_PARTS
+    ]
+    names = sorted({c[0] for c in cells})
+    strategies = [Patch(facecolor=cmap[n], edgecolor="0.25", label=n) for n in names]
+    ax.legend(
+        handles=parts + strategies,
+        title="bar parts; colour: strategy",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+    )
+    return fig
+
+
+# ---------------------------------------------------------------- option sweeps
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if np.isfinite(value) else None
+
+
+def _options(setting: object) -> dict[str, str]:
+    """The `key=value` tokens of a setting label ("fp32,compile,bucket_cap_mb=25")."""
+    tokens = str(setting).split(",") if isinstance(setting, str) else []
+    return dict(t.split("=", 1) for t in tokens if "=" in t)
+
+
+def _without(setting: object, key: str) -> str:
+    tokens = str(setting).split(",") if isinstance(setting, str) else []
+    return ",".join(t for t in tokens if t and t.split("=", 1)[0] != key)
+
+
+def swept_keys(summary: pd.DataFrame) -> list[str]:
+    """Option keys with numeric values that take more than one value within one strategy."""
+    if summary.empty or not {"setting", "strategy_name"} <= set(summary.columns):
+        return []
+    seen: dict[tuple[str, str], set[float]] = {}
+    for name, setting in zip(summary["strategy_name"], summary["setting"], strict=True):
+        for key, value in _options(setting).items():
+            number = _number(value)
+            if number is not None:
+                seen.setdefault((str(name), key), set()).add(number)
+    return sorted({key for (_, key), values in seen.items() if len(values) > 1})
+
+
+def _sweep_colours(
+    summary: pd.DataFrame, colours: Mapping[str, Colour] | None
+) -> dict[str, Colour]:
+    # a strategy keeps the colour the other plots gave its bare name, where they did
+    names = sorted(summary["strategy_name"].astype(str).unique())
+    if colours is not None and all(n in colours for n in names):
+        return {n: colours[n] for n in names}
+    # a swept strategy has no bare-name colour (each of its settings is a display label of
+    # its own): colour the strategies by name, from a palette of their own
+    return colour_map(names)
+
+
+def _sweep_axes(ax: Axes, summary: pd.DataFrame, key: str, cmap: Mapping[str, Colour]) -> None:
+    """One line per (strategy, world size, rest of the setting) against the values of key."""
+    rows = summary.assign(
+        _value=[_number(_options(s).get(key, "")) for s in summary["setting"]],
+        _rest=[_without(s, key) for s in summary["setting"]],
+    )
+    rows = rows[rows["_value"].notna()].dropna(subset=["samples_per_s_median"])
+    # only strategies that sweep the key: one value of it is a fixed option, not a sweep
+    counts = rows.groupby("strategy_name")["_value"].nunique()
+    rows = rows[rows["strategy_name"].isin(counts[counts > 1].index)]
+    sizes = sorted(int(w) for w in rows["world_size"].unique())
+    rests = sorted(rows["_rest"].unique())
+    for (name, ws, rest), line in rows.groupby(["strategy_name", "world_size", "_rest"]):
+        line = line.sort_values("_value")
+        med = line["samples_per_s_median"].to_numpy(float)
+        err = np.vstack(
+            [
+                med - line["samples_per_s_min"].to_numpy(float),
+                line["samples_per_s_max"].to_numpy(float) - med,
+            ]
+        )
+        label = f"{name} ws={int(ws)}" + (f" [{rest}]" if len(rests) > 1 else "")
+        # colour: strategy, line style: world size, marker: the rest of the setting
+        ax.errorbar(
+            line["_value"].to_numpy(float),
+            med,
+            yerr=np.fmax(err, 0),
+            marker=MARKERS[rests.index(rest) % len(MARKERS)],
+            capsize=3,
+            color=cmap[str(name)],
+            linestyle=WS_STYLES[sizes.index(int(ws)) % len(WS_STYLES)],
+            label=label,
+        )
+    values = sorted(rows["_value"].unique())
+    if values and values[0] > 0 and values[-1] / values[0] > 10:
+        ax.set_xscale("log")
+    if values:
+        ax.set_xticks(values, [f"{v:g}" for v in values])
+        ax.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(key)
+    ax.set_ylabel("samples/s (median over repeats; bars: min–max)")
+    ax.set_title(f"Sweep of {key}: throughput")
+    ax.grid(alpha=0.3)
+    # the rest of the setting, when every line shares it, is said once in the legend title
+    _legend_outside(ax, title=f"setting: {rests[0]}" if len(rests) == 1 and rests[0] else None)
+
+
+def option_sweep(
+    summary: pd.DataFrame, colours: Mapping[str, Colour] | None = None
+) -> Figure | None:
+    """Throughput against each swept numeric strategy option (e.g. bucket_cap_mb), or None
+    when the run swept none.
+
+    A subplot per swept key (stacked); in each, a line per strategy, world size and rest of
+    the setting, through the medians over repeats, with min–max error bars. Colour: the
+    strategy; line style: the world size. A log x axis when the values span more than 10x.
+    """
+    keys = swept_keys(summary)
+    if not keys:
+        return None
+    fig = Figure(figsize=(8.0, 4.4 * len(keys) + 0.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    cmap = _sweep_colours(summary, colours)
+    for key, ax in zip(keys, fig.subplots(len(keys), 1, squeeze=False)[:, 0], strict=True):
+        _sweep_axes(ax, summary, key, cmap)
+    return fig
+
+
 def legend_labels(fig: Figure) -> list[str]:
     """The labels of every legend in a figure, in drawing order (what a reader sees)."""
     ax = fig.axes[0]

@@ -53,7 +53,10 @@ PLOTS = {
     "step_time.png": "step_time_distribution",
     "loss.png": "loss_curves",
     "time_split.png": "time_split",
+    "model_state.png": "model_state",
 }
+#: drawn only where the run holds what they show (their function returns None otherwise)
+OPTIONAL_PLOTS = {"option_sweep.png": "option_sweep"}
 
 
 @dataclass(frozen=True)
@@ -477,8 +480,15 @@ def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
         "step_time_distribution": timed,
         "loss_curves": every_step,
         "time_split": timed,
+        "model_state": counted_steps(run.ranks, counted, timed_only=False),
+        "option_sweep": summary,
     }
-    return {name: getattr(plots, fn)(data[fn], colours=colours) for name, fn in PLOTS.items()}
+    figs = {name: getattr(plots, fn)(data[fn], colours=colours) for name, fn in PLOTS.items()}
+    for name, fn in OPTIONAL_PLOTS.items():
+        fig = getattr(plots, fn)(data[fn], colours=colours)
+        if fig is not None:
+            figs[name] = fig
+    return figs
 
 
 def render(run_dir: str | Path) -> Path:

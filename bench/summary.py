@@ -79,8 +79,9 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
             rs = ok[key]
             sps = med(rs, "samples_per_s")
             up = sps / base if base == base and base > 0 else float("nan")
+            speedup = f"{up:8.2f}x" if up == up else f"{'–':>9}"
             lines.append(
-                f"{name:<{width}}{ws:>3}{sps:>12.1f}{up:>8.2f}x{med(rs, 'step_time_ms_p50'):>13.2f}"
+                f"{name:<{width}}{ws:>3}{sps:>12.1f}{speedup}{med(rs, 'step_time_ms_p50'):>13.2f}"
                 f"{med(rs, 'data_wait_pct'):>8.1f}{med(rs, 'peak_mem_mib'):>10.0f}"
                 f"{med(rs, 'train_loss_final'):>8.3f}{med(rs, 'eval_accuracy'):>7.3f}  ok"
             )

@@ -1,0 +1,289 @@
+"""The model-state and option-sweep plots on small hand-made tables (no runs, no processes)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.container import ErrorbarContainer
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from bench import plots
+
+PARTS = ["param_mib", "grad_mib", "optim_mib"]
+
+
+def _ranks(cells: dict[tuple[str, int], list[tuple[float, float, float]]], repeats=(0,)):
+    rows = [
+        {
+            "strategy": name,
+            "world_size": ws,
+            "repeat": rep,
+            "rank": r,
+            **dict(zip(PARTS, state, strict=True)),
+        }
+        for (name, ws), per_rank in cells.items()
+        for rep in repeats
+        for r, state in enumerate(per_rank)
+    ]
+    return pd.DataFrame(rows)
+
+
+def _stacks(fig: Figure) -> list[list[Rectangle]]:
+    """The bar parts of each bar, left to right, each bar's parts bottom to top."""
+    ax = fig.axes[0]
+    bars: dict[float, list[Rectangle]] = {}
+    for p in ax.patches:
+        if isinstance(p, Rectangle):
+            bars.setdefault(round(p.get_x() + p.get_width() / 2, 6), []).append(p)
+    return [sorted(bars[x], key=lambda p: p.get_y()) for x in sorted(bars)]
+
+
+def _bar_names(fig: Figure) -> list[str]:
+    """'<group label> <rank label>' per bar, left to right, from the tick labels."""
+    ax = fig.axes[0]
+    ranks = [
+        (t, lab.get_text())
+        for t, lab in zip(ax.get_xticks(minor=True), ax.get_xticklabels(minor=True), strict=True)
+    ]
+    groups = [
+        (t, lab.get_text()) for t, lab in zip(ax.get_xticks(), ax.get_xticklabels(), strict=True)
+    ]
+    out = []
+    for x, rank in sorted(ranks):
+        group = min(groups, key=lambda g: abs(g[0] - x))[1]
+        out.append(f"{group.replace(chr(10), ' ')} {rank}")
+    return out
+
+
+# ---------------------------------------------------------------- model_state
+
+
+def test_model_state_draws_a_stack_per_rank_with_the_given_heights() -> None:
+    cells = {
+        ("ddp_torchrun", 2): [(4.5, 4.5, 9.0), (4.5, 4.5, 9.0)],
+        ("fsdp", 2): [(2.25, 2.25, 4.5), (2.25, 2.25, 4.5)],
+        ("single", 1): [(4.5, 4.5, 9.0)],
+    }
+    fig = plots.model_state(_ranks(cells))
+    ax = fig.axes[0]
+    stacks = _stacks(fig)
+    assert _bar_names(fig) == [
+        "ddp_torchrun ws=2 r0",
+        "ddp_torchrun ws=2 r1",
+        "fsdp ws=2 r0",
+        "fsdp ws=2 r1",
+        "single ws=1 r0",
+    ]
+    expected = [s for key in sorted(cells) for s in cells[key]]
+    assert len(stacks) == len(expected) == 5
+    for bar, want in zip(stacks, expected, strict=True):
+        # params at the bottom, then grads, then optimizer state, each on top of the last
+        assert [p.get_height() for p in bar] == pytest.approx(list(want))
+        assert [p.get_y() for p in bar] == pytest.approx([0, want[0], want[0] + want[1]])
+    totals = [t.get_text() for t in ax.texts]
+    assert totals == [f"{sum(s):.1f}" for s in expected]
+    # FSDP's ranks hold half of DDP's state at world size 2
+    assert sum(p.get_height() for p in stacks[2]) == pytest.approx(
+        sum(p.get_height() for p in stacks[0]) / 2
+    )
+    assert ax.get_ylabel() == "model state held per rank (MiB)"
+    assert ax.get_title() == (
+        "Model state per rank: parameters, gradients, optimizer state (after the first step)"
+    )
+
+
+def test_model_state_colours_strategies_and_tells_the_parts_apart() -> None:
+    cells = {("ddp", 2): [(1, 1, 2)] * 2, ("fsdp", 2): [(0.5, 0.5, 1)] * 2}
+    colours = plots.colour_map(["ddp", "fsdp", "zero1"])
+    fig = plots.model_state(_ranks(cells), colours)
+    stacks = _stacks(fig)
+    for bar, name in zip(stacks, ["ddp", "ddp", "fsdp", "fsdp"], strict=True):
+        assert all(p.get_facecolor()[:3] == pytest.approx(colours[name][:3]) for p in bar)
+        params, grads, optim = bar
+        # solid params; lighter grads; optimizer state lighter still and hatched
+        assert params.get_alpha() > grads.get_alpha() > optim.get_alpha()
+        assert not params.get_hatch() and not grads.get_hatch() and optim.get_hatch()
+    labels = plots.legend_labels(fig)
+    assert labels[:3] == ["parameters (solid)", "gradients (lighter)", "optimizer state (hatched)"]
+    assert labels[3:] == ["ddp", "fsdp"]
+
+
+def test_model_state_keeps_uneven_ranks_uneven() -> None:
+    # ZeRO-1: rank 0 holds the optimizer state of most parameters, rank 1 of a few
+    cells = {("zero1", 2): [(4.5, 4.5, 9.0), (4.5, 4.5, 0.15)]}
+    fig = plots.model_state(_ranks(cells, repeats=(0, 1)))
+    (r0, r1) = _stacks(fig)
+    assert r0[2].get_height() == pytest.approx(9.0)
+    assert r1[2].get_height() == pytest.approx(0.15)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["18.0", "9.2"]
+
+
+def test_model_state_takes_the_median_over_repeats() -> None:
+    rows = _ranks({("ddp", 1): [(1.0, 2.0, 3.0)]}, repeats=(0, 1, 2))
+    # repeat 2 is an outlier: the median ignores it, a mean would not
+    rows.loc[rows["repeat"] == 1, PARTS] = [[2.0, 3.0, 4.0]]
+    rows.loc[rows["repeat"] == 2, PARTS] = [[100.0, 100.0, 100.0]]
+    (bar,) = _stacks(plots.model_state(rows))
+    assert [p.get_height() for p in bar] == pytest.approx([2.0, 3.0, 4.0])
+
+
+def test_model_state_leaves_out_rows_without_figures() -> None:
+    rows = _ranks({("ddp", 2): [(1, 1, 2)] * 2, ("old", 2): [(1, 1, 2)] * 2})
+    rows.loc[rows["strategy"] == "old", PARTS] = math.nan
+    fig = plots.model_state(rows)
+    assert _bar_names(fig) == ["ddp ws=2 r0", "ddp ws=2 r1"]
+    assert "old" not in plots.legend_labels(fig)
+
+
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        pd.DataFrame(columns=["strategy", "world_size", "repeat", "rank", *PARTS]),
+        _ranks({("ddp", 2): [(1, 1, 2)] * 2}).drop(columns=PARTS),
+        _ranks({("ddp", 2): [(1, 1, 2)] * 2}).assign(
+            param_mib=math.nan, grad_mib=math.nan, optim_mib=math.nan
+        ),
+    ],
+    ids=["no rows", "no columns", "all NaN"],
+)
+def test_model_state_without_figures_says_so(ranks: pd.DataFrame) -> None:
+    fig = plots.model_state(ranks)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == ["no model-state figures to show"]
+    assert not ax.patches
+    assert ax.get_title().startswith("Model state per rank")
+
+
+# ---------------------------------------------------------------- option_sweep
+
+
+def _summary(rows: list[tuple[str, str, int, float]]) -> pd.DataFrame:
+    """(strategy_name, setting, world_size, median) -> summary rows; min/max = median -+ 5."""
+    return pd.DataFrame(
+        [
+            {
+                "strategy": f"{name} [{setting}]",
+                "strategy_name": name,
+                "setting": setting,
+                "world_size": ws,
+                "samples_per_s_median": med,
+                "samples_per_s_min": med - 5,
+                "samples_per_s_max": med + 5,
+            }
+            for name, setting, ws, med in rows
+        ]
+    )
+
+
+def _lines(ax) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for c in ax.containers:
+        if isinstance(c, ErrorbarContainer):
+            line = c.lines[0]
+            out[c.get_label()] = (
+                np.asarray(line.get_xdata(), float),
+                np.asarray(line.get_ydata(), float),
+            )
+    return out
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [],
+        [("ddp", "fp32", 2, 100.0), ("ddp", "bf16", 2, 120.0), ("fsdp", "fp32", 2, 90.0)],
+        # one value per strategy: a fixed option, even if two strategies differ
+        [("ddp", "fp32,bucket_cap_mb=25", 2, 100.0), ("ddp2", "fp32,bucket_cap_mb=5", 2, 90.0)],
+        # more than one value, but not numbers
+        [("ddp", "fp32,hook=fp16", 2, 100.0), ("ddp", "fp32,hook=bf16", 2, 101.0)],
+    ],
+    ids=["empty", "no options", "one value each", "not numeric"],
+)
+def test_option_sweep_is_none_when_nothing_is_swept(rows) -> None:
+    summary = (
+        _summary(rows)
+        if rows
+        else pd.DataFrame(columns=["strategy", "strategy_name", "setting", "world_size"])
+    )
+    assert plots.option_sweep(summary) is None
+
+
+def test_option_sweep_draws_a_line_per_strategy_and_world_size() -> None:
+    rows = [
+        ("ddp_torchrun", f"fp32,bucket_cap_mb={b}", ws, 100.0 * ws + b)
+        for b in (25, 1, 100, 5)  # out of order on purpose
+        for ws in (2, 4)
+    ]
+    rows += [("ddp_spawn", f"fp32,bucket_cap_mb={b}", 2, 50.0 + b) for b in (5, 25)]
+    rows += [("single", "fp32", 1, 80.0)]  # no option: not in the sweep
+    fig = plots.option_sweep(_summary(rows))
+    assert fig is not None and len(fig.axes) == 1
+    ax = fig.axes[0]
+    lines = _lines(ax)
+    assert sorted(lines) == ["ddp_spawn ws=2", "ddp_torchrun ws=2", "ddp_torchrun ws=4"]
+    x, y = lines["ddp_torchrun ws=4"]
+    assert x.tolist() == [1, 5, 25, 100]
+    assert y.tolist() == [401, 405, 425, 500]
+    assert lines["ddp_spawn ws=2"][0].tolist() == [5, 25]
+    assert lines["ddp_spawn ws=2"][1].tolist() == [55, 75]
+    # error bars span min..max
+    (bars,) = [c for c in ax.containers if c.get_label() == "ddp_spawn ws=2"][0].lines[2]
+    ends = np.concatenate([seg[:, 1] for seg in bars.get_segments()])
+    assert sorted(ends.tolist()) == [50, 60, 70, 80]
+    assert ax.get_xscale() == "log"  # 1 to 100
+    assert ax.get_xlabel() == "bucket_cap_mb"
+    assert ax.get_ylabel() == "samples/s (median over repeats; bars: min–max)"
+    assert ax.get_title() == "Sweep of bucket_cap_mb: throughput"
+    assert "ddp_torchrun ws=2" in plots.legend_labels(fig)
+
+
+def test_option_sweep_colours_by_strategy_and_styles_by_world_size() -> None:
+    rows = [
+        (name, f"fp32,bucket_cap_mb={b}", ws, 100.0)
+        for name in ("ddp_spawn", "ddp_torchrun")
+        for b in (10, 20)
+        for ws in (2, 4)
+    ]
+    colours = plots.colour_map(["ddp_spawn", "ddp_torchrun", "single"])
+    ax = plots.option_sweep(_summary(rows), colours).axes[0]
+    drawn = {c.get_label(): c.lines[0] for c in ax.containers}
+    for label, line in drawn.items():
+        name, ws = label.split(" ws=")
+        assert line.get_color()[:3] == pytest.approx(colours[name][:3])
+        assert line.get_linestyle() == ("-" if ws == "2" else "--")
+    assert ax.get_xscale() == "linear"  # 10 to 20: no need for a log axis
+
+
+def test_option_sweep_keeps_other_settings_apart() -> None:
+    rows = [
+        ("ddp", f"{prec},bucket_cap_mb={b}", 2, med + b)
+        for prec, med in (("fp32", 100.0), ("bf16", 150.0))
+        for b in (1, 4)
+    ]
+    lines = _lines(plots.option_sweep(_summary(rows)).axes[0])
+    assert lines.keys() == {"ddp ws=2 [fp32]", "ddp ws=2 [bf16]"}
+    assert lines["ddp ws=2 [bf16]"][1].tolist() == [151, 154]
+    assert lines["ddp ws=2 [fp32]"][1].tolist() == [101, 104]
+
+
+def test_option_sweep_has_a_subplot_per_swept_key() -> None:
+    rows = [("ddp", f"fp32,bucket_cap_mb={b}", 2, 100.0 + b) for b in (1, 25)]
+    rows += [("ddp_powersgd", f"fp32,rank={r}", 2, 200.0 + r) for r in (1, 2, 4)]
+    rows += [("ddp", "fp32,bucket_cap_mb=5,rank=3", 2, 0.0)]  # lone rank value for ddp
+    fig = plots.option_sweep(_summary(rows))
+    assert [ax.get_title() for ax in fig.axes] == [
+        "Sweep of bucket_cap_mb: throughput",
+        "Sweep of rank: throughput",
+    ]
+    bucket, rank = fig.axes
+    assert bucket.get_xlabel() == "bucket_cap_mb" and rank.get_xlabel() == "rank"
+    assert rank.get_xscale() == "linear"  # 1 to 4
+    assert {k: v[0].tolist() for k, v in _lines(rank).items()} == {"ddp_powersgd ws=2": [1, 2, 4]}
+    # ddp's bucket sweep: one line per rest of the setting ("fp32" and "fp32,rank=3")
+    assert sorted(x.tolist() for x, _ in _lines(bucket).values()) == [[1, 25], [5]]
+    # stacked vertically
+    assert bucket.get_position().y0 > rank.get_position().y0
