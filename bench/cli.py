@@ -66,7 +66,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="e.g. 1,2 (default: 1,2,4.. up to devices)",
     )
     p.add_argument("--dataset", default=d.dataset, help=f"one of {', '.join(DATASETS)}")
-    p.add_argument("--model", default="", help="mnist_cnn or any torchvision classification model")
+    p.add_argument(
+        "--model",
+        default="",
+        help="mnist_cnn, transformer (a small ViT that model parallelism can split) or any "
+        "torchvision classification model",
+    )
     p.add_argument("--global-batch", type=int, default=d.global_batch)
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--max-steps", type=int, default=None, help="cap on steps per epoch")
@@ -135,6 +140,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="convert BatchNorm to SyncBatchNorm (GPU only): --sync-bn, or off,on",
     )
     p.add_argument("--optimizer", default=d.optimizer, help=f"one of {', '.join(OPTIMIZERS)}")
+    p.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="allow more CPU ranks than cores, one thread each (e.g. fsdp_tp at world size 4 "
+        "on 2 cores): for correctness, such rows are marked and left out of speed rankings",
+    )
 
 
 def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
@@ -168,6 +179,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         accumulate=a.accumulate,
         sync_bn=a.sync_bn,
         optimizer=a.optimizer,
+        oversubscribe=a.oversubscribe,
         **extra,
     )
 

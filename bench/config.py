@@ -51,6 +51,8 @@ class RunConfig:
     accumulate: tuple[int, ...] = (1,)  # micro-batches per optimizer step
     sync_bn: tuple[bool, ...] = (False,)
     optimizer: str = "sgd"
+    #: more CPU ranks than cores (one thread each): for correctness only, rows not ranked
+    oversubscribe: bool = False
     save_params: bool = False  # write final parameters (parity checks)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
 

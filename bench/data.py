@@ -41,10 +41,10 @@ def load(cfg: RunConfig) -> DataBundle:
 def check(cfg: RunConfig) -> str:
     """Fail fast, before any process starts, if the data is missing; say what will be used."""
     if cfg.dataset == "mnist":
-        if cfg.model != "mnist_cnn" and input_shape(cfg.model, cfg.image_size)[0] != 1:
+        if input_shape(cfg.model, cfg.image_size, cfg.dataset)[0] != 1:
             raise ConfigError(
                 f"model {cfg.model} takes 3-channel images and MNIST is 1-channel; "
-                "use --model mnist_cnn, or --dataset imagenet-subset / synthetic"
+                "use --model mnist_cnn or transformer, or --dataset imagenet-subset / synthetic"
             )
         split, present = _mnist_split(cfg)
         for files in present.values():
@@ -267,7 +267,7 @@ class SyntheticImages(Dataset):
 
 
 def _synthetic(cfg: RunConfig) -> DataBundle:
-    shape = input_shape(cfg.model, cfg.image_size)
+    shape = input_shape(cfg.model, cfg.image_size, cfg.dataset)
     classes = 10 if cfg.model == "mnist_cnn" else 1000
     n = cfg.limit or 50 * cfg.global_batch
     train = SyntheticImages(n, shape, classes, cfg.seed)

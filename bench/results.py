@@ -37,11 +37,13 @@ PARAMS = [
     "global_batch",
     "per_rank_batch",
     "micro_batch",
+    "data_ranks",
     "epochs",
     "max_steps",
     "warmup_steps",
     "loader_workers",
     "threads_per_rank",
+    "oversubscribed",
     "seed",
     "lr",
     "options",
@@ -77,8 +79,27 @@ MEASUREMENTS = [
     "optim_mib",
     "model_state_mib",
     "model_state_mib_min",
+    # model parallelism only (Strategy.cell_metrics): pipeline micro-batches and stages,
+    # the measured bubble (share of the pipeline's step a rank is idle, mean over ranks)
+    # beside the textbook (p-1)/(v*m+p-1), bytes sent stage to stage and bytes of
+    # tensor-parallel collectives per optimizer step, summed over ranks
+    "pipeline_stages",
+    "microbatches",
+    "bubble_pct",
+    "bubble_theory_pct",
+    "p2p_mib_per_step",
+    "collective_mib_per_step",
     "cell_wall_s",
 ]
+#: the measurements a strategy may report through Strategy.cell_metrics
+EXTRA = (
+    "pipeline_stages",
+    "microbatches",
+    "bubble_pct",
+    "bubble_theory_pct",
+    "p2p_mib_per_step",
+    "collective_mib_per_step",
+)
 PROVENANCE = [
     "timestamp",
     "host",
@@ -146,7 +167,10 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
     wait = np.asarray(record["data_wait_ms"][warm:], dtype=float)
     compute = step - wait
     ranks = record["ranks"]
-    samples = sum(r["samples"] for r in ranks)
+    # Ranks that share a batch (tensor-parallel, pipeline stages) train it once between
+    # them: count each data-parallel replica's samples once.
+    replicas = int(record.get("data_ranks") or len(ranks))
+    samples = sum(r["samples"] for r in ranks) * replicas // len(ranks)
     timed_s = max(r["timed_s"] for r in ranks)
     losses = record["losses"]
     cuda = device == "cuda"

@@ -25,7 +25,7 @@ from typing import Any
 import strategies
 from bench import data, proc, results
 from bench.config import ConfigError, RunConfig
-from bench.env import device_count, provenance, resolve_device, threads_per_process
+from bench.env import cpu_cores, device_count, provenance, resolve_device, threads_per_process
 from bench.launchers import LAUNCHERS
 from bench.models import check_model
 from strategies.base import Setting
@@ -134,8 +134,11 @@ def plan(cfg: RunConfig) -> list[Cell]:
         settings = _settings(cfg, spec, device, points)
         mine: list[Cell] = []
         for ws, (setting, opts) in itertools.product(sizes, settings):
+            merged = {**(spec.variant.options if spec.variant else {}), **dict(opts)}
             reason = why_not or (
-                spec.cannot_run(ws, device, n_dev) or spec.cls.unsupported(setting, device)
+                spec.cannot_run(ws, device, n_dev, cfg.oversubscribe)
+                or spec.cls.unsupported(setting, device)
+                or spec.cls.unsuitable(cfg, ws, merged)
             )
             for r in range(cfg.repeats):
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
@@ -303,6 +306,7 @@ class Runner:
             "seed": cfg.seed,
             "lr": cfg.lr,
             "threads_per_rank": self._threads(cell),
+            "oversubscribed": self._oversubscribed(cell),
             "options": json.dumps(self._options(cell)),
             "precision": cell.setting.precision,
             "compile": int(cell.setting.compile),
@@ -344,6 +348,12 @@ class Runner:
     def _threads(self, cell: Cell) -> int:
         spec = strategies.get(cell.strategy)
         return threads_per_process(spec.cls.processes(cell.world_size) if spec.cls else 1)
+
+    def _oversubscribed(self, cell: Cell) -> int:
+        """1 if the cell runs more CPU processes than there are cores (--oversubscribe)."""
+        spec = strategies.get(cell.strategy)
+        procs = spec.cls.processes(cell.world_size) if spec.cls else 1
+        return int(self.device == "cpu" and procs > cpu_cores())
 
     def _env(self, cell: Cell, cell_dir: Path) -> dict[str, str]:
         env = dict(os.environ)
@@ -409,6 +419,8 @@ class Runner:
                     "data": rec["data"],
                     "per_rank_batch": rec["per_rank_batch"],
                     "micro_batch": rec["micro_batch"],
+                    "data_ranks": rec.get("data_ranks", ""),
+                    **{k: v for k, v in rec.get("extra", {}).items() if k in results.EXTRA},
                     "numerics": rec["numerics"],
                     "loader_workers": rec["loader_workers"],
                     "threads_per_rank": rec["threads_per_rank"],

@@ -279,7 +279,7 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
         eval_samples=0,
         save_params=True,
         model_kwargs={**base.model_kwargs, "dropout": 0.0}
-        if base.model == "mnist_cnn"
+        if base.model in ("mnist_cnn", "transformer")
         else base.model_kwargs,
     )
 

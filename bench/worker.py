@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 import strategies
 from bench import data, proc
 from bench.config import RunConfig
-from bench.models import build_model
+from bench.models import build_model, input_shape
 from bench.probes import reset_peaks
 from strategies.base import RankContext, Setting, Strategy
 
@@ -63,6 +63,8 @@ def seed_everything(seed: int) -> None:
 
 def evaluate(strategy: Strategy, dataset: Any, batch: int = 256) -> dict[str, float]:
     model = strategy.eval_module()
+    if model is None:
+        return {}
     model.eval()
     correct, loss_sum, n = 0, 0.0, 0
     with torch.no_grad():
@@ -107,7 +109,9 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
     try:
         bundle = data.load(cfg)
         seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
-        model = build_model(cfg.model, bundle.num_classes, **cfg.model_kwargs).to(ctx.device)
+        shape = input_shape(cfg.model, cfg.image_size, cfg.dataset)
+        model = build_model(cfg.model, bundle.num_classes, shape, **cfg.model_kwargs)
+        model = model.to(ctx.device)
         optimizer = OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
         strategy.attach(model, optimizer)
         if cfg.save_params:
@@ -134,6 +138,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
             )
             evaluates = ctx.rank == 0 or strategy.collective_eval
             metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
+            extra = strategy.cell_metrics(stats.warmup_steps)
             ranks = strategy.gather(
                 {
                     "rank": ctx.rank,
@@ -154,6 +159,8 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                     "ranks": ranks,
                     "per_rank_batch": per_rank,
                     "micro_batch": strategy.micro_batch(cfg.global_batch),
+                    "data_ranks": strategy.data_ranks()[0],
+                    "extra": extra,
                     "numerics": "+".join(strategy.numerics()) or "exact",
                     "loader_workers": workers,
                     "threads_per_rank": threads,

@@ -64,9 +64,11 @@ class StrategySpec:
             return self.import_error
         return self.cls.unavailable(device)
 
-    def cannot_run(self, world_size: int, device: str, n_devices: int) -> str | None:
+    def cannot_run(
+        self, world_size: int, device: str, n_devices: int, oversubscribe: bool = False
+    ) -> str | None:
         assert self.cls is not None
-        return self.cls.cannot_run(world_size, device, n_devices)
+        return self.cls.cannot_run(world_size, device, n_devices, oversubscribe)
 
     def create(
         self,

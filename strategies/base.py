@@ -159,14 +159,27 @@ class Strategy:
         return None
 
     @classmethod
-    def cannot_run(cls, world_size: int, device: str, n_devices: int) -> str | None:
-        """Why this strategy cannot run at `world_size` here, or None."""
+    def cannot_run(
+        cls, world_size: int, device: str, n_devices: int, oversubscribe: bool = False
+    ) -> str | None:
+        """Why this strategy cannot run at `world_size` here, or None. `oversubscribe`: more
+        CPU ranks than cores are allowed (for correctness; such rows are not ranked by speed)."""
         if not cls.multiprocess and world_size != 1:
             return f"{cls.__name__} runs one process on one device: world size is always 1"
         if cls.multiprocess and device == "cuda" and world_size > n_devices:
             return f"one rank per GPU: world size {world_size} needs {world_size} GPUs, found {n_devices}"
-        if cls.multiprocess and device == "cpu" and world_size > n_devices:
-            return f"one CPU core per rank at least: world size {world_size} needs {world_size} cores, found {n_devices}"
+        if cls.multiprocess and device == "cpu" and world_size > n_devices and not oversubscribe:
+            return (
+                f"one CPU core per rank at least: world size {world_size} needs {world_size} "
+                f"cores, found {n_devices} (--oversubscribe runs it anyway, for correctness)"
+            )
+        return None
+
+    @classmethod
+    def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
+        """Why this strategy cannot train this run's model or batch at `world_size` with
+        these options (a model it cannot split, a batch its micro-batches do not divide), or
+        None. `cfg` is the run's RunConfig; called before any process starts."""
         return None
 
     # ---- hooks ----
@@ -177,18 +190,25 @@ class Strategy:
     def setup_distributed(self) -> None:
         """Join the process group (multi-process strategies)."""
 
+    def data_ranks(self) -> tuple[int, int]:
+        """(data-parallel replicas, this process's index among them): how many different
+        shares of each global batch are trained at once. One per process by default; model
+        parallelism has fewer (tensor-parallel and pipeline ranks share a batch)."""
+        return self.processes(self.ctx.world_size), self.ctx.rank
+
     def per_rank_batch(self, global_batch: int) -> int:
         # A process that drives several devices (DataParallel) takes the whole global batch
         # and splits it across them itself.
-        return global_batch // self.processes(self.ctx.world_size)
+        return global_batch // self.data_ranks()[0]
 
     def sampler(self, dataset: Any, *, shuffle: bool = True) -> Sampler:
-        # One replica per process; the single baseline and DataParallel use the same sampler
-        # with one replica, so every strategy sees the same sample order for a given seed.
+        # One replica per data-parallel share; the single baseline and DataParallel use the
+        # same sampler with one replica, so every strategy sees the same sample order.
+        replicas, index = self.data_ranks()
         return DistributedSampler(
             dataset,
-            num_replicas=self.processes(self.ctx.world_size),
-            rank=self.ctx.rank,
+            num_replicas=replicas,
+            rank=index,
             shuffle=shuffle,
             seed=self.ctx.seed,
             drop_last=True,
@@ -234,9 +254,10 @@ class Strategy:
         model = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
         return getattr(model, "module", model)
 
-    def eval_module(self) -> nn.Module:
+    def eval_module(self) -> nn.Module | None:
         """The module evaluation runs forward on (on rank 0, or on every rank when
-        `collective_eval`, where the forward itself needs every rank)."""
+        `collective_eval`, where the forward itself needs every rank, or gathering the
+        weights does); None: this rank takes no part in the forward."""
         assert self.model is not None
         return self.unwrap(self.model)
 
@@ -260,6 +281,17 @@ class Strategy:
     def all_mean(self, t: torch.Tensor) -> torch.Tensor:
         """Mean over ranks; called once per epoch, never per step."""
         return t
+
+    def epoch_losses(self, local: torch.Tensor) -> torch.Tensor:
+        """Every step's loss of the whole global batch, from each rank's own (called once
+        per epoch on every rank). Data parallelism: the mean over ranks; a pipeline: the
+        last stage's, the only one that computes it."""
+        return self.all_mean(local)
+
+    def cell_metrics(self, warmup_steps: int) -> dict[str, Any]:
+        """Measurements only this strategy has (pipeline bubble, bytes it sends), for the
+        rows; called on every rank after training (it may gather), used from rank 0."""
+        return {}
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order, on every rank."""
@@ -342,7 +374,7 @@ class Strategy:
         warmup = min(warmup, max(len(records) - 1, 0))
         timed = records[warmup:]
         local = torch.stack(losses).float() if losses else torch.zeros(0, device=self.ctx.device)
-        mean_losses = self.all_mean(local).cpu().tolist()
+        mean_losses = self.epoch_losses(local).cpu().tolist()
         return EpochStats(
             epoch=epoch,
             steps=len(records),

@@ -16,7 +16,9 @@ class DataParallel(Strategy):
     )
 
     @classmethod
-    def cannot_run(cls, world_size: int, device: str, n_devices: int) -> str | None:
+    def cannot_run(
+        cls, world_size: int, device: str, n_devices: int, oversubscribe: bool = False
+    ) -> str | None:
         if device != "cuda" and world_size != 1:
             return f"DataParallel parallelises over GPUs; on {device} it has one device, so world size {world_size} cannot run"
         if device == "cuda" and world_size > n_devices:

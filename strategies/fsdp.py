@@ -69,9 +69,14 @@ class FSDP2(TorchDistributed):
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+        return self.shard(model, optimizer, mesh)
+
+    def shard(self, model: nn.Module, optimizer: torch.optim.Optimizer, mesh):
+        """fully_shard each block, then the root, over `mesh` (1-D: the ranks it shards over)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
         dtype = self.precision_plugin.dtype
         policy = (
             MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)

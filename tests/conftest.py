@@ -55,8 +55,11 @@ def small_config(tmp: Path, data_root: Path, **kw) -> RunConfig:
     return RunConfig(**base)
 
 
-#: left out of the shared small run (to keep `make test` short): tests/test_modern.py runs them
+#: left out of the shared small run (to keep `make test` short): tests/test_modern.py and
+#: tests/test_model_parallel.py run them
 NOT_IN_SMALL_RUN = ("fsdp", "fsdp_zero2", "zero1", "ddp_fp16_hook", "ddp_bf16_hook", "ddp_powersgd")
+NOT_IN_SMALL_RUN += ("model_split", "pipeline_gpipe", "pipeline_1f1b", "pipeline_interleaved")
+NOT_IN_SMALL_RUN += ("tp", "fsdp_tp")
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import torch
 
 from strategies.base import Strategy, Variant
 from strategies.ddp import DistributedDataParallel
+from strategies.pipeline import Pipeline
 
 
 class Crashes(DistributedDataParallel):
@@ -63,3 +64,21 @@ class NoGradientSync(DistributedDataParallel):
 
     def setup(self, model, optimizer):
         return model, optimizer
+
+
+class PipelineSkipsStep(Pipeline):
+    """Rank 1's stage never takes its optimizer step: its layers keep their initial
+    weights while the loss still falls through the other stage. Parity must catch it."""
+
+    variants = {
+        "test_pipeline_nostep": Variant(
+            "torchrun",
+            "pipeline whose second stage skips its optimizer step (wrong on purpose)",
+            {"schedule": "gpipe", "microbatches": "2"},
+        )
+    }
+
+    def optimizer_step(self, optimizer):
+        if self.ctx.rank == 1:
+            return
+        super().optimizer_step(optimizer)

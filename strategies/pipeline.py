@@ -1,0 +1,306 @@
+"""Pipeline parallelism: the model cut into consecutive stages, one per rank (or two per
+rank, interleaved), activations passed forward and their gradients backward between ranks
+(`torch.distributed.pipelining`). Every rank sees the whole global batch: there is one
+data-parallel replica, and the pipeline splits the batch into micro-batches.
+
+- `model_split`: the naive model parallelism of the seed article: one part per rank, the
+  whole batch passed on at once (one micro-batch), so only one rank works at a time.
+- `pipeline_gpipe`: GPipe, every micro-batch's forward, then every backward.
+- `pipeline_1f1b`: 1F1B, one forward and one backward alternating once the pipe is full
+  (same bubble as GPipe, fewer activations held at once).
+- `pipeline_interleaved`: interleaved 1F1B with two stages per rank (looped placement),
+  which shrinks the bubble by the number of stages per rank.
+
+`--set microbatches=M` sets the micro-batches per step. Gradients are those of the batch
+mean (each micro-batch's mean loss, gradients scaled by 1/M), so the trained model is the
+single baseline's up to float rounding, which `parabench verify` checks.
+
+Measured per rank, for the rows: the pipeline's bubble, the share of each step's
+forward-backward time this rank spends outside its stages' forward and backward chunks
+(waiting for its neighbours, or sending), next to the textbook (p-1)/(v*m+p-1) for p
+ranks, v stages per rank and m micro-batches; and the bytes of activations and
+activation gradients each rank sends per step.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from bench.models import build_model, input_shape, sequence
+from strategies.base import Variant
+from strategies.ddp import TorchDistributed
+from strategies.fsdp import rebuild
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def balanced_cuts(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:
+    """Cut consecutive layers into `parts` non-empty runs with the smallest largest sum of
+    `sizes` (parameter counts); ties go to the earliest cuts. Deterministic, so every rank
+    computes the same cut without talking to the others."""
+    n = len(sizes)
+    if not 1 <= parts <= n:
+        raise ValueError(f"cannot cut {n} layers into {parts} stages")
+    prefix = list(itertools.accumulate(sizes, initial=0))
+    best: tuple[int, tuple[int, ...]] | None = None
+    for inner in itertools.combinations(range(1, n), parts - 1):
+        bounds = (0, *inner, n)
+        worst = max(prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds))
+        if best is None or worst < best[0]:
+            best = (worst, bounds)
+    assert best is not None
+    return list(itertools.pairwise(best[1]))
+
+
+def model_layers(cfg: Any) -> list[nn.Module] | None:
+    """The run's model as consecutive layers, built on the meta device (no memory, no
+    weights), for checks before any process starts; None if it is not a plain sequence."""
+    shape = input_shape(cfg.model, cfg.image_size, cfg.dataset)
+    with torch.device("meta"):
+        return sequence(build_model(cfg.model, 10, shape, **cfg.model_kwargs))
+
+
+class Pipeline(TorchDistributed):
+    variants = {
+        "pipeline_gpipe": Variant(
+            "torchrun",
+            "pipeline, GPipe schedule (all forwards, then all backwards), 4 micro-batches",
+            {"schedule": "gpipe", "microbatches": "4"},
+        ),
+        "pipeline_1f1b": Variant(
+            "torchrun",
+            "pipeline, 1F1B schedule (forwards and backwards alternate), 4 micro-batches",
+            {"schedule": "1f1b", "microbatches": "4"},
+        ),
+        "pipeline_interleaved": Variant(
+            "torchrun",
+            "pipeline, interleaved 1F1B, 2 stages per rank, 4 micro-batches",
+            {"schedule": "interleaved", "microbatches": "4"},
+        ),
+    }
+    accepts = {"microbatches": int, "schedule": SCHEDULES}
+    # fp16 would need the GradScaler inside the schedule's loss; bf16 needs none
+    precisions = ("fp32", "bf16")
+    no_compile = "pipeline stages are not compiled here (torch.compile per stage is not wired)"
+    no_accumulate = (
+        "a pipeline already accumulates over its micro-batches: use --set microbatches=M"
+    )
+    no_sync_bn = "pipeline ranks share one batch: there are no data-parallel ranks to sync"
+    collective_eval = True  # the weights are gathered from every stage for evaluation
+
+    # ---- planning ----
+    @classmethod
+    def stages_per_rank(cls, options: Mapping[str, str]) -> int:
+        return 2 if options.get("schedule") == "interleaved" else 1
+
+    @classmethod
+    def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
+        m = int(options.get("microbatches", 1))
+        if m < 1:
+            return f"microbatches must be at least 1, got {m}"
+        if world_size < 2:
+            return "a pipeline needs at least 2 ranks (at world size 1 it is `single`)"
+        kind = options.get("schedule", "gpipe")
+        if kind == "1f1b" and m < world_size:
+            return f"1F1B needs at least as many micro-batches as stages ({world_size}), got {m}"
+        if kind == "interleaved" and m % max(1, m // world_size):
+            return (
+                f"interleaved 1F1B runs micro-batches in rounds of {world_size}: {m} is not "
+                "a multiple of its rounds"
+            )
+        if cfg.global_batch % m:
+            return f"global batch {cfg.global_batch} is not divisible into {m} micro-batches"
+        layers = model_layers(cfg)
+        if layers is None:
+            return (
+                f"model {cfg.model} does not list its forward as a sequence of layers "
+                "(mnist_cnn and transformer do), so it cannot be cut into stages"
+            )
+        stages = world_size * cls.stages_per_rank(options)
+        if len(layers) < stages:
+            return f"model {cfg.model} has {len(layers)} layers, too few for {stages} stages"
+        return None
+
+    # ---- data: every rank trains on the whole batch ----
+    def data_ranks(self) -> tuple[int, int]:
+        return 1, 0
+
+    @property
+    def microbatches(self) -> int:
+        return int(self.options.get("microbatches", 1))
+
+    def micro_batch(self, global_batch: int) -> int:
+        return global_batch // self.microbatches
+
+    # ---- building the stages ----
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        from torch.distributed.pipelining import PipelineStage
+
+        layers = sequence(model)
+        assert layers is not None, "checked by unsuitable()"
+        ws, v = self.ctx.world_size, self.stages_per_rank(self.options)
+        n_stages = ws * v
+        sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+        cuts = balanced_cuts(sizes, n_stages)
+        mine = [self.ctx.rank + k * ws for k in range(v)]  # looped placement
+        names = {id(t): n for n, t in model.state_dict(keep_vars=True).items()}
+        kept = {i for s in mine for i in range(*cuts[s])}
+        for i, layer in enumerate(layers):
+            if i not in kept:
+                layer.to("meta")  # another rank's part: hold no memory for it
+        self.original = model
+        self.stage_modules = nn.ModuleList(nn.Sequential(*layers[slice(*cuts[s])]) for s in mine)
+        self.names = {
+            id(t): names[id(t)] for t in self.stage_modules.state_dict(keep_vars=True).values()
+        }
+        self.stages = [
+            PipelineStage(mod, s, n_stages, self.ctx.device)
+            for s, mod in zip(mine, self.stage_modules, strict=True)
+        ]
+        self.first = 0 in mine
+        self.last = n_stages - 1 in mine
+        self.n_stages, self.per_rank = n_stages, v
+        self.busy_s, self.sent_bytes = 0.0, 0
+        for stage in self.stages:
+            self._instrument(stage)
+        self.schedule = self._schedule()
+        self.spans: list[tuple[float, float, int]] = []  # (step s, busy s, bytes sent)
+        layout = ", ".join(f"{b - a}" for a, b in cuts)
+        self.notes.append(
+            f"{type(self.schedule).__name__}: {n_stages} stages over {ws} ranks "
+            f"(layers per stage {layout}), {self.microbatches} micro-batch(es)"
+        )
+        return self.stage_modules, rebuild(optimizer, self.stage_modules.parameters())
+
+    def _schedule(self):
+        from torch.distributed.pipelining import (
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
+
+        def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(out, target)
+
+        m, kind = self.microbatches, self.options.get("schedule", "gpipe")
+        if kind == "interleaved":
+            return ScheduleInterleaved1F1B(self.stages, n_microbatches=m, loss_fn=loss_fn)
+        cls = Schedule1F1B if kind == "1f1b" else ScheduleGPipe
+        return cls(self.stages[0], n_microbatches=m, loss_fn=loss_fn)
+
+    def _instrument(self, stage: Any) -> None:
+        """Time this rank's own compute (forward and backward chunks) and count the bytes
+        its stages send; the rest of a step is bubble (waiting, or sending)."""
+        cuda = self.ctx.device.type == "cuda"
+
+        def timed(fn: Callable) -> Callable:
+            @functools.wraps(fn)
+            def run(*args, **kwargs):
+                if cuda:
+                    torch.cuda.synchronize(self.ctx.device)
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                if cuda:
+                    torch.cuda.synchronize(self.ctx.device)
+                self.busy_s += time.perf_counter() - t0
+                return out
+
+            return run
+
+        def counted(fn: Callable) -> Callable:
+            @functools.wraps(fn)
+            def ops(*args, **kwargs):
+                out = fn(*args, **kwargs)
+                self.sent_bytes += sum(op.tensor.numel() * op.tensor.element_size() for op in out)
+                return out
+
+            return ops
+
+        stage.forward_one_chunk = timed(stage.forward_one_chunk)
+        stage.backward_one_chunk = timed(stage.backward_one_chunk)
+        stage.get_fwd_send_ops = counted(stage.get_fwd_send_ops)
+        stage.get_bwd_send_ops = counted(stage.get_bwd_send_ops)
+
+    # ---- the step ----
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        args = (x,) if self.first else ()
+        kwargs: dict[str, Any] = {"target": y, "losses": losses} if self.last else {}
+        self.busy_s, self.sent_bytes = 0.0, 0
+        t0 = time.perf_counter()
+        with self.autocast():
+            self.schedule.step(*args, return_outputs=False, **kwargs)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        self.spans.append((time.perf_counter() - t0, self.busy_s, self.sent_bytes))
+        if self.last:  # the mean of equal micro-batches' means: the batch mean
+            return torch.stack([loss.detach().float() for loss in losses]).mean()
+        return torch.zeros((), device=self.ctx.device)
+
+    def epoch_losses(self, local: torch.Tensor) -> torch.Tensor:
+        t = local.clone()
+        dist.broadcast(t, src=(self.n_stages - 1) % self.ctx.world_size)  # the last stage's
+        return t
+
+    def cell_metrics(self, warmup_steps: int) -> dict[str, Any]:
+        timed = self.spans[warmup_steps:] or self.spans
+        span = sum(s for s, _, _ in timed)
+        idle = 1.0 - sum(b for _, b, _ in timed) / span if span > 0 else float("nan")
+        sent = sum(n for _, _, n in timed) / max(len(timed), 1)
+        every = self.gather((idle, sent))
+        p, v, m = self.ctx.world_size, self.per_rank, self.microbatches
+        return {
+            "pipeline_stages": self.n_stages,
+            "microbatches": m,
+            "bubble_pct": 100 * sum(i for i, _ in every) / len(every),
+            "bubble_theory_pct": 100 * (p - 1) / (v * m + p - 1),
+            "p2p_mib_per_step": sum(b for _, b in every) / 2**20,
+        }
+
+    # ---- weights ----
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every stage's tensors under the full model's names, merged on rank 0."""
+        local = {
+            self.names[id(t)]: t.detach().cpu()
+            for t in self.stage_modules.state_dict(keep_vars=True).values()
+        }
+        parts = self.gather(local)
+        return {k: v for part in parts for k, v in part.items()} if self.ctx.rank == 0 else {}
+
+    def eval_module(self) -> nn.Module | None:
+        """A whole copy of the model with the trained weights, on rank 0 (collective)."""
+        state = self.full_state_dict()
+        if self.ctx.rank != 0:
+            return None
+        full = copy.deepcopy(self.original).to_empty(device=self.ctx.device)
+        full.load_state_dict(state)
+        return full
+
+
+class ModelSplit(Pipeline):
+    """The seed article's model parallelism: the model cut into one part per rank and the
+    whole batch passed along (the pipeline machinery with a single micro-batch, so at any
+    moment one rank computes and the others wait). It takes no micro-batch option: with
+    micro-batches it is `pipeline_gpipe`."""
+
+    variants = {
+        "model_split": Variant(
+            "torchrun",
+            "naive model parallelism: one part of the model per rank, whole batch passed on",
+            {"schedule": "gpipe", "microbatches": "1"},
+        )
+    }
+    accepts = {}

@@ -1,0 +1,195 @@
+"""Tensor parallelism (`torch.distributed.tensor.parallel`): each attention's q, k, v split
+column-wise (whole heads per rank) and its output projection row-wise; each MLP's first
+layer column-wise and its second row-wise (Megatron's plan). Every tensor-parallel rank
+sees the same batch; each block's forward all-reduces twice (after attention and after
+the MLP), and so does its backward. Embedding, norms and head are replicated.
+
+- `tp`: tensor parallel over every rank (one data-parallel replica).
+- `fsdp_tp`: 2-D, tensor parallel within groups of `--set tp=2` ranks and FSDP2 across
+  the groups (torchtitan's layout): at world size 4, two data-parallel replicas of a
+  model split in two.
+
+The rows carry the bytes handed to collectives per optimizer step (summed over ranks),
+counted on the first step by a dispatch mode that sees every functional and c10d
+collective op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.models import MLP, Attention, build_model, input_shape
+from strategies.base import Variant
+from strategies.ddp import TorchDistributed
+from strategies.fsdp import FSDP2, rebuild
+
+
+def tp_plan(model: nn.Module) -> dict[str, Any]:
+    """Megatron's plan for every attention and MLP of `model`, by module path."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Attention):
+            for part in ("q", "k", "v"):
+                plan[f"{name}.{part}"] = ColwiseParallel()
+            plan[f"{name}.proj"] = RowwiseParallel()
+        elif isinstance(module, MLP):
+            plan[f"{name}.fc1"] = ColwiseParallel()
+            plan[f"{name}.fc2"] = RowwiseParallel()
+    return plan
+
+
+def tp_problem(cfg: Any, tp: int) -> str | None:
+    """Why the run's model cannot be split over `tp` ranks, or None (checked on meta)."""
+    shape = input_shape(cfg.model, cfg.image_size, cfg.dataset)
+    with torch.device("meta"):
+        model = build_model(cfg.model, 10, shape, **cfg.model_kwargs)
+    attn = [m for m in model.modules() if isinstance(m, Attention)]
+    if not attn:
+        return (
+            f"model {cfg.model} has no attention or MLP blocks with separate projections to "
+            "split (use --model transformer)"
+        )
+    heads = getattr(model, "heads", 0)
+    if heads % tp:
+        return f"{heads} attention heads cannot be split over {tp} tensor-parallel ranks"
+    return None
+
+
+class CollectiveBytes(TorchDispatchMode):
+    """Counts the bytes of the tensors handed to collectives while it is active."""
+
+    NAMESPACES = ("_c10d_functional", "c10d")
+    #: collectives by name (not the waits and autograd wrappers around them)
+    KINDS = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all")
+    KINDS += ("alltoall", "broadcast")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        space, _, name = func._schema.name.partition("::")
+        if space in self.NAMESPACES and any(k in name for k in self.KINDS):
+            first = args[0] if args else None
+            tensors = first if isinstance(first, list | tuple) else [first]
+            self.bytes += sum(
+                t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)
+            )
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+class TensorParallelMixin:
+    """The tensor-parallel half: the plan, the batch it shares, the bytes it moves."""
+
+    ctx: Any
+    options: dict[str, str]
+    notes: list[str]
+
+    def tp_size(self) -> int:
+        return self.ctx.world_size
+
+    def data_ranks(self) -> tuple[int, int]:
+        tp = self.tp_size()
+        return self.ctx.world_size // tp, self.ctx.rank // tp  # mesh is (dp, tp), row-major
+
+    def parallelize(self, model: nn.Module, mesh) -> nn.Module:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        plan = tp_plan(model)
+        parallelize_module(model, mesh, plan)
+        self.notes.append(
+            f"tensor parallel over {mesh.size()} ranks: {len(plan)} linear layers split "
+            "(q/k/v, fc1 column-wise; proj, fc2 row-wise)"
+        )
+        return model
+
+    comm: CollectiveBytes | None = None
+    steps_seen = 0
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.steps_seen += 1
+        if self.steps_seen > 1:
+            return super().forward_backward(x, y)  # type: ignore[misc]
+        # The first step (a warm-up step) is counted; the mode costs Python per op.
+        self.comm = CollectiveBytes()
+        with self.comm:
+            return super().forward_backward(x, y)  # type: ignore[misc]
+
+    def cell_metrics(self, warmup_steps: int) -> dict[str, Any]:
+        sent = self.comm.bytes if self.comm else 0
+        every = self.gather(sent)  # type: ignore[attr-defined]
+        return {"collective_mib_per_step": sum(every) / 2**20}
+
+
+class TensorParallel(TensorParallelMixin, TorchDistributed):
+    variants = {
+        "tp": Variant(
+            "torchrun",
+            "tensor parallel over all ranks (heads and MLP split); every rank sees the batch",
+        )
+    }
+    precisions = ("fp32", "bf16")
+    no_sync_bn = "tensor-parallel ranks share one batch: there are no data-parallel ranks"
+    collective_eval = True  # every rank's shard takes part in each forward
+
+    @classmethod
+    def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
+        if world_size < 2:
+            return "tensor parallelism needs at least 2 ranks (at world size 1 it is `single`)"
+        return tp_problem(cfg, world_size)
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+        model = self.parallelize(model, mesh)
+        return model, rebuild(optimizer, model.parameters())
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.unwrap(self.model), options=opts)
+
+
+class FSDPTensorParallel(TensorParallelMixin, FSDP2):
+    variants = {
+        "fsdp_tp": Variant(
+            "torchrun",
+            "2-D: tensor parallel within groups of --set tp ranks, FSDP2 across the groups",
+            {"tp": "2"},
+        )
+    }
+    accepts = {"tp": int, "reshard_after_forward": bool}
+
+    def tp_size(self) -> int:
+        return int(self.options.get("tp", 2))
+
+    @classmethod
+    def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
+        tp = int(options.get("tp", 2))
+        if tp < 2 or world_size % tp or world_size // tp < 2:
+            return (
+                f"2-D needs at least 2 data-parallel groups of tp={tp} ranks: world size "
+                f"{world_size} is not a multiple of {tp} of at least {2 * tp}"
+            )
+        return tp_problem(cfg, tp)
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        tp = self.tp_size()
+        mesh = init_device_mesh(
+            self.ctx.device.type, (self.ctx.world_size // tp, tp), mesh_dim_names=("dp", "tp")
+        )
+        model = self.parallelize(model, mesh["tp"])
+        return self.shard(model, optimizer, mesh["dp"])

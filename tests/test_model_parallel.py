@@ -1,0 +1,245 @@
+"""Model parallelism, run for real on CPU with gloo: the seeds' model split, GPipe, 1F1B and
+interleaved pipelines, tensor parallel, and 2-D FSDP x TP at four oversubscribed ranks,
+each checked against the single baseline on the small transformer; the measurements only
+they have (bubble, bytes between stages, bytes of collectives); and the planning rules
+that turn what cannot run into a reason."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import strategies
+from bench import results
+from bench.config import ConfigError
+from bench.env import cpu_cores
+from bench.models import Transformer, build_model, sequence
+from bench.runner import RunDir, plan
+from bench.verify import RECIPES, verify
+from strategies.pipeline import balanced_cuts
+from strategies.tensor_parallel import tp_plan
+from tests.conftest import small_config
+
+PIPELINES = ("model_split", "pipeline_gpipe", "pipeline_1f1b", "pipeline_interleaved")
+MODEL_PARALLEL = (*PIPELINES, "tp", "fsdp_tp")
+BATCH, TOKENS, DIM = 32, 16, 128  # global batch; the transformer's tokens and width on MNIST
+
+
+# ---- the model and the pieces the strategies are built from ----
+def test_transformer_layers_compose_to_its_forward():
+    torch.manual_seed(0)
+    for model in (Transformer(10, (1, 28, 28)), build_model("mnist_cnn", 10, dropout=0.0)):
+        x = torch.randn(4, 1, 28, 28)
+        y = x
+        for layer in sequence(model):
+            y = layer(y)
+        torch.testing.assert_close(y, model(x), rtol=0, atol=0)
+    assert sequence(build_model("resnet18", 10)) is None  # not a plain sequence
+
+
+def test_transformer_takes_other_image_sizes():
+    model = build_model("transformer", 1000, (3, 64, 64))
+    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 1000)
+    with pytest.raises(ConfigError, match="patch 5 does not divide"):
+        build_model("transformer", 10, (1, 28, 28), patch=5)
+
+
+def test_balanced_cuts_minimise_the_heaviest_stage():
+    sizes = [8, 198, 198, 198, 198, 1]  # embed, 4 blocks, head: the transformer's shape
+    assert balanced_cuts(sizes, 2) == [(0, 3), (3, 6)]
+    assert balanced_cuts(sizes, 4) == [(0, 2), (2, 3), (3, 4), (4, 6)]
+    assert balanced_cuts([1, 1, 1], 3) == [(0, 1), (1, 2), (2, 3)]
+    with pytest.raises(ValueError, match="cannot cut 3 layers into 4"):
+        balanced_cuts([1, 1, 1], 4)
+
+
+def test_tensor_parallel_plan_splits_every_projection():
+    plan_ = tp_plan(Transformer(10, (1, 28, 28), depth=2))
+    styles = {k: type(v).__name__ for k, v in plan_.items()}
+    assert styles["blocks.0.attn.q"] == styles["blocks.1.mlp.fc1"] == "ColwiseParallel"
+    assert styles["blocks.0.attn.proj"] == styles["blocks.1.mlp.fc2"] == "RowwiseParallel"
+    assert len(plan_) == 2 * 6
+
+
+def test_shared_batch_samples_are_counted_once():
+    rec = {
+        "steps": 1,
+        "warmup_steps": 0,
+        "step_times_ms": [100.0],
+        "data_wait_ms": [0.0],
+        "losses": [1.0],
+        "data_ranks": 1,  # two tensor-parallel ranks, one batch between them
+        "ranks": [{"rank": r, "samples": 32, "timed_s": 0.1} for r in range(2)],
+    }
+    assert results.measure(rec, 2, "cpu")["samples"] == 32
+    rec["data_ranks"] = 2  # data parallel: each rank trained its own share
+    assert results.measure(rec, 2, "cpu")["samples"] == 64
+
+
+# ---- planning: what cannot run is a reason, or an error when asked for directly ----
+def _cfg(tmp_path, data_root, **kw):
+    return small_config(tmp_path, data_root, model="transformer", **kw)
+
+
+def test_model_parallel_cells_that_cannot_run_are_skipped_with_reasons(tmp_path, data_root):
+    cells = plan(_cfg(tmp_path, data_root, exclude=(), world_sizes=(1, 2, 4)))
+    why = {(c.strategy, c.world_size): c.reason for c in cells if c.strategy in MODEL_PARALLEL}
+    assert "needs at least 2 ranks" in why[("pipeline_gpipe", 1)]
+    assert "needs at least 2 ranks" in why[("tp", 1)]
+    assert "--oversubscribe" in why[("tp", 4)]  # 4 ranks, 2 cores
+    assert "2-D needs at least 2 data-parallel groups" in why[("fsdp_tp", 2)]
+    assert why[("pipeline_1f1b", 2)] == ""
+
+
+def test_asking_directly_for_what_cannot_run_is_an_error(tmp_path, data_root):
+    with pytest.raises(ConfigError, match="does not list its forward as a sequence"):
+        plan(
+            small_config(
+                tmp_path,
+                data_root,
+                dataset="synthetic",
+                model="resnet18",
+                image_size=32,
+                strategies=("pipeline_gpipe",),
+                world_sizes=(2,),
+            )
+        )
+    with pytest.raises(ConfigError, match="no attention or MLP"):
+        plan(small_config(tmp_path, data_root, strategies=("tp",), world_sizes=(2,)))
+    with pytest.raises(ConfigError, match="--oversubscribe runs it anyway"):
+        plan(_cfg(tmp_path, data_root, strategies=("fsdp_tp",), world_sizes=(4,)))
+    with pytest.raises(ConfigError, match="not divisible into 3 micro-batches"):
+        plan(
+            _cfg(
+                tmp_path,
+                data_root,
+                strategies=("pipeline_gpipe",),
+                world_sizes=(2,),
+                options={"microbatches": "3"},
+            )
+        )
+    with pytest.raises(ConfigError, match="1F1B needs at least as many micro-batches as stages"):
+        plan(
+            _cfg(
+                tmp_path,
+                data_root,
+                strategies=("pipeline_1f1b",),
+                world_sizes=(2,),
+                options={"microbatches": "1"},
+            )
+        )
+    with pytest.raises(ConfigError, match="use --set microbatches"):
+        plan(
+            _cfg(
+                tmp_path,
+                data_root,
+                strategies=("pipeline_gpipe",),
+                world_sizes=(2,),
+                accumulate=(2,),
+            )
+        )
+
+
+def test_oversubscribe_lets_four_ranks_run_on_fewer_cores(tmp_path, data_root):
+    cells = plan(
+        _cfg(tmp_path, data_root, strategies=("fsdp_tp",), world_sizes=(4,), oversubscribe=True)
+    )
+    assert [(c.world_size, c.status) for c in cells] == [(4, "")]
+
+
+# ---- for real: parity, measurements, and a pipeline that is wrong on purpose ----
+@pytest.fixture(scope="module")
+def model_parallel(tmp_path_factory, data_root):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PARABENCH_STRATEGIES", "tests.plugins.faulty_strategies")
+    strategies.registry.cache_clear()
+    tmp = tmp_path_factory.mktemp("mp")
+    try:
+        two = _cfg(
+            tmp / "two",
+            data_root,
+            world_sizes=(1, 2),
+            strategies=(*PIPELINES, "tp", "test_pipeline_nostep"),
+        )
+        dir2, parity2 = verify(two, steps=6, echo=lambda m: None)
+        four = _cfg(
+            tmp / "four", data_root, world_sizes=(1, 4), strategies=("fsdp_tp",), oversubscribe=True
+        )
+        dir4, parity4 = verify(four, steps=6, echo=lambda m: None)
+    finally:
+        mp.undo()
+        strategies.registry.cache_clear()
+    rows = {
+        (r["strategy"], int(r["world_size"])): r
+        for d in (dir2, dir4)
+        for r in RunDir(d).runs.read()
+    }
+    parity = {(p.strategy, p.world_size): p for p in (*parity2, *parity4)}
+    return rows, parity
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODEL_PARALLEL)
+def test_model_parallel_strategies_train_the_baseline_model(model_parallel, name):
+    rows, parity = model_parallel
+    ws = 4 if name == "fsdp_tp" else 2
+    r = rows[(name, ws)]
+    assert r["status"] == results.OK, r["reason"]
+    assert r["backend"] == "gloo" and r["launcher"] == "torchrun"
+    # every rank holds a share of one model: the batch is trained once, not once per rank
+    assert int(r["samples"]) == 6 * BATCH  # verify times all 6 steps
+    p = parity[(name, ws)]
+    assert p.status == "pass", p
+    assert p.param_rel <= RECIPES["exact"].param_rel
+    single = rows[("single", 1)]
+    # each rank holds part of the model: the heaviest holds well under all of it
+    assert float(r["param_mib"]) < 0.6 * float(single["param_mib"])
+
+
+@pytest.mark.slow
+def test_pipeline_rows_carry_their_bubble_and_the_bytes_between_stages(model_parallel):
+    rows, _ = model_parallel
+    activation_mib = BATCH * TOKENS * DIM * 4 / 2**20  # one boundary, one direction
+    for name, stages, m in (
+        ("model_split", 2, 1),
+        ("pipeline_gpipe", 2, 4),
+        ("pipeline_1f1b", 2, 4),
+        ("pipeline_interleaved", 4, 4),
+    ):
+        r = rows[(name, 2)]
+        assert int(r["pipeline_stages"]) == stages and int(r["microbatches"]) == m
+        assert int(r["data_ranks"]) == 1 and int(r["micro_batch"]) == BATCH // m
+        v = stages // 2
+        assert float(r["bubble_theory_pct"]) == pytest.approx(100 * 1 / (v * m + 1))
+        assert 0 < float(r["bubble_pct"]) < 100
+        # activations forward and their gradients backward across every stage boundary
+        assert float(r["p2p_mib_per_step"]) == pytest.approx(2 * (stages - 1) * activation_mib)
+    # one micro-batch: one rank idles while the other works, at least half the time
+    assert float(rows[("model_split", 2)]["bubble_pct"]) >= 40
+
+
+@pytest.mark.slow
+def test_tensor_parallel_rows_carry_the_bytes_of_their_collectives(model_parallel):
+    rows, _ = model_parallel
+    r = rows[("tp", 2)]
+    # Megatron's plan: per block two all-reduces forward (after attention and after the
+    # MLP) and four backward (the gradients into q, k, v and fc1), each of the block's
+    # activations; 4 blocks, counted on each of 2 ranks
+    per_rank = 4 * 6 * BATCH * TOKENS * DIM * 4 / 2**20
+    assert float(r["collective_mib_per_step"]) == pytest.approx(2 * per_rank)
+    assert int(r["data_ranks"]) == 1 and math.isnan(float(r["bubble_pct"] or "nan"))
+    two_d = rows[("fsdp_tp", 4)]
+    assert int(two_d["data_ranks"]) == 2 and int(two_d["per_rank_batch"]) == BATCH // 2
+    assert int(two_d["oversubscribed"]) == int(cpu_cores() < 4)
+    assert int(two_d["threads_per_rank"]) == max(1, cpu_cores() // 4)
+    assert float(two_d["collective_mib_per_step"]) > 0
+
+
+@pytest.mark.slow
+def test_a_pipeline_stage_that_skips_its_optimizer_step_fails_parity(model_parallel):
+    rows, parity = model_parallel
+    assert rows[("test_pipeline_nostep", 2)]["status"] == results.OK  # it runs fine...
+    bad = parity[("test_pipeline_nostep", 2)]
+    assert bad.status == "FAIL" and bad.param_rel > 100 * RECIPES["exact"].param_rel
