@@ -8,6 +8,7 @@ notebook can display the same Figure objects. Every plot colours a strategy the 
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Mapping
 
 import matplotlib
@@ -24,6 +25,7 @@ Colour = tuple[float, float, float, float]
 #: line style per world size, so loss curves of one strategy stay in its colour
 WS_STYLES = ("-", "--", ":", "-.")
 DATA_WAIT_HATCH = "///"
+PIPELINE_BUBBLE_HATCH = ".."
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
@@ -81,6 +83,25 @@ def _empty(ax: Axes, what: str) -> None:
 
 
 # ---------------------------------------------------------------- from summary.csv
+
+
+def comparable(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The summary rows whose speed can be ranked, and "<strategy> ws=<n>" for those left
+    out: cells that ran more CPU ranks than cores (`oversubscribed`), for correctness only."""
+    if "oversubscribed" not in summary or summary.empty:
+        return summary, []
+    over = pd.to_numeric(summary["oversubscribed"], errors="coerce").fillna(0) > 0
+    out = sorted(_cells(summary[over]))
+    return summary[~over], [f"{name} ws={ws}" for name, ws in out]
+
+
+def _note_left_out(ax: Axes, left_out: list[str]) -> None:
+    # under the axis label, where constrained layout makes room for it; wrapped to the axes
+    if left_out:
+        note = "not shown, more ranks than cores (oversubscribed, not comparable): " + ", ".join(
+            left_out
+        )
+        ax.set_xlabel(f"{ax.get_xlabel()}\n" + textwrap.fill(note, 80), fontsize=9)
 
 
 def _grouped_bars(
@@ -143,12 +164,20 @@ def _grouped_bars(
 
 
 def throughput(summary: pd.DataFrame, colours: Mapping[str, Colour] | None = None) -> Figure:
-    """Median samples/s per strategy and world size; error bars span the repeats."""
+    """Median samples/s per strategy and world size; error bars span the repeats.
+
+    Oversubscribed cells (more CPU ranks than cores) are left out, named under the axis.
+    """
     fig, ax = _figure()
+    kept, left_out = comparable(summary)
     if summary.empty:
         _empty(ax, "ok results")
+    elif kept.empty:
+        _empty(ax, "results that are not oversubscribed")
+        ax.set_xlabel("world size (ranks)")
     else:
-        _grouped_bars(ax, summary, "samples_per_s", _colours(summary["strategy"], colours), "%.0f")
+        _grouped_bars(ax, kept, "samples_per_s", _colours(summary["strategy"], colours), "%.0f")
+    _note_left_out(ax, left_out)
     ax.set_ylabel("throughput (samples/s, all ranks)")
     ax.set_title("Training throughput (median; error bars: min–max over repeats)")
     return fig
@@ -171,12 +200,18 @@ def peak_memory(summary: pd.DataFrame, colours: Mapping[str, Colour] | None = No
 def scaling_efficiency(
     summary: pd.DataFrame, colours: Mapping[str, Colour] | None = None
 ) -> Figure:
-    """Speed-up over `single` divided by world size, one line per strategy; ideal is 1."""
+    """Speed-up over `single` divided by world size, one line per strategy; ideal is 1.
+
+    Oversubscribed cells (more CPU ranks than cores) are left out, named under the axis.
+    """
     fig, ax = _figure()
-    sizes = sorted(int(w) for w in summary["world_size"].unique()) or [1]
+    kept, left_out = comparable(summary)
+    sizes = sorted(int(w) for w in kept["world_size"].unique()) or [1]
     ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1, label="ideal (linear scaling)")
-    data = summary.dropna(subset=["scaling_efficiency"])
-    if data.empty:
+    data = kept.dropna(subset=["scaling_efficiency"])
+    if data.empty and len(summary) and kept.empty:
+        _empty(ax, "speed-up for cells that are not oversubscribed")
+    elif data.empty:
         _empty(ax, "speed-up (needs an ok `single` run at world size 1)")
     cmap = _colours(summary["strategy"], colours)
     for name, rows in data.groupby("strategy", sort=True):
@@ -190,6 +225,7 @@ def scaling_efficiency(
     ax.set_xlim(sizes[0] / 1.4, sizes[-1] * 1.4)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("world size (ranks)")
+    _note_left_out(ax, left_out)
     ax.set_ylabel("scaling efficiency (speed-up over single / world size)")
     ax.set_title("Scaling efficiency (1.0 = linear scaling over single at world size 1)")
     _legend_outside(ax)
@@ -300,22 +336,53 @@ def loss_curves(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None
     return fig
 
 
-def time_split(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None) -> Figure:
+def time_split(
+    steps: pd.DataFrame,
+    colours: Mapping[str, Colour] | None = None,
+    bubbles: Mapping[tuple[str, int], float] | None = None,
+) -> Figure:
     """Mean time per step split into compute and data wait (stacked), warm-up excluded.
 
     Means, not medians: they add up to the mean step time, and the hatched share is the
     run's data_wait_pct (waiting time over total step time).
+
+    `bubbles`: (strategy, world size) -> measured pipeline bubble (%, the median over
+    repeats of runs.csv's bubble_pct). For those cells the compute bar is split into the
+    ranks' own compute and, on top of it (dotted), the bubble: mean compute_ms x bubble/100.
+    An estimate: the bubble is measured over the pipeline's forward and backward, and here
+    applied to all of the step's compute (which holds the optimizer step too).
     """
     timed = _timed(steps)
     cells = _cells(timed)
     fig, ax = _figure(max(6.0, 1.2 * len(cells) + 2))
     cmap = _colours([c[0] for c in cells], colours)
     means = timed.groupby(["strategy", "world_size"])[["compute_ms", "data_wait_ms"]].mean()
+    bubble_pct = {
+        (str(s), int(w)): float(v)
+        for (s, w), v in (bubbles or {}).items()
+        if v is not None and np.isfinite(float(v))
+    }
+    drew_bubble = False
     for name in sorted({c[0] for c in cells}):
         idx = [i for i, c in enumerate(cells) if c[0] == name]
         comp = [means.loc[cells[i], "compute_ms"] for i in idx]
         wait = [means.loc[cells[i], "data_wait_ms"] for i in idx]
-        ax.bar(idx, comp, 0.6, color=cmap[name], label=name)
+        bub = [c * bubble_pct.get(cells[i], 0.0) / 100 for i, c in zip(idx, comp, strict=True)]
+        own = [c - b for c, b in zip(comp, bub, strict=True)]
+        ax.bar(idx, own, 0.6, color=cmap[name], label=name)
+        if any(cells[i] in bubble_pct for i in idx):
+            drew_bubble = True
+            ax.bar(
+                idx,
+                bub,
+                0.6,
+                bottom=own,
+                color=cmap[name],
+                alpha=0.7,
+                hatch=PIPELINE_BUBBLE_HATCH,
+                edgecolor="0.25",
+                label=f"_{name} pipeline bubble",
+            )
         ax.bar(
             idx,
             wait,
@@ -328,9 +395,11 @@ def time_split(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None)
             label=f"_{name} data wait",
         )
         # a thin wait slice is invisible: say its share in words on top of each bar
-        for i, c, w in zip(idx, comp, wait, strict=True):
+        for i, c, w, b in zip(idx, comp, wait, bub, strict=True):
+            pct = 100 / (c + w) if c + w > 0 else 0.0  # percent of the step per ms
+            said = f"{pct * b:.1f}% bubble\n" if cells[i] in bubble_pct else ""
             ax.annotate(
-                f"{100 * w / (c + w) if c + w > 0 else 0:.1f}% wait",
+                f"{said}{pct * w:.1f}% wait",
                 (i, c + w),
                 xytext=(0, 2),
                 textcoords="offset points",
@@ -343,13 +412,23 @@ def time_split(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None)
     ax.set_xticks(range(len(cells)), [_cell_label(*c) for c in cells])
     ax.set_xlabel("strategy, world size")
     ax.set_ylabel("time per step (ms, mean over timed steps)")
-    ax.set_title("Where a step's time goes: compute vs waiting for data")
+    ax.set_title(
+        "Where a step's time goes: compute, pipeline bubble, waiting for data"
+        if drew_bubble
+        else "Where a step's time goes: compute vs waiting for data"
+    )
     # two legends: the colours name strategies, the fill says which part of the bar is which
     _legend_outside(ax, title="strategy")
     parts = [
         Patch(facecolor="0.5", edgecolor="0.25", label="compute (solid)"),
         Patch(facecolor="white", edgecolor="0.25", hatch=DATA_WAIT_HATCH, label="data wait"),
     ]
+    if drew_bubble:
+        bubble = "pipeline bubble (part of compute: idle between stages)"
+        parts.insert(
+            1,
+            Patch(facecolor="white", edgecolor="0.25", hatch=PIPELINE_BUBBLE_HATCH, label=bubble),
+        )
     if cells:
         key = ax.get_legend()
         ax.legend(

@@ -85,7 +85,8 @@ def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
     df = pd.read_csv(path, keep_default_na=False, na_values=[""])
     for col in ("status", "reason", "notes", "strategy"):
         if col in df:
-            df[col] = df[col].fillna("").astype(str)
+            # object first: an all-empty column reads as float, which "" cannot fill
+            df[col] = df[col].astype(object).fillna("").astype(str)
     return df
 
 
@@ -191,12 +192,14 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
 
     Columns: strategy, world_size, n_repeats, <metric>_{median,iqr,min,max} for each of
     SUMMARY_METRICS, speedup_vs_single (median over the median of `single` at world
-    size 1), scaling_efficiency (speed-up / world size), mem_source.
+    size 1), scaling_efficiency (speed-up / world size), mem_source, oversubscribed (1 where
+    a counted repeat ran more CPU ranks than cores: such a cell ran for correctness, its
+    speed is not comparable, so its speed-up and efficiency are NaN).
     """
     counted = counted_rows(runs)
     cols = KEY + ["strategy_name", "setting", "n_repeats"]
     cols += [f"{m}_{s}" for m in SUMMARY_METRICS for s in SPREAD]
-    cols += ["speedup_vs_single", "scaling_efficiency", "mem_source"]
+    cols += ["speedup_vs_single", "scaling_efficiency", "mem_source", "oversubscribed"]
     if counted.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -209,13 +212,33 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
             for stat, value in _spread(values).items():
                 row[f"{metric}_{stat}"] = value
         row["mem_source"] = ",".join(sorted(set(grp["mem_source"].dropna().astype(str))))
+        row["oversubscribed"] = int(oversubscribed(grp))
         rows.append(row)
     table = pd.DataFrame(rows)
     base = baseline_row(table)
-    base_sps = float(base["samples_per_s_median"]) if base is not None else math.nan
+    base_sps = math.nan
+    if base is not None and not base["oversubscribed"]:
+        base_sps = float(base["samples_per_s_median"])
     table["speedup_vs_single"] = table["samples_per_s_median"] / base_sps
     table["scaling_efficiency"] = table["speedup_vs_single"] / table["world_size"]
+    # more ranks than cores time-share the cores: correct results, but no speed to rank
+    table.loc[table["oversubscribed"] == 1, ["speedup_vs_single", "scaling_efficiency"]] = math.nan
     return table[cols]
+
+
+def oversubscribed(rows: pd.DataFrame | Mapping[str, Any]) -> bool:
+    """Whether any of these rows (or this one row) ran more CPU ranks than cores."""
+    if isinstance(rows, pd.DataFrame):
+        if "oversubscribed" not in rows:
+            return False
+        return bool((pd.to_numeric(rows["oversubscribed"], errors="coerce").fillna(0) > 0).any())
+    value = pd.to_numeric(pd.Series([rows.get("oversubscribed")]), errors="coerce").iloc[0]
+    return bool(value > 0)
+
+
+def cell_name(row: Mapping[str, Any]) -> str:
+    """The strategy label of a summary row as tables show it: marked when oversubscribed."""
+    return f"{row['strategy']} (oversubscribed)" if oversubscribed(row) else str(row["strategy"])
 
 
 def baseline_row(summary: pd.DataFrame) -> pd.Series | None:
@@ -285,13 +308,14 @@ def summary_markdown(summary: pd.DataFrame) -> str:
     ]
     rows = []
     for _, r in summary.iterrows():
+        speedup = _num(r["speedup_vs_single"], 2)
         rows.append(
             [
-                r["strategy"],
+                cell_name(r),
                 r["world_size"],
                 r["n_repeats"],
                 _with_range(r, "samples_per_s", 1),
-                f"{_num(r['speedup_vs_single'], 2)}x",
+                speedup if speedup == "–" else f"{speedup}x",
                 _num(r["scaling_efficiency"], 2),
                 _with_range(r, "timed_s", 3),
                 _with_range(r, "step_time_ms_p50", 1),
@@ -304,6 +328,79 @@ def summary_markdown(summary: pd.DataFrame) -> str:
             ]
         )
     return md_table(header, rows)
+
+
+#: model-parallel measurements of runs.csv (pipeline and tensor-parallel rows only)
+MODEL_PARALLEL = (
+    "pipeline_stages",
+    "microbatches",
+    "bubble_pct",
+    "bubble_theory_pct",
+    "p2p_mib_per_step",
+    "collective_mib_per_step",
+)
+
+
+def _is_model_parallel(rows: pd.DataFrame) -> pd.Series:
+    """Per row: whether it has pipeline stages or bytes of tensor-parallel collectives."""
+    flags = pd.Series(False, index=rows.index)
+    for col in ("pipeline_stages", "collective_mib_per_step"):
+        if col in rows:
+            flags |= pd.to_numeric(rows[col], errors="coerce").notna()
+    return flags
+
+
+def model_parallel_markdown(counted: pd.DataFrame, summary: pd.DataFrame) -> str:
+    """The pipeline and tensor-parallel figures of the counted rows, medians over repeats,
+    one row per strategy label and world size; '' when no counted row has any."""
+    if counted.empty:
+        return ""
+    rows_mp = counted[_is_model_parallel(counted)]
+    if rows_mp.empty:
+        return ""
+    by_cell = {(str(r["strategy"]), int(r["world_size"])): r for _, r in summary.iterrows()}
+    header = [
+        "strategy",
+        "world size",
+        "stages",
+        "micro-batches",
+        "bubble measured (%)",
+        "bubble textbook (%)",
+        "MiB between stages/step",
+        "MiB of collectives/step",
+        "model state/rank (MiB)",
+    ]
+    digits = dict(zip(MODEL_PARALLEL, (0, 0, 1, 1, 1, 1), strict=True))
+    table = []
+    for (name, ws), grp in rows_mp.groupby(KEY, sort=True):
+        med = {
+            col: pd.to_numeric(grp[col], errors="coerce").median() if col in grp else math.nan
+            for col in MODEL_PARALLEL
+        }
+        cell = by_cell.get((str(name), int(ws)))
+        label = cell_name(cell) if cell is not None else str(name)
+        if cell is None and oversubscribed(grp):
+            label = f"{name} (oversubscribed)"
+        table.append(
+            [
+                label,
+                int(ws),
+                *(_num(med[col], digits[col]) for col in MODEL_PARALLEL),
+                model_state_text(cell) if cell is not None else "–",
+            ]
+        )
+    note = (
+        "Bubble measured: the share of each rank's pipeline time (its forward and backward "
+        "of the step's micro-batches) spent outside its own forward and backward chunks, that "
+        "is waiting for a neighbouring stage or sending to it; mean over ranks. Textbook: "
+        "(p-1)/(v*m+p-1) for p stages, v stages per rank and m micro-batches, which assumes "
+        "equal stages and free communication, so uneven stages and slow sends show as a "
+        "measured bubble above it (and oversubscribed ranks, which share cores, wait more). "
+        "MiB per optimizer step, summed over ranks: between stages, the activations sent "
+        "forward and their gradients sent back; collectives, what the ranks hand to "
+        "collective operations (tensor parallelism's, and FSDP's where combined with it)."
+    )
+    return md_table(header, table) + "\n\n" + note
 
 
 def _distinct(runs: pd.DataFrame, col: str) -> str:
@@ -385,24 +482,41 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
         for (name, ws), grp in counted.groupby(KEY, sort=True)
     ]
     note = (
-        "Global batch split: the micro-batch one process computes at a time x micro-batches "
-        "accumulated per optimizer step x processes; every strategy at a world size takes the "
-        "same global batch per optimizer step."
+        "Global batch split: the micro-batch computed at a time x micro-batches per optimizer "
+        "step (accumulated, or fed through a pipeline's stages) x data-parallel shares (the "
+        "parts of the global batch trained at once, each on different samples); every "
+        "strategy at a world size takes the same global batch per optimizer step. Pipeline "
+        "stages and tensor-parallel ranks train one share between them ('ranks per share'); "
+        "DataParallel's one process splits its one share across its GPUs itself."
     )
     return "\n".join(lines) + "\n\n" + note + "\n\n" + md_table(header, rows)
 
 
-def batch_split(grp: pd.DataFrame) -> str:
-    """How a cell's global batch per optimizer step is split, e.g. `16 x 2 x 2 ranks`."""
-    row = grp.iloc[0]
+def _count(v: Any) -> int | None:
+    """A positive whole number from a cell of runs.csv, or None (empty, NaN, text, 0)."""
     try:
-        per_rank, global_batch = int(row["per_rank_batch"]), int(row["global_batch"])
-        micro = int(row.get("micro_batch") or per_rank)
-    except (KeyError, TypeError, ValueError):
+        n = int(float(v))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return n if n > 0 else None
+
+
+def batch_split(grp: pd.DataFrame) -> str:
+    """How a cell's global batch per optimizer step is split, e.g. `16 x 2 x 2 data-parallel
+    shares`, with `, 2 ranks per share` where model parallelism has ranks share one."""
+    row = grp.iloc[0]
+    per_rank, global_batch = _count(row.get("per_rank_batch")), _count(row.get("global_batch"))
+    if per_rank is None or global_batch is None:
         return "–"
-    acc = max(per_rank // max(micro, 1), 1)
-    procs = max(global_batch // max(per_rank, 1), 1)
-    return f"{micro} x {acc} x {procs} {'process' if procs == 1 else 'processes'}"
+    micro = _count(row.get("micro_batch")) or per_rank
+    acc = max(per_rank // micro, 1)
+    # runs from before data_ranks: one share per per-rank batch
+    shares = _count(row.get("data_ranks")) or max(global_batch // per_rank, 1)
+    text = f"{micro} x {acc} x {shares} data-parallel share{'' if shares == 1 else 's'}"
+    ws = _count(row.get("world_size"))
+    if ws and shares < ws and bool(_is_model_parallel(grp.iloc[[0]]).iloc[0]):
+        text += f", {ws // shares} ranks per share"
+    return text
 
 
 def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame) -> str:
@@ -431,6 +545,14 @@ def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame) -> str:
 def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str, str]]) -> str:
     counted = counted_rows(run.runs)
     n_ok = summary["n_repeats"].max() if len(summary) else 0
+    over = (
+        " Rows marked (oversubscribed) ran more CPU ranks than cores, one thread each, for "
+        "correctness only: their speed is not comparable, so they get no speed-up or "
+        "efficiency and are left out of the throughput and scaling plots."
+        if "oversubscribed" in summary and (summary["oversubscribed"] == 1).any()
+        else ""
+    )
+    model_parallel = model_parallel_markdown(counted, summary)
     base = (
         ""
         if len(summary) and baseline_row(summary) is not None
@@ -452,8 +574,9 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         "Model state is what the rank holding most keeps of parameters / gradients / optimizer "
         "state after the first step (local shards for FSDP and ZeRO; 'least': the lightest "
         "rank where they differ; per rank in ranks.csv and the model-state plot). "
-        "The full table, with the IQR, is summary.csv.",
+        f"The full table, with the IQR, is summary.csv.{over}",
         summary_markdown(summary) if len(summary) else "No strategy produced an ok result.",
+        *(["## Model parallelism", model_parallel] if model_parallel else []),
         "## Plots",
         *[f"![{title}]({name})" for name, title in images],
         "## Unavailable, skipped and failed",
@@ -483,12 +606,26 @@ def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
         "model_state": counted_steps(run.ranks, counted, timed_only=False),
         "option_sweep": summary,
     }
-    figs = {name: getattr(plots, fn)(data[fn], colours=colours) for name, fn in PLOTS.items()}
+    extra: dict[str, dict[str, Any]] = {"time_split": {"bubbles": bubble_pcts(counted)}}
+    figs = {
+        name: getattr(plots, fn)(data[fn], colours=colours, **extra.get(fn, {}))
+        for name, fn in PLOTS.items()
+    }
     for name, fn in OPTIONAL_PLOTS.items():
         fig = getattr(plots, fn)(data[fn], colours=colours)
         if fig is not None:
             figs[name] = fig
     return figs
+
+
+def bubble_pcts(counted: pd.DataFrame) -> dict[tuple[str, int], float]:
+    """(strategy label, world size) -> median measured pipeline bubble (%) over the counted
+    repeats, for the cells that have one (pipelines)."""
+    if counted.empty or "bubble_pct" not in counted:
+        return {}
+    rows = counted.assign(_bubble=pd.to_numeric(counted["bubble_pct"], errors="coerce"))
+    med = rows.dropna(subset=["_bubble"]).groupby(KEY)["_bubble"].median()
+    return {(str(s), int(w)): float(v) for (s, w), v in med.items()}
 
 
 def render(run_dir: str | Path) -> Path:

@@ -65,12 +65,18 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
         vals = [v for v in vals if v == v]
         return statistics.median(vals) if vals else float("nan")
 
+    # more ranks than cores (--oversubscribe): ran for correctness, its speed is not ranked
+    over = {k for k, rs in ok.items() if any(_f(r, "oversubscribed") > 0 for r in rs)}
+
+    def label(key: tuple[str, int]) -> str:
+        return f"{key[0]} (oversubscribed)" if key in over else key[0]
+
     plain = [
         r for (n, ws), rs in ok.items() if ws == 1 for r in rs if r["strategy_name"] == "single"
     ]
     fp32 = [r for r in plain if r.get("setting") in ("fp32", "", None)]
     base = med(fp32 or plain, "samples_per_s")
-    width = max([16, *(len(k[0]) + 1 for k in (*ok, *other))])
+    width = max([16, *(len(label(k)) + 1 for k in (*ok, *other))])
     head = f"{'strategy':<{width}}{'ws':>3}{'samples/s':>12}{'speed-up':>9}{'step p50 ms':>13}{'data %':>8}{'peak MiB':>10}{'loss':>8}{'acc':>7}  status"
     lines = [head, "-" * len(head)]
     for key in sorted(set(ok) | set(other)):
@@ -78,10 +84,10 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
         if key in ok:
             rs = ok[key]
             sps = med(rs, "samples_per_s")
-            up = sps / base if base == base and base > 0 else float("nan")
+            up = sps / base if base == base and base > 0 and key not in over else float("nan")
             speedup = f"{up:8.2f}x" if up == up else f"{'–':>9}"
             lines.append(
-                f"{name:<{width}}{ws:>3}{sps:>12.1f}{speedup}{med(rs, 'step_time_ms_p50'):>13.2f}"
+                f"{label(key):<{width}}{ws:>3}{sps:>12.1f}{speedup}{med(rs, 'step_time_ms_p50'):>13.2f}"
                 f"{med(rs, 'data_wait_pct'):>8.1f}{med(rs, 'peak_mem_mib'):>10.0f}"
                 f"{med(rs, 'train_loss_final'):>8.3f}{med(rs, 'eval_accuracy'):>7.3f}  ok"
             )

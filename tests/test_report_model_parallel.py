@@ -1,0 +1,478 @@
+"""The report on model-parallel and oversubscribed cells, from small hand-made tables.
+
+No processes run: runs.csv and steps.csv rows are built here, the way the runner writes
+them (pipeline rows carry stages, micro-batches, bubble and bytes between stages;
+tensor-parallel rows bytes of collectives; `--oversubscribe` cells `oversubscribed` = 1).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from bench import plots, report, summary
+
+NAN = math.nan
+
+
+def _row(
+    strategy: str,
+    ws: int,
+    repeat: int = 0,
+    *,
+    sps: float = 100.0,
+    status: str = "ok",
+    setting: str = "fp32",
+    **extra,
+) -> dict:
+    """One runs.csv row (last and only epoch 0): a data-parallel cell unless `extra` says
+    otherwise (data_ranks, pipeline_stages, collective_mib_per_step, ...)."""
+    row = {
+        "run_id": "hand",
+        "strategy": strategy,
+        "world_size": ws,
+        "setting": setting,
+        "repeat": repeat,
+        "epoch": 0,
+        "launcher": "torchrun",
+        "backend": "gloo",
+        "precision": "fp32",
+        "device": "cpu",
+        "dataset": "synthetic",
+        "model": "transformer",
+        "global_batch": 64,
+        "per_rank_batch": 64 // ws,
+        "micro_batch": 64 // ws,
+        "data_ranks": ws,
+        "warmup_steps": 1,
+        "threads_per_rank": 1,
+        "oversubscribed": 0,
+        "status": status,
+        "reason": "" if status == "ok" else "boom",
+        "notes": "",
+        "samples_per_s": sps if status == "ok" else NAN,
+        "timed_s": 1.0,
+        "step_time_ms_p50": 10.0,
+        "step_time_ms_p90": 12.0,
+        "data_wait_pct": 1.0,
+        "peak_mem_mib": 500.0,
+        "mem_source": "host_rss",
+        "param_mib": 1.5,
+        "grad_mib": 1.5,
+        "optim_mib": 1.5,
+        "model_state_mib": 4.5,
+        "model_state_mib_min": 4.5,
+        "train_loss_final": 2.0,
+        "eval_accuracy": 0.3,
+        **{k: NAN for k in report.MODEL_PARALLEL},
+    }
+    return row | extra
+
+
+def _pipeline(name: str, ws: int, repeat: int = 0, *, bubble: float = 30.0, **kw) -> dict:
+    extra = {
+        "per_rank_batch": 64,
+        "micro_batch": 16,
+        "data_ranks": 1,
+        "pipeline_stages": ws,
+        "microbatches": 4,
+        "bubble_pct": bubble,
+        "bubble_theory_pct": 100 * (ws - 1) / (4 + ws - 1),
+        "p2p_mib_per_step": 2.0 * (ws - 1),
+    }
+    return _row(name, ws, repeat, **(extra | kw))
+
+
+def _tp(name: str, ws: int, repeat: int = 0, *, data_ranks: int = 1, **kw) -> dict:
+    extra = {
+        "per_rank_batch": 64 // data_ranks,
+        "micro_batch": 64 // data_ranks,
+        "data_ranks": data_ranks,
+        "collective_mib_per_step": 24.0 * ws,
+    }
+    return _row(name, ws, repeat, **(extra | kw))
+
+
+def _runs(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows)
+
+
+def _mixed() -> pd.DataFrame:
+    """single, ddp at 2, tp at 2 and (oversubscribed in one repeat) at 4, a pipeline at 2."""
+    return _runs(
+        [
+            _row("single", 1, 0, sps=100.0),
+            _row("single", 1, 1, sps=100.0),
+            _row("ddp", 2, 0, sps=180.0),
+            _row("ddp", 2, 1, sps=180.0),
+            _tp("tp", 2, 0, sps=150.0),
+            _tp("tp", 4, 0, sps=500.0, oversubscribed=1),
+            _tp("tp", 4, 1, sps=520.0),
+            _pipeline("pipeline_1f1b", 2, 0, sps=160.0, bubble=30.0),
+            _pipeline("pipeline_1f1b", 2, 1, sps=160.0, bubble=50.0),
+            _pipeline("pipeline_1f1b", 2, 2, sps=160.0, bubble=35.0),
+        ]
+    )
+
+
+def _cell(table: pd.DataFrame, name: str, ws: int) -> pd.Series:
+    return table[(table["strategy"] == name) & (table["world_size"] == ws)].iloc[0]
+
+
+def _hand_run(runs: pd.DataFrame, steps: pd.DataFrame | None = None) -> report.Run:
+    steps = steps if steps is not None else pd.DataFrame(columns=["strategy", "world_size"])
+    return report.Run(path=Path("hand"), runs=runs, steps=steps, ranks=pd.DataFrame())
+
+
+# ---------------------------------------------------------------- 1. oversubscribed cells
+
+
+def test_summarise_leaves_oversubscribed_cells_unranked() -> None:
+    table = report.summarise(_mixed())
+    assert "oversubscribed" in table.columns
+    over = {(r.strategy, r.world_size): r.oversubscribed for r in table.itertuples()}
+    # one oversubscribed repeat makes the cell oversubscribed
+    assert over == {
+        ("ddp", 2): 0,
+        ("pipeline_1f1b", 2): 0,
+        ("single", 1): 0,
+        ("tp", 2): 0,
+        ("tp", 4): 1,
+    }
+    tp4 = _cell(table, "tp", 4)
+    assert tp4["samples_per_s_median"] == pytest.approx(510.0)  # still measured
+    assert math.isnan(tp4["speedup_vs_single"]) and math.isnan(tp4["scaling_efficiency"])
+    ddp = _cell(table, "ddp", 2)
+    assert ddp["speedup_vs_single"] == pytest.approx(1.8)
+    assert ddp["scaling_efficiency"] == pytest.approx(0.9)
+    assert _cell(table, "single", 1)["speedup_vs_single"] == pytest.approx(1.0)
+
+
+def test_summarise_counts_only_the_repeats_it_counts_for_oversubscribed() -> None:
+    runs = _runs(
+        [
+            _row("single", 1, 0),
+            _tp("tp", 2, 0, sps=150.0),
+            # a failed repeat is not counted, nor is its flag
+            _tp("tp", 2, 1, status="failed", oversubscribed=1),
+        ]
+    )
+    tp2 = _cell(report.summarise(runs), "tp", 2)
+    assert tp2["oversubscribed"] == 0
+    assert tp2["speedup_vs_single"] == pytest.approx(1.5)
+
+
+def test_summarise_runs_from_before_the_column_are_not_oversubscribed() -> None:
+    runs = _mixed().drop(columns="oversubscribed")
+    table = report.summarise(runs)
+    assert set(table["oversubscribed"]) == {0}
+    assert _cell(table, "tp", 4)["speedup_vs_single"] == pytest.approx(5.1)
+
+
+def test_summary_table_marks_oversubscribed_rows_and_gives_no_speedup() -> None:
+    text = report.summary_markdown(report.summarise(_mixed()))
+    (tp4,) = [ln for ln in text.splitlines() if ln.startswith("| tp (oversubscribed) | 4 |")]
+    cells = [c.strip() for c in tp4.strip("|").split("|")]
+    assert cells[3] == "510.0 (500.0–520.0)"  # samples/s still shown
+    assert cells[4] == "–" and cells[5] == "–"  # speed-up, efficiency
+    (ddp,) = [ln for ln in text.splitlines() if ln.startswith("| ddp | 2 |")]
+    assert "| 1.80x | 0.90 |" in ddp
+    assert "| tp | 2 |" in text and "tp (oversubscribed) | 2" not in text
+
+
+def test_report_text_says_oversubscribed_rows_are_not_ranked() -> None:
+    runs = _mixed()
+    text = report.report_markdown(_hand_run(runs), report.summarise(runs), [])
+    sentence = "Rows marked (oversubscribed) ran more CPU ranks than cores"
+    assert sentence in text and "for correctness" in text and "not comparable" in text
+    plain = runs.assign(oversubscribed=0)
+    text = report.report_markdown(_hand_run(plain), report.summarise(plain), [])
+    assert sentence not in text and "(oversubscribed) |" not in text
+
+
+def _terminal_line(text: str, name: str, ws: int) -> str:
+    """The line of a cell in the terminal table (name padded to its column, then ws)."""
+    width = text.splitlines()[0].index("ws") - 1  # `ws` is right-aligned in 3 characters
+    (line,) = [
+        ln
+        for ln in text.splitlines()[2:]
+        if ln[:width].strip() == name and ln[width : width + 3].strip() == str(ws)
+    ]
+    return line
+
+
+def test_terminal_summary_marks_oversubscribed_and_gives_no_speedup() -> None:
+    # as the runner hands them over: strings, empty where there is no value
+    rows = [
+        {k: "" if isinstance(v, float) and math.isnan(v) else str(v) for k, v in r.items()}
+        for r in _mixed().to_dict("records")
+    ]
+    text = summary.table(rows)
+    head = text.splitlines()[0]
+    at = head.index("speed-up") + len("speed-up")  # the column is right-aligned
+    tp4 = _terminal_line(text, "tp (oversubscribed)", 4)
+    assert tp4[at - 1] == "–" and "x" not in tp4[at - 9 : at]
+    ddp = _terminal_line(text, "ddp", 2)
+    assert ddp[at - 5 : at] == "1.80x"
+    tp2 = _terminal_line(text, "tp", 2)
+    assert "oversubscribed" not in tp2 and tp2[at - 5 : at] == "1.50x"
+    # every line keeps the columns aligned, the longer name included
+    assert {ln.index("  ok") for ln in (tp4, ddp, tp2)} == {len(head) - len("  status")}
+
+
+def test_throughput_plot_leaves_out_oversubscribed_cells() -> None:
+    table = report.summarise(_mixed())
+    ax = plots.throughput(table).axes[0]
+    drawn = {
+        c.get_label(): [p.get_height() for p in c.patches]
+        for c in ax.containers
+        if hasattr(c, "patches")
+    }
+    assert drawn["tp"] == pytest.approx([150.0])  # ws=2 only
+    assert sorted(drawn) == ["ddp", "pipeline_1f1b", "single", "tp"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2"]
+    assert "world size" in ax.get_xlabel() and "oversubscribed" in ax.get_xlabel()
+    assert "tp ws=4" in ax.get_xlabel()
+
+
+def test_scaling_plot_leaves_out_oversubscribed_cells_even_with_an_efficiency() -> None:
+    table = report.summarise(_mixed())
+    # a summary.csv written before oversubscribed cells had their speed-up taken away
+    table.loc[table["oversubscribed"] == 1, "scaling_efficiency"] = 1.2
+    ax = plots.scaling_efficiency(table).axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert list(lines["tp"].get_xdata()) == [2]
+    assert "tp ws=4" in ax.get_xlabel()
+
+
+def test_plots_with_only_oversubscribed_cells_say_so() -> None:
+    table = report.summarise(_runs([_tp("tp", 4, oversubscribed=1)]))
+    for fn in (plots.throughput, plots.scaling_efficiency):
+        ax = fn(table).axes[0]
+        assert any("not oversubscribed" in t.get_text() for t in ax.texts), fn.__name__
+        assert not [c for c in ax.containers if hasattr(c, "patches") and len(c.patches)]
+        assert "tp ws=4" in ax.get_xlabel()
+
+
+def test_plots_without_the_column_draw_everything() -> None:
+    table = report.summarise(_mixed()).drop(columns="oversubscribed")
+    ax = plots.throughput(table).axes[0]
+    bars = {c.get_label(): len(c.patches) for c in ax.containers if hasattr(c, "patches")}
+    assert bars["tp"] == 2 and "oversubscribed" not in ax.get_xlabel()
+
+
+# ---------------------------------------------------------------- 2. model parallelism
+
+
+def _mp_rows(text: str) -> dict[tuple[str, str], list[str]]:
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and "---" not in ln]
+    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in rows]
+    assert cells[0] == [
+        "strategy",
+        "world size",
+        "stages",
+        "micro-batches",
+        "bubble measured (%)",
+        "bubble textbook (%)",
+        "MiB between stages/step",
+        "MiB of collectives/step",
+        "model state/rank (MiB)",
+    ]
+    return {(c[0], c[1]): c[2:] for c in cells[1:]}
+
+
+def test_model_parallel_table_has_a_row_per_model_parallel_cell() -> None:
+    runs = _mixed()
+    text = report.model_parallel_markdown(report.counted_rows(runs), report.summarise(runs))
+    rows = _mp_rows(text)
+    assert set(rows) == {
+        ("pipeline_1f1b", "2"),
+        ("tp", "2"),
+        ("tp (oversubscribed)", "4"),
+    }
+    # the bubble is the median over three repeats (30, 50, 35), beside the textbook's 1/5
+    assert rows[("pipeline_1f1b", "2")] == [
+        "2",
+        "4",
+        "35.0",
+        "20.0",
+        "2.0",
+        "–",
+        "4.5 (1.5/1.5/1.5)",
+    ]
+    assert rows[("tp", "2")] == ["–", "–", "–", "–", "–", "48.0", "4.5 (1.5/1.5/1.5)"]
+    assert rows[("tp (oversubscribed)", "4")][5] == "96.0"
+    note = text.split("\n\n", 1)[1]
+    assert "Bubble measured" in note and "mean over ranks" in note
+    assert "equal stages and free communication" in note
+
+
+def test_model_parallel_table_takes_medians_of_counted_repeats_only() -> None:
+    runs = _runs(
+        [
+            _pipeline("pipeline_gpipe", 2, 0, bubble=20.0),
+            _pipeline("pipeline_gpipe", 2, 1, bubble=40.0),
+            _pipeline("pipeline_gpipe", 2, 2, bubble=99.0, status="failed"),
+        ]
+    )
+    text = report.model_parallel_markdown(report.counted_rows(runs), report.summarise(runs))
+    assert _mp_rows(text)[("pipeline_gpipe", "2")][2] == "30.0"
+
+
+def test_no_model_parallel_section_without_model_parallel_rows() -> None:
+    runs = _runs([_row("single", 1), _row("ddp", 2, sps=180.0)])
+    table = report.summarise(runs)
+    assert report.model_parallel_markdown(report.counted_rows(runs), table) == ""
+    text = report.report_markdown(_hand_run(runs), table, [])
+    assert "## Model parallelism" not in text
+    # a model-parallel cell that only failed has no figures to show either
+    runs = _runs([_row("single", 1), _pipeline("pipeline_gpipe", 2, status="failed")])
+    assert report.model_parallel_markdown(report.counted_rows(runs), report.summarise(runs)) == ""
+
+
+def test_report_has_the_model_parallel_section_after_the_summary() -> None:
+    runs = _mixed()
+    text = report.report_markdown(_hand_run(runs), report.summarise(runs), [])
+    assert "## Model parallelism" in text
+    assert text.index("## Summary") < text.index("## Model parallelism") < text.index("## Plots")
+    section = text.split("## Model parallelism", 1)[1].split("## Plots", 1)[0]
+    assert "| pipeline_1f1b | 2 | 2 | 4 | 35.0 | 20.0 |" in section
+
+
+# ---------------------------------------------------------------- 3. global batch split
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        (_row("ddp", 2), "32 x 1 x 2 data-parallel shares"),
+        (_row("ddp", 2, micro_batch=16), "16 x 2 x 2 data-parallel shares"),
+        (_row("single", 1), "64 x 1 x 1 data-parallel share"),
+        # DataParallel: one process, one share, split across its GPUs by itself
+        (_row("dp", 2, per_rank_batch=64, micro_batch=64, data_ranks=1), "64 x 1 x 1 data-parallel share"),
+        (_tp("tp", 2), "64 x 1 x 1 data-parallel share, 2 ranks per share"),
+        (_tp("fsdp_tp", 4, data_ranks=2), "32 x 1 x 2 data-parallel shares, 2 ranks per share"),
+        (_pipeline("pipeline_1f1b", 4), "16 x 4 x 1 data-parallel share, 4 ranks per share"),
+        (_pipeline("model_split", 2, micro_batch=64), "64 x 1 x 1 data-parallel share, 2 ranks per share"),
+        # a run from before data_ranks: one share per per-rank batch
+        (_row("ddp", 4, data_ranks=NAN), "16 x 1 x 4 data-parallel shares"),
+        (_row("ddp", 2, per_rank_batch=NAN), "–"),
+    ],
+    ids=["ddp", "ddp-acc", "single", "dp", "tp", "fsdp_tp", "pipeline", "model_split", "old", "no-batch"],
+)  # fmt: skip
+def test_batch_split_counts_data_parallel_shares(row: dict, expected: str) -> None:
+    assert report.batch_split(_runs([row])) == expected
+
+
+def test_fairness_note_explains_shares() -> None:
+    runs = _mixed()
+    text = report.fairness_markdown(_hand_run(runs), report.counted_rows(runs))
+    assert "data-parallel shares" in text and "processes" not in text
+    assert "ranks per share" in text and "DataParallel" in text
+    assert "| tp | 2 | 64 x 1 x 1 data-parallel share, 2 ranks per share |" in text
+
+
+# ---------------------------------------------------------------- 4. the time-split plot
+
+
+def _steps(cells: dict[tuple[str, int], tuple[float, float]], repeats=(0,)) -> pd.DataFrame:
+    """Five steps per repeat (the first one warm-up and 100x slower) of (compute, wait) ms."""
+    rows = []
+    for (name, ws), (compute, wait) in cells.items():
+        for rep in repeats:
+            for step in range(5):
+                slow = 100.0 if step == 0 else 1.0
+                rows.append(
+                    {
+                        "run_id": "hand",
+                        "strategy": name,
+                        "world_size": ws,
+                        "setting": "fp32",
+                        "repeat": rep,
+                        "epoch": 0,
+                        "step": step,
+                        "warmup": int(step == 0),
+                        "compute_ms": compute * slow,
+                        "data_wait_ms": wait * slow,
+                        "step_time_ms": (compute + wait) * slow,
+                        "loss": 2.0,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def _containers(fig: Figure) -> dict[str, list]:
+    ax = fig.axes[0]
+    return {c.get_label(): list(c.patches) for c in ax.containers if hasattr(c, "patches")}
+
+
+def test_time_split_draws_the_pipeline_bubble_inside_compute() -> None:
+    steps = _steps({("ddp", 2): (80.0, 20.0), ("pipeline_1f1b", 2): (200.0, 4.0)})
+    fig = plots.time_split(steps, bubbles={("pipeline_1f1b", 2): 25.0})
+    bars = _containers(fig)
+    assert sorted(bars) == [
+        "_ddp data wait",
+        "_pipeline_1f1b data wait",
+        "_pipeline_1f1b pipeline bubble",
+        "ddp",
+        "pipeline_1f1b",
+    ]
+    (own,) = bars["pipeline_1f1b"]
+    (bubble,) = bars["_pipeline_1f1b pipeline bubble"]
+    (wait,) = bars["_pipeline_1f1b data wait"]
+    # compute 200 ms, a quarter of it bubble; then the data wait on top, as before
+    assert own.get_height() == pytest.approx(150.0) and own.get_y() == 0
+    assert bubble.get_height() == pytest.approx(50.0) and bubble.get_y() == pytest.approx(150.0)
+    assert wait.get_y() == pytest.approx(200.0) and wait.get_height() == pytest.approx(4.0)
+    assert bubble.get_hatch() == plots.PIPELINE_BUBBLE_HATCH != wait.get_hatch()
+    assert bubble.get_facecolor()[:3] == pytest.approx(own.get_facecolor()[:3])
+    (ddp,) = bars["ddp"]
+    assert ddp.get_height() == pytest.approx(80.0)  # no bubble: all of compute
+    labels = plots.legend_labels(fig)
+    assert labels[:2] == ["ddp", "pipeline_1f1b"]
+    assert any(t.startswith("pipeline bubble") for t in labels)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "24.5% bubble\n2.0% wait" in texts and "20.0% wait" in texts
+    assert "pipeline bubble" in fig.axes[0].get_title()
+
+
+@pytest.mark.parametrize("bubbles", [None, {}, {("pipeline_1f1b", 2): NAN}])
+def test_time_split_without_bubbles_is_as_before(bubbles) -> None:
+    steps = _steps({("ddp", 2): (80.0, 20.0), ("pipeline_1f1b", 2): (200.0, 4.0)})
+    fig = plots.time_split(steps, bubbles=bubbles)
+    bars = _containers(fig)
+    assert len(bars) == 4 and not any("bubble" in k for k in bars)
+    assert bars["pipeline_1f1b"][0].get_height() == pytest.approx(200.0)
+    assert not any("bubble" in t for t in plots.legend_labels(fig))
+    assert fig.axes[0].get_title() == "Where a step's time goes: compute vs waiting for data"
+
+
+def test_bubble_pcts_are_medians_over_counted_repeats() -> None:
+    counted = report.counted_rows(_mixed())
+    assert report.bubble_pcts(counted) == {("pipeline_1f1b", 2): pytest.approx(35.0)}
+    assert report.bubble_pcts(counted.drop(columns="bubble_pct")) == {}
+    assert report.bubble_pcts(counted.iloc[0:0]) == {}
+
+
+def test_figures_pass_the_bubble_of_relabelled_cases(tmp_path: Path) -> None:
+    """Two settings of the pipeline make case labels ("pipeline_1f1b [bf16]"): the bubble
+    goes to the bar of its own case, as counted_rows and counted_steps relabel alike."""
+    rows = [
+        _pipeline("pipeline_1f1b", 2, 0, setting="fp32", bubble=20.0),
+        _pipeline("pipeline_1f1b", 2, 0, setting="bf16", bubble=40.0),
+        _row("single", 1, 0),
+    ]
+    _runs(rows).to_csv(tmp_path / "runs.csv", index=False)
+    steps = _steps({("pipeline_1f1b", 2): (100.0, 0.0), ("single", 1): (50.0, 0.0)})
+    bf16 = steps[steps["strategy"] == "pipeline_1f1b"].assign(setting="bf16")
+    pd.concat([steps, bf16]).to_csv(tmp_path / "steps.csv", index=False)
+    run = report.load_run(tmp_path)
+    figs = report.figures(run, report.summarise(run.runs))
+    bars = _containers(figs["time_split.png"])
+    assert bars["_pipeline_1f1b [fp32] pipeline bubble"][0].get_height() == pytest.approx(20.0)
+    assert bars["_pipeline_1f1b [bf16] pipeline bubble"][0].get_height() == pytest.approx(40.0)
+    assert not any(k.startswith("_single") and "bubble" in k for k in bars)
