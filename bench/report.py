@@ -331,14 +331,7 @@ def summary_markdown(summary: pd.DataFrame) -> str:
 
 
 #: model-parallel measurements of runs.csv (pipeline and tensor-parallel rows only)
-MODEL_PARALLEL = (
-    "pipeline_stages",
-    "microbatches",
-    "bubble_pct",
-    "bubble_theory_pct",
-    "p2p_mib_per_step",
-    "collective_mib_per_step",
-)
+MODEL_PARALLEL = results.EXTRA
 
 
 def _is_model_parallel(rows: pd.DataFrame) -> pd.Series:

@@ -20,6 +20,18 @@ import numpy as np
 
 #: `setting`: the cell's run options (precision, compile, accumulation, SyncBN, swept --set
 #: options), e.g. "bf16,acc2"; a strategy at a world size may run under several
+#: measurements a strategy may report through Strategy.cell_metrics, model parallelism's:
+#: pipeline stages and micro-batches, the measured bubble (share of the pipeline's step a
+#: rank is idle, mean over ranks) beside the textbook (p-1)/(v*m+p-1), bytes sent stage to
+#: stage and bytes handed to collectives by tensor parallelism, per step, summed over ranks
+EXTRA = (
+    "pipeline_stages",
+    "microbatches",
+    "bubble_pct",
+    "bubble_theory_pct",
+    "p2p_mib_per_step",
+    "collective_mib_per_step",
+)
 ID = ["run_id", "strategy", "world_size", "setting", "repeat", "epoch"]
 PARAMS = [
     "launcher",
@@ -79,27 +91,9 @@ MEASUREMENTS = [
     "optim_mib",
     "model_state_mib",
     "model_state_mib_min",
-    # model parallelism only (Strategy.cell_metrics): pipeline micro-batches and stages,
-    # the measured bubble (share of the pipeline's step a rank is idle, mean over ranks)
-    # beside the textbook (p-1)/(v*m+p-1), bytes sent stage to stage and bytes of
-    # tensor-parallel collectives per optimizer step, summed over ranks
-    "pipeline_stages",
-    "microbatches",
-    "bubble_pct",
-    "bubble_theory_pct",
-    "p2p_mib_per_step",
-    "collective_mib_per_step",
+    *EXTRA,
     "cell_wall_s",
 ]
-#: the measurements a strategy may report through Strategy.cell_metrics
-EXTRA = (
-    "pipeline_stages",
-    "microbatches",
-    "bubble_pct",
-    "bubble_theory_pct",
-    "p2p_mib_per_step",
-    "collective_mib_per_step",
-)
 PROVENANCE = [
     "timestamp",
     "host",
