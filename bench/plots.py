@@ -9,7 +9,7 @@ notebook can display the same Figure objects. Every plot colours a strategy the 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import matplotlib
 import numpy as np
@@ -64,6 +64,17 @@ def _figure(width: float = 8.0, height: float = 4.8) -> tuple[Figure, Axes]:
 
 def _cell_label(name: str, ws: int) -> str:
     return f"{name}\nws={int(ws)}"
+
+
+def _cell_ticks(ax: Axes, labels: Sequence[str]) -> None:
+    """Tick labels under bars, slanted when long names would run into each other."""
+    crowded = len(labels) > 6 and max((len(t.split("\n")[0]) for t in labels), default=0) > 12
+    ax.set_xticks(range(len(labels)), labels)
+    if crowded:
+        ax.tick_params(axis="x", labelrotation=35)
+        for t in ax.get_xticklabels():
+            t.set_horizontalalignment("right")
+            t.set_rotation_mode("anchor")
 
 
 def _cells(df: pd.DataFrame) -> list[tuple[str, int]]:
@@ -409,7 +420,7 @@ def time_split(
             )
     if not cells:
         _empty(ax, "timed steps")
-    ax.set_xticks(range(len(cells)), [_cell_label(*c) for c in cells])
+    _cell_ticks(ax, [_cell_label(*c) for c in cells])
     ax.set_xlabel("strategy, world size")
     ax.set_ylabel("time per step (ms, mean over timed steps)")
     ax.set_title(
@@ -417,8 +428,8 @@ def time_split(
         if drew_bubble
         else "Where a step's time goes: compute vs waiting for data"
     )
-    # two legends: the colours name strategies, the fill says which part of the bar is which
-    _legend_outside(ax, title="strategy")
+    # one legend, so a long list of strategies cannot run into the key of the bar parts:
+    # the colours name strategies, the fill says which part of the bar is which
     parts = [
         Patch(facecolor="0.5", edgecolor="0.25", label="compute (solid)"),
         Patch(facecolor="white", edgecolor="0.25", hatch=DATA_WAIT_HATCH, label="data wait"),
@@ -430,15 +441,15 @@ def time_split(
             Patch(facecolor="white", edgecolor="0.25", hatch=PIPELINE_BUBBLE_HATCH, label=bubble),
         )
     if cells:
-        key = ax.get_legend()
+        handles, _ = ax.get_legend_handles_labels()
+        heading = Patch(facecolor="none", edgecolor="none", label="bar parts:")
         ax.legend(
-            handles=parts,
-            title="bar parts",
-            loc="lower left",
-            bbox_to_anchor=(1.01, 0.0),
+            handles=[*handles, heading, *parts],
+            title="strategy",
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
             fontsize=8,
         )
-        ax.add_artist(key)
     ax.margins(y=0.1)
     return fig
 
@@ -495,7 +506,7 @@ def runs_trend(
     if not cells:
         _empty(ax, "ok results")
     what = METRIC_LABELS.get(metric, metric)
-    ax.set_xticks(range(len(labels)), labels)
+    _cell_ticks(ax, labels)
     ax.set_xlim(-0.5, len(labels) - 0.5)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("run")

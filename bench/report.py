@@ -386,7 +386,7 @@ def model_parallel_markdown(counted: pd.DataFrame, summary: pd.DataFrame) -> str
         "Bubble measured: the share of each rank's pipeline time (its forward and backward "
         "of the step's micro-batches) spent outside its own forward and backward chunks, that "
         "is waiting for a neighbouring stage or sending to it; mean over ranks. Textbook: "
-        "(p-1)/(v*m+p-1) for p stages, v stages per rank and m micro-batches, which assumes "
+        "(p-1)/(v*m+p-1) for p ranks, v stages per rank and m micro-batches, which assumes "
         "equal stages and free communication, so uneven stages and slow sends show as a "
         "measured bubble above it (and oversubscribed ranks, which share cores, wait more). "
         "MiB per optimizer step, summed over ranks: between stages, the activations sent "
