@@ -6,9 +6,11 @@ Bad input is one line on stderr and exit code 2, before anything starts.
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.config import DATASETS, OPTIMIZERS, PRECISIONS, ConfigError, RunConfig
 
@@ -43,6 +45,16 @@ def _kv(text: str) -> tuple[str, str]:
     return k.strip(), v.strip()
 
 
+def _model_arg(text: str) -> tuple[str, Any]:
+    """key=value for the model's constructor; the value as a Python literal (8, 0.1, True),
+    else as a string."""
+    k, v = _kv(text)
+    try:
+        return k, ast.literal_eval(v)
+    except (ValueError, SyntaxError):
+        return k, v
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2
         self.exit(EXIT_BAD_INPUT, f"parabench: error: {message}\n")
@@ -71,6 +83,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         default="",
         help="mnist_cnn, transformer (a small ViT that model parallelism can split) or any "
         "torchvision classification model",
+    )
+    p.add_argument(
+        "--model-arg",
+        dest="model_args",
+        type=_model_arg,
+        action="append",
+        default=[],
+        help="key=value passed to the model's constructor, e.g. depth=8 dim=256 for transformer",
     )
     p.add_argument("--global-batch", type=int, default=d.global_batch)
     p.add_argument("--epochs", type=int, default=d.epochs)
@@ -180,6 +200,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         sync_bn=a.sync_bn,
         optimizer=a.optimizer,
         oversubscribe=a.oversubscribe,
+        model_kwargs=dict(a.model_args),
         **extra,
     )
 

@@ -185,6 +185,21 @@ def check_model(model: str) -> None:
         )
 
 
+def check_model_args(model: str, shape: tuple[int, int, int], kwargs: dict) -> None:
+    """Build the model on the meta device (no memory, no weights) with these constructor
+    arguments, so a wrong --model-arg is one line before anything starts."""
+    if not kwargs:
+        return
+    try:
+        with torch.device("meta"):
+            build_model(model, 10, shape, **kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ConfigError(f"--model-arg {given}: {model} does not take it ({exc})") from None
+
+
 def build_model(
     model: str, num_classes: int, shape: tuple[int, int, int] | None = None, **kwargs
 ) -> nn.Module:

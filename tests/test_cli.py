@@ -90,6 +90,24 @@ CASES = [
         ["--strategies", "fsdp", "--set", "reshard_after_forward=sometimes"],
         "fsdp takes reshard_after_forward = true | false",
     ),
+    # model parallelism and the model's own arguments
+    (
+        ["--strategies", "tp", "--world-sizes", "2"],
+        "tp cannot run at world size 2: model mnist_cnn has no attention",
+    ),
+    (
+        ["--strategies", "pipeline_gpipe", "--world-sizes", "1"],
+        "a pipeline needs at least 2 ranks",
+    ),
+    (
+        ["--strategies", "single", "--model", "transformer", "--model-arg", "width=3"],
+        "--model-arg width=3: transformer does not take it",
+    ),
+    (
+        ["--strategies", "single", "--model", "transformer", "--model-arg", "heads=3"],
+        "dim 128 is not divisible by 3 heads",
+    ),
+    (["--strategies", "single", "--model-arg", "depth"], "expected key=value"),
 ]
 
 
