@@ -140,6 +140,9 @@ def test_list_shows_every_strategy_with_reasons(capsys):
     out = capsys.readouterr().out
     for name in ("single", "dp", "ddp_torchrun", "ddp_spawn", "amp_ddp", "apex_amp_ddp", "horovod"):
         assert f"  {name} " in out
+    for name in ("model_split", "pipeline_gpipe", "pipeline_1f1b", "pipeline_interleaved"):
+        assert f"  {name} " in out
+    assert "  tp " in out and "  fsdp_tp " in out and "transformer" in out
     assert "apex.amp needs CUDA" in out
 
 
