@@ -161,6 +161,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--optimizer", default=d.optimizer, help=f"one of {', '.join(OPTIMIZERS)}")
     p.add_argument(
+        "--diverge-factor",
+        type=float,
+        default=d.diverge_factor,
+        help="a row whose loss turns non-finite or exceeds this many times its first step's "
+        "is `diverged`, not ok (default %(default)g)",
+    )
+    p.add_argument(
         "--oversubscribe",
         action="store_true",
         help="allow more CPU ranks than cores, one thread each (e.g. fsdp_tp at world size 4 "
@@ -200,6 +207,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         sync_bn=a.sync_bn,
         optimizer=a.optimizer,
         oversubscribe=a.oversubscribe,
+        diverge_factor=a.diverge_factor,
         model_kwargs=dict(a.model_args),
         **extra,
     )

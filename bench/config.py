@@ -53,6 +53,8 @@ class RunConfig:
     optimizer: str = "sgd"
     #: more CPU ranks than cores (one thread each): for correctness only, rows not ranked
     oversubscribe: bool = False
+    #: a loss above this many times the first step's (or non-finite) marks the row diverged
+    diverge_factor: float = 10.0
     save_params: bool = False  # write final parameters (parity checks)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -86,6 +88,10 @@ class RunConfig:
         )
         need(self.timeout_s > 0, f"--timeout must be positive, got {self.timeout_s}")
         need(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        need(
+            self.diverge_factor > 1,
+            f"--diverge-factor must be more than 1, got {self.diverge_factor}",
+        )
         need(self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}")
         need(self.max_classes is None or self.max_classes >= 2, "--max-classes must be at least 2")
         need(self.eval_samples >= 0, "--eval-samples cannot be negative")

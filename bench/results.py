@@ -10,9 +10,10 @@ killed harness leaves either the old or the new file, never half a row.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,15 +140,32 @@ RANK_COLUMNS = ID + [
 MODEL_STATE = ("param_mib", "grad_mib", "optim_mib")
 
 #: statuses a cell can end with
-OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE = (
+OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE, DIVERGED = (
     "ok",
     "failed",
     "oom",
     "timeout",
     "skipped",
     "unavailable",
+    "diverged",  # it ran, but its loss became non-finite or exploded: not a result to rank
 )
-STATUSES = (OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE)
+STATUSES = (OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE, DIVERGED)
+
+
+def divergence(losses: Sequence[float], factor: float) -> str | None:
+    """Why a run's per-step losses say it diverged, or None: the first non-finite loss, or
+    the first loss above `factor` x the first step's."""
+    for i, v in enumerate(losses):
+        if not math.isfinite(v):
+            return f"loss is {v} at step {i}"
+    if losses and losses[0] > 0:
+        for i, v in enumerate(losses):
+            if v > factor * losses[0]:
+                return (
+                    f"loss {v:.4g} at step {i} is over {factor:g} x the first step's "
+                    f"({losses[0]:.4g})"
+                )
+    return None
 
 
 def _pct(a: np.ndarray, q: float) -> float:

@@ -414,6 +414,9 @@ class Runner:
         runs, steps, ranks = [], [], []
         for rec in records:
             ident = self._ident(cell, rec["epoch"])
+            diverged = results.divergence(
+                [float(v) for v in rec["losses"]], self.cfg.diverge_factor
+            )
             runs.append(
                 {
                     **self._base_row(cell, rec["epoch"]),
@@ -429,8 +432,9 @@ class Runner:
                     "threads_per_rank": rec["threads_per_rank"],
                     "warmup_steps": rec["warmup_steps"],
                     "notes": rec["notes"],
-                    "status": results.OK,
-                    "reason": "",
+                    # a diverged epoch keeps every measurement, but is not a result to rank
+                    "status": results.DIVERGED if diverged else results.OK,
+                    "reason": f"diverged: {diverged}" if diverged else "",
                     "cell_wall_s": wall,
                     **results.measure(rec, cell.world_size, self.device),
                 }

@@ -108,6 +108,7 @@ CASES = [
         "dim 128 is not divisible by 3 heads",
     ),
     (["--strategies", "single", "--model-arg", "depth"], "expected key=value"),
+    (["--strategies", "single", "--diverge-factor", "1"], "--diverge-factor must be more than 1"),
 ]
 
 

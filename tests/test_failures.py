@@ -83,3 +83,20 @@ def test_missing_launcher_executable_is_a_failed_row(tmp_path, data_root, faulty
     cfg = small_config(tmp_path, data_root, world_sizes=(2,), strategies=("ddp_spawn",))
     _, rows = run_matrix(cfg, echo=lambda m: None)
     assert rows[0]["status"] == "failed" and "horovodrun not found" in rows[0]["reason"]
+
+
+def test_a_diverged_run_is_a_row_of_its_own_kept_out_of_the_rankings(tmp_path, data_root):
+    from bench import report, results
+
+    cfg = small_config(
+        tmp_path, data_root, strategies=("single",), world_sizes=(1,), lr=1e6, warmup_steps=1
+    )
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    (row,) = rows
+    assert row["status"] == results.DIVERGED, row
+    assert row["reason"].startswith("diverged: loss")  # the step it happened at, too
+    assert " at step " in row["reason"]
+    assert float(row["samples_per_s"]) > 0  # what was measured is kept
+    run = report.load_run(run_dir)
+    assert report.summarise(run.runs).empty  # nothing to rank
+    assert "diverged" in report.problems_markdown(run.runs, report.summarise(run.runs))

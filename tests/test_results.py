@@ -85,3 +85,14 @@ def test_memory_snapshot_on_cpu_reads_rss():
     snap = memory_snapshot([torch.device("cpu")])
     assert snap["peak_rss_mib"] > 50  # this process has torch loaded
     assert "peak_alloc_mib" not in snap
+
+
+def test_divergence_names_the_first_bad_step():
+    from bench.results import divergence
+
+    assert divergence([2.3, 1.9, 1.2], 10) is None
+    assert divergence([2.3, float("nan"), 1.0], 10) == "loss is nan at step 1"
+    assert divergence([2.3, 5.0, float("inf")], 10) == "loss is inf at step 2"
+    why = divergence([2.0, 3.0, 25.0], 10)
+    assert why is not None and why.startswith("loss 25 at step 2 is over 10 x")
+    assert divergence([], 10) is None
