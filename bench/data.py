@@ -47,9 +47,14 @@ def check(cfg: RunConfig) -> str:
                 "use --model mnist_cnn or transformer, or --dataset imagenet-subset / synthetic"
             )
         split, present = _mnist_split(cfg)
+        counts = {k: _idx_header(files[0])[0] for k, files in present.items()}
         for files in present.values():
-            for path in files:
-                _idx_header(path)
+            _idx_header(files[1])
+        # as _mnist splits it: the test split held out, else the last images of the one split
+        n = counts[split]
+        if not (split == "train" and "test" in present):
+            n -= min(cfg.eval_samples, n // 10)
+        _enough(cfg, min(n, cfg.limit or n))
         return f"mnist {split} split"
     if cfg.dataset == "imagenet-subset":
         if cfg.model == "mnist_cnn":
@@ -57,8 +62,18 @@ def check(cfg: RunConfig) -> str:
                 "mnist_cnn takes 28x28 1-channel images; use a torchvision model "
                 "(e.g. --model resnet18) with imagenet-subset"
             )
-        return f"imagenet-subset at {_imagenet_root(cfg.data_path)}"
+        root = _imagenet_root(cfg.data_path)
+        _enough(cfg, len(_imagenet_subset(cfg).train))  # lists the files, decodes none
+        return f"imagenet-subset at {root}"
     return "synthetic"
+
+
+def _enough(cfg: RunConfig, train_samples: int) -> None:
+    if cfg.global_batch > train_samples:
+        raise ConfigError(
+            f"global batch {cfg.global_batch} is larger than the {train_samples} training "
+            "samples: no full step; lower --global-batch"
+        )
 
 
 # ---------------------------------------------------------------- MNIST

@@ -540,9 +540,14 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
     if (path / "runs.csv").exists():
         raise ConfigError(f"{path} already holds a run; use --resume {path} or another --run-id")
     cells = plan(cfg)
-    path.mkdir(parents=True, exist_ok=True)
     rd = RunDir(path)
-    rd.config_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        rd.config_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+    except OSError as exc:  # read-only, no permission, a file where a folder should be
+        raise ConfigError(
+            f"--out-dir {cfg.out_dir}: cannot write the run there ({exc.strerror or exc})"
+        ) from None
     return cfg, rd, cells
 
 

@@ -109,6 +109,25 @@ CASES = [
     ),
     (["--strategies", "single", "--model-arg", "depth"], "expected key=value"),
     (["--strategies", "single", "--diverge-factor", "1"], "--diverge-factor must be more than 1"),
+    (
+        ["--strategies", "single", "--world-sizes", "1", "--global-batch", "20000"],
+        "global batch 20000 is larger than the",
+    ),
+    (
+        [
+            "--strategies",
+            "single",
+            "--world-sizes",
+            "1",
+            "--dataset",
+            "imagenet-subset",
+            "--model",
+            "resnet18",
+            "--global-batch",
+            "5000",
+        ],
+        "global batch 5000 is larger than the",
+    ),
 ]
 
 
@@ -120,6 +139,14 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith("parabench: error:"), err
     assert message in lines[0]
     assert not (tmp_path / "out").exists()  # nothing was created
+
+
+def test_an_output_folder_that_cannot_be_written_is_one_line(run, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = run("--strategies", "single", "--out-dir", str(blocker / "results"))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "cannot write the run there (Not a directory)" in err
 
 
 def test_missing_data_root(run, tmp_path):
