@@ -161,6 +161,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--optimizer", default=d.optimizer, help=f"one of {', '.join(OPTIMIZERS)}")
     p.add_argument(
+        "--data-path",
+        dest="data_feed",
+        default=d.data_feed,
+        help="how batches reach the device: device (in-memory data moved there once, batches "
+        "indexed there), loader (DataLoader), auto (device for mnist/synthetic; default)",
+    )
+    p.add_argument(
         "--diverge-factor",
         type=float,
         default=d.diverge_factor,
@@ -208,6 +215,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         optimizer=a.optimizer,
         oversubscribe=a.oversubscribe,
         diverge_factor=a.diverge_factor,
+        data_feed=a.data_feed,
         model_kwargs=dict(a.model_args),
         **extra,
     )

@@ -53,6 +53,10 @@ class RunConfig:
     optimizer: str = "sgd"
     #: more CPU ranks than cores (one thread each): for correctness only, rows not ranked
     oversubscribe: bool = False
+    #: how batches reach the device: "device" (in-memory data moved there once, batches
+    #: indexed there), "loader" (a DataLoader, pinned memory on CUDA), "auto" (device
+    #: where the data set is in memory: mnist, synthetic; else loader)
+    data_feed: str = "auto"
     #: a loss above this many times the first step's (or non-finite) marks the row diverged
     diverge_factor: float = 10.0
     save_params: bool = False  # write final parameters (parity checks)
@@ -88,6 +92,15 @@ class RunConfig:
         )
         need(self.timeout_s > 0, f"--timeout must be positive, got {self.timeout_s}")
         need(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        need(
+            self.data_feed in ("auto", "device", "loader"),
+            f"--data-path takes auto, device or loader, got {self.data_feed!r}",
+        )
+        need(
+            not (self.data_feed == "device" and self.dataset == "imagenet-subset"),
+            "--data-path device needs data held in memory (mnist, synthetic); the ImageNet "
+            "subset is decoded from files by the DataLoader: use --data-path loader or auto",
+        )
         need(
             self.diverge_factor > 1,
             f"--diverge-factor must be more than 1, got {self.diverge_factor}",

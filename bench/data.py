@@ -8,12 +8,13 @@ in every result row. Nothing is substituted silently: missing data is a ConfigEr
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 
 from bench.config import ConfigError, RunConfig
 from bench.models import input_shape
@@ -279,6 +280,48 @@ class SyntheticImages(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[i % len(self.images)], self.labels[i]
+
+
+# ---------------------------------------------------------------- data on the device
+Take = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def on_device(ds: Dataset, device: torch.device) -> Take | None:
+    """Move an in-memory data set to `device` once; return a function from a tensor of
+    sample indices to that batch (images, labels), indexed there: no per-sample
+    __getitem__, no collate, no copy per step. None if `ds` is not held in memory (the
+    ImageNet subset is decoded from files: it keeps the DataLoader)."""
+    if isinstance(ds, Subset):
+        inner = on_device(ds.dataset, device)
+        if inner is None:
+            return None
+        idx = torch.as_tensor(list(ds.indices), dtype=torch.long, device=device)
+        return lambda i: inner(idx[i])
+    if isinstance(ds, TensorDataset) and len(ds.tensors) == 2:
+        x, y = (t.to(device) for t in ds.tensors)
+        return lambda i: (x[i], y[i])
+    if isinstance(ds, SyntheticImages):  # the pool generated once, then on the device
+        x, y = ds.images.to(device), ds.labels.to(device)
+        return lambda i: (x[i % len(x)], y[i])
+    return None
+
+
+class DeviceBatches:
+    """Batches of a data set that lives on the training device, in the order `sampler`
+    gives (a DistributedSampler, as the DataLoader path uses: every strategy sees the same
+    samples at step k whichever path feeds it). Drops the last partial batch."""
+
+    def __init__(self, take: Take, sampler: Sampler, batch_size: int, device: torch.device):
+        self.take, self.sampler, self.batch_size, self.device = take, sampler, batch_size, device
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # one host-to-device copy of the epoch's order; batches are slices of it
+        order = torch.as_tensor(list(iter(self.sampler)), dtype=torch.long).to(self.device)
+        for b in range(len(self)):
+            yield self.take(order[b * self.batch_size : (b + 1) * self.batch_size])
 
 
 def _synthetic(cfg: RunConfig) -> DataBundle:

@@ -46,6 +46,7 @@ PARAMS = [
     "device",
     "dataset",
     "data",
+    "data_path",
     "model",
     "global_batch",
     "per_rank_batch",

@@ -423,6 +423,7 @@ class Runner:
                     "backend": rec["backend"],
                     "precision": rec["precision"],
                     "data": rec["data"],
+                    "data_path": rec.get("data_path", "loader"),
                     "per_rank_batch": rec["per_rank_batch"],
                     "micro_batch": rec["micro_batch"],
                     "data_ranks": rec.get("data_ranks", ""),

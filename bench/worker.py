@@ -117,16 +117,21 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
         if cfg.save_params:
             _save_params(strategy, cell_dir / "params_init.pt")
         per_rank = strategy.per_rank_batch(cfg.global_batch)
-        workers = spec["workers_per_device"] * len(strategy.devices())
-        loader = DataLoader(
-            bundle.train,
-            batch_size=per_rank,
-            sampler=strategy.sampler(bundle.train),
-            num_workers=workers,
-            pin_memory=ctx.device.type == "cuda",
-            drop_last=True,
-            persistent_workers=workers > 0,
-        )
+        take = data.on_device(bundle.train, ctx.device) if cfg.data_feed != "loader" else None
+        workers = 0 if take else spec["workers_per_device"] * len(strategy.devices())
+        loader: Any
+        if take is not None:  # in memory: on the device once, batches indexed there
+            loader = data.DeviceBatches(take, strategy.sampler(bundle.train), per_rank, ctx.device)
+        else:
+            loader = DataLoader(
+                bundle.train,
+                batch_size=per_rank,
+                sampler=strategy.sampler(bundle.train),
+                num_workers=workers,
+                pin_memory=ctx.device.type == "cuda",
+                drop_last=True,
+                persistent_workers=workers > 0,
+            )
         if len(loader) == 0:
             raise ValueError(
                 f"global batch {cfg.global_batch} is larger than the {len(bundle.train)} training samples"
@@ -168,6 +173,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                     "precision": strategy.precision,
                     "notes": "; ".join(strategy.run_notes()),
                     "data": bundle.description,
+                    "data_path": "device" if take is not None else "loader",
                     **metrics,
                 }
                 with open(cell_dir / "epochs.jsonl", "a") as f:

@@ -82,3 +82,36 @@ def test_synthetic_matches_the_model_input():
 def test_resnet_on_mnist_is_refused(data_root):
     with pytest.raises(ConfigError, match="3-channel"):
         data.check(RunConfig(dataset="mnist", model="resnet18", data_root=str(data_root)))
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "synthetic"])
+def test_device_batches_are_the_loaders_batches(data_root, dataset):
+    """The device path feeds exactly what the DataLoader path feeds, batch for batch, in
+    the DistributedSampler's order, for each rank of two and across epochs."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    cfg = RunConfig(dataset=dataset, data_root=str(data_root), limit=256, image_size=32)
+    train = data.load(cfg).train
+    take = data.on_device(train, torch.device("cpu"))
+    assert take is not None
+    for rank in (0, 1):
+        fast, slow = (
+            DistributedSampler(train, num_replicas=2, rank=rank, shuffle=True, seed=3)
+            for _ in range(2)
+        )
+        device = data.DeviceBatches(take, fast, 16, torch.device("cpu"))
+        loader = DataLoader(train, batch_size=16, sampler=slow, drop_last=True)
+        assert len(device) == len(loader) == 256 // 2 // 16
+        for epoch in (0, 1):
+            fast.set_epoch(epoch)
+            slow.set_epoch(epoch)
+            for (xa, ya), (xb, yb) in zip(device, loader, strict=True):
+                torch.testing.assert_close(xa, xb, rtol=0, atol=0)
+                assert torch.equal(ya, yb)
+
+
+def test_files_on_disk_keep_the_loader(data_root):
+    cfg = RunConfig(dataset="imagenet-subset", model="resnet18", data_root=str(data_root))
+    assert data.on_device(data.load(cfg).train, torch.device("cpu")) is None
+    with pytest.raises(ConfigError, match="--data-path device needs data held in memory"):
+        RunConfig(dataset="imagenet-subset", data_feed="device")

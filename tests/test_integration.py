@@ -111,6 +111,7 @@ def test_amp_ddp_bf16_on_cpu(tmp_path, data_root):
     _, rows = run_matrix(cfg, echo=lambda m: None)
     r = _ok(rows, "amp_ddp", 2)
     assert r["precision"] == "bf16" and r["numerics"] == "autocast_bf16"
+    assert r["data_path"] == "device"  # MNIST is in memory: moved to the device once
     assert float(r["samples_per_s"]) > 0 and math.isfinite(float(r["train_loss_final"]))
 
 
@@ -134,6 +135,7 @@ def test_imagenet_subset_resnet18(tmp_path, data_root):
     for strategy, ws in (("single", 1), ("ddp_torchrun", 1), ("ddp_torchrun", 2)):
         r = _ok(rows, strategy, ws)
         assert "imagenet-subset" in r["data"] and float(r["samples_per_s"]) > 0
+        assert r["data_path"] == "loader"  # decoded from files by the DataLoader
 
 
 def test_horovod_and_fp16_compression_through_horovodrun(tmp_path, data_root):
