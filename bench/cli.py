@@ -159,6 +159,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         default=d.sync_bn,
         help="convert BatchNorm to SyncBatchNorm (GPU only): --sync-bn, or off,on",
     )
+    axes.add_argument(
+        "--channels-last",
+        type=_on_off,
+        nargs="?",
+        const=(True,),
+        default=d.channels_last,
+        help="channels-last (NHWC) model and inputs: --channels-last, or off,on",
+    )
     p.add_argument("--optimizer", default=d.optimizer, help=f"one of {', '.join(OPTIMIZERS)}")
     p.add_argument(
         "--data-path",
@@ -212,6 +220,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         compile=a.compile,
         accumulate=a.accumulate,
         sync_bn=a.sync_bn,
+        channels_last=a.channels_last,
         optimizer=a.optimizer,
         oversubscribe=a.oversubscribe,
         diverge_factor=a.diverge_factor,

@@ -50,6 +50,7 @@ class RunConfig:
     compile: tuple[bool, ...] = (False,)
     accumulate: tuple[int, ...] = (1,)  # micro-batches per optimizer step
     sync_bn: tuple[bool, ...] = (False,)
+    channels_last: tuple[bool, ...] = (False,)
     optimizer: str = "sgd"
     #: more CPU ranks than cores (one thread each): for correctness only, rows not ranked
     oversubscribe: bool = False
@@ -131,6 +132,7 @@ class RunConfig:
         )
         flags = {"precisions": "--precision", "compile": "--compile"}
         flags |= {"accumulate": "--accumulate", "sync_bn": "--sync-bn"}
+        flags |= {"channels_last": "--channels-last"}
         for name, flag in flags.items():
             values = getattr(self, name)
             need(name == "precisions" or len(values) >= 1, f"{flag} needs at least one value")
@@ -168,7 +170,7 @@ class RunConfig:
         d = {k: v for k, v in d.items() if k in known}
         for key in ("strategies", "exclude", "world_sizes", "precisions"):
             d[key] = tuple(d.get(key) or ())
-        for key in ("compile", "accumulate", "sync_bn"):
+        for key in ("compile", "accumulate", "sync_bn", "channels_last"):
             if key in d:
                 d[key] = tuple(d[key]) if isinstance(d[key], list | tuple) else (d[key],)
         return cls(**d)

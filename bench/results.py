@@ -42,6 +42,7 @@ PARAMS = [
     "compile",
     "accumulate",
     "sync_bn",
+    "channels_last",
     "optimizer",
     "device",
     "dataset",
@@ -318,12 +319,14 @@ def _setting_parts(setting: str) -> dict[str, str]:
     the defaults written out, so that two settings can be told apart axis by axis."""
     tokens = [t for t in (setting or "").split(",") if t]
     parts = {"precision": tokens[0] if tokens else "fp32"}
-    parts |= {"compile": "eager", "accumulate": "acc1", "sync_bn": "bn"}
+    parts |= {"compile": "eager", "accumulate": "acc1", "sync_bn": "bn", "channels_last": "nchw"}
     for t in tokens[1:]:
         if t == "compile":
             parts["compile"] = t
         elif t == "syncbn":
             parts["sync_bn"] = t
+        elif t == "cl":
+            parts["channels_last"] = t
         elif t.startswith("acc") and t[3:].isdigit():
             parts["accumulate"] = t
         elif "=" in t:

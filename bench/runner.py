@@ -168,10 +168,14 @@ def _settings(
     for opts in points:
         merged = {**(spec.variant.options if spec.variant else {}), **dict(opts)}
         default = spec.cls.default_precision(device, merged) if spec.cls else "fp32"
-        for p, c, k, bn in itertools.product(
-            cfg.precisions or (default,), cfg.compile, cfg.accumulate, cfg.sync_bn
+        for p, c, k, bn, cl in itertools.product(
+            cfg.precisions or (default,),
+            cfg.compile,
+            cfg.accumulate,
+            cfg.sync_bn,
+            cfg.channels_last,
         ):
-            setting = Setting(precision=p, compile=c, accumulate=k, sync_bn=bn)
+            setting = Setting(precision=p, compile=c, accumulate=k, sync_bn=bn, channels_last=cl)
             out.append((setting, opts))
     return out
 
@@ -315,6 +319,7 @@ class Runner:
             "compile": int(cell.setting.compile),
             "accumulate": cell.setting.accumulate,
             "sync_bn": int(cell.setting.sync_bn),
+            "channels_last": int(cell.setting.channels_last),
             "optimizer": cfg.optimizer,
             "timestamp": dt.datetime.now().isoformat(timespec="seconds"),
             **provenance(self.device),

@@ -272,6 +272,7 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
         accumulate=tuple(dict.fromkeys((1, *base.accumulate))),
         compile=tuple(dict.fromkeys((False, *base.compile))),
         sync_bn=tuple(dict.fromkeys((False, *base.sync_bn))),
+        channels_last=tuple(dict.fromkeys((False, *base.channels_last))),
         epochs=1,
         max_steps=steps,
         warmup_steps=0,

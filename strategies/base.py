@@ -42,10 +42,12 @@ class Setting:
     compile: bool = False
     accumulate: int = 1
     sync_bn: bool = False
+    #: NHWC memory format for the model and its 4-D inputs (what tensor cores prefer)
+    channels_last: bool = False
 
     @property
     def label(self) -> str:
-        """Compact and unique, e.g. `bf16,compile,acc2,syncbn`; used in cell names and rows."""
+        """Compact and unique, e.g. `bf16,compile,acc2,syncbn,cl`; used in cell names and rows."""
         parts = [self.precision]
         if self.compile:
             parts.append("compile")
@@ -53,6 +55,8 @@ class Setting:
             parts.append(f"acc{self.accumulate}")
         if self.sync_bn:
             parts.append("syncbn")
+        if self.channels_last:
+            parts.append("cl")
         return ",".join(parts)
 
 
@@ -307,6 +311,9 @@ class Strategy:
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Apply the run options around the strategy, in a fixed order: SyncBN, the strategy's
         own wrapping or sharding, compile."""
+        if self.setting.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            self.notes.append("channels-last (NHWC) model and inputs")
         if self.setting.sync_bn:
             n = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -355,6 +362,8 @@ class Strategy:
             except StopIteration:
                 break
             x = x.to(self.ctx.device, non_blocking=True)
+            if self.setting.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
             y = y.to(self.ctx.device, non_blocking=True)
             timer.data_ready()
             self.zero_grad(self.optimizer)

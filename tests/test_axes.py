@@ -22,6 +22,17 @@ def test_setting_labels_are_compact_and_distinct():
     assert Setting(precision="bf16", compile=True, accumulate=4, sync_bn=True).label == (
         "bf16,compile,acc4,syncbn"
     )
+    assert Setting(channels_last=True).label == "fp32,cl"
+
+
+def test_channels_last_is_an_axis_named_in_case_labels(tmp_path, data_root):
+    planned = cells(
+        tmp_path, data_root, strategies=("single",), world_sizes=(1,), channels_last=(False, True)
+    )
+    assert [c.label for c in planned] == ["fp32", "fp32,cl"]
+    labels = case_labels([("single", "fp32"), ("single", "fp32,cl")])
+    assert labels[("single", "fp32,cl")] == "single [cl]"
+    assert labels[("single", "fp32")] == "single [nchw]"
 
 
 def test_default_matrix_keeps_each_strategys_own_precision(tmp_path, data_root):

@@ -67,6 +67,7 @@ CASES = [
     (["--strategies", "single", "--precision", "fp64"], "unknown precision 'fp64'"),
     (["--strategies", "single", "--precision", "bf16,bf16"], "--precision lists a value twice"),
     (["--strategies", "single", "--compile", "maybe"], "expected on, off or off,on"),
+    (["--strategies", "single", "--channels-last", "maybe"], "expected on, off or off,on"),
     (["--strategies", "single", "--accumulate", "0"], "--accumulate takes positive integers"),
     (["--strategies", "single", "--optimizer", "lion"], "unknown optimizer 'lion'"),
     (
