@@ -11,7 +11,7 @@ DATA_ROOT ?= $(or $(PARABENCH_DATA_ROOT),$(wildcard ../shared/data),data)
 BENCH_ARGS ?=
 export PARABENCH_TEST_DATA ?= $(abspath $(DATA_ROOT))
 
-.PHONY: install horovod bench test test-fast lint format report verify overhead microbench clean help
+.PHONY: install horovod bench test test-fast lint format report verify overhead microbench gpu-check clean help
 help:
 	@echo "make bench      install, then run every available strategy on MNIST (results/<run-id>/)"
 	@echo "make test       install (Horovod included), then the test suite"
@@ -20,6 +20,7 @@ help:
 	@echo "make overhead   harness vs a hand-written training loop, samples/s ratio"
 	@echo "make microbench all_reduce latency / bus bandwidth (pytest-benchmark)"
 	@echo "make horovod    build Horovod 0.28.1 against the installed torch (cached)"
+	@echo "make gpu-check  on a CUDA machine, offline: GPU tests and a reference run (results/reference/)"
 	@echo "make lint       ruff"
 
 $(PY):
@@ -73,6 +74,12 @@ microbench: install
 	$(PY) -m pytest benchmarks -q -p no:cacheprovider --benchmark-storage=results/microbench \
 		--benchmark-autosave --benchmark-compare --benchmark-columns=min,median,iqr,max,rounds \
 		--benchmark-sort=name $(MICROBENCH_ARGS)
+
+# On a machine with a CUDA GPU and no network: uses that machine's Python and torch, fetches
+# nothing; GPU_CHECK_PARTS picks parts (install tests mnist resnet50 compile), each < 10 min.
+GPU_CHECK_PARTS ?=
+gpu-check:
+	PYTHON=$(PYTHON) scripts/gpu_check.sh $(GPU_CHECK_PARTS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
