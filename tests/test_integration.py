@@ -16,17 +16,11 @@ FOUR = ("single", "dp", "ddp_torchrun", "ddp_spawn")
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory, data_root):
-    # No dropout: its masks differ by rank, and the first-loss check below needs equal starts.
-    cfg = small_config(
-        tmp_path_factory.mktemp("four"),
-        data_root,
-        strategies=FOUR,
-        world_sizes=(1, 2),
-        model_kwargs={"dropout": 0.0},
-    )
-    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
-    return run_dir, rows
+def four(small_run):
+    """The seed's four strategies at world sizes 1 and 2, out of the shared small run (no
+    dropout there: its masks differ by rank, and the first-loss check needs equal starts)."""
+    rows = [r for r in RunDir(small_run).runs.read() if r["strategy"] in FOUR]
+    return small_run, rows
 
 
 def _ok(rows, strategy, ws):
@@ -89,12 +83,14 @@ def test_impossible_cells_are_skipped_rows_with_reasons(four):
 def test_every_rank_reports_and_steps_are_recorded(four):
     run_dir, _ = four
     rd = RunDir(run_dir)
-    ranks = [r for r in rd.ranks.read() if r["strategy"] == "ddp_spawn" and r["world_size"] == "2"]
+
+    def first_repeat(r):
+        return r["world_size"] == "2" and r["repeat"] == "0"
+
+    ranks = [r for r in rd.ranks.read() if r["strategy"] == "ddp_spawn" and first_repeat(r)]
     assert sorted(r["rank"] for r in ranks) == ["0", "1"]
     assert all(float(r["peak_rss_mib"]) > 0 for r in ranks)
-    steps = [
-        s for s in rd.steps.read() if s["strategy"] == "ddp_torchrun" and s["world_size"] == "2"
-    ]
+    steps = [s for s in rd.steps.read() if s["strategy"] == "ddp_torchrun" and first_repeat(s)]
     assert len(steps) == 6 and [s["warmup"] for s in steps[:3]] == ["1", "1", "0"]
 
 
