@@ -235,7 +235,9 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     cfg = config_from_args(a)
     try:
-        run_dir, rows = runner.run_matrix(cfg, resume=Path(a.resume) if a.resume else None)
+        run_dir, rows = runner.run_matrix(
+            cfg, resume=Path(a.resume) if a.resume else None, progress=True
+        )
     except KeyboardInterrupt:
         return 130
     print(summary.table(rows))
@@ -247,9 +249,9 @@ def cmd_run(a: argparse.Namespace) -> int:
             pass
         else:
             print(f"report: {report.render(run_dir)}")
-    broken = [r for r in rows if r["status"] in ("failed", "oom", "timeout")]
+    broken = [r for r in rows if r["status"] in ("failed", "oom", "timeout", "diverged")]
     if broken:
-        print(f"{len(broken)} cell(s) failed, ran out of memory or timed out (see above)")
+        print(f"{len(broken)} cell(s) failed, ran out of memory, timed out or diverged (see above)")
         return 1
     return 0
 

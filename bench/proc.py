@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -88,11 +89,16 @@ class CellProcess:
         except psutil.Error:
             return False
 
-    def wait(self, timeout_s: float, poll_s: float = 0.2) -> tuple[int | None, bool]:
-        """(returncode, timed_out). A cell past its deadline is killed."""
+    def wait(
+        self, timeout_s: float, poll_s: float = 0.2, on_poll: Callable[[], None] | None = None
+    ) -> tuple[int | None, bool]:
+        """(returncode, timed_out). A cell past its deadline is killed. `on_poll` is called
+        on every poll (the progress display)."""
         deadline = time.monotonic() + timeout_s
         while True:
             self._track()
+            if on_poll is not None:
+                on_poll()
             rc = self.popen.poll()
             if rc is not None:
                 return rc, False

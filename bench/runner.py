@@ -28,6 +28,7 @@ from bench.config import ConfigError, RunConfig
 from bench.env import cpu_cores, device_count, provenance, resolve_device, threads_per_process
 from bench.launchers import LAUNCHERS
 from bench.models import check_model, check_model_args, input_shape
+from bench.progress import Display
 from strategies.base import Setting
 
 Echo = Callable[[str], None]
@@ -285,6 +286,7 @@ class Runner:
             cfg.workers if cfg.workers is not None else (4 if self.device == "cuda" else 0)
         )
         self.current: proc.CellProcess | None = None
+        self.progress: Display | None = None
 
     # ---- rows ----
     def _ident(self, cell: Cell, epoch: int | str) -> dict[str, Any]:
@@ -395,12 +397,20 @@ class Runner:
         self.current = proc.CellProcess(
             argv, self._env(cell, cell_dir), cell_dir / "log.txt", str(cell_dir)
         )
+        shown = self.progress
+        if shown is not None:
+            shown.start(self._label(cell), cell_dir, self.cfg.global_batch)
         try:
-            rc, timed_out = self.current.wait(self.cfg.timeout_s)
+            rc, timed_out = self.current.wait(
+                self.cfg.timeout_s, on_poll=shown.poll if shown is not None else None
+            )
         except BaseException:  # Ctrl-C / SIGTERM while the cell runs
             self.current.kill()
             self.current = None
             raise
+        finally:
+            if shown is not None:
+                shown.end(ran=True)
         # The cell is over: an interrupt now waits until its rows are on disk.
         with _signals_held():
             self.current.reap()
@@ -478,6 +488,11 @@ class Runner:
             runs = self.run_cell(cell)
             self.echo(f"{label} {_summary(runs[-1])}")
         return self.dir.runs.read()
+
+    @staticmethod
+    def _label(cell: Cell) -> str:
+        extra = "" if cell.label == "fp32" else " " + cell.label
+        return f"{cell.strategy} ws={cell.world_size}{extra} repeat={cell.repeat}"
 
     def interrupt(self) -> None:
         if self.current is not None:  # normally already killed by run_cell
@@ -558,14 +573,19 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
 
 
 def run_matrix(
-    cfg: RunConfig, *, resume: Path | None = None, echo: Echo = print
+    cfg: RunConfig, *, resume: Path | None = None, echo: Echo = print, progress: bool = False
 ) -> tuple[Path, list[dict]]:
+    """Plan, then run every cell not yet done. `progress`: show the running cell's steps,
+    speed and the ETAs (bench.progress) on stderr."""
     cfg, run_dir, cells = open_run(cfg, resume)
     (run_dir.path / "environment.json").write_text(
         json.dumps(provenance(resolve_device(cfg.device)), indent=1)
     )
     proc.become_subreaper()
     runner = Runner(cfg, run_dir, echo)
+    if progress:
+        done = run_dir.done()
+        runner.progress = Display(sum(1 for c in cells if not c.status and c.key not in done))
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         rows = runner.run(cells)

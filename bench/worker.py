@@ -27,6 +27,7 @@ from bench import data, proc
 from bench.config import RunConfig
 from bench.models import build_model, input_shape
 from bench.probes import reset_peaks
+from bench.progress import StepReporter
 from strategies.base import RankContext, Setting, Strategy
 
 OPTIMIZERS = {
@@ -136,10 +137,18 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
             raise ValueError(
                 f"global batch {cfg.global_batch} is larger than the {len(bundle.train)} training samples"
             )
+        steps = min(len(loader), cfg.max_steps or len(loader))
+        report = StepReporter(cell_dir, cfg.epochs, steps) if ctx.rank == 0 else None
         for epoch in range(cfg.epochs):
             reset_peaks(strategy.devices())
+            if report is not None:
+                report.start_epoch(epoch)
             stats = strategy.train_epoch(
-                loader, epoch, max_steps=cfg.max_steps, warmup_steps=cfg.warmup_steps
+                loader,
+                epoch,
+                max_steps=cfg.max_steps,
+                warmup_steps=cfg.warmup_steps,
+                on_step=report.step if report is not None else None,
             )
             evaluates = ctx.rank == 0 or strategy.collective_eval
             metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}

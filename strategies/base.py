@@ -9,7 +9,7 @@ strategy, not from its loop.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -344,8 +344,16 @@ class Strategy:
         return total / k
 
     def train_epoch(
-        self, loader: Iterable, epoch: int, *, max_steps: int | None = None, warmup_steps: int = 0
+        self,
+        loader: Iterable,
+        epoch: int,
+        *,
+        max_steps: int | None = None,
+        warmup_steps: int = 0,
+        on_step: Callable[[float], None] | None = None,
     ) -> EpochStats:
+        """One epoch of the loop every strategy shares. `on_step(step_ms)` is called after
+        each step, outside its timing (rank 0's progress report)."""
         assert self.model is not None and self.optimizer is not None, "call attach() first"
         sampler = getattr(loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
@@ -371,6 +379,8 @@ class Strategy:
             self.optimizer_step(self.optimizer)
             records.append(timer.stop(len(y)))
             losses.append(loss)
+            if on_step is not None:
+                on_step(records[-1].total_ms)
             if not self.model_state:  # after the first step, outside its timing
                 self.model_state = model_state_mib(
                     self.unwrap(self.model).parameters(), self.optimizer_states()

@@ -1,0 +1,160 @@
+"""Live progress of a running matrix: where the current cell is, how fast it goes, and
+when the cell and the whole matrix should end.
+
+Rank 0 of a cell writes `progress.json` into its cell directory after a step, outside the
+step's timing and at most twice a second (a small file replaced atomically; never a
+collective). The harness reads it while it waits for the cell and shows a tqdm bar on a
+terminal, or a plain line every few seconds where the output is a log (CI).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+PROGRESS_FILE = "progress.json"
+
+
+class StepReporter:
+    """Rank 0's side: `step(ms)` after every step; writes at most every `every_s` seconds."""
+
+    def __init__(self, cell_dir: Path, epochs: int, steps_per_epoch: int, every_s: float = 0.5):
+        self.path = cell_dir / PROGRESS_FILE
+        self.epochs, self.steps_per_epoch, self.every_s = epochs, steps_per_epoch, every_s
+        self.epoch, self.step_in_epoch, self.done = 0, 0, 0
+        self.recent: list[float] = []
+        self.last_write = 0.0
+
+    def start_epoch(self, epoch: int) -> None:
+        self.epoch, self.step_in_epoch = epoch, 0
+
+    def step(self, step_ms: float) -> None:
+        self.done += 1
+        self.step_in_epoch += 1
+        self.recent = [*self.recent[-9:], step_ms]
+        now = time.monotonic()
+        last = self.step_in_epoch == self.steps_per_epoch
+        if now - self.last_write >= self.every_s or last:
+            self.last_write = now
+            self._write()
+
+    def _write(self) -> None:
+        state = {
+            "epoch": self.epoch,
+            "epochs": self.epochs,
+            "step": self.step_in_epoch,
+            "steps": self.steps_per_epoch,
+            "done": self.done,
+            "total": self.epochs * self.steps_per_epoch,
+            "step_ms": sum(self.recent) / len(self.recent),
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.path)
+
+
+def read(cell_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((cell_dir / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def duration(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = max(0.0, s)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+class Display:
+    """The harness's side: one bar (terminal) or a line every `every_s` seconds (log) for
+    the running cell, with its samples/s and the ETAs of the cell and of the matrix."""
+
+    def __init__(
+        self,
+        runnable: int,
+        *,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        every_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.every_s, self.clock = every_s, clock
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.left = runnable  # cells that will run, the current one included
+        self.walls: list[float] = []  # wall time of the cells that ran
+        self.bar: Any = None
+        self.cell_dir: Path | None = None
+
+    def start(self, label: str, cell_dir: Path, global_batch: int) -> None:
+        self.label, self.cell_dir, self.global_batch = label, cell_dir, global_batch
+        self.t0 = self.clock()
+        self.last_line = self.t0
+        self.state: dict[str, Any] | None = None
+
+    def poll(self) -> None:
+        if self.cell_dir is None:
+            return
+        state = read(self.cell_dir)
+        if state is None:
+            return
+        self.state = state
+        if self.tty:
+            self._bar(state)
+        elif self.clock() - self.last_line >= self.every_s:
+            self.last_line = self.clock()
+            print(self.line(state), file=self.stream, flush=True)
+
+    def cell_eta(self, state: dict[str, Any]) -> float:
+        return (state["total"] - state["done"]) * state["step_ms"] / 1e3
+
+    def matrix_eta(self, state: dict[str, Any] | None) -> float:
+        """This cell's remaining steps, plus the cells after it at the mean wall time of
+        those already run (at this one's expected wall time while none has)."""
+        here = self.cell_eta(state) if state else math.nan
+        elapsed = self.clock() - self.t0
+        per_cell = sum(self.walls) / len(self.walls) if self.walls else elapsed + here
+        return here + (self.left - 1) * per_cell
+
+    def line(self, state: dict[str, Any]) -> str:
+        sps = self.global_batch / (state["step_ms"] / 1e3) if state["step_ms"] > 0 else math.nan
+        epoch = f" (epoch {state['epoch'] + 1}/{state['epochs']})" if state["epochs"] > 1 else ""
+        return (
+            f"{self.label}: step {state['done']}/{state['total']}{epoch}, {sps:,.0f} samples/s, "
+            f"cell ends in {duration(self.cell_eta(state))}, "
+            f"matrix in {duration(self.matrix_eta(state))}"
+        )
+
+    def _bar(self, state: dict[str, Any]) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(
+                total=state["total"], desc=self.label, unit="step", file=self.stream, leave=False
+            )
+        self.bar.update(state["done"] - self.bar.n)
+        sps = self.global_batch / (state["step_ms"] / 1e3) if state["step_ms"] > 0 else math.nan
+        self.bar.set_postfix_str(
+            f"{sps:,.0f} samples/s, matrix ends in {duration(self.matrix_eta(state))}"
+        )
+
+    def end(self, ran: bool) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if ran:
+            self.walls.append(self.clock() - self.t0)
+        self.left -= 1
+        self.cell_dir = None
