@@ -61,6 +61,8 @@ class RunConfig:
     #: a loss above this many times the first step's (or non-finite) marks the row diverged
     diverge_factor: float = 10.0
     save_params: bool = False  # write final parameters (parity checks)
+    #: every dropout layer of the model off (parity: its masks depend on the rank layout)
+    no_dropout: bool = False
     model_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -211,6 +211,25 @@ def build_model(
     return torchvision.models.get_model(model, weights=None, num_classes=num_classes, **kwargs)
 
 
+def without_dropout(model: nn.Module) -> int:
+    """Turn off every dropout layer of any model (nn.Dropout*, and nn.MultiheadAttention's
+    own); returns how many were on."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            m.p, n = 0.0, n + 1
+        elif isinstance(m, nn.MultiheadAttention) and m.dropout > 0:
+            m.dropout, n = 0.0, n + 1
+    return n
+
+
+def batch_norms(model: str, shape: tuple[int, int, int], kwargs: dict) -> int:
+    """How many BatchNorm layers the named model has (built on the meta device)."""
+    with torch.device("meta"):
+        built = build_model(model, 10, shape, **kwargs)
+    return sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.modules())
+
+
 def sequence(model: nn.Module) -> list[nn.Module] | None:
     """The model's forward as consecutive modules (what a pipeline cuts into stages), or
     None if it does not say (torchvision models: their forwards are not plain sequences)."""

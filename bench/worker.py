@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 import strategies
 from bench import data, proc
 from bench.config import RunConfig
-from bench.models import build_model, input_shape
+from bench.models import build_model, input_shape, without_dropout
 from bench.probes import reset_peaks
 from bench.progress import StepReporter
 from strategies.base import RankContext, Setting, Strategy
@@ -112,6 +112,8 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
         seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
         shape = input_shape(cfg.model, cfg.image_size, cfg.dataset)
         model = build_model(cfg.model, bundle.num_classes, shape, **cfg.model_kwargs)
+        if cfg.no_dropout:
+            without_dropout(model)
         model = model.to(ctx.device)
         optimizer = OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
         strategy.attach(model, optimizer)

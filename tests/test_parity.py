@@ -72,3 +72,36 @@ def test_horovod_matches_the_baseline(parity, name):
         pytest.skip("Horovod not installed (make horovod)")
     for ws in (1, 2):
         assert parity[(name, ws)].status == "pass", parity[(name, ws)]
+
+
+def _row(**kw):
+    row = {"global_batch": "16", "micro_batch": "8", "world_size": "2", "launcher": "spawn"}
+    return {**row, "sync_bn": "0", **kw}
+
+
+def test_batch_norm_over_a_share_of_the_batch_is_not_comparable_and_says_why():
+    from bench.verify import batch_norm_reason
+
+    why = batch_norm_reason(_row(), norms=20)
+    assert why.startswith("20 BatchNorm layers normalise over each forward's 8 samples")
+    assert "baseline's over 16" in why
+    assert batch_norm_reason(_row(), norms=0) == ""  # no BatchNorm: compare as usual
+    assert batch_norm_reason(_row(sync_bn="1"), norms=20) == ""  # SyncBN joins the shares
+    assert batch_norm_reason(_row(micro_batch="16", world_size="1"), norms=20) == ""
+    # accumulation on one rank, and DataParallel's replicas, split the batch too
+    assert "over each forward's 8" in batch_norm_reason(_row(world_size="1"), norms=1)
+    dp = _row(micro_batch="16", launcher="inprocess")
+    assert "over each forward's 8" in batch_norm_reason(dp, norms=1)
+
+
+def test_verification_turns_off_every_dropout_layer():
+    import torch
+
+    from bench.models import build_model, without_dropout
+
+    cnn = build_model("mnist_cnn", 10)
+    attn = torch.nn.Sequential(torch.nn.MultiheadAttention(8, 2, dropout=0.1), torch.nn.Dropout2d())
+    assert without_dropout(cnn) == 2 and without_dropout(attn) == 2
+    assert without_dropout(cnn) == 0  # all off now
+    assert all(m.p == 0 for m in cnn.modules() if isinstance(m, torch.nn.Dropout))
+    assert attn[0].dropout == 0
