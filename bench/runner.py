@@ -450,7 +450,7 @@ class Runner:
                     "notes": rec["notes"],
                     # a diverged epoch keeps every measurement, but is not a result to rank
                     "status": results.DIVERGED if diverged else results.OK,
-                    "reason": f"diverged: {diverged}" if diverged else "",
+                    "reason": diverged or "",
                     "cell_wall_s": wall,
                     **results.measure(rec, cell.world_size, self.device),
                 }

@@ -94,8 +94,7 @@ def test_a_diverged_run_is_a_row_of_its_own_kept_out_of_the_rankings(tmp_path, d
     run_dir, rows = run_matrix(cfg, echo=lambda m: None)
     (row,) = rows
     assert row["status"] == results.DIVERGED, row
-    assert row["reason"].startswith("diverged: loss")  # the step it happened at, too
-    assert " at step " in row["reason"]
+    assert row["reason"].startswith("loss ") and " at step " in row["reason"]  # where it went
     assert float(row["samples_per_s"]) > 0  # what was measured is kept
     run = report.load_run(run_dir)
     assert report.summarise(run.runs).empty  # nothing to rank
