@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from bench.config import ConfigError
+from bench.config import ConfigError, RunConfig
 
 
 class MnistCNN(nn.Module):
@@ -185,19 +185,27 @@ def check_model(model: str) -> None:
         )
 
 
-def check_model_args(model: str, shape: tuple[int, int, int], kwargs: dict) -> None:
-    """Build the model on the meta device (no memory, no weights) with these constructor
-    arguments, so a wrong --model-arg is one line before anything starts."""
-    if not kwargs:
+def meta_model(cfg: RunConfig) -> nn.Module:
+    """The run's model built on the meta device (no memory, no weights), with its input
+    shape and constructor arguments: what checks made before anything starts look at."""
+    with torch.device("meta"):
+        return build_model(
+            cfg.model, 10, input_shape(cfg.model, cfg.image_size, cfg.dataset), **cfg.model_kwargs
+        )
+
+
+def check_model_args(cfg: RunConfig) -> None:
+    """Build the model on the meta device with the run's constructor arguments, so a wrong
+    --model-arg is one line before anything starts."""
+    if not cfg.model_kwargs:
         return
     try:
-        with torch.device("meta"):
-            build_model(model, 10, shape, **kwargs)
+        meta_model(cfg)
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:
-        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-        raise ConfigError(f"--model-arg {given}: {model} does not take it ({exc})") from None
+        given = ", ".join(f"{k}={v!r}" for k, v in cfg.model_kwargs.items())
+        raise ConfigError(f"--model-arg {given}: {cfg.model} does not take it ({exc})") from None
 
 
 def build_model(
@@ -223,11 +231,9 @@ def without_dropout(model: nn.Module) -> int:
     return n
 
 
-def batch_norms(model: str, shape: tuple[int, int, int], kwargs: dict) -> int:
-    """How many BatchNorm layers the named model has (built on the meta device)."""
-    with torch.device("meta"):
-        built = build_model(model, 10, shape, **kwargs)
-    return sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.modules())
+def batch_norms(cfg: RunConfig) -> int:
+    """How many BatchNorm layers the run's model has."""
+    return sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in meta_model(cfg).modules())
 
 
 def sequence(model: nn.Module) -> list[nn.Module] | None:

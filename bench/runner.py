@@ -27,7 +27,7 @@ from bench import data, proc, results
 from bench.config import ConfigError, RunConfig
 from bench.env import cpu_cores, device_count, provenance, resolve_device, threads_per_process
 from bench.launchers import LAUNCHERS
-from bench.models import check_model, check_model_args, input_shape
+from bench.models import check_model, check_model_args
 from bench.progress import Display
 from strategies.base import Setting
 
@@ -116,9 +116,7 @@ def plan(cfg: RunConfig) -> list[Cell]:
         else [s for s in strategies.registry().values() if s.name not in cfg.exclude]
     )
     check_model(cfg.model)
-    check_model_args(
-        cfg.model, input_shape(cfg.model, cfg.image_size, cfg.dataset), cfg.model_kwargs
-    )
+    check_model_args(cfg)
     for ws in sizes:
         for k in cfg.accumulate:
             if cfg.global_batch % (ws * k):

@@ -24,7 +24,7 @@ import torch
 
 from bench import results
 from bench.config import ConfigError, RunConfig
-from bench.models import batch_norms, input_shape
+from bench.models import batch_norms
 from bench.runner import RunDir, cell_dirname, run_matrix
 
 
@@ -191,9 +191,7 @@ def compare(run_dir: Path) -> list[Parity]:
     base_params = _params(rd, BASELINE)
     base_init = _params(rd, BASELINE, "params_init")
     cfg = RunConfig.from_dict(json.loads(rd.config_path.read_text()))
-    norms = batch_norms(
-        cfg.model, input_shape(cfg.model, cfg.image_size, cfg.dataset), cfg.model_kwargs
-    )
+    norms = batch_norms(cfg)
     out = []
     for r in rows:
         case = case_of[id(r)]

@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bench.models import build_model, input_shape, sequence
+from bench.models import meta_model, sequence
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed
 from strategies.fsdp import rebuild
@@ -60,14 +60,6 @@ def balanced_cuts(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:
             best = (worst, bounds)
     assert best is not None
     return list(itertools.pairwise(best[1]))
-
-
-def model_layers(cfg: Any) -> list[nn.Module] | None:
-    """The run's model as consecutive layers, built on the meta device (no memory, no
-    weights), for checks before any process starts; None if it is not a plain sequence."""
-    shape = input_shape(cfg.model, cfg.image_size, cfg.dataset)
-    with torch.device("meta"):
-        return sequence(build_model(cfg.model, 10, shape, **cfg.model_kwargs))
 
 
 class Pipeline(TorchDistributed):
@@ -105,9 +97,7 @@ class Pipeline(TorchDistributed):
 
     @classmethod
     def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
-        m = int(options.get("microbatches", 1))
-        if m < 1:
-            return f"microbatches must be at least 1, got {m}"
+        m = int(options.get("microbatches", 1))  # --set checked it is a positive int
         if world_size < 2:
             return "a pipeline needs at least 2 ranks (at world size 1 it is `single`)"
         kind = options.get("schedule", "gpipe")
@@ -120,7 +110,7 @@ class Pipeline(TorchDistributed):
             )
         if cfg.global_batch % m:
             return f"global batch {cfg.global_batch} is not divisible into {m} micro-batches"
-        layers = model_layers(cfg)
+        layers = sequence(meta_model(cfg))
         if layers is None:
             return (
                 f"model {cfg.model} does not list its forward as a sequence of layers "

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.models import MLP, Attention, build_model, input_shape
+from bench.models import MLP, Attention, meta_model
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed
 from strategies.fsdp import FSDP2, rebuild
@@ -47,9 +47,7 @@ def tp_plan(model: nn.Module) -> dict[str, Any]:
 
 def tp_problem(cfg: Any, tp: int) -> str | None:
     """Why the run's model cannot be split over `tp` ranks, or None (checked on meta)."""
-    shape = input_shape(cfg.model, cfg.image_size, cfg.dataset)
-    with torch.device("meta"):
-        model = build_model(cfg.model, 10, shape, **cfg.model_kwargs)
+    model = meta_model(cfg)
     attn = [m for m in model.modules() if isinstance(m, Attention)]
     if not attn:
         return (
