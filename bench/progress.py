@@ -102,7 +102,6 @@ class Display:
         self.label, self.cell_dir, self.global_batch = label, cell_dir, global_batch
         self.t0 = self.clock()
         self.last_line = self.t0
-        self.state: dict[str, Any] | None = None
 
     def poll(self) -> None:
         if self.cell_dir is None:
@@ -110,12 +109,14 @@ class Display:
         state = read(self.cell_dir)
         if state is None:
             return
-        self.state = state
         if self.tty:
             self._bar(state)
         elif self.clock() - self.last_line >= self.every_s:
             self.last_line = self.clock()
             print(self.line(state), file=self.stream, flush=True)
+
+    def samples_per_s(self, state: dict[str, Any]) -> float:
+        return self.global_batch / (state["step_ms"] / 1e3) if state["step_ms"] > 0 else math.nan
 
     def cell_eta(self, state: dict[str, Any]) -> float:
         return (state["total"] - state["done"]) * state["step_ms"] / 1e3
@@ -129,7 +130,7 @@ class Display:
         return here + (self.left - 1) * per_cell
 
     def line(self, state: dict[str, Any]) -> str:
-        sps = self.global_batch / (state["step_ms"] / 1e3) if state["step_ms"] > 0 else math.nan
+        sps = self.samples_per_s(state)
         epoch = f" (epoch {state['epoch'] + 1}/{state['epochs']})" if state["epochs"] > 1 else ""
         return (
             f"{self.label}: step {state['done']}/{state['total']}{epoch}, {sps:,.0f} samples/s, "
@@ -145,9 +146,8 @@ class Display:
                 total=state["total"], desc=self.label, unit="step", file=self.stream, leave=False
             )
         self.bar.update(state["done"] - self.bar.n)
-        sps = self.global_batch / (state["step_ms"] / 1e3) if state["step_ms"] > 0 else math.nan
         self.bar.set_postfix_str(
-            f"{sps:,.0f} samples/s, matrix ends in {duration(self.matrix_eta(state))}"
+            f"{self.samples_per_s(state):,.0f} samples/s, matrix ends in {duration(self.matrix_eta(state))}"
         )
 
     def end(self, ran: bool) -> None:

@@ -19,8 +19,6 @@ from typing import Any
 
 import numpy as np
 
-#: `setting`: the cell's run options (precision, compile, accumulation, SyncBN, swept --set
-#: options), e.g. "bf16,acc2"; a strategy at a world size may run under several
 #: measurements a strategy may report through Strategy.cell_metrics, model parallelism's:
 #: pipeline stages and micro-batches, the measured bubble (share of the pipeline's step a
 #: rank is idle, mean over ranks) beside the textbook (p-1)/(v*m+p-1), bytes sent stage to
@@ -33,6 +31,8 @@ EXTRA = (
     "p2p_mib_per_step",
     "collective_mib_per_step",
 )
+#: `setting`: the cell's run options (precision, compile, accumulation, SyncBN, swept --set
+#: options), e.g. "bf16,acc2"; a strategy at a world size may run under several
 ID = ["run_id", "strategy", "world_size", "setting", "repeat", "epoch"]
 PARAMS = [
     "launcher",

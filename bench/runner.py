@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,11 +136,10 @@ def plan(cfg: RunConfig) -> list[Cell]:
         settings = _settings(cfg, spec, device, points)
         mine: list[Cell] = []
         for ws, (setting, opts) in itertools.product(sizes, settings):
-            merged = {**(spec.variant.options if spec.variant else {}), **dict(opts)}
             reason = why_not or (
                 spec.cannot_run(ws, device, n_dev, cfg.oversubscribe)
                 or spec.cls.unsupported(setting, device)
-                or spec.cls.unsuitable(cfg, ws, merged)
+                or spec.cls.unsuitable(cfg, ws, merged_options(spec, opts))
             )
             for r in range(cfg.repeats):
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
@@ -155,6 +154,11 @@ def plan(cfg: RunConfig) -> list[Cell]:
     return cells
 
 
+def merged_options(spec: strategies.StrategySpec, opts: Iterable[tuple[str, str]]) -> dict:
+    """A cell's strategy options: its variant's, overridden by the --set values it takes."""
+    return {**(spec.variant.options if spec.variant else {}), **dict(opts)}
+
+
 def _with(cell: Cell) -> str:
     return "" if cell.label == "fp32" else f" with {cell.label}"
 
@@ -165,8 +169,9 @@ def _settings(
     """Every (run options, strategy options) combination of the matrix for one strategy."""
     out = []
     for opts in points:
-        merged = {**(spec.variant.options if spec.variant else {}), **dict(opts)}
-        default = spec.cls.default_precision(device, merged) if spec.cls else "fp32"
+        default = (
+            spec.cls.default_precision(device, merged_options(spec, opts)) if spec.cls else "fp32"
+        )
         for p, c, k, bn, cl in itertools.product(
             cfg.precisions or (default,),
             cfg.compile,
@@ -255,6 +260,10 @@ class RunDir:
     def config_path(self) -> Path:
         return self.path / "config.json"
 
+    def config(self) -> RunConfig:
+        """The run's config as it was saved when the run started."""
+        return RunConfig.from_dict(json.loads(self.config_path.read_text()))
+
     def done(self) -> set[tuple[str, int, str, int]]:
         return {
             (r["strategy"], int(r["world_size"]), r.get("setting") or "", int(r["repeat"]))
@@ -332,8 +341,7 @@ class Runner:
 
     def _options(self, cell: Cell) -> dict[str, str]:
         """The strategy's options in this cell: its variant's, overridden by --set."""
-        spec = strategies.get(cell.strategy)
-        return {**(spec.variant.options if spec.variant else {}), **dict(cell.options)}
+        return merged_options(strategies.get(cell.strategy), cell.options)
 
     # ---- running ----
     def _spec(self, cell: Cell, cell_dir: Path) -> Path:
@@ -550,7 +558,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                 f"--resume {resume}: no config.json there; is it a parabench run directory?"
             )
         try:
-            saved = RunConfig.from_dict(json.loads(rd.config_path.read_text()))
+            saved = rd.config()
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
             raise ConfigError(f"--resume {resume}: config.json is unreadable ({exc})") from exc
         return saved, rd, plan(saved)

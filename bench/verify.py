@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,8 +189,7 @@ def compare(run_dir: Path) -> list[Parity]:
     base_loss = losses[BASELINE]
     base_params = _params(rd, BASELINE)
     base_init = _params(rd, BASELINE, "params_init")
-    cfg = RunConfig.from_dict(json.loads(rd.config_path.read_text()))
-    norms = batch_norms(cfg)
+    norms = batch_norms(rd.config())
     out = []
     for r in rows:
         case = case_of[id(r)]
