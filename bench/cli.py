@@ -77,12 +77,26 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         default=(),
         help="e.g. 1,2 (default: 1,2,4.. up to devices)",
     )
-    p.add_argument("--dataset", default=d.dataset, help=f"one of {', '.join(DATASETS)}")
+    p.add_argument(
+        "--dataset",
+        default=d.dataset,
+        help=f"one of {', '.join(DATASETS)}, or your own: package.module:factory or "
+        "path/to/file.py:factory (README: 'Your own model and data')",
+    )
+    p.add_argument(
+        "--dataset-arg",
+        dest="dataset_args",
+        type=_model_arg,
+        action="append",
+        default=[],
+        help="key=value passed to your data-set factory",
+    )
     p.add_argument(
         "--model",
         default="",
-        help="mnist_cnn, transformer (a small ViT that model parallelism can split) or any "
-        "torchvision classification model",
+        help="mnist_cnn, transformer (a small ViT that model parallelism can split), lm (a "
+        "decoder-only language model: --model-arg size=tiny|small|base|medium), any torchvision "
+        "classification model, or your own: package.module:factory or path/to/file.py:factory",
     )
     p.add_argument(
         "--model-arg",
@@ -90,7 +104,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         type=_model_arg,
         action="append",
         default=[],
-        help="key=value passed to the model's constructor, e.g. depth=8 dim=256 for transformer",
+        help="key=value passed to the model's constructor or factory, e.g. depth=8 for "
+        "transformer, size=base for lm",
     )
     p.add_argument("--global-batch", type=int, default=d.global_batch)
     p.add_argument("--epochs", type=int, default=d.epochs)
@@ -114,6 +129,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-classes", type=int, default=None, help="imagenet-subset: first N classes")
     p.add_argument("--eval-samples", type=int, default=d.eval_samples)
     p.add_argument("--image-size", type=int, default=d.image_size)
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=d.seq_len,
+        help="tokens per sample for token models (lm) and their data (default %(default)s)",
+    )
     p.add_argument(
         "--timeout", type=float, default=d.timeout_s, help="seconds per cell before it is killed"
     )
@@ -226,6 +247,8 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         diverge_factor=a.diverge_factor,
         data_feed=a.data_feed,
         model_kwargs=dict(a.model_args),
+        dataset_kwargs=dict(a.dataset_args),
+        seq_len=a.seq_len,
         **extra,
     )
 
@@ -269,11 +292,26 @@ def cmd_list(a: argparse.Namespace) -> int:
         print(f"  {name:<16} {state} {spec.launcher:<11} {spec.description}")
         if why:
             print(f"  {'':<16} -> {why}")
-    print(f"datasets: {', '.join(DATASETS)}")
+    import torch
+
+    from bench import plugins
+    from bench.models import LM_SIZES, LanguageModel
+
+    mine = plugins.registered(plugins.DATASET_GROUP)
+    print(f"datasets: {', '.join([*DATASETS, *mine])}, or package.module:factory / file.py:factory")
     names = model_names()
     print(
-        f"models: {', '.join(names[:12])}, ... ({len(names)} in all; any torchvision classification model)"
+        f"models: {', '.join(names[:12])}, ... ({len(names)} in all; any torchvision "
+        "classification model, or package.module:factory / file.py:factory)"
     )
+    for name, value in plugins.registered(plugins.MODEL_GROUP).items():
+        print(f"  {name:<16} registered by a package: {value}")
+    sizes = []
+    for size in LM_SIZES:
+        with torch.device("meta"):
+            n = sum(p.numel() for p in LanguageModel(size=size).parameters())
+        sizes.append(f"{size} {n / 1e6:.1f} M")
+    print(f"  lm sizes (--model-arg size=...; parameters at 128 tokens): {', '.join(sizes)}")
     return 0
 
 

@@ -8,10 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DATASETS = ("mnist", "imagenet-subset", "synthetic")
+#: built-in data sets; `--dataset` also takes a user's (bench.plugins)
+DATASETS = ("mnist", "imagenet-subset", "synthetic", "python-source")
 PRECISIONS = ("fp32", "bf16", "fp16")  # the precision axis (strategies/precision.py)
 OPTIMIZERS = ("sgd", "adam", "adamw")
-DEFAULT_MODEL = {"mnist": "mnist_cnn", "imagenet-subset": "resnet18", "synthetic": "resnet18"}
+DEFAULT_MODEL = {
+    "mnist": "mnist_cnn",
+    "imagenet-subset": "resnet18",
+    "synthetic": "resnet18",
+    "python-source": "lm",
+}
 
 
 class ConfigError(ValueError):
@@ -40,6 +46,8 @@ class RunConfig:
     max_classes: int | None = None  # imagenet-subset: first N classes
     eval_samples: int = 1000
     image_size: int = 224
+    #: tokens per sample of a token model (lm) and its data (python-source, synthetic)
+    seq_len: int = 128
     timeout_s: float = 900.0  # per (strategy, world size, repeat)
     out_dir: str = "results"
     run_id: str = ""
@@ -64,16 +72,23 @@ class RunConfig:
     #: every dropout layer of the model off (parity: its masks depend on the rank layout)
     no_dropout: bool = False
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: key=value passed to a user's data-set factory (--dataset-arg)
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
             if not cond:
                 raise ConfigError(msg)
 
+        from bench import plugins
+
         need(
-            self.dataset in DATASETS,
-            f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}",
+            self.dataset in DATASETS or plugins.is_plugin(self.dataset, plugins.DATASET_GROUP),
+            f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}, or your "
+            "own as package.module:factory or path/to/file.py:factory",
         )
+        for name in ("dataset", "model"):  # a file named relative to here: ranks start elsewhere
+            object.__setattr__(self, name, plugins.absolute(getattr(self, name)))
         need(
             self.device in ("auto", "cpu", "cuda"),
             f"unknown device {self.device!r}; choose auto, cpu or cuda",
@@ -112,6 +127,7 @@ class RunConfig:
         need(self.max_classes is None or self.max_classes >= 2, "--max-classes must be at least 2")
         need(self.eval_samples >= 0, "--eval-samples cannot be negative")
         need(self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}")
+        need(self.seq_len >= 2, f"--seq-len must be at least 2, got {self.seq_len}")
         need(
             self.max_steps is None or self.warmup_steps < self.max_steps,
             f"--warmup-steps ({self.warmup_steps}) must be less than --max-steps ({self.max_steps}): "
@@ -153,6 +169,10 @@ class RunConfig:
         need(
             not (self.strategies and self.exclude),
             "--exclude goes with the default selection (every strategy), not with --strategies",
+        )
+        need(
+            bool(self.model) or self.dataset in DEFAULT_MODEL,
+            f"--dataset {self.dataset} is your own: name the model to train on it with --model",
         )
         if not self.model:
             object.__setattr__(self, "model", DEFAULT_MODEL[self.dataset])

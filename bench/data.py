@@ -1,4 +1,6 @@
-"""Datasets: MNIST from its idx files, an ImageNet subset as an ImageFolder tree, synthetic.
+"""Datasets: MNIST from its idx files, an ImageNet subset as an ImageFolder tree, synthetic
+images or tokens, the Python standard library's source as byte-level text
+(`python-source`), and a user's own data set from a factory (bench.plugins).
 
 Each loader returns a `DataBundle`: a training set, a held-out set and a sentence that
 says exactly what was used (which split, how the held-out part was made), which lands
@@ -8,6 +10,8 @@ in every result row. Nothing is substituted silently: missing data is a ConfigEr
 from __future__ import annotations
 
 import gzip
+import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +20,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 
+from bench import models, plugins
 from bench.config import ConfigError, RunConfig
-from bench.models import input_shape
+from bench.models import InputSpec, input_shape
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -27,8 +32,10 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 class DataBundle:
     train: Dataset
     held_out: Dataset
-    num_classes: int
+    num_classes: int  # or vocabulary, for token data
     description: str  # e.g. "mnist test split (10000), train 9000 / held-out 1000"
+    #: one sample's input (None: the model's own, as built-in image models take it)
+    spec: InputSpec | None = None
 
 
 def load(cfg: RunConfig) -> DataBundle:
@@ -36,13 +43,52 @@ def load(cfg: RunConfig) -> DataBundle:
         return _mnist(cfg)
     if cfg.dataset == "imagenet-subset":
         return _imagenet_subset(cfg)
-    return _synthetic(cfg)
+    if cfg.dataset == "python-source":
+        return _python_source(cfg)
+    if cfg.dataset == "synthetic":
+        return _synthetic(cfg)
+    return _plugin(cfg)
 
 
 def check(cfg: RunConfig) -> str:
-    """Fail fast, before any process starts, if the data is missing; say what will be used."""
+    """Fail fast, before any process starts, if the data is missing or the model cannot
+    take it; say what will be used."""
+    takes_tokens = bool(models.spec(cfg).vocab)
+    if cfg.dataset in ("mnist", "imagenet-subset") and takes_tokens:
+        raise ConfigError(
+            f"model {cfg.model} takes token sequences and {cfg.dataset} is images; use "
+            "--dataset python-source or synthetic"
+        )
+    if cfg.dataset == "python-source":
+        if not takes_tokens:
+            raise ConfigError(
+                f"python-source is text (byte tokens) and model {cfg.model} takes images; "
+                "use --model lm, or a token model of your own"
+            )
+        bundle = _python_source(cfg)
+        _enough(cfg, len(bundle.train))
+        return bundle.description
+    if cfg.dataset not in ("mnist", "imagenet-subset", "synthetic"):
+        bundle = _plugin(cfg)
+        _enough(cfg, len(bundle.train))  # type: ignore[arg-type]
+        assert bundle.spec is not None
+        models.check_forward(cfg, bundle.spec, bundle.num_classes)
+        return bundle.description
+    if models.is_plugin(cfg.model):  # a user's model: does it take this data?
+        if cfg.dataset == "synthetic":
+            bundle = _synthetic(cfg)
+            assert bundle.spec is not None
+            models.check_forward(cfg, bundle.spec, bundle.num_classes)
+        elif cfg.dataset == "mnist":
+            models.check_forward(cfg, InputSpec((1, 28, 28)), 10)
+        else:
+            classes = _imagenet_subset(cfg).num_classes
+            models.check_forward(cfg, InputSpec((3, cfg.image_size, cfg.image_size)), classes)
     if cfg.dataset == "mnist":
-        if input_shape(cfg.model, cfg.image_size, cfg.dataset)[0] != 1:
+        if (
+            not models.is_plugin(cfg.model)
+            and input_shape(cfg.model, cfg.image_size, cfg.dataset)[0] != 1
+        ):
             raise ConfigError(
                 f"model {cfg.model} takes 3-channel images and MNIST is 1-channel; "
                 "use --model mnist_cnn or transformer, or --dataset imagenet-subset / synthetic"
@@ -325,9 +371,164 @@ class DeviceBatches:
 
 
 def _synthetic(cfg: RunConfig) -> DataBundle:
-    shape = input_shape(cfg.model, cfg.image_size, cfg.dataset)
-    classes = 10 if cfg.model == "mnist_cnn" else 1000
+    spec = models.spec(cfg)
+    classes = _synthetic_classes(cfg, spec)
     n = cfg.limit or 50 * cfg.global_batch
-    train = SyntheticImages(n, shape, classes, cfg.seed)
-    held = SyntheticImages(max(cfg.eval_samples, 1), shape, classes, cfg.seed + 1)
-    return DataBundle(train, held, classes, f"synthetic {shape} x {n}, {classes} classes")
+    if spec.vocab:  # random token sequences; the targets are the next tokens
+        g = torch.Generator().manual_seed(cfg.seed)
+        seqs = torch.randint(
+            0, spec.vocab, (n + max(cfg.eval_samples, 1), spec.tokens + 1), generator=g
+        )
+        x, y = seqs[:, :-1].reshape(-1, *spec.shape), seqs[:, 1:].reshape(-1, *spec.shape)
+        train, held = TensorDataset(x[:n], y[:n]), TensorDataset(x[n:], y[n:])
+        return DataBundle(
+            train, held, spec.vocab, f"synthetic tokens {spec.describe()} x {n}", spec
+        )
+    train = SyntheticImages(n, spec.shape, classes, cfg.seed)
+    held = SyntheticImages(max(cfg.eval_samples, 1), spec.shape, classes, cfg.seed + 1)
+    return DataBundle(
+        train, held, classes, f"synthetic {spec.shape} x {n}, {classes} classes", spec
+    )
+
+
+def _synthetic_classes(cfg: RunConfig, spec: InputSpec) -> int:
+    """Classes of synthetic labels: the model's (a user's model states them, or they are
+    read off its output on the meta device), else the built-in default."""
+    if spec.vocab:
+        return spec.vocab
+    if not models.is_plugin(cfg.model):
+        return models.default_classes(cfg)
+    meta = models.meta_model(cfg)
+    stated = models.stated_classes(meta)
+    if stated:
+        return stated
+    try:
+        with torch.device("meta"), torch.no_grad():
+            out = meta.eval()(torch.empty((2, *spec.shape), dtype=spec.dtype))
+        return int(out.shape[-1])
+    except Exception:
+        return models.default_classes(cfg)  # check_forward says what is wrong
+
+
+# ---------------------------------------------------------------- python-source
+#: text read for python-source when --limit does not say: about 2 MiB of source
+PYTHON_SOURCE_BYTES = 2 << 20
+
+
+def python_source_files() -> list[Path]:
+    """The standard library's own .py files (no site-packages), in a fixed order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(
+        (p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()),
+        key=lambda p: p.relative_to(root).as_posix(),
+    )
+
+
+def _python_source(cfg: RunConfig) -> DataBundle:
+    """Byte-level text that every machine has without a download: the Python standard
+    library's source files, concatenated in path order and cut into sequences of
+    seq_len + 1 bytes (input: the first seq_len, target: the last seq_len). The last
+    sequences are held out."""
+    t = cfg.seq_len
+    held_n = max(cfg.eval_samples, 1)
+    want = (cfg.limit or PYTHON_SOURCE_BYTES // (t + 1)) + held_n
+    chunks, size, used = [], 0, 0
+    for path in python_source_files():
+        try:
+            chunks.append(path.read_bytes())
+        except OSError:
+            continue
+        size += len(chunks[-1])
+        used += 1
+        if size >= want * (t + 1):
+            break
+    n = size // (t + 1)
+    if n < 2:
+        raise ConfigError(
+            f"python-source: no Python source found under {sysconfig.get_paths()['stdlib']} "
+            "(this Python ships its standard library compiled only); use --dataset synthetic"
+        )
+    text = np.frombuffer(b"".join(chunks), dtype=np.uint8)[: n * (t + 1)]
+    seqs = torch.from_numpy(text.astype(np.int64)).view(n, t + 1)
+    held_n = min(held_n, n // 10) if n >= 20 else 0
+    x, y = seqs[:, :-1], seqs[:, 1:]
+    train = TensorDataset(x[: n - held_n], y[: n - held_n])
+    held = TensorDataset(x[n - held_n :], y[n - held_n :])
+    train = _limit(train, cfg.limit)
+    spec = InputSpec((t,), torch.long, models.BYTE_VOCAB)
+    ver = ".".join(map(str, sys.version_info[:2]))
+    desc = (
+        f"python-source: {used} files of the Python {ver} standard library "
+        f"({size / 2**20:.1f} MiB, bytes as tokens), sequences of {t}: "
+        f"train {len(train)} / held-out {held_n}"
+    )
+    return DataBundle(train, held, models.BYTE_VOCAB, desc, spec)
+
+
+# ---------------------------------------------------------------- a user's data set
+def _plugin(cfg: RunConfig) -> DataBundle:
+    """A user's data set: its factory returns a map-style Dataset of (input, target)
+    samples that states its classes (`num_classes`, `classes` or, for token data,
+    `vocab_size`), or a tuple of tensors (inputs, targets[, classes]) whose classes are
+    read off the targets when not given. Targets of a sample's own shape (not a single
+    label) make it token data: next-token targets, counted in tokens/s. The last tenth
+    (at most --eval-samples) is held out."""
+    name = cfg.dataset
+    got = plugins.call(name, plugins.DATASET_GROUP, cfg.dataset_kwargs)
+    classes: int | None = None
+    if (
+        isinstance(got, tuple)
+        and 2 <= len(got) <= 3
+        and all(isinstance(t, torch.Tensor) for t in got[:2])
+    ):
+        x, y = got[0], got[1]
+        if len(x) != len(y):
+            raise ConfigError(f"{name}: {len(x)} inputs but {len(y)} targets")
+        if y.dtype.is_floating_point:
+            raise ConfigError(f"{name}: targets must be integer class labels, not {y.dtype}")
+        classes = int(got[2]) if len(got) == 3 else None
+        ds: Dataset = TensorDataset(x, y)
+    elif isinstance(got, Dataset) and hasattr(got, "__len__"):
+        ds = got
+        classes = getattr(got, "vocab_size", None) or getattr(got, "num_classes", None)
+        if classes is None and getattr(got, "classes", None) is not None:
+            classes = len(got.classes)
+        if classes is None:
+            raise ConfigError(
+                f"{name}: the data set does not say how many classes it has: give it a "
+                "num_classes (or vocab_size) attribute, or return (inputs, targets) tensors"
+            )
+    else:
+        raise ConfigError(
+            f"{name} returned {type(got).__name__}; a data-set factory returns a map-style "
+            "torch Dataset with len(), or (inputs, targets) tensors"
+        )
+    n = len(ds)  # type: ignore[arg-type]
+    if n < 1:
+        raise ConfigError(f"{name}: the data set is empty")
+    try:
+        x0, y0 = ds[0]
+    except Exception as exc:
+        raise ConfigError(
+            f"{name}: its first sample is not an (input, target) pair: {plugins._one_line(exc)}"
+        ) from None
+    x0, y0 = torch.as_tensor(x0), torch.as_tensor(y0)
+    tokens = y0.dim() > 0
+    if classes is None:  # tensors without a stated count: read off the targets
+        assert isinstance(ds, TensorDataset)
+        top = ds.tensors[1].max()
+        if tokens:
+            top = torch.maximum(top, ds.tensors[0].max())
+        classes = int(top) + 1
+    classes = int(classes)
+    if classes < 2:
+        raise ConfigError(f"{name}: {classes} class(es); a classifier needs at least 2")
+    spec = InputSpec(tuple(x0.shape), x0.dtype, classes if tokens else 0)
+    n_eval = min(cfg.eval_samples, n // 10)
+    train = _limit(Subset(ds, range(n - n_eval)), cfg.limit)
+    held = Subset(ds, range(n - n_eval, n))
+    kind = f"{classes} tokens" if tokens else f"{classes} classes"
+    desc = (
+        f"{name}: {n} samples of {spec.describe()}, {kind}: train {len(train)} / held-out {n_eval}"
+    )
+    return DataBundle(train, held, classes, desc, spec)

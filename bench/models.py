@@ -1,13 +1,22 @@
 """Models: the classic MNIST CNN, a small vision transformer built for model parallelism,
-and any torchvision classification model by name."""
+a decoder-only language model (`lm`) in several sizes, any torchvision classification
+model by name, and a user's own model from a factory (bench.plugins).
+
+What a model is fed is an `InputSpec`: per-sample shape and dtype, and for token models
+the vocabulary (targets are then the next tokens, and rows count tokens/s)."""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torchvision
 from torch import nn
 
+from bench import plugins
 from bench.config import ConfigError, RunConfig
 
 
@@ -46,9 +55,9 @@ class Attention(nn.Module):
     output projection row-wise). The number of heads is read off the tensor, so the same
     code runs on a rank that holds only its share of them."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, causal: bool = False) -> None:
         super().__init__()
-        self.head_dim = dim // heads
+        self.head_dim, self.causal = dim // heads, causal
         self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.proj = nn.Linear(dim, dim)
 
@@ -58,7 +67,8 @@ class Attention(nn.Module):
         def heads(z: torch.Tensor) -> torch.Tensor:  # (b, t, h*d) -> (b, h, t, d)
             return z.view(b, t, -1, self.head_dim).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)))
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -74,9 +84,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: int, dropout: float) -> None:
+    def __init__(
+        self, dim: int, heads: int, mlp_ratio: int, dropout: float, causal: bool = False
+    ) -> None:
         super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads)
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads, causal)
         self.norm2, self.mlp = nn.LayerNorm(dim), MLP(dim, mlp_ratio * dim)
         self.drop = nn.Dropout(dropout)
 
@@ -157,8 +169,106 @@ class Transformer(nn.Module):
         return [self.embed, *self.blocks, self.head]
 
 
+class TokenEmbed(nn.Module):
+    """Token and learned position embeddings."""
+
+    def __init__(self, vocab_size: int, seq_len: int, dim: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Parameter(torch.randn(1, seq_len, dim) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tok(x) + self.pos[:, : x.shape[1]]
+
+
+class TokenHead(nn.Module):
+    """Final norm and a logit per vocabulary entry for every position."""
+
+    def __init__(self, dim: int, vocab_size: int) -> None:
+        super().__init__()
+        self.norm, self.fc = nn.LayerNorm(dim), nn.Linear(dim, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(x))
+
+
+#: language-model sizes: (dim, depth, heads); parameters at a byte vocabulary (256) and
+#: 128 positions, counted by `parabench list`
+LM_SIZES = {
+    "tiny": (128, 2, 4),  # 0.4 M: tests
+    "small": (384, 6, 6),  # 10.8 M
+    "base": (768, 12, 12),  # 85 M (GPT-2 small's blocks)
+    "medium": (1024, 24, 16),  # 303 M (GPT-2 medium's blocks)
+}
+
+
+class LanguageModel(nn.Module):
+    """A decoder-only transformer trained on next-token prediction (GPT-2's layout: pre-norm
+    blocks with causal self-attention, learned positions, untied head). Its blocks are the
+    vision transformer's (same Attention and MLP, so FSDP, the pipeline and the
+    tensor-parallel plan treat both alike). Output: (batch, seq, vocab) logits."""
+
+    input_dtype = torch.long
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        seq_len: int = 128,
+        size: str = "small",
+        dim: int = 0,
+        depth: int = 0,
+        heads: int = 0,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if size not in LM_SIZES:
+            raise ConfigError(f"lm: unknown size {size!r}; choose {', '.join(LM_SIZES)}")
+        d0, l0, h0 = LM_SIZES[size]
+        dim, depth, heads = dim or d0, depth or l0, heads or h0
+        if dim % heads:
+            raise ConfigError(f"lm: dim {dim} is not divisible by {heads} heads")
+        self.vocab_size, self.heads = vocab_size, heads
+        self.input_shape = (seq_len,)
+        self.embed = TokenEmbed(vocab_size, seq_len, dim)
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, mlp_ratio, dropout, causal=True) for _ in range(depth)
+        )
+        self.head = TokenHead(dim, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def layers(self) -> list[nn.Module]:
+        return [self.embed, *self.blocks, self.head]
+
+
 #: models defined here, by name
-OWN_MODELS = {"mnist_cnn": MnistCNN, "transformer": Transformer}
+OWN_MODELS = {"mnist_cnn": MnistCNN, "transformer": Transformer, "lm": LanguageModel}
+#: the byte-level vocabulary of the language model's data
+BYTE_VOCAB = 256
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What a model is fed, per sample: shape and dtype; `vocab` > 0 for token ids in
+    [0, vocab), whose targets are the next tokens (same shape as the input)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+    vocab: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per sample (0: not a token model): what tokens/s counts."""
+        return math.prod(self.shape) if self.vocab else 0
+
+    def describe(self) -> str:
+        kind = f"token ids < {self.vocab}" if self.vocab else str(self.dtype).replace("torch.", "")
+        return f"{tuple(self.shape)} {kind}"
 
 
 def torchvision_models() -> list[str]:
@@ -166,38 +276,124 @@ def torchvision_models() -> list[str]:
 
 
 def model_names() -> list[str]:
-    return [*OWN_MODELS, *torchvision_models()]
+    return [*OWN_MODELS, *sorted(plugins.registered(plugins.MODEL_GROUP)), *torchvision_models()]
+
+
+def is_plugin(model: str) -> bool:
+    return model not in OWN_MODELS and plugins.is_plugin(model, plugins.MODEL_GROUP)
 
 
 def input_shape(model: str, image_size: int, dataset: str = "") -> tuple[int, int, int]:
-    """The (channels, height, width) a model is fed: MNIST's for mnist_cnn, and for the
-    transformer on MNIST; else 3 x image_size x image_size."""
+    """The (channels, height, width) a built-in image model is fed: MNIST's for mnist_cnn,
+    and for the transformer on MNIST; else 3 x image_size x image_size."""
     if model == "mnist_cnn" or (model == "transformer" and dataset == "mnist"):
         return (1, 28, 28)
     return (3, image_size, image_size)
 
 
 def check_model(model: str) -> None:
-    if model not in OWN_MODELS and model not in torchvision_models():
+    if model in OWN_MODELS or is_plugin(model):
+        return
+    if model not in torchvision_models():
         raise ConfigError(
-            f"unknown model {model!r}; use mnist_cnn, transformer or a torchvision "
-            "classification model (e.g. resnet18, resnet50; `parabench list` shows all)"
+            f"unknown model {model!r}; use mnist_cnn, transformer, lm, a torchvision "
+            "classification model (e.g. resnet18), or your own as package.module:factory or "
+            "path/to/file.py:factory (`parabench list` shows all)"
         )
 
 
-def meta_model(cfg: RunConfig) -> nn.Module:
+def _vocab(cfg: RunConfig) -> int:
+    return int(cfg.model_kwargs.get("vocab_size", BYTE_VOCAB))
+
+
+def default_classes(cfg: RunConfig) -> int:
+    """Classes (or vocabulary) of the run where no data set states them (synthetic data):
+    the language model's vocabulary, 10 for mnist_cnn, else ImageNet's 1000; a user's model
+    says with its `num_classes` or `vocab_size` attribute (see `spec`)."""
+    if cfg.model == "lm":
+        return _vocab(cfg)
+    return 10 if cfg.model == "mnist_cnn" or cfg.dataset == "mnist" else 1000
+
+
+def build_model(
+    model: str,
+    num_classes: int,
+    shape: tuple[int, ...] | None = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """Model `model` with `num_classes` outputs (a token model: vocabulary) for inputs of
+    per-sample `shape`; `kwargs` go to its constructor (--model-arg)."""
+    check_model(model)
+    if model == "mnist_cnn":
+        return MnistCNN(num_classes, **kwargs)
+    if model == "transformer":
+        return Transformer(num_classes, shape or (1, 28, 28), **kwargs)  # type: ignore[arg-type]
+    if model == "lm":
+        kwargs = {"vocab_size": num_classes, **kwargs}
+        return LanguageModel(seq_len=shape[0] if shape else 128, **kwargs)
+    if is_plugin(model):
+        built = plugins.call(model, plugins.MODEL_GROUP, kwargs, {"num_classes": num_classes})
+        if not isinstance(built, nn.Module):
+            raise ConfigError(
+                f"{model} returned {type(built).__name__}, not a torch.nn.Module; a model "
+                "factory returns the model"
+            )
+        return built
+    return torchvision.models.get_model(model, weights=None, num_classes=num_classes, **kwargs)
+
+
+def build(cfg: RunConfig, num_classes: int, spec: InputSpec | None = None) -> nn.Module:
+    """The run's model for data with `num_classes` classes (or vocabulary)."""
+    shape = spec.shape if spec else builtin_spec(cfg).shape
+    return build_model(cfg.model, num_classes, shape, **cfg.model_kwargs)
+
+
+def builtin_spec(cfg: RunConfig) -> InputSpec:
+    """The input of a built-in model (a user's model states its own: `spec`)."""
+    if cfg.model == "lm":
+        return InputSpec((cfg.seq_len,), torch.long, _vocab(cfg))
+    return InputSpec(input_shape(cfg.model, cfg.image_size, cfg.dataset))
+
+
+def spec(cfg: RunConfig, model: nn.Module | None = None) -> InputSpec:
+    """What the run's model is fed when the data does not decide (synthetic data). A user's
+    model may state it with attributes: `input_shape` (one sample), `input_dtype`
+    (default float32) and, for a token model, `vocab_size`; without them it is fed images
+    of 3 x image_size x image_size, as torchvision's models are."""
+    if not is_plugin(cfg.model):
+        return builtin_spec(cfg)
+    model = model if model is not None else meta_model(cfg)
+    shape = getattr(model, "input_shape", None) or (3, cfg.image_size, cfg.image_size)
+    dtype = getattr(model, "input_dtype", torch.float32)
+    vocab = int(getattr(model, "vocab_size", 0) or 0)
+    if not isinstance(dtype, torch.dtype):
+        raise ConfigError(f"{cfg.model}: input_dtype must be a torch.dtype, not {dtype!r}")
+    try:
+        shape = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{cfg.model}: input_shape must be a tuple of ints (one sample), not {shape!r}"
+        ) from None
+    return InputSpec(shape, dtype, vocab)
+
+
+def stated_classes(model: nn.Module) -> int | None:
+    """The classes (or vocabulary) a user's model says it has, if it says."""
+    n = getattr(model, "vocab_size", None) or getattr(model, "num_classes", None)
+    return int(n) if n else None
+
+
+def meta_model(cfg: RunConfig, num_classes: int | None = None) -> nn.Module:
     """The run's model built on the meta device (no memory, no weights), with its input
     shape and constructor arguments: what checks made before anything starts look at."""
     with torch.device("meta"):
-        return build_model(
-            cfg.model, 10, input_shape(cfg.model, cfg.image_size, cfg.dataset), **cfg.model_kwargs
-        )
+        return build(cfg, num_classes or default_classes(cfg))
 
 
 def check_model_args(cfg: RunConfig) -> None:
     """Build the model on the meta device with the run's constructor arguments, so a wrong
-    --model-arg is one line before anything starts."""
-    if not cfg.model_kwargs:
+    --model-arg (or a user's factory that fails) is one line before anything starts."""
+    if not cfg.model_kwargs and not is_plugin(cfg.model):
         return
     try:
         meta_model(cfg)
@@ -208,15 +404,59 @@ def check_model_args(cfg: RunConfig) -> None:
         raise ConfigError(f"--model-arg {given}: {cfg.model} does not take it ({exc})") from None
 
 
-def build_model(
-    model: str, num_classes: int, shape: tuple[int, int, int] | None = None, **kwargs
-) -> nn.Module:
-    check_model(model)
-    if model == "mnist_cnn":
-        return MnistCNN(num_classes, **kwargs)
-    if model == "transformer":
-        return Transformer(num_classes, shape or (1, 28, 28), **kwargs)
-    return torchvision.models.get_model(model, weights=None, num_classes=num_classes, **kwargs)
+def check_forward(cfg: RunConfig, spec: InputSpec, num_classes: int) -> None:
+    """Run a user's model (or any model on a user's data) forward on a batch of two samples
+    of `spec`, and check it gives `num_classes` scores per sample (per token for a token
+    model): on the meta device first (no memory, no weights), on the CPU where an operation
+    has no meta kernel. ConfigError naming the model and what went wrong."""
+    try:
+        out = _forward(cfg, spec, num_classes, "meta")
+    except ConfigError:
+        raise
+    except Exception:
+        try:
+            out = _forward(cfg, spec, num_classes, "cpu")
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(
+                f"{cfg.model}: forward on a batch of {spec.describe()} fails: "
+                f"{plugins._one_line(exc)}"
+            ) from None
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(f"{cfg.model}: forward returned {type(out).__name__}, not a tensor")
+    want = (2, *spec.shape, num_classes) if spec.vocab else (2, num_classes)
+    if tuple(out.shape) != want:
+        what = "per token" if spec.vocab else "per sample"
+        raise ConfigError(
+            f"{cfg.model}: output of shape {tuple(out.shape)} on a batch of 2 x {spec.describe()}; "
+            f"the data has {num_classes} {'tokens' if spec.vocab else 'classes'}, so "
+            f"{num_classes} scores {what} were expected: {want}"
+        )
+
+
+def _forward(cfg: RunConfig, spec: InputSpec, num_classes: int, device: str) -> Any:
+    with torch.device(device):
+        model = build(cfg, num_classes, spec)
+        if spec.vocab:
+            x = torch.randint(0, spec.vocab, (2, *spec.shape))
+        else:
+            x = torch.randn((2, *spec.shape)).to(spec.dtype)
+    with torch.no_grad():
+        return model.eval()(x)
+
+
+def loss_of(model: nn.Module):
+    """The loss a model trains with: its own `loss(output, target)` if it has one, else
+    cross-entropy over the last dimension (classes, or the vocabulary at every position)."""
+    own = getattr(model, "loss", None)
+    return own if callable(own) else cross_entropy
+
+
+def cross_entropy(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every score vector: (batch, classes) against (batch,) labels,
+    or (batch, seq, vocab) against (batch, seq) next tokens."""
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), target.reshape(-1))
 
 
 def without_dropout(model: nn.Module) -> int:

@@ -28,6 +28,7 @@ from bench.config import ConfigError
 #: the per-repeat measurements that summary.csv gives a median and spread for
 SUMMARY_METRICS = (
     "samples_per_s",
+    "tokens_per_s",
     "timed_s",
     "step_time_ms_p50",
     "step_time_ms_p90",

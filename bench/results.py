@@ -71,6 +71,7 @@ MEASUREMENTS = [
     "timed_s",
     "samples_per_s",
     "samples_per_s_per_device",
+    "tokens_per_s",
     "step_time_ms_p50",
     "step_time_ms_p90",
     "step_time_ms_iqr",
@@ -209,6 +210,10 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "timed_s": timed_s,
         "samples_per_s": sps,
         "samples_per_s_per_device": sps / world_size,
+        # a token model's samples are sequences: what language-model work is counted in
+        "tokens_per_s": sps * record["tokens_per_sample"]
+        if record.get("tokens_per_sample")
+        else float("nan"),
         "step_time_ms_p50": _pct(step, 50),
         "step_time_ms_p90": _pct(step, 90),
         "step_time_ms_iqr": _pct(step, 75) - _pct(step, 25),

@@ -23,9 +23,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import strategies
-from bench import data, proc
+from bench import data, models, proc
 from bench.config import RunConfig
-from bench.models import build_model, input_shape, without_dropout
+from bench.models import without_dropout
 from bench.probes import reset_peaks
 from bench.progress import StepReporter
 from strategies.base import RankContext, Setting, Strategy
@@ -63,21 +63,26 @@ def seed_everything(seed: int) -> None:
 
 
 def evaluate(strategy: Strategy, dataset: Any, batch: int = 256) -> dict[str, float]:
+    """Held-out loss (per sample, with the training loss) and accuracy (argmax over the
+    last dimension: per sample, or per token for a token model)."""
     model = strategy.eval_module()
     if model is None:
         return {}
     model.eval()
-    correct, loss_sum, n = 0, 0.0, 0
+    correct, scored, loss_sum, n = 0, 0, 0.0, 0
     with torch.no_grad():
         for x, y in DataLoader(dataset, batch_size=batch):
             x, y = x.to(strategy.ctx.device), y.to(strategy.ctx.device)
             with strategy.autocast():
                 out = model(x)
-            loss_sum += torch.nn.functional.cross_entropy(out.float(), y, reduction="sum").item()
-            correct += (out.argmax(1) == y).sum().item()
+            loss_sum += strategy.loss_fn(out.float(), y).item() * len(y)
             n += len(y)
+            if out.shape[:-1] == y.shape:
+                correct += (out.argmax(-1) == y).sum().item()
+                scored += y.numel()
     model.train()
-    return {"eval_loss": loss_sum / max(n, 1), "eval_accuracy": correct / max(n, 1)}
+    accuracy = correct / scored if scored else float("nan")
+    return {"eval_loss": loss_sum / max(n, 1), "eval_accuracy": accuracy}
 
 
 def run(spec: dict[str, Any]) -> None:
@@ -110,8 +115,9 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
     try:
         bundle = data.load(cfg)
         seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
-        shape = input_shape(cfg.model, cfg.image_size, cfg.dataset)
-        model = build_model(cfg.model, bundle.num_classes, shape, **cfg.model_kwargs)
+        spec = bundle.spec or models.spec(cfg)
+        model = models.build(cfg, bundle.num_classes, spec)
+        strategy.loss_fn = models.loss_of(model)
         if cfg.no_dropout:
             without_dropout(model)
         model = model.to(ctx.device)
@@ -174,6 +180,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                     "losses": stats.losses,
                     "ranks": ranks,
                     "per_rank_batch": per_rank,
+                    "tokens_per_sample": spec.tokens,
                     "micro_batch": strategy.micro_batch(cfg.global_batch),
                     "data_ranks": strategy.data_ranks()[0],
                     "extra": extra,

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
+from bench.models import cross_entropy
 from bench.probes import StepRecord, StepTimer, memory_snapshot, model_state_mib
 from strategies import precision as prec
 
@@ -122,6 +122,8 @@ class Strategy:
         #: what the precision column says (e.g. bf16, apex_O2)
         self.precision = self.setting.precision
         self.model: nn.Module | None = None
+        #: (output, target) -> loss; the worker sets the model's (bench.models.loss_of)
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy
         self.optimizer: torch.optim.Optimizer | None = None
         self.notes: list[str] = []
         self.model_state: dict[str, float] = {}
@@ -237,7 +239,7 @@ class Strategy:
     def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         assert self.model is not None
         with self.autocast():
-            return F.cross_entropy(self.model(x), y)
+            return self.loss_fn(self.model(x), y)
 
     def zero_grad(self, optimizer: Any) -> None:
         optimizer.zero_grad(set_to_none=True)

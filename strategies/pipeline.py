@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from bench.models import meta_model, sequence
@@ -179,9 +178,7 @@ class Pipeline(TorchDistributed):
             ScheduleInterleaved1F1B,
         )
 
-        def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(out, target)
-
+        loss_fn = self.loss_fn
         m, kind = self.microbatches, self.options.get("schedule", "gpipe")
         if kind == "interleaved":
             return ScheduleInterleaved1F1B(self.stages, n_microbatches=m, loss_fn=loss_fn)

@@ -1,0 +1,137 @@
+"""Models and data sets from outside parabench.
+
+`--model` and `--dataset` take, besides the built-in names:
+
+- `package.module:factory`: a function importable from the Python path;
+- `path/to/file.py:factory`: a function in a file (made absolute when the run starts, so
+  every rank finds it wherever it runs);
+- a name registered by an installed package under the entry-point group
+  `parabench.models` or `parabench.datasets` (`name = "package.module:factory"`).
+
+Every failure to get a working factory (module missing, attribute missing, not callable,
+an exception inside it, the wrong kind of result) is a ConfigError naming the factory:
+one line and exit 2 before any cell starts. The contracts a factory follows are in
+README.md ("Your own model and data").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from bench.config import ConfigError
+
+MODEL_GROUP = "parabench.models"
+DATASET_GROUP = "parabench.datasets"
+
+
+def registered(group: str) -> dict[str, str]:
+    """Entry points of `group`: name -> "package.module:factory"."""
+    return {ep.name: ep.value for ep in entry_points(group=group)}
+
+
+def is_factory_spec(name: str) -> bool:
+    """`module:factory` or `file.py:factory` (not a built-in or registered name)."""
+    return ":" in name
+
+
+def is_plugin(name: str, group: str) -> bool:
+    return is_factory_spec(name) or name in registered(group)
+
+
+def absolute(spec: str) -> str:
+    """`file.py:factory` with the file's absolute path (ranks may start elsewhere); any
+    other spec unchanged."""
+    where, sep, attr = spec.rpartition(":")
+    if sep and _is_file(where):
+        return f"{Path(where).expanduser().resolve()}:{attr}"
+    return spec
+
+
+def _is_file(where: str) -> bool:
+    return where.endswith(".py") or "/" in where or "\\" in where
+
+
+def _split(spec: str, group: str) -> tuple[str, str]:
+    target = spec if is_factory_spec(spec) else registered(group).get(spec, "")
+    where, _, attr = target.rpartition(":")
+    if not where or not attr:
+        raise ConfigError(f"{spec!r}: expected package.module:factory or path/to/file.py:factory")
+    return where, attr
+
+
+def _import(where: str, spec: str) -> Any:
+    if _is_file(where):
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{spec}: no such file {path}")
+        # one module per file path, so two files named alike do not collide
+        name = "parabench_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+        if name in sys.modules:
+            return sys.modules[name]
+        loader = importlib.util.spec_from_file_location(name, path)
+        if loader is None or loader.loader is None:
+            raise ConfigError(f"{spec}: {path} cannot be imported as Python")
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[name] = module
+        try:
+            loader.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise ConfigError(f"{spec}: importing {path} raised {_one_line(exc)}") from None
+        return module
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"{spec}: cannot import {where} ({exc})") from None
+    except Exception as exc:
+        raise ConfigError(f"{spec}: importing {where} raised {_one_line(exc)}") from None
+
+
+def factory(spec: str, group: str) -> Callable[..., Any]:
+    """The callable `spec` names (see the module docstring)."""
+    where, attr = _split(spec, group)
+    obj = _import(where, spec)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{spec}: {where} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"{spec}: {attr} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def call(
+    spec: str, group: str, kwargs: Mapping[str, Any], offered: Mapping[str, Any] | None = None
+) -> Any:
+    """Call the factory `spec` names with `kwargs` (the user's), plus those of `offered`
+    (what parabench knows, e.g. num_classes) that its signature takes."""
+    fn = factory(spec, group)
+    args = dict(kwargs)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C function: offer nothing
+        params = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for key, value in (offered or {}).items():
+        if key not in args and (key in params or takes_any):
+            args[key] = value
+    try:
+        return fn(**args)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        given = ", ".join(f"{k}={v!r}" for k, v in args.items()) or "no arguments"
+        raise ConfigError(f"{spec}({given}) raised {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
