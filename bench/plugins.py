@@ -2,7 +2,8 @@
 
 `--model` and `--dataset` take, besides the built-in names:
 
-- `package.module:factory`: a function importable from the Python path;
+- `package.module:factory`: a function importable from the Python path or the current
+  directory (as `python -m` finds modules);
 - `path/to/file.py:factory`: a function in a file (made absolute when the run starts, so
   every rank finds it wherever it runs);
 - a name registered by an installed package under the entry-point group
@@ -20,6 +21,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
@@ -87,6 +89,8 @@ def _import(where: str, spec: str) -> Any:
             del sys.modules[name]
             raise ConfigError(f"{spec}: importing {path} raised {_one_line(exc)}") from None
         return module
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: your package, run from its root
     try:
         return importlib.import_module(where)
     except ModuleNotFoundError as exc:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +25,8 @@ import torch
 
 from bench import results
 from bench.config import ConfigError, RunConfig
-from bench.models import batch_norms
-from bench.runner import RunDir, cell_dirname, run_matrix
+from bench.models import batch_norms, meta_model
+from bench.runner import RunDir, cell_dirname, plan, run_matrix
 
 
 @dataclass(frozen=True)
@@ -84,23 +86,47 @@ UNKNOWN = Tolerance(loss_abs=math.nan, param_rel=math.nan)
 NOT_COMPARABLE = "not comparable"
 
 
+Layout = tuple[int, int]  # (shares of the batch normalised apart, micro-batches per share)
+
+
+def batch_norm_layout(row: dict[str, str], norms: int) -> Layout:
+    """How a cell's forwards cut each global batch, as far as BatchNorm sees it: (data
+    ranks, micro-batches per rank). (1, 1) where the whole batch is normalised at once (no
+    BatchNorm, SyncBatchNorm on, one rank and one micro-batch)."""
+    if not norms or row.get("sync_bn") == "1":
+        return (1, 1)
+    global_batch = int(row["global_batch"])
+    per_rank = int(row.get("per_rank_batch") or global_batch)
+    micro = int(row.get("micro_batch") or per_rank)
+    ranks = int(row.get("data_ranks") or 1)
+    if row.get("launcher") == "inprocess":
+        ranks = 1  # DataParallel: one process, handled by batch_norm_reason
+    return (ranks, max(per_rank // max(micro, 1), 1))
+
+
 def batch_norm_reason(row: dict[str, str], norms: int) -> str:
-    """Why a cell of a model with BatchNorm computes something else than the one-process
-    baseline, or "": each forward normalises over its own share of the batch (per rank, per
-    micro-batch, per DataParallel replica) unless SyncBatchNorm joins them."""
+    """Why a cell of a model with BatchNorm cannot be checked against any baseline here, or
+    "": DataParallel cuts its batch over devices in its own scatter, which no baseline
+    reproduces (the share baselines cover ranks and micro-batches)."""
     if not norms or row.get("sync_bn") == "1":
         return ""
-    global_batch = int(row["global_batch"])
-    micro = int(row.get("micro_batch") or global_batch)
     if row.get("launcher") == "inprocess" and int(row["world_size"]) > 1:
-        micro //= int(row["world_size"])  # DataParallel splits its batch over its devices
-    if micro >= global_batch:
-        return ""
-    return (
-        f"{norms} BatchNorm layers normalise over each forward's {micro} samples, the "
-        f"baseline's over {global_batch}: a different computation, not an error "
-        "(--sync-bn on GPU, or a model without BatchNorm, makes it comparable)"
-    )
+        micro = int(row.get("micro_batch") or row["global_batch"]) // int(row["world_size"])
+        return (
+            f"{norms} BatchNorm layers normalise over each device's {micro} samples of "
+            "DataParallel's scatter, which no baseline here reproduces (--sync-bn makes it "
+            "comparable)"
+        )
+    return ""
+
+
+def baseline_label(layout: Layout) -> str:
+    r, k = layout
+    if layout == (1, 1):
+        return "single"
+    parts = [f"{r} shares"] if r > 1 else []
+    parts += [f"{k} micro-batches"] if k > 1 else []
+    return f"single, {' x '.join(parts)}"
 
 
 @dataclass(frozen=True)
@@ -117,6 +143,11 @@ class Parity:
 
     #: why the cell cannot be compared with the single baseline (not a pass, not a FAIL)
     reason: str = ""
+    #: which baseline it was checked against (bench.verify.baseline_label)
+    baseline: str = "single"
+    #: running statistics (BatchNorm buffers): max |difference| from the baseline's, which
+    #: follows rank 0's rule (NaN: the model has none)
+    buffer_abs: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -144,6 +175,18 @@ def _losses(rd: RunDir) -> dict[Case, list[float]]:
 def _params(rd: RunDir, case: Case, which: str = "params") -> dict[str, torch.Tensor]:
     path = rd.path / "cells" / cell_dirname(*case, 0) / f"{which}.pt"
     return torch.load(path, weights_only=True)
+
+
+def _split_buffers(
+    state: dict[str, torch.Tensor], buffers: set[str]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    params = {k: v for k, v in state.items() if k not in buffers}
+    return params, {k: v for k, v in state.items() if k in buffers}
+
+
+def _buffer_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    diffs = [(a[k].double() - b[k].double()).abs().max().item() for k in b if b[k].numel()]
+    return max(diffs, default=math.nan)
 
 
 def _param_diff(
@@ -176,6 +219,29 @@ def late_loss_gap(mine: list[float], base: list[float]) -> float:
     return math.inf if math.isnan(gap) else gap
 
 
+def baselines_dir(run_dir: Path) -> Path:
+    """Where verify puts the share baselines of a run (one run each, bench.verify.Layout)."""
+    return run_dir / "baselines"
+
+
+def _layout_id(layout: Layout) -> str:
+    return f"shares{layout[0]}-acc{layout[1]}"
+
+
+def _baseline(rd: RunDir, layout: Layout) -> tuple[RunDir, list[float]] | None:
+    """The run of the baseline for `layout`, and its losses; None if it did not run."""
+    if layout == (1, 1):
+        return rd, _losses(rd)[BASELINE]
+    path = baselines_dir(rd.path) / _layout_id(layout)
+    if not (path / "runs.csv").exists():
+        return None
+    brd = RunDir(path)
+    row = next((r for r in brd.runs.read() if r["repeat"] == "0"), None)
+    if row is None or row["status"] != results.OK:
+        return None
+    return brd, next(iter(_losses(brd).values()))
+
+
 def compare(run_dir: Path) -> list[Parity]:
     rd = RunDir(run_dir)
     rows = [r for r in rd.runs.read() if r["repeat"] == "0"]
@@ -185,11 +251,10 @@ def compare(run_dir: Path) -> list[Parity]:
     base_row = next((r for r in rows if case_of[id(r)] == BASELINE), None)
     if base_row is None or base_row["status"] != results.OK:
         raise ConfigError("the single baseline (fp32) did not run; parity needs it")
+    cfg = rd.config()
+    norms = batch_norms(cfg)
+    buffers = {name for name, _ in meta_model(cfg).named_buffers()}
     losses = _losses(rd)
-    base_loss = losses[BASELINE]
-    base_params = _params(rd, BASELINE)
-    base_init = _params(rd, BASELINE, "params_init")
-    norms = batch_norms(rd.config())
     out = []
     for r in rows:
         case = case_of[id(r)]
@@ -205,19 +270,44 @@ def compare(run_dir: Path) -> list[Parity]:
             )
             continue
         why = batch_norm_reason(r, norms)
+        layout = batch_norm_layout(r, norms)
+        found = None if why else _baseline(rd, layout)
+        if found is None and not why:
+            why = f"its baseline ({baseline_label(layout)}) did not run"
         if why:
             out.append(
                 Parity(name, ws, setting, numerics, nan, nan, nan, UNKNOWN, NOT_COMPARABLE, why)
             )
             continue
+        assert found is not None
+        brd, base_loss = found
+        bcase = next(iter(_losses(brd))) if brd is not rd else BASELINE
+        base_init = _params(brd, bcase, "params_init")
+        base_params, base_buffers = _split_buffers(_params(brd, bcase), buffers)
+        label = baseline_label(layout)
         if tol is None:
-            out.append(Parity(name, ws, setting, numerics, nan, nan, nan, UNKNOWN, "no tolerance"))
+            out.append(
+                Parity(
+                    name,
+                    ws,
+                    setting,
+                    numerics,
+                    nan,
+                    nan,
+                    nan,
+                    UNKNOWN,
+                    "no tolerance",
+                    baseline=label,
+                )
+            )
             continue
         mine = losses[case]
         n = min(len(mine), len(base_loss))
         loss_abs = max(abs(a - b) for a, b in zip(mine[:n], base_loss[:n], strict=True))
         same_start, _ = _param_diff(_params(rd, case, "params_init"), base_init, base_init)
-        p_abs, p_rel = _param_diff(_params(rd, case), base_params, base_init)
+        my_params, my_buffers = _split_buffers(_params(rd, case), buffers)
+        p_abs, p_rel = _param_diff(my_params, base_params, base_init)
+        buffer_abs = _buffer_diff(my_buffers, base_buffers) if norms else nan
         if tol.approximate:
             loss_abs = late_loss_gap(mine, base_loss)
             good = same_start <= tol.init_abs and len(mine) == len(base_loss)
@@ -230,28 +320,59 @@ def compare(run_dir: Path) -> list[Parity]:
                 and p_rel <= tol.param_rel
             )
         status = "pass" if good else "FAIL"
-        out.append(Parity(name, ws, setting, numerics, loss_abs, p_abs, p_rel, tol, status))
+        out.append(
+            Parity(
+                name,
+                ws,
+                setting,
+                numerics,
+                loss_abs,
+                p_abs,
+                p_rel,
+                tol,
+                status,
+                baseline=label,
+                buffer_abs=buffer_abs,
+            )
+        )
     return out
 
 
 def table(parity: list[Parity]) -> str:
     width = max([26, *(len(p.label) + 1 for p in parity)])
+    bwidth = max([9, *(len(p.baseline) + 2 for p in parity)])
     head = (
         f"{'strategy':<{width}}{'ws':>3}  {'numerics':<20}{'max |dloss|':>12}{'max |dparam|':>13}"
-        f"{'rel dparam':>12}  {'tolerance':<36}result"
+        f"{'rel dparam':>12}  {'tolerance':<36}{'baseline':<{bwidth}}result"
     )
     lines = [head, "-" * len(head)]
     for p in parity:
         lines.append(
             f"{p.label:<{width}}{p.world_size:>3}  {p.numerics or '-':<20}{p.loss_abs:>12.2e}"
-            f"{p.param_abs:>13.2e}{p.param_rel:>12.2e}  {p.tol.describe():<36}{p.status}"
+            f"{p.param_abs:>13.2e}{p.param_rel:>12.2e}  {p.tol.describe():<36}"
+            f"{p.baseline:<{bwidth}}{p.status}"
         )
     lines += [f"{p.label} ws={p.world_size}: {p.reason}" for p in parity if p.reason]
     lines.append(
         "baseline: single at world size 1, fp32; loss: max over steps of |loss - baseline's| "
         "(approximate: relative gap of the mean loss over the second half of the steps); "
-        "rel dparam: ||w - w_base|| / ||w_base - w_init||"
+        "rel dparam: ||w - w_base|| / ||w_base - w_init|| over parameters"
     )
+    if any(p.baseline != "single" for p in parity):
+        lines.append(
+            "single, N shares x K micro-batches: the global batch cut as the cell's ranks and "
+            "micro-batches cut it, each part's BatchNorm over that part, gradients averaged "
+            "(BatchNorm normalises over what each forward sees, so this is what the cell computes)"
+        )
+    buffered = [p for p in parity if not math.isnan(p.buffer_abs)]
+    if buffered:
+        worst = max(buffered, key=lambda p: p.buffer_abs)
+        lines.append(
+            "running statistics (BatchNorm buffers), reported apart: every strategy keeps rank "
+            "0's (DDP broadcasts rank 0's buffers each forward; the others save rank 0's), and "
+            "the baseline updates them from the first share only; largest |difference| "
+            f"{worst.buffer_abs:.2e} ({worst.label} ws={worst.world_size})"
+        )
     return "\n".join(lines)
 
 
@@ -264,9 +385,11 @@ def write_csv(parity: list[Parity], path: Path) -> None:
                 "world_size",
                 "setting",
                 "numerics",
+                "baseline",
                 "max_abs_loss_diff",
                 "max_abs_param_diff",
                 "rel_param_diff",
+                "max_abs_buffer_diff",
                 "loss_tolerance",
                 "param_tolerance",
                 "approximate",
@@ -281,9 +404,11 @@ def write_csv(parity: list[Parity], path: Path) -> None:
                     p.world_size,
                     p.setting,
                     p.numerics,
+                    p.baseline,
                     p.loss_abs,
                     p.param_abs,
                     p.param_rel,
+                    p.buffer_abs,
                     p.tol.loss_abs,
                     p.tol.param_rel,
                     int(p.tol.approximate),
@@ -317,8 +442,131 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
     )
 
 
-def verify(base: RunConfig, steps: int, echo=print) -> tuple[Path, list[Parity]]:
-    run_dir, _ = run_matrix(parity_config(base, steps), echo=echo)
+def share_layouts(run_dir: Path) -> list[Layout]:
+    """The share baselines a run's BatchNorm cells need (none for a model without)."""
+    rd = RunDir(run_dir)
+    norms = batch_norms(rd.config())
+    layouts = {
+        batch_norm_layout(r, norms)
+        for r in rd.runs.read()
+        if r["status"] == results.OK and r["repeat"] == "0" and not batch_norm_reason(r, norms)
+    }
+    return sorted(layouts - {(1, 1)})
+
+
+def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
+    """One `single --set shares=R --accumulate K` run per layout the cells need, through
+    the same harness, under run_dir/baselines/."""
+    for layout in share_layouts(run_dir):
+        r, k = layout
+        echo(f"baseline for BatchNorm over shares: {baseline_label(layout)}")
+        run_matrix(
+            cfg.replace(
+                strategies=("single",),
+                exclude=(),
+                world_sizes=(1,),
+                options={"shares": str(r)},
+                precisions=("fp32",),
+                accumulate=(k,),
+                compile=(False,),
+                sync_bn=(False,),
+                channels_last=(False,),
+                out_dir=str(baselines_dir(run_dir)),
+                run_id=_layout_id(layout),
+            ),
+            echo=echo,
+        )
+
+
+#: twins of the baseline run to measure a model's conditioning (bench.verify.conditioning)
+TWINS = (1, 2)
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """How far rounding alone carries the baseline: per step, the largest |loss difference|
+    of its twins (same run, weights one ulp apart), and the steps that can be compared
+    before that exceeds half the exact tolerance."""
+
+    steps: int  # asked for
+    horizon: int  # steps compared
+    gaps: tuple[float, ...]
+    shares: int
+
+    def describe(self) -> str:
+        gaps = ", ".join(f"{g:.1e}" for g in self.gaps)
+        head = (
+            f"conditioning: the baseline ({self.shares} share(s)) and {len(TWINS)} twins whose "
+            f"weights start one ulp apart differ in loss by [{gaps}] over {self.steps} steps"
+        )
+        if self.horizon >= self.steps:
+            return head + ": every step compared"
+        return (
+            head + f"; rounding alone moves the loss past half the exact tolerance from step "
+            f"{self.horizon + 1} on, so {self.horizon} step(s) are compared, losses and the "
+            "weights after them (a wrong gradient shows from the first update)"
+        )
+
+
+def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Conditioning:
+    """Run the baseline and its twins for `steps` steps (with the batch cut into as many
+    shares as the largest world size asked for, where BatchNorm sees them) and find the
+    horizon: the steps before rounding alone moves the loss by more than half the exact
+    tolerance. BatchNorm over a few samples can amplify a one-ulp difference a
+    thousandfold within a step, past any fixed tolerance (resnet18 at 32 px: 1e-6 at step
+    1, 1e-2 at step 4); comparing steps after that would FAIL a correct strategy."""
+    sizes = [w for w in cfg.world_sizes if cfg.global_batch % w == 0] or [2]
+    shares = max(sizes) if batch_norms(cfg) else 1
+    run_dir, _ = run_matrix(
+        cfg.replace(
+            strategies=("single",),
+            exclude=(),
+            world_sizes=(1,),
+            options={"shares": str(shares), "perturb": ",".join(map(str, (0, *TWINS)))},
+            precisions=("fp32",),
+            accumulate=(1,),
+            compile=(False,),
+            sync_bn=(False,),
+            channels_last=(False,),
+            out_dir=str(out_dir),
+            run_id="conditioning",
+        ),
+        echo=echo,
+    )
+    # the baseline (perturb=0) first, then its twins
+    cases = sorted(_losses(RunDir(run_dir)).items(), key=lambda kv: "perturb=0" not in kv[0][2])
+    runs = [losses for _, losses in cases]
+    base, twins = runs[0], runs[1:]
+    n = min(map(len, runs))
+    gaps = tuple(max(abs(t[i] - base[i]) for t in twins) for i in range(n))
+    # the loss of step i is computed on the weights after i updates: once it is off, so are
+    # those weights, and the updates before it are what can be compared
+    limit = RECIPES["exact"].loss_abs / 2
+    first_off = next((i for i, g in enumerate(gaps) if not g <= limit), None)
+    horizon = steps if first_off is None else max(first_off - 1, 1)
+    return Conditioning(steps, horizon, gaps, shares)
+
+
+def verify(
+    base: RunConfig, steps: int, echo=print, condition: bool | None = None
+) -> tuple[Path, list[Parity]]:
+    """Parity of every cell with its baseline. `condition` (default: for models with
+    BatchNorm) first measures how many steps rounding alone leaves comparable, and compares
+    only those."""
+    cfg = parity_config(base, steps)
+    plan(cfg)  # bad input: one line before anything runs
+    cond = None
+    if condition if condition is not None else bool(batch_norms(cfg)):
+        scratch = Path(cfg.out_dir) / f".conditioning-{os.getpid()}"
+        cond = conditioning(cfg, steps, scratch, echo=echo)
+        echo(cond.describe())
+        cfg = parity_config(base, cond.horizon)
+    run_dir, _ = run_matrix(cfg, echo=echo)
+    if cond is not None:
+        shutil.move(str(scratch / "conditioning"), str(run_dir / "conditioning"))
+        shutil.rmtree(scratch, ignore_errors=True)
+        (run_dir / "conditioning.txt").write_text(cond.describe() + "\n")
+    run_share_baselines(run_dir, cfg, echo=echo)
     parity = compare(run_dir)
     write_csv(parity, run_dir / "verify.csv")
     return run_dir, parity
@@ -330,10 +578,13 @@ def cmd_verify(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     run_dir, parity = verify(cfg, a.steps)
     print(table(parity))
+    cond = run_dir / "conditioning.txt"
+    if cond.exists():
+        print(cond.read_text().strip())
     print(f"parity results: {run_dir / 'verify.csv'}")
     apart = [p for p in parity if p.status == NOT_COMPARABLE]
     if apart:
-        print(f"{len(apart)} cell(s) not comparable with the single baseline (reasons above)")
+        print(f"{len(apart)} cell(s) not comparable with any baseline (reasons above)")
     failed = [p for p in parity if not p.ok]
     if failed:
         print(f"{len(failed)} strategy/world-size pair(s) do not match the single baseline")

@@ -115,8 +115,8 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
     try:
         bundle = data.load(cfg)
         seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
-        spec = bundle.spec or models.spec(cfg)
-        model = models.build(cfg, bundle.num_classes, spec)
+        fed = bundle.spec or models.spec(cfg)  # what one sample of input is
+        model = models.build(cfg, bundle.num_classes, fed)
         strategy.loss_fn = models.loss_of(model)
         if cfg.no_dropout:
             without_dropout(model)
@@ -180,7 +180,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                     "losses": stats.losses,
                     "ranks": ranks,
                     "per_rank_batch": per_rank,
-                    "tokens_per_sample": spec.tokens,
+                    "tokens_per_sample": fed.tokens,
                     "micro_batch": strategy.micro_batch(cfg.global_batch),
                     "data_ranks": strategy.data_ranks()[0],
                     "extra": extra,

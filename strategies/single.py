@@ -1,9 +1,93 @@
-"""The baseline: one process, one device, no wrapper. Every speed-up is measured against it."""
+"""The baseline: one process, one device, no wrapper. Every speed-up is measured against it.
+
+`--set shares=R` makes it the baseline of a data-parallel run of a model with BatchNorm
+(what `parabench verify` checks such a run against): each step's global batch is cut into
+the R shares R ranks would get from their samplers (rank r: samples r, r+R, ...), each
+share's forward normalises over that share alone, and the gradients are averaged over the
+shares, as DDP averages them over ranks. Running statistics follow rank 0's rule (DDP
+broadcasts rank 0's buffers, and every other strategy saves rank 0's): only the first
+share's forwards update them. Accumulation (`--accumulate K`) cuts each share into K
+micro-batches, as it does on each rank.
+
+`--set perturb=N` (N = 1..4; 0: none) starts from the same weights each moved by one unit in the last
+place (fp32), in directions drawn with seed N: a twin of the baseline that differs only
+by rounding, which `parabench verify` uses to measure how far rounding alone carries a
+model within its steps (see bench.verify.conditioning).
+"""
 
 from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
 
 from strategies.base import Strategy, Variant
 
 
 class Single(Strategy):
     variants = {"single": Variant("inprocess", "one device, no wrapper (the baseline)")}
+    #: perturb: 0 (none) or the seed of a twin's one-ulp moves
+    accepts = {"shares": int, "perturb": ("0", "1", "2", "3", "4")}
+
+    @classmethod
+    def unsuitable(cls, cfg, world_size, options) -> str | None:
+        r = int(options.get("shares", 1))
+        if r < 1:
+            return f"shares must be at least 1, got {r}"
+        if cfg.global_batch % r:
+            return f"global batch {cfg.global_batch} does not split into {r} equal shares"
+        return None
+
+    @property
+    def shares(self) -> int:
+        return int(self.options.get("shares", 1))
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        seed = int(self.options.get("perturb", 0))
+        if seed:
+            g = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for p in model.parameters():
+                    if p.is_floating_point():
+                        sign = torch.randint(0, 2, p.shape, generator=g).to(p) * 2 - 1
+                        p.mul_(1 + sign * torch.finfo(torch.float32).eps)
+            self.notes.append(f"twin of the baseline: weights moved by one ulp (seed {seed})")
+        return model, optimizer
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        r = self.shares
+        if r == 1:
+            return super().forward_backward(x, y)
+        assert self.model is not None
+        k = self.setting.accumulate
+        total = torch.zeros((), device=x.device)
+        for share in range(r):
+            with _buffers_kept(self.model) if share else contextlib.nullcontext():
+                for xm, ym in zip(x[share::r].chunk(k), y[share::r].chunk(k), strict=True):
+                    loss = self.forward_loss(xm, ym)
+                    self.backward(loss / (r * k))  # the mean over ranks of each rank's mean
+                    total += loss.detach().float()
+        return total / (r * k)
+
+    def run_notes(self) -> list[str]:
+        notes = super().run_notes()
+        if self.shares > 1:
+            notes.append(
+                f"baseline of {self.shares} ranks' shares: each share's forward on its own, "
+                "gradients averaged; running statistics from the first share only (rank 0's)"
+            )
+        return notes
+
+
+@contextlib.contextmanager
+def _buffers_kept(model: nn.Module):
+    """Leave the model's buffers (BatchNorm's running statistics and counts) as they were:
+    a rank other than 0 updates only its own copy, which no strategy keeps."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
