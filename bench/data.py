@@ -397,7 +397,7 @@ def _synthetic_classes(cfg: RunConfig, spec: InputSpec) -> int:
     if spec.vocab:
         return spec.vocab
     if not models.is_plugin(cfg.model):
-        return models.default_classes(cfg)
+        return models.default_classes(cfg) or 1000
     meta = models.meta_model(cfg)
     stated = models.stated_classes(meta)
     if stated:
@@ -407,7 +407,7 @@ def _synthetic_classes(cfg: RunConfig, spec: InputSpec) -> int:
             out = meta.eval()(torch.empty((2, *spec.shape), dtype=spec.dtype))
         return int(out.shape[-1])
     except Exception:
-        return models.default_classes(cfg)  # check_forward says what is wrong
+        return 1000  # check_forward says what is wrong
 
 
 # ---------------------------------------------------------------- python-source

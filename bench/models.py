@@ -306,10 +306,13 @@ def _vocab(cfg: RunConfig) -> int:
     return int(cfg.model_kwargs.get("vocab_size", BYTE_VOCAB))
 
 
-def default_classes(cfg: RunConfig) -> int:
+def default_classes(cfg: RunConfig) -> int | None:
     """Classes (or vocabulary) of the run where no data set states them (synthetic data):
-    the language model's vocabulary, 10 for mnist_cnn, else ImageNet's 1000; a user's model
-    says with its `num_classes` or `vocab_size` attribute (see `spec`)."""
+    the language model's vocabulary, 10 for mnist_cnn, else ImageNet's 1000; None for a
+    user's model, which is built with its factory's own default and says with its
+    `num_classes` or `vocab_size` attribute, or its output (bench.data)."""
+    if is_plugin(cfg.model):
+        return None
     if cfg.model == "lm":
         return _vocab(cfg)
     return 10 if cfg.model == "mnist_cnn" or cfg.dataset == "mnist" else 1000
@@ -317,13 +320,24 @@ def default_classes(cfg: RunConfig) -> int:
 
 def build_model(
     model: str,
-    num_classes: int,
+    num_classes: int | None,
     shape: tuple[int, ...] | None = None,
     **kwargs: Any,
 ) -> nn.Module:
     """Model `model` with `num_classes` outputs (a token model: vocabulary) for inputs of
-    per-sample `shape`; `kwargs` go to its constructor (--model-arg)."""
+    per-sample `shape`; `kwargs` go to its constructor (--model-arg). A user's factory is
+    offered `num_classes` where it takes it (None: its own default)."""
     check_model(model)
+    if is_plugin(model):
+        offered = {} if num_classes is None else {"num_classes": num_classes}
+        built = plugins.call(model, plugins.MODEL_GROUP, kwargs, offered)
+        if not isinstance(built, nn.Module):
+            raise ConfigError(
+                f"{model} returned {type(built).__name__}, not a torch.nn.Module; a model "
+                "factory returns the model"
+            )
+        return built
+    num_classes = num_classes or 1000
     if model == "mnist_cnn":
         return MnistCNN(num_classes, **kwargs)
     if model == "transformer":
@@ -331,18 +345,10 @@ def build_model(
     if model == "lm":
         kwargs = {"vocab_size": num_classes, **kwargs}
         return LanguageModel(seq_len=shape[0] if shape else 128, **kwargs)
-    if is_plugin(model):
-        built = plugins.call(model, plugins.MODEL_GROUP, kwargs, {"num_classes": num_classes})
-        if not isinstance(built, nn.Module):
-            raise ConfigError(
-                f"{model} returned {type(built).__name__}, not a torch.nn.Module; a model "
-                "factory returns the model"
-            )
-        return built
     return torchvision.models.get_model(model, weights=None, num_classes=num_classes, **kwargs)
 
 
-def build(cfg: RunConfig, num_classes: int, spec: InputSpec | None = None) -> nn.Module:
+def build(cfg: RunConfig, num_classes: int | None, spec: InputSpec | None = None) -> nn.Module:
     """The run's model for data with `num_classes` classes (or vocabulary)."""
     shape = spec.shape if spec else builtin_spec(cfg).shape
     return build_model(cfg.model, num_classes, shape, **cfg.model_kwargs)
@@ -387,7 +393,7 @@ def meta_model(cfg: RunConfig, num_classes: int | None = None) -> nn.Module:
     """The run's model built on the meta device (no memory, no weights), with its input
     shape and constructor arguments: what checks made before anything starts look at."""
     with torch.device("meta"):
-        return build(cfg, num_classes or default_classes(cfg))
+        return build(cfg, num_classes if num_classes is not None else default_classes(cfg))
 
 
 def check_model_args(cfg: RunConfig) -> None:

@@ -79,19 +79,24 @@ def _row(**kw):
     return {**row, "sync_bn": "0", **kw}
 
 
-def test_batch_norm_over_a_share_of_the_batch_is_not_comparable_and_says_why():
-    from bench.verify import batch_norm_reason
+def test_batch_norm_cells_are_checked_against_the_baseline_cut_into_their_shares():
+    from bench.verify import baseline_label, batch_norm_layout, batch_norm_reason
 
-    why = batch_norm_reason(_row(), norms=20)
-    assert why.startswith("20 BatchNorm layers normalise over each forward's 8 samples")
-    assert "baseline's over 16" in why
-    assert batch_norm_reason(_row(), norms=0) == ""  # no BatchNorm: compare as usual
-    assert batch_norm_reason(_row(sync_bn="1"), norms=20) == ""  # SyncBN joins the shares
-    assert batch_norm_reason(_row(micro_batch="16", world_size="1"), norms=20) == ""
-    # accumulation on one rank, and DataParallel's replicas, split the batch too
-    assert "over each forward's 8" in batch_norm_reason(_row(world_size="1"), norms=1)
+    ddp = _row(per_rank_batch="8", data_ranks="2")
+    assert batch_norm_layout(ddp, norms=20) == (2, 1)
+    assert baseline_label((2, 1)) == "single, 2 shares"
+    assert batch_norm_layout(ddp, norms=0) == (1, 1)  # no BatchNorm: the plain baseline
+    assert batch_norm_layout({**ddp, "sync_bn": "1"}, norms=20) == (1, 1)  # SyncBN joins them
+    acc = _row(per_rank_batch="8", micro_batch="4", data_ranks="2")
+    assert batch_norm_layout(acc, norms=1) == (2, 2)
+    assert baseline_label((2, 2)) == "single, 2 shares x 2 micro-batches"
+    pipe = _row(per_rank_batch="16", micro_batch="4", data_ranks="1")
+    assert batch_norm_layout(pipe, norms=1) == (1, 4)
+    assert batch_norm_reason(ddp, norms=20) == ""  # comparable, against its own baseline
+    # DataParallel's scatter over devices is the one split no baseline reproduces
     dp = _row(micro_batch="16", launcher="inprocess")
-    assert "over each forward's 8" in batch_norm_reason(dp, norms=1)
+    why = batch_norm_reason(dp, norms=3)
+    assert why.startswith("3 BatchNorm layers normalise over each device's 8 samples"), why
 
 
 def test_verification_turns_off_every_dropout_layer():

@@ -1,0 +1,297 @@
+"""Your own model and data: factories from files, modules and entry points; every way a
+factory can be wrong is one line and exit 2 before anything starts; the language-model
+workload; and parity of a BatchNorm model against the baseline cut into the same shares."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import strategies
+from bench import data, models, plugins
+from bench.cli import main
+from bench.config import ConfigError, RunConfig
+from bench.runner import run_matrix
+from bench.verify import table, verify
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = f"{ROOT / 'examples' / 'own_model.py'}:build"
+DATASET = "examples.own_data:shapes"
+
+
+def _cli(capsys, tmp_path, *args: str) -> tuple[int, str]:
+    out = tmp_path / "out"
+    code = main(
+        [
+            "run",
+            "--device",
+            "cpu",
+            "--out-dir",
+            str(out),
+            "--max-steps",
+            "2",
+            "--warmup-steps",
+            "1",
+            *args,
+        ]
+    )
+    err = capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir()), "a run started despite bad input"
+    return code, err
+
+
+def _file(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "user_model.py"
+    path.write_text("import torch\nfrom torch import nn\n" + textwrap.dedent(body))
+    return str(path)
+
+
+BAD_MODELS = {
+    "missing module": ("no_such_pkg.models:build", "cannot import no_such_pkg.models"),
+    "missing file": ("no/such/file.py:build", "no such file"),
+    "missing attribute": (f"{ROOT / 'examples' / 'own_model.py'}:nope", "has no attribute 'nope'"),
+    "not a function": ("FILE:WIDTH", "is a int, not a function"),
+    "returns something else": ("FILE:returns_int", "returned int, not a torch.nn.Module"),
+    "raises": ("FILE:raises", "raised RuntimeError: broken on purpose"),
+    "forward fails on its stated input": ("FILE:wrong_input", "forward on a batch of (7,)"),
+}
+USER_FILE = """
+WIDTH = 3
+def returns_int(num_classes=10):
+    return 42
+def raises():
+    raise RuntimeError("broken on purpose")
+class Wrong(nn.Linear):
+    input_shape = (7,)
+def wrong_input(num_classes=10):
+    return Wrong(5, num_classes)
+def ten_classes():
+    return nn.Sequential(nn.Flatten(), nn.Linear(32 * 32, 10))
+"""
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MODELS))
+def test_a_bad_model_factory_is_one_line_and_exit_2(capsys, tmp_path, case):
+    spec, expected = BAD_MODELS[case]
+    spec = spec.replace("FILE", _file(tmp_path, USER_FILE))
+    code, err = _cli(capsys, tmp_path, "--dataset", "synthetic", "--model", spec)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("parabench: error: "), err
+    assert "Traceback" not in err and expected in err, err
+    assert spec.split(":")[0].split("/")[-1] in err  # names the factory
+
+
+def test_a_model_with_the_wrong_number_of_classes_for_the_data_is_exit_2(capsys, tmp_path):
+    spec = _file(tmp_path, USER_FILE) + ":ten_classes"
+    code, err = _cli(capsys, tmp_path, "--dataset", DATASET, "--model", spec)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "output of shape (2, 10)" in err and "the data has 4 classes" in err, err
+
+
+DATA_FILE = """
+from torch.utils.data import Dataset
+class NoClasses(Dataset):
+    def __len__(self):
+        return 10
+    def __getitem__(self, i):
+        return torch.zeros(3), 0
+def no_classes():
+    return NoClasses()
+def a_list():
+    return [1, 2, 3]
+def float_targets():
+    return torch.zeros(8, 3), torch.zeros(8)
+"""
+BAD_DATA = {
+    "missing module": ("no_such_pkg.data:load", "cannot import no_such_pkg.data"),
+    "returns something else": ("FILE:a_list", "returned list; a data-set factory returns"),
+    "states no classes": ("FILE:no_classes", "does not say how many classes"),
+    "float targets": ("FILE:float_targets", "targets must be integer class labels"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DATA))
+def test_a_bad_dataset_factory_is_one_line_and_exit_2(capsys, tmp_path, case):
+    spec, expected = BAD_DATA[case]
+    spec = spec.replace("FILE", _file(tmp_path, DATA_FILE))
+    code, err = _cli(capsys, tmp_path, "--dataset", spec, "--model", MODEL)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "Traceback" not in err and expected in err, err
+
+
+def test_a_users_dataset_needs_a_model_named(capsys, tmp_path):
+    code, err = _cli(capsys, tmp_path, "--dataset", DATASET)
+    assert code == 2 and "name the model to train on it with --model" in err
+
+
+def test_token_and_image_models_refuse_each_others_data(capsys, tmp_path):
+    code, err = _cli(capsys, tmp_path, "--dataset", "mnist", "--model", "lm")
+    assert code == 2 and "takes token sequences" in err
+    code, err = _cli(capsys, tmp_path, "--dataset", "python-source", "--model", "resnet18")
+    assert code == 2 and "python-source is text" in err
+
+
+def test_a_model_file_is_found_from_any_directory_and_gets_the_classes(tmp_path, monkeypatch):
+    cfg = RunConfig(model="examples/own_model.py:build", dataset="synthetic", device="cpu")
+    monkeypatch.chdir(tmp_path)  # where a rank may start: the path was made absolute
+    model = models.build(cfg, 4)
+    assert Path(cfg.model.split(":")[0]).is_absolute()
+    assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 4)  # num_classes was passed
+    assert models.spec(cfg).shape == (1, 32, 32)  # the model states its input
+    bundle = data.load(cfg.replace(limit=64, global_batch=8))
+    assert bundle.num_classes == 10  # what the model states (its default num_classes)
+    assert bundle.train[0][0].shape == (1, 32, 32)
+
+
+def test_models_registered_under_the_entry_point_group_are_listed_and_built(monkeypatch):
+    eps = [EntryPoint("shapes_net", "examples.own_model:build", plugins.MODEL_GROUP)]
+    monkeypatch.setattr(plugins, "entry_points", lambda group: eps if "models" in group else [])
+    assert "shapes_net" in models.model_names()
+    net = models.build_model("shapes_net", 3, width=4)
+    assert net(torch.zeros(1, 1, 32, 32)).shape == (1, 3)
+
+
+def test_a_users_tensors_and_dataset_become_bundles_with_their_classes():
+    cfg = RunConfig(model=MODEL, dataset=DATASET, device="cpu", eval_samples=100)
+    bundle = data.load(cfg)
+    assert bundle.num_classes == 4 and len(bundle.held_out) == 100
+    assert len(bundle.train) == 4096 - 100 and bundle.spec.shape == (1, 32, 32)
+    assert DATASET in bundle.description and "4 classes" in bundle.description
+
+
+def test_python_source_is_next_byte_prediction_on_the_standard_library():
+    cfg = RunConfig(dataset="python-source", seq_len=32, limit=512, eval_samples=50)
+    bundle = data.load(cfg)
+    x, y = bundle.train[3]
+    assert x.dtype == torch.long and x.shape == y.shape == (32,)
+    assert torch.equal(x[1:], y[:-1])  # the target is the input moved on by one byte
+    assert bundle.num_classes == 256 and int(x.max()) < 256
+    text = bytes(x.tolist()).decode("utf-8", "replace")
+    assert text.isprintable() or "\n" in text  # source code, not noise
+    assert len(bundle.train) == 512 and len(bundle.held_out) == 50
+    assert bundle.spec.tokens == 32
+
+
+def test_language_model_sizes_and_loss_over_every_position():
+    counts = {}
+    for size in models.LM_SIZES:
+        with torch.device("meta"):
+            counts[size] = sum(p.numel() for p in models.LanguageModel(size=size).parameters())
+    assert counts["tiny"] < 1e6 < counts["small"] < 2e7 < counts["base"] < 1e8 < counts["medium"]
+    lm = models.build_model("lm", 256, (16,), size="tiny")
+    x = torch.randint(0, 256, (2, 16))
+    out = lm(x)
+    assert out.shape == (2, 16, 256)
+    # causal: changing the last token changes no earlier position's prediction
+    x2 = x.clone()
+    x2[:, -1] = (x2[:, -1] + 1) % 256
+    assert torch.allclose(lm(x2)[:, :-1], out[:, :-1], atol=1e-6)
+    loss = models.cross_entropy(out, x)
+    assert math.isclose(loss.item(), math.log(256), rel_tol=0.1)  # untrained: about uniform
+
+
+# ---------------------------------------------------------------- runs (slow)
+@pytest.mark.slow
+def test_a_users_model_and_data_run_and_verify_against_the_share_baseline(tmp_path, data_root):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PARABENCH_STRATEGIES", "tests.plugins.faulty_strategies")
+    strategies.registry.cache_clear()
+    cfg = RunConfig(
+        model=MODEL,
+        dataset=DATASET,
+        strategies=("ddp_spawn", "test_nosync"),
+        world_sizes=(1, 2),
+        device="cpu",
+        global_batch=16,
+        limit=512,
+        out_dir=str(tmp_path),
+        timeout_s=240,
+    )
+    try:
+        run_dir, parity = verify(cfg, steps=4, echo=lambda m: None)
+    finally:
+        mp.undo()
+        strategies.registry.cache_clear()
+    print(table(parity))
+    by = {(p.strategy, p.world_size): p for p in parity}
+    good, bad = by[("ddp_spawn", 2)], by[("test_nosync", 2)]
+    assert good.status == "pass" and good.baseline == "single, 2 shares", good
+    assert good.buffer_abs <= 1e-5  # running statistics follow rank 0's rule
+    assert bad.status == "FAIL" and bad.baseline == "single, 2 shares", bad
+    assert by[("ddp_spawn", 1)].status == "pass" and by[("ddp_spawn", 1)].baseline == "single"
+    assert (run_dir / "conditioning.txt").read_text().startswith("conditioning: the baseline")
+    rows = pd.read_csv(run_dir / "runs.csv")
+    ran = rows[rows["status"] == "ok"]
+    assert set(rows["model"]) == {cfg.model} and ran["data"].str.contains(DATASET).all()
+
+
+@pytest.mark.slow
+def test_the_language_model_reports_tokens_per_second_and_shards_with_fsdp(tmp_path):
+    cfg = RunConfig(
+        dataset="python-source",
+        model_kwargs={"size": "tiny"},
+        seq_len=32,
+        strategies=("ddp_spawn", "fsdp"),
+        world_sizes=(2,),
+        device="cpu",
+        global_batch=8,
+        max_steps=4,
+        warmup_steps=1,
+        limit=256,
+        eval_samples=16,
+        out_dir=str(tmp_path),
+        timeout_s=240,
+    )
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    df = pd.read_csv(run_dir / "runs.csv")
+    ok = df[df["status"] == "ok"].set_index(["strategy", "world_size"])
+    assert len(ok) == 2, df[["strategy", "world_size", "status", "reason"]]
+    assert (ok["tokens_per_s"] / ok["samples_per_s"]).round(6).eq(32).all()
+    assert ok["eval_accuracy"].between(0, 1).all()  # per-token accuracy
+    state = ok["model_state_mib"]
+    assert state[("fsdp", 2)] < 0.6 * state[("ddp_spawn", 2)]
+
+
+def test_a_config_error_names_the_bad_model_arg_for_the_language_model():
+    with pytest.raises(ConfigError, match="unknown size 'huge'"):
+        models.check_model_args(RunConfig(dataset="python-source", model_kwargs={"size": "huge"}))
+
+
+def test_the_share_baseline_normalises_each_share_apart_and_keeps_rank_0s_statistics():
+    from torch import nn
+
+    from strategies.base import RankContext
+    from strategies.single import Single
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    # by hand: each rank's share (samples r, r+2, ...) on its own, gradients averaged
+    ref = [_copy(net) for _ in range(2)]
+    grads = []
+    for r, m in enumerate(ref):
+        models.cross_entropy(m(x[r::2]), y[r::2]).backward()
+        grads.append([p.grad for p in m.parameters()])
+    single = Single(ctx, {"shares": "2"})
+    single.attach(_copy(net), torch.optim.SGD(net.parameters(), lr=0.1))
+    loss = single.forward_backward(x, y)
+    for p, g0, g1 in zip(single.model.parameters(), *grads, strict=True):
+        assert torch.allclose(p.grad, (g0 + g1) / 2, atol=1e-6)
+    bn, bn0 = single.model[1], ref[0][1]
+    assert torch.equal(bn.running_mean, bn0.running_mean)  # share 0's update only
+    assert int(bn.num_batches_tracked) == 1
+    whole = models.cross_entropy(_copy(net)(x), y)
+    assert not torch.isclose(loss, whole)  # per-share BatchNorm is another computation
+
+
+def _copy(module):
+    import copy
+
+    return copy.deepcopy(module)
