@@ -75,15 +75,18 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
         r for (n, ws), rs in ok.items() if ws == 1 for r in rs if r["strategy_name"] == "single"
     ]
     fp32 = [r for r in plain if r.get("setting") in ("fp32", "", None)]
-    base = med(fp32 or plain, "samples_per_s")
+    # a token model's work is counted in tokens (samples are sequences of them)
+    tokens = any(_f(r, "tokens_per_s") == _f(r, "tokens_per_s") for rs in ok.values() for r in rs)
+    metric, unit = ("tokens_per_s", "tokens/s") if tokens else ("samples_per_s", "samples/s")
+    base = med(fp32 or plain, metric)
     width = max([16, *(len(label(k)) + 1 for k in (*ok, *other))])
-    head = f"{'strategy':<{width}}{'ws':>3}{'samples/s':>12}{'speed-up':>9}{'step p50 ms':>13}{'data %':>8}{'peak MiB':>10}{'loss':>8}{'acc':>7}  status"
+    head = f"{'strategy':<{width}}{'ws':>3}{unit:>12}{'speed-up':>9}{'step p50 ms':>13}{'data %':>8}{'peak MiB':>10}{'loss':>8}{'acc':>7}  status"
     lines = [head, "-" * len(head)]
     for key in sorted(set(ok) | set(other)):
         name, ws = key
         if key in ok:
             rs = ok[key]
-            sps = med(rs, "samples_per_s")
+            sps = med(rs, metric)
             up = sps / base if base == base and base > 0 and key not in over else float("nan")
             speedup = f"{up:8.2f}x" if up == up else f"{'–':>9}"
             lines.append(
