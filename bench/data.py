@@ -15,6 +15,7 @@ import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,6 +68,8 @@ def check(cfg: RunConfig) -> str:
             )
         bundle = _python_source(cfg)
         _enough(cfg, len(bundle.train))
+        assert bundle.spec is not None
+        models.check_forward(cfg, bundle.spec, bundle.num_classes)
         return bundle.description
     if cfg.dataset not in ("mnist", "imagenet-subset", "synthetic"):
         bundle = _plugin(cfg)
@@ -315,10 +318,18 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
 class SyntheticImages(Dataset):
     """Random images of the model's input shape; a small pool reused, so no I/O and little CPU."""
 
-    def __init__(self, n: int, shape: tuple[int, ...], num_classes: int, seed: int, pool: int = 64):
+    def __init__(
+        self,
+        n: int,
+        shape: tuple[int, ...],
+        num_classes: int,
+        seed: int,
+        pool: int = 64,
+        dtype: torch.dtype = torch.float32,
+    ):
         g = torch.Generator().manual_seed(seed)
         self.n = n
-        self.images = torch.randn((min(pool, n), *shape), generator=g)
+        self.images = torch.randn((min(pool, n), *shape), generator=g).to(dtype)
         self.labels = torch.randint(0, num_classes, (n,), generator=g)
 
     def __len__(self) -> int:
@@ -384,8 +395,10 @@ def _synthetic(cfg: RunConfig) -> DataBundle:
         return DataBundle(
             train, held, spec.vocab, f"synthetic tokens {spec.describe()} x {n}", spec
         )
-    train = SyntheticImages(n, spec.shape, classes, cfg.seed)
-    held = SyntheticImages(max(cfg.eval_samples, 1), spec.shape, classes, cfg.seed + 1)
+    train = SyntheticImages(n, spec.shape, classes, cfg.seed, dtype=spec.dtype)
+    held = SyntheticImages(
+        max(cfg.eval_samples, 1), spec.shape, classes, cfg.seed + 1, dtype=spec.dtype
+    )
     return DataBundle(
         train, held, classes, f"synthetic {spec.shape} x {n}, {classes} classes", spec
     )
@@ -398,16 +411,8 @@ def _synthetic_classes(cfg: RunConfig, spec: InputSpec) -> int:
         return spec.vocab
     if not models.is_plugin(cfg.model):
         return models.default_classes(cfg) or 1000
-    meta = models.meta_model(cfg)
-    stated = models.stated_classes(meta)
-    if stated:
-        return stated
-    try:
-        with torch.device("meta"), torch.no_grad():
-            out = meta.eval()(torch.empty((2, *spec.shape), dtype=spec.dtype))
-        return int(out.shape[-1])
-    except Exception:
-        return 1000  # check_forward says what is wrong
+    stated = models.stated_classes(models.meta_model(cfg))
+    return stated or models.output_classes(cfg, spec) or 1000  # check_forward says what is wrong
 
 
 # ---------------------------------------------------------------- python-source
@@ -475,7 +480,7 @@ def _plugin(cfg: RunConfig) -> DataBundle:
     (at most --eval-samples) is held out."""
     name = cfg.dataset
     got = plugins.call(name, plugins.DATASET_GROUP, cfg.dataset_kwargs)
-    classes: int | None = None
+    classes: Any = None
     if (
         isinstance(got, tuple)
         and 2 <= len(got) <= 3
@@ -486,13 +491,14 @@ def _plugin(cfg: RunConfig) -> DataBundle:
             raise ConfigError(f"{name}: {len(x)} inputs but {len(y)} targets")
         if y.dtype.is_floating_point:
             raise ConfigError(f"{name}: targets must be integer class labels, not {y.dtype}")
-        classes = int(got[2]) if len(got) == 3 else None
+        classes = got[2] if len(got) == 3 else None
         ds: Dataset = TensorDataset(x, y)
     elif isinstance(got, Dataset) and hasattr(got, "__len__"):
         ds = got
         classes = getattr(got, "vocab_size", None) or getattr(got, "num_classes", None)
-        if classes is None and getattr(got, "classes", None) is not None:
-            classes = len(got.classes)
+        if classes is None:
+            classes = getattr(got, "classes", None)
+            classes = len(classes) if isinstance(classes, list | tuple) else classes
         if classes is None:
             raise ConfigError(
                 f"{name}: the data set does not say how many classes it has: give it a "
@@ -508,19 +514,31 @@ def _plugin(cfg: RunConfig) -> DataBundle:
         raise ConfigError(f"{name}: the data set is empty")
     try:
         x0, y0 = ds[0]
+        x0, y0 = torch.as_tensor(x0), torch.as_tensor(y0)
     except Exception as exc:
         raise ConfigError(
-            f"{name}: its first sample is not an (input, target) pair: {plugins._one_line(exc)}"
+            f"{name}: its first sample is not a pair of tensors (input, target): "
+            f"{plugins.one_line(exc)}"
         ) from None
-    x0, y0 = torch.as_tensor(x0), torch.as_tensor(y0)
-    tokens = y0.dim() > 0
+    # token data: a target per input position (next tokens), not one label per sample
+    tokens = y0.dim() > 0 and y0.shape == x0.shape
+    if y0.numel() != 1 and not tokens:
+        raise ConfigError(
+            f"{name}: a target of shape {tuple(y0.shape)} for an input of {tuple(x0.shape)}; "
+            "give one class label per sample, or next tokens shaped like the input"
+        )
     if classes is None:  # tensors without a stated count: read off the targets
         assert isinstance(ds, TensorDataset)
         top = ds.tensors[1].max()
         if tokens:
             top = torch.maximum(top, ds.tensors[0].max())
         classes = int(top) + 1
-    classes = int(classes)
+    try:
+        classes = int(classes)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{name}: its number of classes must be an int, not {classes!r}"
+        ) from None
     if classes < 2:
         raise ConfigError(f"{name}: {classes} class(es); a classifier needs at least 2")
     spec = InputSpec(tuple(x0.shape), x0.dtype, classes if tokens else 0)

@@ -195,7 +195,7 @@ class TokenHead(nn.Module):
 #: language-model sizes: (dim, depth, heads); parameters at a byte vocabulary (256) and
 #: 128 positions, counted by `parabench list`
 LM_SIZES = {
-    "tiny": (128, 2, 4),  # 0.4 M: tests
+    "tiny": (128, 2, 4),  # 0.5 M: tests
     "small": (384, 6, 6),  # 10.8 M
     "base": (768, 12, 12),  # 85 M (GPT-2 small's blocks)
     "medium": (1024, 24, 16),  # 303 M (GPT-2 medium's blocks)
@@ -330,7 +330,9 @@ def build_model(
     check_model(model)
     if is_plugin(model):
         offered = {} if num_classes is None else {"num_classes": num_classes}
-        built = plugins.call(model, plugins.MODEL_GROUP, kwargs, offered)
+        # no data says (synthetic): a factory that requires num_classes gets ImageNet's
+        fallback = {"num_classes": 1000}
+        built = plugins.call(model, plugins.MODEL_GROUP, kwargs, offered, fallback)
         if not isinstance(built, nn.Module):
             raise ConfigError(
                 f"{model} returned {type(built).__name__}, not a torch.nn.Module; a model "
@@ -343,6 +345,8 @@ def build_model(
     if model == "transformer":
         return Transformer(num_classes, shape or (1, 28, 28), **kwargs)  # type: ignore[arg-type]
     if model == "lm":
+        if "seq_len" in kwargs:
+            raise ConfigError("lm: its context is --seq-len (the data's), not --model-arg seq_len")
         kwargs = {"vocab_size": num_classes, **kwargs}
         return LanguageModel(seq_len=shape[0] if shape else 128, **kwargs)
     return torchvision.models.get_model(model, weights=None, num_classes=num_classes, **kwargs)
@@ -427,7 +431,7 @@ def check_forward(cfg: RunConfig, spec: InputSpec, num_classes: int) -> None:
         except Exception as exc:
             raise ConfigError(
                 f"{cfg.model}: forward on a batch of {spec.describe()} fails: "
-                f"{plugins._one_line(exc)}"
+                f"{plugins.one_line(exc)}"
             ) from None
     if not isinstance(out, torch.Tensor):
         raise ConfigError(f"{cfg.model}: forward returned {type(out).__name__}, not a tensor")
@@ -441,7 +445,21 @@ def check_forward(cfg: RunConfig, spec: InputSpec, num_classes: int) -> None:
         )
 
 
-def _forward(cfg: RunConfig, spec: InputSpec, num_classes: int, device: str) -> Any:
+def output_classes(cfg: RunConfig, spec: InputSpec) -> int | None:
+    """Scores per sample of a user's model built with its factory's defaults, read off a
+    forward (meta device, else CPU); None if the forward fails (check_forward says why)."""
+    for device in ("meta", "cpu"):
+        try:
+            out = _forward(cfg, spec, None, device)
+            return int(out.shape[-1])
+        except ConfigError:
+            raise
+        except Exception:
+            continue
+    return None
+
+
+def _forward(cfg: RunConfig, spec: InputSpec, num_classes: int | None, device: str) -> Any:
     with torch.device(device):
         model = build(cfg, num_classes, spec)
         if spec.vocab:

@@ -17,6 +17,7 @@ README.md ("Your own model and data").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -34,8 +35,9 @@ MODEL_GROUP = "parabench.models"
 DATASET_GROUP = "parabench.datasets"
 
 
+@functools.cache
 def registered(group: str) -> dict[str, str]:
-    """Entry points of `group`: name -> "package.module:factory"."""
+    """Entry points of `group`: name -> "package.module:factory" (read once per process)."""
     return {ep.name: ep.value for ep in entry_points(group=group)}
 
 
@@ -87,7 +89,7 @@ def _import(where: str, spec: str) -> Any:
             loader.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
-            raise ConfigError(f"{spec}: importing {path} raised {_one_line(exc)}") from None
+            raise ConfigError(f"{spec}: importing {path} raised {one_line(exc)}") from None
         return module
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: your package, run from its root
@@ -96,7 +98,7 @@ def _import(where: str, spec: str) -> Any:
     except ModuleNotFoundError as exc:
         raise ConfigError(f"{spec}: cannot import {where} ({exc})") from None
     except Exception as exc:
-        raise ConfigError(f"{spec}: importing {where} raised {_one_line(exc)}") from None
+        raise ConfigError(f"{spec}: importing {where} raised {one_line(exc)}") from None
 
 
 def factory(spec: str, group: str) -> Callable[..., Any]:
@@ -113,10 +115,15 @@ def factory(spec: str, group: str) -> Callable[..., Any]:
 
 
 def call(
-    spec: str, group: str, kwargs: Mapping[str, Any], offered: Mapping[str, Any] | None = None
+    spec: str,
+    group: str,
+    kwargs: Mapping[str, Any],
+    offered: Mapping[str, Any] | None = None,
+    fallback: Mapping[str, Any] | None = None,
 ) -> Any:
     """Call the factory `spec` names with `kwargs` (the user's), plus those of `offered`
-    (what parabench knows, e.g. num_classes) that its signature takes."""
+    (what parabench knows, e.g. num_classes) that its signature takes, plus those of
+    `fallback` that it requires and nothing else gave (a value for checks of its shape)."""
     fn = factory(spec, group)
     args = dict(kwargs)
     try:
@@ -127,15 +134,18 @@ def call(
     for key, value in (offered or {}).items():
         if key not in args and (key in params or takes_any):
             args[key] = value
+    for key, value in (fallback or {}).items():
+        if key not in args and key in params and params[key].default is inspect.Parameter.empty:
+            args[key] = value
     try:
         return fn(**args)
     except ConfigError:
         raise
     except Exception as exc:
         given = ", ".join(f"{k}={v!r}" for k, v in args.items()) or "no arguments"
-        raise ConfigError(f"{spec}({given}) raised {_one_line(exc)}") from None
+        raise ConfigError(f"{spec}({given}) raised {one_line(exc)}") from None
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -93,14 +93,16 @@ def batch_norm_layout(row: dict[str, str], norms: int) -> Layout:
     """How a cell's forwards cut each global batch, as far as BatchNorm sees it: (data
     ranks, micro-batches per rank). (1, 1) where the whole batch is normalised at once (no
     BatchNorm, SyncBatchNorm on, one rank and one micro-batch)."""
-    if not norms or row.get("sync_bn") == "1":
+    if not norms:
         return (1, 1)
     global_batch = int(row["global_batch"])
     per_rank = int(row.get("per_rank_batch") or global_batch)
     micro = int(row.get("micro_batch") or per_rank)
     ranks = int(row.get("data_ranks") or 1)
-    if row.get("launcher") == "inprocess":
-        ranks = 1  # DataParallel: one process, handled by batch_norm_reason
+    if row.get("launcher") == "inprocess" or row.get("sync_bn") == "1":
+        # DataParallel: one process, handled by batch_norm_reason; SyncBatchNorm joins the
+        # ranks' shares, but each micro-batch is still normalised on its own
+        ranks = 1
     return (ranks, max(per_rank // max(micro, 1), 1))
 
 
@@ -185,6 +187,9 @@ def _split_buffers(
 
 
 def _buffer_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest |difference| of the buffers both hold (infinite if the cell lacks one)."""
+    if b.keys() - a.keys():
+        return math.inf
     diffs = [(a[k].double() - b[k].double()).abs().max().item() for k in b if b[k].numel()]
     return max(diffs, default=math.nan)
 
@@ -454,28 +459,34 @@ def share_layouts(run_dir: Path) -> list[Layout]:
     return sorted(layouts - {(1, 1)})
 
 
+def baseline_config(cfg: RunConfig, out_dir: Path, run_id: str, **changes) -> RunConfig:
+    """`single` alone at world size 1, fp32, no other run option: a baseline run of `cfg`'s
+    model and data, into out_dir/run_id."""
+    return cfg.replace(
+        strategies=("single",),
+        exclude=(),
+        world_sizes=(1,),
+        precisions=("fp32",),
+        accumulate=(1,),
+        compile=(False,),
+        sync_bn=(False,),
+        channels_last=(False,),
+        out_dir=str(out_dir),
+        run_id=run_id,
+        **changes,
+    )
+
+
 def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
     """One `single --set shares=R --accumulate K` run per layout the cells need, through
     the same harness, under run_dir/baselines/."""
     for layout in share_layouts(run_dir):
         r, k = layout
         echo(f"baseline for BatchNorm over shares: {baseline_label(layout)}")
-        run_matrix(
-            cfg.replace(
-                strategies=("single",),
-                exclude=(),
-                world_sizes=(1,),
-                options={"shares": str(r)},
-                precisions=("fp32",),
-                accumulate=(k,),
-                compile=(False,),
-                sync_bn=(False,),
-                channels_last=(False,),
-                out_dir=str(baselines_dir(run_dir)),
-                run_id=_layout_id(layout),
-            ),
-            echo=echo,
+        layout_cfg = baseline_config(
+            cfg, baselines_dir(run_dir), _layout_id(layout), options={"shares": str(r)}
         )
+        run_matrix(layout_cfg.replace(accumulate=(k,)), echo=echo)
 
 
 #: twins of the baseline run to measure a model's conditioning (bench.verify.conditioning)
@@ -515,24 +526,23 @@ def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Condi
     tolerance. BatchNorm over a few samples can amplify a one-ulp difference a
     thousandfold within a step, past any fixed tolerance (resnet18 at 32 px: 1e-6 at step
     1, 1e-2 at step 4); comparing steps after that would FAIL a correct strategy."""
-    sizes = [w for w in cfg.world_sizes if cfg.global_batch % w == 0] or [2]
+    sizes = [w for w in cfg.world_sizes if cfg.global_batch % w == 0]
+    if not sizes:
+        sizes = [2] if cfg.global_batch % 2 == 0 else [1]
     shares = max(sizes) if batch_norms(cfg) else 1
-    run_dir, _ = run_matrix(
-        cfg.replace(
-            strategies=("single",),
-            exclude=(),
-            world_sizes=(1,),
-            options={"shares": str(shares), "perturb": ",".join(map(str, (0, *TWINS)))},
-            precisions=("fp32",),
-            accumulate=(1,),
-            compile=(False,),
-            sync_bn=(False,),
-            channels_last=(False,),
-            out_dir=str(out_dir),
-            run_id="conditioning",
+    seeds = ",".join(map(str, (0, *TWINS)))
+    run_dir, rows = run_matrix(
+        baseline_config(
+            cfg, out_dir, "conditioning", options={"shares": str(shares), "perturb": seeds}
         ),
         echo=echo,
     )
+    bad = [r for r in rows if r["status"] != results.OK]
+    if bad:
+        raise ConfigError(
+            f"verify could not measure the model's conditioning: the baseline or a twin "
+            f"ended {bad[0]['status']} ({bad[0].get('reason', '')}); see {run_dir}"
+        )
     # the baseline (perturb=0) first, then its twins
     cases = sorted(_losses(RunDir(run_dir)).items(), key=lambda kv: "perturb=0" not in kv[0][2])
     runs = [losses for _, losses in cases]

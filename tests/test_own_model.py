@@ -107,12 +107,18 @@ def a_list():
     return [1, 2, 3]
 def float_targets():
     return torch.zeros(8, 3), torch.zeros(8)
+def bad_count():
+    return torch.zeros(8, 3), torch.zeros(8, dtype=torch.long), "many"
+def wrong_target_shape():
+    return torch.zeros(8, 3), torch.zeros(8, 2, dtype=torch.long)
 """
 BAD_DATA = {
     "missing module": ("no_such_pkg.data:load", "cannot import no_such_pkg.data"),
     "returns something else": ("FILE:a_list", "returned list; a data-set factory returns"),
     "states no classes": ("FILE:no_classes", "does not say how many classes"),
     "float targets": ("FILE:float_targets", "targets must be integer class labels"),
+    "a count that is not a number": ("FILE:bad_count", "number of classes must be an int"),
+    "targets neither a label nor tokens": ("FILE:wrong_target_shape", "a target of shape (2,)"),
 }
 
 
@@ -123,6 +129,24 @@ def test_a_bad_dataset_factory_is_one_line_and_exit_2(capsys, tmp_path, case):
     code, err = _cli(capsys, tmp_path, "--dataset", spec, "--model", MODEL)
     assert code == 2 and err.count("\n") == 1, err
     assert "Traceback" not in err and expected in err, err
+
+
+def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
+    spec = _file(tmp_path, "def build(num_classes):\n    return nn.Linear(6, num_classes)\n")
+    cfg = RunConfig(model=f"{spec}:build", dataset=DATASET, device="cpu")
+    assert models.meta_model(cfg).out_features == 1000  # no data said: ImageNet's
+    cfg = cfg.replace(dataset="synthetic", global_batch=8, limit=64)
+    with pytest.raises(ConfigError, match=r"forward on a batch of \(3, 224, 224\) float32 fails"):
+        data.check(cfg)  # no input_shape stated: fed images, and a Linear(6) cannot take them
+
+
+def test_the_language_model_is_checked_against_its_data(capsys, tmp_path):
+    code, err = _cli(
+        capsys, tmp_path, "--dataset", "python-source", "--model-arg", "vocab_size=100"
+    )
+    assert code == 2 and "the data has 256 tokens" in err, err
+    code, err = _cli(capsys, tmp_path, "--dataset", "python-source", "--model-arg", "seq_len=64")
+    assert code == 2 and "--seq-len" in err, err
 
 
 def test_a_users_dataset_needs_a_model_named(capsys, tmp_path):
@@ -152,9 +176,13 @@ def test_a_model_file_is_found_from_any_directory_and_gets_the_classes(tmp_path,
 def test_models_registered_under_the_entry_point_group_are_listed_and_built(monkeypatch):
     eps = [EntryPoint("shapes_net", "examples.own_model:build", plugins.MODEL_GROUP)]
     monkeypatch.setattr(plugins, "entry_points", lambda group: eps if "models" in group else [])
-    assert "shapes_net" in models.model_names()
-    net = models.build_model("shapes_net", 3, width=4)
-    assert net(torch.zeros(1, 1, 32, 32)).shape == (1, 3)
+    plugins.registered.cache_clear()
+    try:
+        assert "shapes_net" in models.model_names()
+        net = models.build_model("shapes_net", 3, width=4)
+        assert net(torch.zeros(1, 1, 32, 32)).shape == (1, 3)
+    finally:
+        plugins.registered.cache_clear()  # read the real entry points again
 
 
 def test_a_users_tensors_and_dataset_become_bundles_with_their_classes():
