@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
 
 from bench import plugins
@@ -272,6 +271,10 @@ class InputSpec:
 
 
 def torchvision_models() -> list[str]:
+    # imported here, not at the top: torchvision pulls in torch._dynamo (about 2 s), which
+    # every rank of every cell would pay at start-up for models it does not use
+    import torchvision
+
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
@@ -349,6 +352,8 @@ def build_model(
             raise ConfigError("lm: its context is --seq-len (the data's), not --model-arg seq_len")
         kwargs = {"vocab_size": num_classes, **kwargs}
         return LanguageModel(seq_len=shape[0] if shape else 128, **kwargs)
+    import torchvision
+
     return torchvision.models.get_model(model, weights=None, num_classes=num_classes, **kwargs)
 
 

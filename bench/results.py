@@ -31,6 +31,14 @@ EXTRA = (
     "p2p_mib_per_step",
     "collective_mib_per_step",
 )
+#: a cell's start-up (to its first step), split into its phases, and its teardown
+STARTUP = (
+    "startup_s",
+    "startup_launch_s",
+    "startup_rendezvous_s",
+    "startup_setup_s",
+    "teardown_s",
+)
 #: `setting`: the cell's run options (precision, compile, accumulation, SyncBN, swept --set
 #: options), e.g. "bf16,acc2"; a strategy at a world size may run under several
 ID = ["run_id", "strategy", "world_size", "setting", "repeat", "epoch"]
@@ -97,6 +105,15 @@ MEASUREMENTS = [
     "model_state_mib_min",
     *EXTRA,
     "cell_wall_s",
+    *(
+        STARTUP := (
+            "startup_s",
+            "startup_launch_s",
+            "startup_rendezvous_s",
+            "startup_setup_s",
+            "teardown_s",
+        )
+    ),
 ]
 PROVENANCE = [
     "timestamp",
@@ -169,6 +186,24 @@ def divergence(losses: Sequence[float], factor: float) -> str | None:
                     f"({losses[0]:.4g})"
                 )
     return None
+
+
+def startup(marks: Mapping[str, float], last: Mapping[str, Any], ended: float) -> dict[str, float]:
+    """A cell's start-up and teardown from rank 0's wall-clock marks (bench.worker): launch
+    (launcher, interpreter, imports: harness start to the worker's entry), rendezvous
+    (joining the process group), setup (data, model, wrapping), their sum to the first
+    step, and teardown (the last record written to the cell's end: saving, leaving the
+    group, processes exiting)."""
+    nan = float("nan")
+    t0, worker = marks.get("t0", nan), marks.get("worker", nan)
+    rendezvous, ready = marks.get("rendezvous", nan), marks.get("ready", nan)
+    return {
+        "startup_s": ready - t0,
+        "startup_launch_s": worker - t0,
+        "startup_rendezvous_s": rendezvous - worker,
+        "startup_setup_s": ready - rendezvous,
+        "teardown_s": ended - last.get("written", nan),
+    }
 
 
 def _pct(a: np.ndarray, q: float) -> float:

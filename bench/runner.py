@@ -13,6 +13,7 @@ import dataclasses
 import datetime as dt
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -400,9 +401,12 @@ class Runner:
             )
         except RuntimeError as exc:
             return self._write([self._status_row(cell, results.FAILED, str(exc))])
-        self.current = proc.CellProcess(
-            argv, self._env(cell, cell_dir), cell_dir / "log.txt", str(cell_dir)
-        )
+        env = self._env(cell, cell_dir)
+        # the cell's start on the wall clock every process shares: rank 0 reports its
+        # start-up phases against it (bench.worker)
+        started = time.time()
+        env["PARABENCH_CELL_T0"] = repr(started)
+        self.current = proc.CellProcess(argv, env, cell_dir / "log.txt", str(cell_dir))
         shown = self.progress
         if shown is not None:
             shown.start(self._label(cell), cell_dir, self.cfg.global_batch)
@@ -422,7 +426,7 @@ class Runner:
             self.current.reap()
             self.current = None
             wall = time.monotonic() - t0
-            return self._write(*self._collect(cell, cell_dir, rc, timed_out, wall))
+            return self._write(*self._collect(cell, cell_dir, rc, timed_out, wall, started + wall))
 
     def _write(
         self, runs: list[dict], steps: Sequence[dict] = (), ranks: Sequence[dict] = ()
@@ -430,8 +434,19 @@ class Runner:
         self.dir.write(runs, list(steps), list(ranks))
         return runs
 
-    def _collect(self, cell: Cell, cell_dir: Path, rc: int | None, timed_out: bool, wall: float):
+    def _collect(
+        self,
+        cell: Cell,
+        cell_dir: Path,
+        rc: int | None,
+        timed_out: bool,
+        wall: float,
+        ended: float = math.nan,
+    ):
         records = _read_records(cell_dir / "epochs.jsonl")
+        startup = (
+            results.startup(records[0].get("startup", {}), records[-1], ended) if records else {}
+        )
         runs, steps, ranks = [], [], []
         for rec in records:
             ident = self._ident(cell, rec["epoch"])
@@ -458,6 +473,7 @@ class Runner:
                     "status": results.DIVERGED if diverged else results.OK,
                     "reason": diverged or "",
                     "cell_wall_s": wall,
+                    **startup,
                     **results.measure(rec, cell.world_size, self.device),
                 }
             )

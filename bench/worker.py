@@ -106,12 +106,16 @@ def run(spec: dict[str, Any]) -> None:
 
 
 def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path) -> None:
+    # start-up phases on the wall clock, against the harness's launch (PARABENCH_CELL_T0):
+    # launch (launcher, interpreter, imports), rendezvous, setup (data, model, wrapping)
+    marks = {"t0": float(os.environ.get("PARABENCH_CELL_T0", "nan")), "worker": time.time()}
     threads = spec["threads"]  # decided by the harness, which also set OMP_NUM_THREADS
     torch.set_num_threads(threads)
     seed_everything(cfg.seed)
     setting = Setting(**spec["setting"])
     strategy = strategies.get(spec["strategy"]).create(ctx, spec["options"], setting)
     strategy.setup_distributed()
+    marks["rendezvous"] = time.time()
     try:
         bundle = data.load(cfg)
         seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
@@ -147,6 +151,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
             )
         steps = min(len(loader), cfg.max_steps or len(loader))
         report = StepReporter(cell_dir, cfg.epochs, steps) if ctx.rank == 0 else None
+        marks["ready"] = time.time()
         for epoch in range(cfg.epochs):
             reset_peaks(strategy.devices())
             if report is not None:
@@ -192,6 +197,8 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                     "notes": "; ".join(strategy.run_notes()),
                     "data": bundle.description,
                     "data_path": "device" if take is not None else "loader",
+                    "startup": marks,
+                    "written": time.time(),
                     **metrics,
                 }
                 with open(cell_dir / "epochs.jsonl", "a") as f:
@@ -219,6 +226,16 @@ def _spawn_entry(index: int, spec: dict[str, Any], port: int) -> None:
     )
     proc.die_with_parent()
     run(spec)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """Leave without the interpreter's teardown (torch's modules take about a second to
+    unload, paid by every rank of every cell): everything is written and the process group
+    left by now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -232,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         mp.spawn(_spawn_entry, args=(spec, proc.free_port()), nprocs=spec["world_size"], join=True)
     else:
         run(spec)
+    _exit_now()
 
 
 if __name__ == "__main__":

@@ -376,3 +376,17 @@ def test_cli_report_bad_input_is_one_line_and_exit_2(tmp_path, capsys, what: str
     assert main(["report", str(target)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("parabench: error:") and err.count("\n") == 1
+
+
+def test_start_up_is_split_into_phases_and_tabled_per_launcher(rendered, runs) -> None:
+    ok = runs[runs["status"] == "ok"]
+    phases = ok[["startup_launch_s", "startup_rendezvous_s", "startup_setup_s"]]
+    assert (phases >= 0).all().all() and (ok["teardown_s"] >= 0).all()
+    assert np.allclose(phases.sum(axis=1), ok["startup_s"])
+    # the phases, the timed steps and the teardown all fit in the cell's wall time
+    assert (ok["startup_s"] + ok["timed_s"] + ok["teardown_s"] <= ok["cell_wall_s"] + 0.01).all()
+    text = (rendered / "report.md").read_text()
+    section = text.split("## Start-up per launcher")[1].split("##")[0]
+    for launcher in set(ok["launcher"]):
+        assert f"| {launcher} |" in section
+    assert "Timed training is" in section

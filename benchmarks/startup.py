@@ -1,0 +1,145 @@
+"""What the harness adds to a cell's start-up and teardown, over the bare launcher.
+
+    python benchmarks/startup.py [--world-size 2] [--repeats 3] [--out results/startup]
+
+For each launcher (in-process, mp.spawn, torchrun, horovodrun where built) it times, on
+the wall clock, a bare script that only imports torch, joins a gloo process group and
+leaves it, and a harness cell of the same launcher that trains one step of the MNIST CNN
+on synthetic data; the harness's share is its launch + rendezvous + teardown (the rows'
+`startup_launch_s`, `startup_rendezvous_s`, `teardown_s`), without the data and model
+set-up and the step, which any training script pays too. Prints a table and writes it as
+startup.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+BARE = """
+import os, sys
+import torch
+import torch.distributed as dist
+
+def join(rank, world):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mode, world = sys.argv[1], int(sys.argv[2])
+    if mode == "spawn":
+        import torch.multiprocessing as mp
+        os.environ["MASTER_PORT"] = sys.argv[3]
+        mp.spawn(join, args=(world,), nprocs=world, join=True)
+    elif mode == "torchrun":
+        join(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    elif mode == "horovodrun":
+        import horovod.torch as hvd
+        hvd.init()
+        hvd.shutdown()
+"""
+
+
+def bare(launcher: str, world: int, script: Path) -> float:
+    from bench import launchers, proc
+
+    py = sys.executable
+    argv = {
+        "inprocess": [py, "-c", "import torch"],
+        "spawn": [py, str(script), "spawn", str(world), str(proc.free_port())],
+        "torchrun": [py, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
+        + [f"--nproc-per-node={world}", str(script), "torchrun", str(world)],
+    }
+    if launcher == "horovodrun":
+        exe = launchers.horovodrun_path()
+        argv["horovodrun"] = [exe, "--gloo", "-np", str(world), "-H", f"localhost:{world}"]
+        argv["horovodrun"] += [py, str(script), "horovodrun", str(world)]
+    t0 = time.time()
+    subprocess.run(argv[launcher], check=True, capture_output=True)
+    return time.time() - t0
+
+
+STRATEGY = {
+    "inprocess": "single",
+    "spawn": "ddp_spawn",
+    "torchrun": "ddp_torchrun",
+    "horovodrun": "horovod",
+}
+
+
+def harness(launcher: str, world: int, out: Path, repeats: int) -> pd.DataFrame:
+    from bench.config import RunConfig
+    from bench.runner import run_matrix
+
+    cfg = RunConfig(
+        strategies=(STRATEGY[launcher],),
+        world_sizes=(1 if launcher == "inprocess" else world,),
+        dataset="synthetic",
+        model="mnist_cnn",
+        global_batch=8,
+        max_steps=1,
+        warmup_steps=0,
+        eval_samples=0,
+        limit=64,
+        repeats=repeats,
+        device="cpu",
+        out_dir=str(out),
+    )
+    run_dir, _ = run_matrix(cfg, echo=lambda m: None)
+    rows = pd.read_csv(run_dir / "runs.csv")
+    return rows[rows["status"] == "ok"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import strategies
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="results/startup")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    launchers = ["inprocess", "spawn", "torchrun"]
+    if strategies.get("horovod").unavailable("cpu") is None:
+        launchers.append("horovodrun")
+    table = []
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "bare.py"
+        script.write_text(BARE)
+        for launcher in launchers:
+            world = 1 if launcher == "inprocess" else a.world_size
+            bare_s = statistics.median(bare(launcher, world, script) for _ in range(a.repeats))
+            rows = harness(launcher, a.world_size, out / "runs", a.repeats)
+            own = rows["startup_launch_s"] + rows["startup_rendezvous_s"] + rows["teardown_s"]
+            table.append(
+                {
+                    "launcher": launcher,
+                    "world_size": world,
+                    "bare_s": bare_s,
+                    "harness_launch_s": rows["startup_launch_s"].median(),
+                    "harness_rendezvous_s": rows["startup_rendezvous_s"].median(),
+                    "harness_teardown_s": rows["teardown_s"].median(),
+                    "harness_s": own.median(),
+                    "harness_over_bare_s": own.median() - bare_s,
+                    "setup_s": rows["startup_setup_s"].median(),
+                    "cell_wall_s": rows["cell_wall_s"].median(),
+                }
+            )
+    df = pd.DataFrame(table)
+    df.to_csv(out / "startup.csv", index=False)
+    print(df.round(2).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
