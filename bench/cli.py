@@ -128,7 +128,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="cap on training samples")
     p.add_argument("--max-classes", type=int, default=None, help="imagenet-subset: first N classes")
     p.add_argument("--eval-samples", type=int, default=d.eval_samples)
-    p.add_argument("--image-size", type=int, default=d.image_size)
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=0,
+        help="image side in pixels (default 224; synthetic data on a CPU: 64, as 224 takes "
+        "many minutes per cell there)",
+    )
     p.add_argument(
         "--seq-len",
         type=int,
@@ -257,6 +263,18 @@ def cmd_run(a: argparse.Namespace) -> int:
     from bench import runner, summary
 
     cfg = config_from_args(a)
+    if not a.resume:
+        from bench import estimate
+
+        runner.check_new_run(cfg)
+        cells = runner.plan(cfg)  # bad input: one line before anything runs
+        est = estimate.estimate(cfg, cells)
+        if a.dry_run:
+            print(estimate.plan_text(cfg, cells, est))
+            return 0
+        print(est.line(), flush=True)
+    elif a.dry_run:
+        raise ConfigError("--dry-run plans a new run; it does not go with --resume")
     try:
         run_dir, rows = runner.run_matrix(
             cfg, resume=Path(a.resume) if a.resume else None, progress=True
@@ -322,6 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(r)
     r.add_argument("--resume", default=None, metavar="RUN_DIR", help="finish an interrupted run")
     r.add_argument("--no-report", action="store_true", help="skip the report at the end")
+    r.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the matrix (what runs, what is skipped and why) and an estimate of its "
+        "wall time, then exit",
+    )
     r.set_defaults(func=cmd_run)
     ls = sub.add_parser("list", help="strategies (available or not, and why), datasets, models")
     ls.add_argument("--device", default="auto")

@@ -97,8 +97,11 @@ def compare(
 ) -> Comparison:
     if metric not in METRICS:
         raise ConfigError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    if not factor >= 1:
-        raise ConfigError(f"--factor must be at least 1 (1.1 flags changes over 10%), got {factor}")
+    if not (factor >= 1 and math.isfinite(factor)):  # NaN fails both; inf would flag nothing
+        raise ConfigError(
+            f"--factor must be a finite number of at least 1 (1.1 flags changes over 10%), "
+            f"got {factor}"
+        )
     sa, sb = report.summarise(a.runs), report.summarise(b.runs)
     cols = report.KEY + [f"{m}_median" for m in METRICS]
     both = sa[cols].merge(

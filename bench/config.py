@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,10 @@ DEFAULT_MODEL = {
     "synthetic": "resnet18",
     "python-source": "lm",
 }
+
+
+#: synthetic images on a CPU when --image-size is not given
+CPU_SYNTHETIC_IMAGE_SIZE = 64
 
 
 class ConfigError(ValueError):
@@ -45,7 +50,9 @@ class RunConfig:
     limit: int | None = None  # cap on training samples
     max_classes: int | None = None  # imagenet-subset: first N classes
     eval_samples: int = 1000
-    image_size: int = 224
+    #: 0: ImageNet's 224, but 64 for synthetic data on a CPU (224 px takes many minutes
+    #: per cell there); the rows' `data` says which
+    image_size: int = 0
     #: tokens per sample of a token model (lm) and its data (python-source, synthetic)
     seq_len: int = 128
     timeout_s: float = 900.0  # per (strategy, world size, repeat)
@@ -87,6 +94,11 @@ class RunConfig:
             f"unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}, or your "
             "own as package.module:factory or path/to/file.py:factory",
         )
+        need(
+            not self.dataset_kwargs or plugins.is_plugin(self.dataset, plugins.DATASET_GROUP),
+            f"--dataset-arg goes to your own data set's factory; {self.dataset} is built in "
+            "and takes none",
+        )
         for name in ("dataset", "model"):  # a file named relative to here: ranks start elsewhere
             object.__setattr__(self, name, plugins.absolute(getattr(self, name)))
         need(
@@ -109,7 +121,19 @@ class RunConfig:
             f"--workers cannot be negative, got {self.workers}",
         )
         need(self.timeout_s > 0, f"--timeout must be positive, got {self.timeout_s}")
-        need(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        need(
+            self.lr > 0 and math.isfinite(self.lr),
+            f"--lr must be positive and finite, got {self.lr}",
+        )
+        need(
+            isinstance(self.seed, int) and 0 <= self.seed < 2**32,
+            f"--seed must be an integer from 0 to 2**32 - 1 (numpy's range), got {self.seed}",
+        )
+        need(
+            not self.run_id
+            or (self.run_id not in (".", "..") and not any(c in self.run_id for c in "/\\")),
+            f"--run-id names a folder inside --out-dir: no / or \\, not . or .., got {self.run_id!r}",
+        )
         need(
             self.data_feed in ("auto", "device", "loader"),
             f"--data-path takes auto, device or loader, got {self.data_feed!r}",
@@ -126,6 +150,8 @@ class RunConfig:
         need(self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}")
         need(self.max_classes is None or self.max_classes >= 2, "--max-classes must be at least 2")
         need(self.eval_samples >= 0, "--eval-samples cannot be negative")
+        if self.image_size == 0:
+            object.__setattr__(self, "image_size", self._default_image_size())
         need(self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}")
         need(self.seq_len >= 2, f"--seq-len must be at least 2, got {self.seq_len}")
         need(
@@ -179,6 +205,13 @@ class RunConfig:
         if not self.data_root:
             object.__setattr__(self, "data_root", os.environ.get("PARABENCH_DATA_ROOT", "data"))
 
+    def _default_image_size(self) -> int:
+        if self.dataset != "synthetic":
+            return 224
+        from bench.env import resolve_device
+
+        return CPU_SYNTHETIC_IMAGE_SIZE if resolve_device(self.device) == "cpu" else 224
+
     @property
     def data_path(self) -> Path:
         return Path(self.data_root).expanduser()
@@ -188,6 +221,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        if not isinstance(d, dict):
+            raise ConfigError(f"a run's config is an object, not {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
         for key in ("strategies", "exclude", "world_sizes", "precisions"):

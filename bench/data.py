@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 
 from bench import models, plugins
-from bench.config import ConfigError, RunConfig
+from bench.config import CPU_SYNTHETIC_IMAGE_SIZE, ConfigError, RunConfig
 from bench.models import InputSpec, input_shape
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -399,9 +399,11 @@ def _synthetic(cfg: RunConfig) -> DataBundle:
     held = SyntheticImages(
         max(cfg.eval_samples, 1), spec.shape, classes, cfg.seed + 1, dtype=spec.dtype
     )
-    return DataBundle(
-        train, held, classes, f"synthetic {spec.shape} x {n}, {classes} classes", spec
-    )
+    size = ""
+    if cfg.image_size == CPU_SYNTHETIC_IMAGE_SIZE and len(spec.shape) == 3:
+        size = f" ({cfg.image_size} px: the CPU default; --image-size sets it)"
+    desc = f"synthetic {spec.shape} x {n}, {classes} classes{size}"
+    return DataBundle(train, held, classes, desc, spec)
 
 
 def _synthetic_classes(cfg: RunConfig, spec: InputSpec) -> int:

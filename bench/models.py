@@ -151,6 +151,11 @@ class Transformer(nn.Module):
         patch = patch or default_patch(shape[1])
         if shape[1] % patch or shape[2] % patch:
             raise ConfigError(f"transformer: patch {patch} does not divide {shape[1]}x{shape[2]}")
+        if min(dim, depth, heads, mlp_ratio) < 1:
+            raise ConfigError(
+                f"transformer: dim, depth, heads and mlp_ratio must be at least 1, got "
+                f"dim={dim} depth={depth} heads={heads} mlp_ratio={mlp_ratio}"
+            )
         if dim % heads:
             raise ConfigError(f"transformer: dim {dim} is not divisible by {heads} heads")
         self.heads = heads
@@ -225,6 +230,11 @@ class LanguageModel(nn.Module):
             raise ConfigError(f"lm: unknown size {size!r}; choose {', '.join(LM_SIZES)}")
         d0, l0, h0 = LM_SIZES[size]
         dim, depth, heads = dim or d0, depth or l0, heads or h0
+        if min(dim, depth, heads, mlp_ratio) < 1:
+            raise ConfigError(
+                f"lm: dim, depth, heads and mlp_ratio must be at least 1, got dim={dim} "
+                f"depth={depth} heads={heads} mlp_ratio={mlp_ratio}"
+            )
         if dim % heads:
             raise ConfigError(f"lm: dim {dim} is not divisible by {heads} heads")
         self.vocab_size, self.heads = vocab_size, heads

@@ -79,11 +79,24 @@ class Run:
 # ---------------------------------------------------------------- loading
 
 
-def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
+def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) -> pd.DataFrame:
+    """A run's table; ConfigError if it is unreadable or lacks a `required` column. A
+    column of `columns` it lacks is added, empty."""
     # A table with no rows is never written (e.g. steps.csv when every cell was skipped).
     if not path.exists():
         return pd.DataFrame(columns=list(columns))
-    df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    try:
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ConfigError(f"{path} is unreadable ({_first_line(exc)})") from None
+    if not isinstance(df.index, pd.RangeIndex):  # pandas made the surplus fields an index
+        raise ConfigError(f"{path} is unreadable (its rows have more fields than its header)")
+    missing = sorted(set(required) - set(df.columns))
+    if missing:
+        raise ConfigError(f"{path}: not a parabench {path.name} (no column {', '.join(missing)})")
+    for col in columns:  # one written before a column was added: empty, as when not measured
+        if col not in df:
+            df[col] = math.nan
     for col in ("status", "reason", "notes", "strategy"):
         if col in df:
             # object first: an all-empty column reads as float, which "" cannot fill
@@ -91,11 +104,34 @@ def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
     return df
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    """The object a run's JSON file holds; {} if there is none (the file is optional), and
+    a ConfigError if it is there but unreadable: a damaged run is not reported as a clean one."""
+    if not path.exists():
         return {}
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is unreadable ({_first_line(exc)}); fix or remove it") from None
+    if not isinstance(got, dict):
+        raise ConfigError(f"{path} holds {type(got).__name__}, not an object; fix or remove it")
+    return got
+
+
+def _check_whole_numbers(df: pd.DataFrame, path: Path, columns: Sequence[str]) -> None:
+    """Every value of `columns` a whole number (the keys the summary groups and sorts by)."""
+    for col in columns:
+        values = df[col].astype(str).str.strip()
+        bad = values[~values.str.fullmatch(r"-?\d+(\.0*)?")]
+        if len(bad):
+            raise ConfigError(
+                f"{path}: column {col} holds {bad.iloc[0]!r}, not a whole number "
+                f"(row {bad.index[0] + 2})"
+            )
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -103,17 +139,15 @@ def load_run(run_dir: str | Path) -> Run:
     path = Path(run_dir)
     if path.is_file() and path.name == "runs.csv":
         path = path.parent
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path} is a file, not a run directory")
     if not path.is_dir():
         raise ConfigError(f"{path}: no such run directory")
     if not (path / "runs.csv").is_file():
         raise ConfigError(f"{path}: no runs.csv there; is it a parabench run directory?")
-    runs = _read_csv(path / "runs.csv", results.RUN_COLUMNS)
-    missing = {"strategy", "world_size", "repeat", "status"} - set(runs.columns)
-    if missing:
-        raise ConfigError(
-            f"{path / 'runs.csv'}: not a parabench runs.csv "
-            f"(no column {', '.join(sorted(missing))})"
-        )
+    required = ("strategy", "world_size", "repeat", "status")
+    runs = _read_csv(path / "runs.csv", results.RUN_COLUMNS, required)
+    _check_whole_numbers(runs, path / "runs.csv", ["world_size", "repeat"])
     tables = [runs, _read_csv(path / "steps.csv", results.STEP_COLUMNS)]
     tables.append(_read_csv(path / "ranks.csv", results.RANK_COLUMNS))
     labelled = _labelled(tables)
@@ -132,7 +166,7 @@ def _labelled(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
     run options that vary, see results.case_labels); the registry name moves to
     `strategy_name`. Everything downstream (summary, plots, compare) groups by it."""
     for t in tables:
-        t["setting"] = t["setting"].fillna("").astype(str) if "setting" in t else ""
+        t["setting"] = t["setting"].astype(object).fillna("").astype(str) if "setting" in t else ""
     pairs = [(s, g) for t in tables for s, g in zip(t["strategy"], t["setting"], strict=True)]
     labels = results.case_labels(pairs)
     out = []
@@ -536,8 +570,37 @@ def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def startup_markdown(counted: pd.DataFrame) -> str:
+    """Start-up and teardown per launcher (medians over the ok cells), and the share of
+    the cells' wall time that is timed training; "" for a run from before they were kept."""
+    if "startup_s" not in counted or counted["startup_s"].isna().all():
+        return ""
+    cols = ["startup_launch_s", "startup_rendezvous_s", "startup_setup_s", "startup_s"]
+    cols += ["teardown_s"]
+    rows = []
+    for launcher, grp in counted.groupby("launcher"):
+        med = grp[cols].median()
+        rows.append([launcher, len(grp), *(f"{med[c]:.2f}" for c in cols)])
+    wall = counted["cell_wall_s"].sum()
+    timed = counted["timed_s"].sum() / wall if wall > 0 else float("nan")
+    return (
+        "Seconds per cell, median over its cells: launch (the launcher, the interpreter and "
+        "imports, to the worker's entry on rank 0), rendezvous (joining the process group), "
+        "setup (data, model, wrapping), their sum to the first step, and teardown (from the "
+        "last record to the cell's end). `python benchmarks/startup.py` measures each launcher "
+        "bare, for what the harness adds.\n\n"
+        + md_table(
+            ["launcher", "cells", "launch", "rendezvous", "setup", "to first step", "teardown"],
+            rows,
+        )
+        + f"\n\nTimed training is {timed:.0%} of the cells' wall time (the rest: start-up, "
+        "warm-up steps, evaluation, teardown)."
+    )
+
+
 def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str, str]]) -> str:
     counted = counted_rows(run.runs)
+    startup = startup_markdown(counted)
     n_ok = summary["n_repeats"].max() if len(summary) else 0
     over = (
         " Rows marked (oversubscribed) ran more CPU ranks than cores, one thread each, for "
@@ -571,6 +634,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         f"The full table, with the IQR, is summary.csv.{over}",
         summary_markdown(summary) if len(summary) else "No strategy produced an ok result.",
         *(["## Model parallelism", model_parallel] if model_parallel else []),
+        *(["## Start-up per launcher", startup] if startup else []),
         "## Plots",
         *[f"![{title}]({name})" for name, title in images],
         "## Unavailable, skipped and failed",
@@ -625,15 +689,23 @@ def bubble_pcts(counted: pd.DataFrame) -> dict[tuple[str, int], float]:
 def render(run_dir: str | Path) -> Path:
     """Write summary.csv, the plots and report.md into run_dir; return report.md's path."""
     run = load_run(run_dir)
+    for name in ("summary.csv", "report.md", *PLOTS, *OPTIONAL_PLOTS):
+        if (run.path / name).exists() and not (run.path / name).is_file():
+            raise ConfigError(f"{run.path / name} is in the way of the report: not a file")
     summary = summarise(run.runs)
-    summary.to_csv(run.path / "summary.csv", index=False, float_format="%.6g")
-    images: list[tuple[str, str]] = []
-    if len(summary):
-        for name, fig in figures(run, summary).items():
-            fig.savefig(run.path / name, dpi=110)
-            images.append((name, fig.axes[0].get_title() or name))
     out = run.path / "report.md"
-    out.write_text(report_markdown(run, summary, images))
+    try:
+        summary.to_csv(run.path / "summary.csv", index=False, float_format="%.6g")
+        images: list[tuple[str, str]] = []
+        if len(summary):
+            for name, fig in figures(run, summary).items():
+                fig.savefig(run.path / name, dpi=110)
+                images.append((name, fig.axes[0].get_title() or name))
+        out.write_text(report_markdown(run, summary, images))
+    except OSError as exc:  # read-only, no permission, disk full
+        raise ConfigError(
+            f"{run.path}: cannot write the report there ({exc.strerror or exc})"
+        ) from None
     return out
 
 

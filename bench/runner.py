@@ -116,6 +116,8 @@ def plan(cfg: RunConfig) -> list[Cell]:
         if explicit
         else [s for s in strategies.registry().values() if s.name not in cfg.exclude]
     )
+    if not specs:
+        raise ConfigError("--exclude leaves no strategy to run")
     check_model(cfg.model)
     check_model_args(cfg)
     for ws in sizes:
@@ -579,9 +581,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
             raise ConfigError(f"--resume {resume}: config.json is unreadable ({exc})") from exc
         return saved, rd, plan(saved)
     cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
-    path = Path(cfg.out_dir) / cfg.run_id
-    if (path / "runs.csv").exists():
-        raise ConfigError(f"{path} already holds a run; use --resume {path} or another --run-id")
+    path = check_new_run(cfg)
     cells = plan(cfg)
     rd = RunDir(path)
     try:
@@ -592,6 +592,14 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
             f"--out-dir {cfg.out_dir}: cannot write the run there ({exc.strerror or exc})"
         ) from None
     return cfg, rd, cells
+
+
+def check_new_run(cfg: RunConfig) -> Path:
+    """The folder a new run with `cfg` writes to; ConfigError if a run is there already."""
+    path = Path(cfg.out_dir) / (cfg.run_id or "-")
+    if cfg.run_id and (path / "runs.csv").exists():
+        raise ConfigError(f"{path} already holds a run; use --resume {path} or another --run-id")
+    return path
 
 
 def run_matrix(

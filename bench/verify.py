@@ -586,6 +586,18 @@ def cmd_verify(a: argparse.Namespace) -> int:
     from bench.cli import config_from_args
 
     cfg = config_from_args(a)
+    # bad input: one line before anything runs (the conditioning runs come before the run
+    # whose directory the runner checks, and a missing baseline shows only after every cell)
+    if a.steps < 1:
+        raise ConfigError(f"--steps must be at least 1, got {a.steps}")
+    if "single" in cfg.exclude:
+        raise ConfigError(
+            "--exclude single: verify compares every strategy with single, its baseline; "
+            "leave it in"
+        )
+    if cfg.run_id and (Path(cfg.out_dir) / cfg.run_id / "runs.csv").exists():
+        path = Path(cfg.out_dir) / cfg.run_id
+        raise ConfigError(f"{path} already holds a run; use another --run-id")
     run_dir, parity = verify(cfg, a.steps)
     print(table(parity))
     cond = run_dir / "conditioning.txt"

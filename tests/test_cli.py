@@ -56,7 +56,7 @@ CASES = [
     (["--strategies", "single", "--set", "junk=1"], "--set junk: no selected strategy takes"),
     (["--strategies", "single", "--max-steps", "3"], "--warmup-steps (5) must be less than"),
     (["--strategies", "single", "--limit", "10"], "smaller than the global batch"),
-    (["--strategies", "single", "--image-size", "0"], "--image-size must be at least 16"),
+    (["--strategies", "single", "--image-size", "8"], "--image-size must be at least 16"),
     (
         ["--strategies", "single", "--dataset", "imagenet-subset", "--model", "mnist_cnn"],
         "use a torchvision model",
@@ -181,3 +181,26 @@ def test_resume_with_a_corrupt_config(run, tmp_path):
     (bad / "config.json").write_text("{not json")
     code, _, err = run("--resume", str(bad))
     assert code == 2 and "config.json is unreadable" in err and len(err.strip().splitlines()) == 1
+
+
+def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(tmp_path, capsys, data_root):
+    from bench.cli import main
+
+    out = tmp_path / "out"
+    args = ["run", "--dry-run", "--device", "cpu", "--data-root", str(data_root)]
+    args += ["--strategies", "single,ddp_spawn,pipeline_gpipe", "--world-sizes", "1,2"]
+    args += ["--out-dir", str(out), "--limit", "1024", "--repeats", "2"]
+    assert main([*args, "--max-steps", "10"]) == 0
+    text = capsys.readouterr().out
+    assert "plan: 8 cell(s) to run" in text  # (ddp_spawn x2, pipeline at 2, single) x 2 repeats
+    assert "pipeline_gpipe          1  fp32                    skipped: a pipeline needs" in text
+    assert any(
+        line.split() == ["ddp_spawn", "2", "fp32", "spawn", "2"] for line in text.splitlines()
+    )
+    assert "mnist" in text and "10 step(s) per epoch" in text
+    short = float(text.split("estimated wall time ")[1].split(" s ")[0])
+    assert not out.exists()  # nothing ran, nothing written
+    assert main([*args, "--max-steps", "16", "--epochs", "3"]) == 0
+    longer = capsys.readouterr().out.split("estimated wall time ")[1]
+    value, unit = longer.split(" (")[0].split()
+    assert (float(value) * (60 if unit == "min" else 1)) > short  # more steps: longer

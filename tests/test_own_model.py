@@ -135,8 +135,8 @@ def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
     spec = _file(tmp_path, "def build(num_classes):\n    return nn.Linear(6, num_classes)\n")
     cfg = RunConfig(model=f"{spec}:build", dataset=DATASET, device="cpu")
     assert models.meta_model(cfg).out_features == 1000  # no data said: ImageNet's
-    cfg = cfg.replace(dataset="synthetic", global_batch=8, limit=64)
-    with pytest.raises(ConfigError, match=r"forward on a batch of \(3, 224, 224\) float32 fails"):
+    cfg = cfg.replace(dataset="synthetic", global_batch=8, limit=64, image_size=32)
+    with pytest.raises(ConfigError, match=r"forward on a batch of \(3, 32, 32\) float32 fails"):
         data.check(cfg)  # no input_shape stated: fed images, and a Linear(6) cannot take them
 
 

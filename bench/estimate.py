@@ -1,0 +1,143 @@
+"""A plan before it starts: the matrix a run would execute and how long it should take.
+
+`parabench run --dry-run` prints every cell (what runs, what is skipped and why), the data
+and how the batch is split, and an estimate of the wall time; a real run prints the same
+one-line estimate first and warns when it is long. The estimate is a model, stated as
+such: per cell, the launcher's start-up and teardown (measured with benchmarks/startup.py)
+plus the steps times a training step's time, measured here on the run's own model and
+data for a few steps of a small batch and scaled to the global batch, plus evaluation
+(a forward is about a third of a training step) and torch.compile's first step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+import strategies
+from bench import data, models
+from bench.config import RunConfig
+from bench.env import resolve_device
+
+#: start-up to the first step plus teardown, seconds per cell, by launcher: medians of
+#: benchmarks/startup.py on the 2-core CPU machine (2026-11-23, world size 2)
+LAUNCH_S = {"inprocess": 3.0, "spawn": 6.0, "torchrun": 7.0, "horovodrun": 7.5}
+#: torch.compile's first step on a CPU (20-67 s cold, measured): counted once per cell
+COMPILE_S = 40.0
+#: a run estimated past this says so when it starts
+LONG_S = 30 * 60
+
+
+@dataclass(frozen=True)
+class Estimate:
+    total_s: float
+    startup_s: float
+    per_sample_ms: float  # one training step's time per sample of the global batch, here
+    steps: int  # per epoch
+    train_samples: int
+    data: str
+
+    def line(self) -> str:
+        long = ""
+        if self.total_s > LONG_S:
+            long = (
+                "; that is long on this machine: --max-steps, --limit or fewer "
+                "--strategies/--world-sizes shorten it, --dry-run shows the plan"
+            )
+        return (
+            f"estimated wall time {minutes(self.total_s)} ({minutes(self.startup_s)} of it "
+            f"start-up), from {self.per_sample_ms:.2f} ms per sample measured here and the "
+            f"launchers' start-up{long}"
+        )
+
+
+def minutes(s: float) -> str:
+    return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
+
+
+def per_sample_ms(cfg: RunConfig, bundle: data.DataBundle, batch: int = 8) -> float:
+    """A training step's time per sample (forward, backward, SGD step) of the run's model in
+    this process, on the run's device: one warm-up step, then the median of two."""
+    device = torch.device("cuda" if resolve_device(cfg.device) == "cuda" else "cpu")
+    fed = bundle.spec or models.spec(cfg)
+    model = models.build(cfg, bundle.num_classes, fed).to(device)
+    loss_fn = models.loss_of(model)
+    batch = max(1, min(batch, cfg.global_batch, len(bundle.train)))  # type: ignore[arg-type]
+    xs, ys = zip(*(bundle.train[i] for i in range(batch)), strict=True)
+    x, y = (
+        torch.stack([torch.as_tensor(v) for v in xs]),
+        torch.stack([torch.as_tensor(v) for v in ys]),
+    )
+    x, y = x.to(device), y.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    times = []
+    for _ in range(3):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * sorted(times[1:])[0] / batch
+
+
+def estimate(cfg: RunConfig, cells: list) -> Estimate:
+    bundle = data.load(cfg)
+    n = len(bundle.train)  # type: ignore[arg-type]
+    steps = n // cfg.global_batch
+    if cfg.max_steps:
+        steps = min(steps, cfg.max_steps)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        ms = per_sample_ms(cfg, bundle)
+    finally:
+        torch.set_num_threads(threads)
+    cuda = resolve_device(cfg.device) == "cuda"
+    total = startup = 0.0
+    for cell in cells:
+        if cell.status:
+            continue
+        launcher = strategies.get(cell.strategy).launcher
+        startup += LAUNCH_S.get(launcher, 7.0)
+        # CPU ranks share the cores (the same work either way); GPUs add devices
+        devices = cell.world_size if cuda else 1
+        step_s = ms * cfg.global_batch / devices / 1e3
+        eval_s = ms * cfg.eval_samples / 3 / devices / 1e3
+        total += cfg.epochs * (steps * step_s + eval_s)
+        if cell.setting.compile:
+            total += COMPILE_S
+    return Estimate(total + startup, startup, ms, steps, n, bundle.description)
+
+
+def plan_text(cfg: RunConfig, cells: list, est: Estimate) -> str:
+    """The matrix as `--dry-run` prints it."""
+    run = [c for c in cells if not c.status]
+    lines = [
+        f"plan: {len(run)} cell(s) to run, {len(cells) - len(run)} skipped or unavailable; "
+        f"device {resolve_device(cfg.device)}",
+        f"data: {est.data}",
+        f"model: {cfg.model}; global batch {cfg.global_batch}, {est.steps} step(s) per epoch "
+        f"x {cfg.epochs} epoch(s) ({cfg.warmup_steps} warm-up), {cfg.repeats} repeat(s)",
+        "",
+        f"{'strategy':<22}{'ws':>3}  {'setting':<24}{'launcher':<12}{'processes':>9}",
+    ]
+    for c in cells:
+        if c.repeat:  # one line per cell of the matrix, not per repeat
+            continue
+        if c.status:
+            lines.append(f"{c.strategy:<22}{c.world_size:>3}  {c.label:<24}{c.status}: {c.reason}")
+            continue
+        spec = strategies.get(c.strategy)
+        procs = spec.cls.processes(c.world_size)
+        lines.append(
+            f"{c.strategy:<22}{c.world_size:>3}  {c.label:<24}{spec.launcher:<12}{procs:>9}"
+        )
+    lines += ["", est.line()]
+    return "\n".join(lines)

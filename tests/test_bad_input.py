@@ -1,0 +1,448 @@
+"""A sweep of bad input to every option of run, verify, report and compare.
+
+Each case: exit code 2, one line on stderr starting `parabench: error:` (no traceback),
+and nothing created or changed on disk. No case may start a run: `bench.runner.open_run`
+is guarded, so input that validation lets through fails the case instead of training.
+Cases already in test_cli.py, test_config.py, test_compare.py and test_report.py are not
+repeated here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import strategies
+from bench import results, runner
+from bench.cli import main
+
+# ---------------------------------------------------------------- fixtures on disk
+
+
+def _runs_csv(header: list[str] | None = None, rows: list[list[str]] = ()) -> str:
+    lines = [",".join(header or results.RUN_COLUMNS), *(",".join(r) for r in rows)]
+    return "\n".join(lines) + "\n"
+
+
+def _run_dir(root: Path, name: str, files: dict[str, str | bytes] | None = None) -> Path:
+    """A run directory: a runs.csv with the runner's header and no rows (a valid, empty
+    run), with `files` written over it."""
+    path = root / name
+    path.mkdir(parents=True)
+    for fname, text in {"runs.csv": _runs_csv(), **(files or {})}.items():
+        if isinstance(text, bytes):
+            (path / fname).write_bytes(text)
+        else:
+            (path / fname).write_text(text)
+    return path
+
+
+def _file(root: Path) -> None:
+    (root / "file").write_text("not a run\n")
+
+
+def _bad_world_size() -> str:
+    row = dict.fromkeys(results.RUN_COLUMNS, "")
+    row.update(strategy="single", world_size="two", repeat="0", status="ok", epoch="0")
+    return _runs_csv(rows=[[row[c] for c in results.RUN_COLUMNS]])
+
+
+#: name -> what it makes under the case's input folder; the argv names it as {name}
+SETUPS = {
+    "good": lambda root: _run_dir(root, "good"),
+    "file": _file,
+    "empty_csv": lambda root: _run_dir(root, "empty_csv", {"runs.csv": ""}),
+    "binary_csv": lambda root: _run_dir(root, "binary_csv", {"runs.csv": b"\x89PNG\r\n\x1a\n\x00"}),
+    "ragged_csv": lambda root: _run_dir(
+        root, "ragged_csv", {"runs.csv": "strategy,world_size,repeat,status\na,1,0,ok,x,y,z\n"}
+    ),
+    "columns_csv": lambda root: _run_dir(root, "columns_csv", {"runs.csv": "a,b\n1,2\n"}),
+    "text_world_size": lambda root: _run_dir(
+        root, "text_world_size", {"runs.csv": _bad_world_size()}
+    ),
+    "runs_csv_dir": lambda root: (root / "runs_csv_dir" / "runs.csv").mkdir(parents=True),
+    "corrupt_config": lambda root: _run_dir(root, "corrupt_config", {"config.json": "{not json"}),
+    "list_config": lambda root: _run_dir(root, "list_config", {"config.json": "[1, 2]"}),
+    "corrupt_env": lambda root: _run_dir(root, "corrupt_env", {"environment.json": "{"}),
+    "corrupt_steps": lambda root: _run_dir(root, "corrupt_steps", {"steps.csv": b"\xff\xfe\x00"}),
+    # --resume targets
+    "resume_list": lambda root: _run_dir(root, "resume_list", {"config.json": "[]"}),
+    "resume_null": lambda root: _run_dir(root, "resume_null", {"config.json": "null"}),
+    "resume_bad_value": lambda root: _run_dir(
+        root, "resume_bad_value", {"config.json": json.dumps({"global_batch": "abc"})}
+    ),
+    "resume_bad_dataset": lambda root: _run_dir(
+        root, "resume_bad_dataset", {"config.json": json.dumps({"dataset": "cifar10"})}
+    ),
+    "md_dir": lambda root: (_run_dir(root, "md_dir") / "report.md").mkdir(),
+    # a run already in out/taken (the run and verify commands write into out/)
+    "taken": lambda root: _run_dir(root.parent / "out", "taken"),
+}
+
+
+# ---------------------------------------------------------------- the cases
+
+RUN = "run"
+VERIFY = "verify"
+REPORT = "report"
+COMPARE = "compare"
+
+
+def case(command, args, fragment, setup=(), *, bug=None, id=None):
+    marks = [pytest.mark.xfail(strict=True, reason=bug)] if bug else []
+    return pytest.param(command, list(args), fragment, tuple(setup), marks=marks, id=id)
+
+
+CASES = [
+    # ---- run: wrong types
+    case(RUN, ["--global-batch", "abc"], "invalid int value: 'abc'", id="global-batch-text"),
+    case(RUN, ["--global-batch", "1.5"], "invalid int value: '1.5'", id="global-batch-float"),
+    case(RUN, ["--epochs", "x"], "--epochs: invalid int value", id="epochs-text"),
+    case(RUN, ["--max-steps", "x"], "--max-steps: invalid int value", id="max-steps-text"),
+    case(RUN, ["--warmup-steps", "x"], "--warmup-steps: invalid int", id="warmup-text"),
+    case(RUN, ["--repeats", "x"], "--repeats: invalid int value", id="repeats-text"),
+    case(RUN, ["--workers", "x"], "--workers: invalid int value", id="workers-text"),
+    case(RUN, ["--seed", "abc"], "--seed: invalid int value", id="seed-text"),
+    case(RUN, ["--lr", "x"], "--lr: invalid float value: 'x'", id="lr-text"),
+    case(RUN, ["--limit", "x"], "--limit: invalid int value", id="limit-text"),
+    case(RUN, ["--image-size", "big"], "--image-size: invalid int", id="image-size-text"),
+    case(RUN, ["--seq-len", "x"], "--seq-len: invalid int value", id="seq-len-text"),
+    case(RUN, ["--timeout", "x"], "--timeout: invalid float value", id="timeout-text"),
+    case(RUN, ["--diverge-factor", "x"], "--diverge-factor: invalid float", id="diverge-text"),
+    case(RUN, ["--world-sizes", "1.5"], "comma-separated list of int", id="world-sizes-float"),
+    case(RUN, ["--accumulate", "two"], "comma-separated list of int", id="accumulate-text"),
+    case(RUN, ["--sync-bn", "yes"], "expected on, off or off,on", id="sync-bn-word"),
+    case(RUN, ["--compile", ""], "expected on, off or off,on", id="compile-empty"),
+    case(RUN, ["--set", "opt_level"], "expected key=value", id="set-no-equals"),
+    case(RUN, ["--dataset-arg", "n"], "expected key=value", id="dataset-arg-no-equals"),
+    case(RUN, ["--bogus"], "unrecognized arguments: --bogus", id="unknown-option"),
+    case(RUN, ["extra"], "unrecognized arguments: extra", id="stray-positional"),
+    # ---- run: out of range
+    case(RUN, ["--epochs", "-1"], "--epochs must be at least 1", id="epochs-negative"),
+    case(RUN, ["--max-steps", "-1"], "--max-steps must be at least 1", id="max-steps-negative"),
+    case(RUN, ["--repeats", "-1"], "--repeats must be at least 1", id="repeats-negative"),
+    case(RUN, ["--workers", "-1"], "--workers cannot be negative", id="workers-negative"),
+    case(RUN, ["--device", "gpu"], "unknown device 'gpu'", id="device-gpu"),
+    case(RUN, ["--lr", "0"], "--lr must be positive", id="lr-zero"),
+    case(RUN, ["--lr", "-0.1"], "--lr must be positive", id="lr-negative"),
+    case(RUN, ["--lr", "nan"], "--lr must be positive", id="lr-nan"),
+    case(RUN, ["--limit", "0"], "--limit must be at least 1", id="limit-zero"),
+    case(RUN, ["--eval-samples", "-1"], "--eval-samples cannot be negative", id="eval-negative"),
+    case(RUN, ["--image-size", "3"], "--image-size must be at least 16", id="image-size-3"),
+    case(RUN, ["--image-size", "15"], "--image-size must be at least 16", id="image-size-15"),
+    case(RUN, ["--seq-len", "1"], "--seq-len must be at least 2", id="seq-len-1"),
+    case(RUN, ["--seq-len", "-5"], "--seq-len must be at least 2", id="seq-len-negative"),
+    case(RUN, ["--timeout", "-1"], "--timeout must be positive", id="timeout-negative"),
+    case(RUN, ["--timeout", "nan"], "--timeout must be positive", id="timeout-nan"),
+    case(RUN, ["--diverge-factor", "0.5"], "must be more than 1", id="diverge-below-1"),
+    case(RUN, ["--diverge-factor", "nan"], "must be more than 1", id="diverge-nan"),
+    case(RUN, ["--world-sizes", "-1"], "world sizes must be positive", id="world-size-negative"),
+    case(RUN, ["--accumulate", "-1"], "--accumulate takes positive", id="accumulate-negative"),
+    case(RUN, ["--accumulate", "2,2"], "--accumulate lists a value twice", id="accumulate-twice"),
+    case(RUN, ["--compile", "on,on"], "--compile lists a value twice", id="compile-twice"),
+    case(RUN, ["--data-path", "disk"], "--data-path takes auto, device or", id="data-path-word"),
+    case(RUN, ["--dataset", ""], "unknown dataset ''", id="dataset-empty"),
+    case(
+        RUN,
+        ["--dataset", "imagenet-subset", "--max-classes", "1"],
+        "--max-classes must be at least 2",
+        id="max-classes-1",
+    ),
+    case(
+        RUN,
+        ["--seed", "-1"],
+        "--seed",
+        id="seed-negative",
+    ),
+    case(
+        RUN,
+        ["--seed", str(2**32)],
+        "--seed",
+        id="seed-too-big",
+    ),
+    case(
+        RUN,
+        ["--lr", "inf"],
+        "--lr",
+        id="lr-inf",
+    ),
+    # ---- run: conflicting options
+    case(
+        RUN,
+        ["--warmup-steps", "4", "--max-steps", "4"],
+        "--warmup-steps (4) must be less than --max-steps (4)",
+        id="warmup-equals-max-steps",
+    ),
+    case(
+        RUN,
+        ["--data-path", "device", "--dataset", "imagenet-subset"],
+        "--data-path device needs data held in memory",
+        id="data-path-device-imagenet",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--model", "lm"],
+        "model lm takes token sequences and mnist is images",
+        id="lm-on-mnist",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--dataset", "python-source", "--model", "mnist_cnn"],
+        "python-source is text",
+        id="image-model-on-text",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--model", "resnet18"],
+        "takes 3-channel images and MNIST is 1-channel",
+        id="rgb-model-on-mnist",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--model", "nosuch_module_xyz:factory"],
+        "nosuch_module_xyz",
+        id="model-factory-missing-module",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--model", "{in}/missing.py:factory"],
+        "missing.py",
+        id="model-factory-missing-file",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--dataset", "{in}/missing.py:factory", "--model", "lm"],
+        "missing.py",
+        id="dataset-factory-missing-file",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--data-root", "{file}"],
+        "MNIST",
+        ["file"],
+        id="data-root-is-a-file",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--run-id", "taken"],
+        "already holds a run",
+        ["taken"],
+        id="run-id-taken",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--run-id", "../escaped"],
+        "--run-id",
+        id="run-id-escapes-out-dir",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--dataset-arg", "classes=3"],
+        "--dataset-arg",
+        id="dataset-arg-for-a-built-in-dataset",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--model", "transformer", "--model-arg", "depth=-1"],
+        "depth",
+        id="model-arg-negative-depth",
+    ),
+    case(
+        RUN,
+        ["--exclude", ",".join(strategies.registry())],
+        "--exclude",
+        id="exclude-everything",
+    ),
+    # ---- run --resume
+    case(RUN, ["--resume", "{file}"], "no config.json there", ["file"], id="resume-a-file"),
+    case(
+        RUN,
+        ["--resume", "{resume_bad_value}"],
+        "config.json is unreadable",
+        ["resume_bad_value"],
+        id="resume-config-bad-value",
+    ),
+    case(
+        RUN,
+        ["--resume", "{resume_bad_dataset}"],
+        "unknown dataset 'cifar10'",
+        ["resume_bad_dataset"],
+        id="resume-config-bad-dataset",
+    ),
+    case(
+        RUN,
+        ["--resume", "{resume_list}"],
+        "config.json is unreadable",
+        ["resume_list"],
+        id="resume-config-a-list",
+    ),
+    case(
+        RUN,
+        ["--resume", "{resume_null}"],
+        "config.json is unreadable",
+        ["resume_null"],
+        id="resume-config-null",
+    ),
+    # ---- verify
+    case(VERIFY, ["--steps", "0"], "--steps must be at least 1", id="verify-steps-zero"),
+    case(VERIFY, ["--steps", "-3"], "--steps must be at least 1", id="verify-steps-negative"),
+    case(VERIFY, ["--steps", "abc"], "--steps: invalid int value", id="verify-steps-text"),
+    case(VERIFY, ["--resume", "x"], "unrecognized arguments", id="verify-resume"),
+    case(VERIFY, ["--exclude", "single"], "--exclude single", id="verify-exclude-baseline"),
+    case(
+        VERIFY,
+        ["--strategies", "single", "--run-id", "taken"],
+        "already holds a run",
+        ["taken"],
+        id="verify-run-id-taken",
+    ),
+    case(
+        VERIFY,
+        ["--dataset", "synthetic", "--model", "resnet18", "--image-size", "32"]
+        + ["--strategies", "single", "--run-id", "taken"],
+        "already holds a run",
+        ["taken"],
+        id="verify-run-id-taken-batchnorm",  # BatchNorm: conditioning runs would come first
+    ),
+    case(
+        VERIFY,
+        ["--strategies", "ddp_spawn", "--world-sizes", "3"],
+        "not divisible by world size 3",
+        id="verify-batch-not-divisible",
+    ),
+    case(VERIFY, ["--limit", "16"], "smaller than the global batch (32)", id="verify-limit"),
+    # ---- report
+    case(REPORT, ["{file}"], "is a file, not a run directory", ["file"], id="report-on-a-file"),
+    case(REPORT, ["{empty_csv}"], "runs.csv", ["empty_csv"], id="report-empty-runs-csv"),
+    case(REPORT, ["{binary_csv}"], "runs.csv", ["binary_csv"], id="report-binary-runs-csv"),
+    case(REPORT, ["{ragged_csv}"], "runs.csv", ["ragged_csv"], id="report-ragged-runs-csv"),
+    case(REPORT, ["{columns_csv}"], "not a parabench runs.csv", ["columns_csv"], id="report-cols"),
+    case(
+        REPORT,
+        ["{text_world_size}"],
+        "world_size",
+        ["text_world_size"],
+        id="report-text-world-size",
+    ),
+    case(REPORT, ["{runs_csv_dir}"], "no runs.csv there", ["runs_csv_dir"], id="report-csv-dir"),
+    case(REPORT, ["{corrupt_config}"], "config.json", ["corrupt_config"], id="report-bad-config"),
+    case(REPORT, ["{list_config}"], "config.json", ["list_config"], id="report-list-config"),
+    case(REPORT, ["{corrupt_env}"], "environment.json", ["corrupt_env"], id="report-bad-env"),
+    case(REPORT, ["{corrupt_steps}"], "steps.csv", ["corrupt_steps"], id="report-bad-steps"),
+    case(REPORT, ["{md_dir}"], "report.md is in the way", ["md_dir"], id="report-md-a-dir"),
+    case(REPORT, [], "the following arguments are required: RUN_DIR", id="report-no-dir"),
+    case(REPORT, ["{good}", "{good}"], "unrecognized arguments", ["good"], id="report-two-dirs"),
+    # ---- compare
+    case(COMPARE, ["{good}", "{good}", "--factor", "0"], "--factor", ["good"], id="factor-zero"),
+    case(COMPARE, ["{good}", "{good}", "--factor", "-2"], "--factor", ["good"], id="factor-neg"),
+    case(COMPARE, ["{good}", "{good}", "--factor", "nan"], "--factor", ["good"], id="factor-nan"),
+    case(COMPARE, ["{good}", "{good}", "--factor", "inf"], "--factor", ["good"], id="factor-inf"),
+    case(
+        COMPARE,
+        ["{good}", "{good}", "--factor", "x"],
+        "--factor: invalid float value",
+        ["good"],
+        id="factor-text",
+    ),
+    case(COMPARE, ["{file}", "{good}"], "is a file, not a run", ["file", "good"], id="cmp-file"),
+    case(
+        COMPARE,
+        ["{good}", "{empty_csv}"],
+        "runs.csv",
+        ["good", "empty_csv"],
+        id="compare-empty-runs-csv",
+    ),
+    case(
+        COMPARE,
+        ["{ragged_csv}", "{good}"],
+        "runs.csv",
+        ["good", "ragged_csv"],
+        id="compare-ragged-runs-csv",
+    ),
+    case(
+        COMPARE,
+        ["{good}", "{columns_csv}"],
+        "not a parabench runs.csv",
+        ["good", "columns_csv"],
+        id="compare-columns",
+    ),
+    case(
+        COMPARE,
+        ["{good}", "{corrupt_config}"],
+        "config.json",
+        ["good", "corrupt_config"],
+        id="compare-bad-config",
+    ),
+    case(
+        COMPARE,
+        ["{good}", "{text_world_size}"],
+        "column world_size holds 'two'",
+        ["good", "text_world_size"],
+        id="compare-text-world-size",
+    ),
+    case(COMPARE, ["{good}"], "the following arguments are required: B", ["good"], id="cmp-one"),
+    # ---- the command itself
+    case(None, [], "the following arguments are required: command", id="no-command"),
+    case(None, ["bogus"], "invalid choice: 'bogus'", id="unknown-command"),
+]
+
+
+def _files(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime for p in root.rglob("*")}
+
+
+@pytest.fixture
+def no_run_starts(monkeypatch):
+    """Input that validation lets through fails the case: the run it would start doesn't."""
+    real = runner.open_run
+
+    def guarded(cfg, resume):
+        real(cfg, resume)
+        raise AssertionError("validation let this through: a run would have started")
+
+    monkeypatch.setattr(runner, "open_run", guarded)
+
+
+@pytest.mark.parametrize(("command", "args", "fragment", "setup"), CASES)
+def test_bad_input_is_one_line_exit_2_and_nothing_created(
+    command, args, fragment, setup, tmp_path, capsys, data_root, no_run_starts
+):
+    where = tmp_path / "in"
+    where.mkdir()
+    names = {"in": str(where)}
+    for name in setup:
+        SETUPS[name](where)
+        names[name] = str(where / name)
+    args = [a.format(**names) for a in args]
+    out = tmp_path / "out"
+    if command in (RUN, VERIFY):
+        argv = [command, "--out-dir", str(out), "--device", "cpu", "--data-root", str(data_root)]
+        argv += args
+    else:
+        argv = [command, *args] if command else args
+    before = _files(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("parabench: error:"), err
+    assert fragment in lines[0]
+    assert code == 2
+    assert _files(tmp_path) == before  # nothing created, nothing written
+    if "taken" not in setup:
+        assert not out.exists()
+
+
+def test_report_reads_a_runs_csv_of_only_the_required_columns(tmp_path, capsys):
+    """The columns load_run requires are enough (the others read as empty): no KeyError."""
+    run_dir = _run_dir(
+        tmp_path, "minimal", {"runs.csv": "strategy,world_size,repeat,status\nsingle,1,0,ok\n"}
+    )
+    assert main(["report", str(run_dir)]) == 0
+    assert capsys.readouterr().out.strip() == str(run_dir / "report.md")
+    assert main(["compare", str(run_dir), str(run_dir)]) == 0
