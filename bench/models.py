@@ -8,6 +8,7 @@ the vocabulary (targets are then the next tokens, and rows count tokens/s)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,7 +132,50 @@ def default_patch(size: int) -> int:
     return size
 
 
-class Transformer(nn.Module):
+class BlockStack(nn.Module):
+    """An embedding, `depth` pre-norm transformer blocks and a head, run in that order: the
+    vision transformer and the language model. Its `blocks` are FSDP's units, its `layers()`
+    the pipeline's, and its q/k/v/proj/fc1/fc2 the tensor-parallel plan's."""
+
+    def __init__(
+        self,
+        embed: nn.Module,
+        head: Callable[[], nn.Module],
+        dims: tuple[int, int, int, int],
+        dropout: float,
+        causal: bool,
+    ) -> None:
+        super().__init__()
+        dim, depth, heads, mlp_ratio = dims
+        self.heads = heads
+        self.embed = embed
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, mlp_ratio, dropout, causal) for _ in range(depth)
+        )
+        self.head = head()  # built last: parameters drawn in forward order
+
+    @staticmethod
+    def check(name: str, dims: tuple[int, int, int, int]) -> None:
+        dim, depth, heads, mlp_ratio = dims
+        if min(dims) < 1:
+            raise ConfigError(
+                f"{name}: dim, depth, heads and mlp_ratio must be at least 1, got dim={dim} "
+                f"depth={depth} heads={heads} mlp_ratio={mlp_ratio}"
+            )
+        if dim % heads:
+            raise ConfigError(f"{name}: dim {dim} is not divisible by {heads} heads")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def layers(self) -> list[nn.Module]:
+        return [self.embed, *self.blocks, self.head]
+
+
+class Transformer(BlockStack):
     """A small vision transformer (~0.8 M parameters at the defaults): patch embedding,
     `depth` pre-norm blocks, mean-pooled head. Its `blocks` are FSDP's units, its `layers()`
     the pipeline's, and its q/k/v/proj/fc1/fc2 the tensor-parallel plan's."""
@@ -147,30 +191,13 @@ class Transformer(nn.Module):
         patch: int = 0,
         dropout: float = 0.0,
     ) -> None:
-        super().__init__()
         patch = patch or default_patch(shape[1])
         if shape[1] % patch or shape[2] % patch:
             raise ConfigError(f"transformer: patch {patch} does not divide {shape[1]}x{shape[2]}")
-        if min(dim, depth, heads, mlp_ratio) < 1:
-            raise ConfigError(
-                f"transformer: dim, depth, heads and mlp_ratio must be at least 1, got "
-                f"dim={dim} depth={depth} heads={heads} mlp_ratio={mlp_ratio}"
-            )
-        if dim % heads:
-            raise ConfigError(f"transformer: dim {dim} is not divisible by {heads} heads")
-        self.heads = heads
-        self.embed = PatchEmbed(shape, patch, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, dropout) for _ in range(depth))
-        self.head = Head(dim, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-    def layers(self) -> list[nn.Module]:
-        return [self.embed, *self.blocks, self.head]
+        dims = (dim, depth, heads, mlp_ratio)
+        self.check("transformer", dims)
+        embed = PatchEmbed(shape, patch, dim)
+        super().__init__(embed, lambda: Head(dim, num_classes), dims, dropout, causal=False)
 
 
 class TokenEmbed(nn.Module):
@@ -206,7 +233,7 @@ LM_SIZES = {
 }
 
 
-class LanguageModel(nn.Module):
+class LanguageModel(BlockStack):
     """A decoder-only transformer trained on next-token prediction (GPT-2's layout: pre-norm
     blocks with causal self-attention, learned positions, untied head). Its blocks are the
     vision transformer's (same Attention and MLP, so FSDP, the pipeline and the
@@ -225,34 +252,14 @@ class LanguageModel(nn.Module):
         mlp_ratio: int = 4,
         dropout: float = 0.0,
     ) -> None:
-        super().__init__()
         if size not in LM_SIZES:
             raise ConfigError(f"lm: unknown size {size!r}; choose {', '.join(LM_SIZES)}")
         d0, l0, h0 = LM_SIZES[size]
-        dim, depth, heads = dim or d0, depth or l0, heads or h0
-        if min(dim, depth, heads, mlp_ratio) < 1:
-            raise ConfigError(
-                f"lm: dim, depth, heads and mlp_ratio must be at least 1, got dim={dim} "
-                f"depth={depth} heads={heads} mlp_ratio={mlp_ratio}"
-            )
-        if dim % heads:
-            raise ConfigError(f"lm: dim {dim} is not divisible by {heads} heads")
-        self.vocab_size, self.heads = vocab_size, heads
-        self.input_shape = (seq_len,)
-        self.embed = TokenEmbed(vocab_size, seq_len, dim)
-        self.blocks = nn.ModuleList(
-            Block(dim, heads, mlp_ratio, dropout, causal=True) for _ in range(depth)
-        )
-        self.head = TokenHead(dim, vocab_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-    def layers(self) -> list[nn.Module]:
-        return [self.embed, *self.blocks, self.head]
+        dims = (dim or d0, depth or l0, heads or h0, mlp_ratio)
+        self.check("lm", dims)
+        embed = TokenEmbed(vocab_size, seq_len, dims[0])
+        super().__init__(embed, lambda: TokenHead(dims[0], vocab_size), dims, dropout, causal=True)
+        self.vocab_size, self.input_shape = vocab_size, (seq_len,)
 
 
 #: models defined here, by name
