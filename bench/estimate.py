@@ -22,11 +22,14 @@ from bench import data, models
 from bench.config import RunConfig
 from bench.env import resolve_device
 
-#: start-up to the first step plus teardown, seconds per cell, by launcher: medians of
-#: benchmarks/startup.py on the 2-core CPU machine (2026-11-23, world size 2)
-LAUNCH_S = {"inprocess": 3.0, "spawn": 6.0, "torchrun": 7.0, "horovodrun": 7.5}
+#: start-up to the first step plus teardown, seconds per cell, by launcher: medians over
+#: the cells of `make bench` on the 2-core CPU machine (2026-11-23; the report's start-up
+#: table of a run gives them for yours)
+LAUNCH_S = {"inprocess": 3.8, "spawn": 6.0, "torchrun": 6.7, "horovodrun": 6.6}
 #: torch.compile's first step on a CPU (20-67 s cold, measured): counted once per cell
 COMPILE_S = 40.0
+#: autocast dtypes of the precision axis (fp32: none)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: a run estimated past this says so when it starts
 LONG_S = 30 * 60
 
@@ -49,8 +52,8 @@ class Estimate:
             )
         return (
             f"estimated wall time {minutes(self.total_s)} ({minutes(self.startup_s)} of it "
-            f"start-up), from {self.per_sample_ms:.2f} ms per sample measured here and the "
-            f"launchers' start-up{long}"
+            f"start-up), from {self.per_sample_ms:.2f} ms per sample (fp32; other precisions "
+            f"timed too) measured here and the launchers' start-up{long}"
         )
 
 
@@ -58,9 +61,12 @@ def minutes(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
 
 
-def per_sample_ms(cfg: RunConfig, bundle: data.DataBundle, batch: int = 8) -> float:
+def per_sample_ms(
+    cfg: RunConfig, bundle: data.DataBundle, precision: str = "fp32", batch: int = 8
+) -> float:
     """A training step's time per sample (forward, backward, SGD step) of the run's model in
-    this process, on the run's device: one warm-up step, then the median of two."""
+    this process, on the run's device, in `precision` (autocast: bf16 on a CPU is several
+    times slower than fp32): one warm-up step, then the faster of two."""
     device = torch.device("cuda" if resolve_device(cfg.device) == "cuda" else "cpu")
     fed = bundle.spec or models.spec(cfg)
     model = models.build(cfg, bundle.num_classes, fed).to(device)
@@ -79,7 +85,9 @@ def per_sample_ms(cfg: RunConfig, bundle: data.DataBundle, batch: int = 8) -> fl
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss_fn(model(x), y).backward()
+        with torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32"):
+            loss = loss_fn(model(x), y)
+        loss.backward()
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -95,8 +103,13 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
         steps = min(steps, cfg.max_steps)
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
+    runnable = [c for c in cells if not c.status]
     try:
-        ms = per_sample_ms(cfg, bundle)
+        ms = {
+            p: per_sample_ms(cfg, bundle, p)
+            for p in sorted({c.setting.precision for c in runnable} | {"fp32"})
+            if p in DTYPES
+        }
     finally:
         torch.set_num_threads(threads)
     cuda = resolve_device(cfg.device) == "cuda"
@@ -108,12 +121,13 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
         startup += LAUNCH_S.get(launcher, 7.0)
         # CPU ranks share the cores (the same work either way); GPUs add devices
         devices = cell.world_size if cuda else 1
-        step_s = ms * cfg.global_batch / devices / 1e3
-        eval_s = ms * cfg.eval_samples / 3 / devices / 1e3
+        per = ms.get(cell.setting.precision, ms["fp32"])  # apex's own: as fp32
+        step_s = per * cfg.global_batch / devices / 1e3
+        eval_s = per * cfg.eval_samples / 3 / devices / 1e3
         total += cfg.epochs * (steps * step_s + eval_s)
         if cell.setting.compile:
             total += COMPILE_S
-    return Estimate(total + startup, startup, ms, steps, n, bundle.description)
+    return Estimate(total + startup, startup, ms["fp32"], steps, n, bundle.description)
 
 
 def plan_text(cfg: RunConfig, cells: list, est: Estimate) -> str:
