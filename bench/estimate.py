@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.utils.data import default_collate
 
 import strategies
 from bench import data, models
@@ -72,11 +73,7 @@ def per_sample_ms(
     model = models.build(cfg, bundle.num_classes, fed).to(device)
     loss_fn = models.loss_of(model)
     batch = max(1, min(batch, cfg.global_batch, len(bundle.train)))  # type: ignore[arg-type]
-    xs, ys = zip(*(bundle.train[i] for i in range(batch)), strict=True)
-    x, y = (
-        torch.stack([torch.as_tensor(v) for v in xs]),
-        torch.stack([torch.as_tensor(v) for v in ys]),
-    )
+    x, y = default_collate([bundle.train[i] for i in range(batch)])  # as a DataLoader does
     x, y = x.to(device), y.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     times = []

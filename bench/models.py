@@ -442,19 +442,13 @@ def check_forward(cfg: RunConfig, spec: InputSpec, num_classes: int) -> None:
     model): on the meta device first (no memory, no weights), on the CPU where an operation
     has no meta kernel. ConfigError naming the model and what went wrong."""
     try:
-        out = _forward(cfg, spec, num_classes, "meta")
+        out = _forward(cfg, spec, num_classes)
     except ConfigError:
         raise
-    except Exception:
-        try:
-            out = _forward(cfg, spec, num_classes, "cpu")
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise ConfigError(
-                f"{cfg.model}: forward on a batch of {spec.describe()} fails: "
-                f"{plugins.one_line(exc)}"
-            ) from None
+    except Exception as exc:
+        raise ConfigError(
+            f"{cfg.model}: forward on a batch of {spec.describe()} fails: {plugins.one_line(exc)}"
+        ) from None
     if not isinstance(out, torch.Tensor):
         raise ConfigError(f"{cfg.model}: forward returned {type(out).__name__}, not a tensor")
     want = (2, *spec.shape, num_classes) if spec.vocab else (2, num_classes)
@@ -470,18 +464,26 @@ def check_forward(cfg: RunConfig, spec: InputSpec, num_classes: int) -> None:
 def output_classes(cfg: RunConfig, spec: InputSpec) -> int | None:
     """Scores per sample of a user's model built with its factory's defaults, read off a
     forward (meta device, else CPU); None if the forward fails (check_forward says why)."""
-    for device in ("meta", "cpu"):
-        try:
-            out = _forward(cfg, spec, None, device)
-            return int(out.shape[-1])
-        except ConfigError:
-            raise
-        except Exception:
-            continue
-    return None
+    try:
+        return int(_forward(cfg, spec, None).shape[-1])
+    except ConfigError:
+        raise
+    except Exception:
+        return None
 
 
-def _forward(cfg: RunConfig, spec: InputSpec, num_classes: int | None, device: str) -> Any:
+def _forward(cfg: RunConfig, spec: InputSpec, num_classes: int | None) -> Any:
+    """The model's output on a batch of two samples of `spec`: on the meta device, or on
+    the CPU where an operation has no meta kernel (the CPU's error if both fail)."""
+    try:
+        return _forward_on(cfg, spec, num_classes, "meta")
+    except ConfigError:
+        raise
+    except Exception:
+        return _forward_on(cfg, spec, num_classes, "cpu")
+
+
+def _forward_on(cfg: RunConfig, spec: InputSpec, num_classes: int | None, device: str) -> Any:
     with torch.device(device):
         model = build(cfg, num_classes, spec)
         if spec.vocab:

@@ -581,7 +581,8 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
             raise ConfigError(f"--resume {resume}: config.json is unreadable ({exc})") from exc
         return saved, rd, plan(saved)
     cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
-    path = check_new_run(cfg)
+    check_new_run(cfg)
+    path = Path(cfg.out_dir) / cfg.run_id
     cells = plan(cfg)
     rd = RunDir(path)
     try:
@@ -594,12 +595,11 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
     return cfg, rd, cells
 
 
-def check_new_run(cfg: RunConfig) -> Path:
-    """The folder a new run with `cfg` writes to; ConfigError if a run is there already."""
-    path = Path(cfg.out_dir) / (cfg.run_id or "-")
+def check_new_run(cfg: RunConfig) -> None:
+    """ConfigError if the run id `cfg` names already holds a run (no id: a new one)."""
+    path = Path(cfg.out_dir) / cfg.run_id
     if cfg.run_id and (path / "runs.csv").exists():
         raise ConfigError(f"{path} already holds a run; use --resume {path} or another --run-id")
-    return path
 
 
 def run_matrix(

@@ -233,18 +233,44 @@ def _layout_id(layout: Layout) -> str:
     return f"shares{layout[0]}-acc{layout[1]}"
 
 
-def _baseline(rd: RunDir, layout: Layout) -> tuple[RunDir, list[float]] | None:
-    """The run of the baseline for `layout`, and its losses; None if it did not run."""
-    if layout == (1, 1):
-        return rd, _losses(rd)[BASELINE]
-    path = baselines_dir(rd.path) / _layout_id(layout)
-    if not (path / "runs.csv").exists():
-        return None
-    brd = RunDir(path)
-    row = next((r for r in brd.runs.read() if r["repeat"] == "0"), None)
-    if row is None or row["status"] != results.OK:
-        return None
-    return brd, next(iter(_losses(brd).values()))
+@dataclass(frozen=True)
+class _Baseline:
+    """What a cell is compared with: a baseline run's losses, initial and final weights
+    (buffers apart)."""
+
+    label: str
+    losses: list[float]
+    init: dict[str, torch.Tensor]
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+
+
+def _baseline(rd: RunDir, layout: Layout, buffers: set[str]) -> _Baseline | None:
+    """The baseline for `layout`, read once; None if it did not run."""
+    brd, case = rd, BASELINE
+    if layout != (1, 1):
+        path = baselines_dir(rd.path) / _layout_id(layout)
+        if not (path / "runs.csv").exists():
+            return None
+        brd = RunDir(path)
+        row = next((r for r in brd.runs.read() if r["repeat"] == "0"), None)
+        if row is None or row["status"] != results.OK:
+            return None
+        case = (row["strategy"], int(row["world_size"]), row.get("setting") or "fp32")
+    params, buffered = _split_buffers(_params(brd, case), buffers)
+    return _Baseline(
+        baseline_label(layout),
+        _losses(brd)[case],
+        _params(brd, case, "params_init"),
+        params,
+        buffered,
+    )
+
+
+def _unmeasured(case: Case, numerics: str, tol: Tolerance, status: str, **kw: str) -> Parity:
+    """The row of a cell that was not compared (did not run, not comparable, no tolerance)."""
+    nan = math.nan
+    return Parity(*case, numerics, nan, nan, nan, tol, status, **kw)
 
 
 def compare(run_dir: Path) -> list[Parity]:
@@ -260,86 +286,50 @@ def compare(run_dir: Path) -> list[Parity]:
     norms = batch_norms(cfg)
     buffers = {name for name, _ in meta_model(cfg).named_buffers()}
     losses = _losses(rd)
+    bases: dict[Layout, _Baseline | None] = {}
     out = []
     for r in rows:
         case = case_of[id(r)]
         if case == BASELINE:
             continue
-        name, ws, setting = case
         numerics = r.get("numerics") or ""
         tol = tolerance(numerics) if numerics else None
-        nan = math.nan
         if r["status"] != results.OK:
-            out.append(
-                Parity(name, ws, setting, numerics, nan, nan, nan, tol or UNKNOWN, r["status"])
-            )
+            out.append(_unmeasured(case, numerics, tol or UNKNOWN, r["status"]))
             continue
-        why = batch_norm_reason(r, norms)
         layout = batch_norm_layout(r, norms)
-        found = None if why else _baseline(rd, layout)
-        if found is None and not why:
-            why = f"its baseline ({baseline_label(layout)}) did not run"
-        if why:
-            out.append(
-                Parity(name, ws, setting, numerics, nan, nan, nan, UNKNOWN, NOT_COMPARABLE, why)
-            )
+        why = batch_norm_reason(r, norms)
+        if not why and layout not in bases:
+            bases[layout] = _baseline(rd, layout, buffers)
+        base = None if why else bases[layout]
+        if base is None:
+            why = why or f"its baseline ({baseline_label(layout)}) did not run"
+            out.append(_unmeasured(case, numerics, UNKNOWN, NOT_COMPARABLE, reason=why))
             continue
-        assert found is not None
-        brd, base_loss = found
-        bcase = next(iter(_losses(brd))) if brd is not rd else BASELINE
-        base_init = _params(brd, bcase, "params_init")
-        base_params, base_buffers = _split_buffers(_params(brd, bcase), buffers)
-        label = baseline_label(layout)
         if tol is None:
-            out.append(
-                Parity(
-                    name,
-                    ws,
-                    setting,
-                    numerics,
-                    nan,
-                    nan,
-                    nan,
-                    UNKNOWN,
-                    "no tolerance",
-                    baseline=label,
-                )
-            )
+            out.append(_unmeasured(case, numerics, UNKNOWN, "no tolerance", baseline=base.label))
             continue
         mine = losses[case]
-        n = min(len(mine), len(base_loss))
-        loss_abs = max(abs(a - b) for a, b in zip(mine[:n], base_loss[:n], strict=True))
-        same_start, _ = _param_diff(_params(rd, case, "params_init"), base_init, base_init)
+        n = min(len(mine), len(base.losses))
+        loss_abs = max(abs(a - b) for a, b in zip(mine[:n], base.losses[:n], strict=True))
+        same_start, _ = _param_diff(_params(rd, case, "params_init"), base.init, base.init)
         my_params, my_buffers = _split_buffers(_params(rd, case), buffers)
-        p_abs, p_rel = _param_diff(my_params, base_params, base_init)
-        buffer_abs = _buffer_diff(my_buffers, base_buffers) if norms else nan
+        p_abs, p_rel = _param_diff(my_params, base.params, base.init)
+        buffer_abs = _buffer_diff(my_buffers, base.buffers) if norms else math.nan
         if tol.approximate:
-            loss_abs = late_loss_gap(mine, base_loss)
-            good = same_start <= tol.init_abs and len(mine) == len(base_loss)
+            loss_abs = late_loss_gap(mine, base.losses)
+            good = same_start <= tol.init_abs and len(mine) == len(base.losses)
             good = good and loss_abs <= tol.loss_abs
         else:
             good = (
                 same_start <= tol.init_abs
-                and len(mine) == len(base_loss)
+                and len(mine) == len(base.losses)
                 and loss_abs <= tol.loss_abs
                 and p_rel <= tol.param_rel
             )
         status = "pass" if good else "FAIL"
-        out.append(
-            Parity(
-                name,
-                ws,
-                setting,
-                numerics,
-                loss_abs,
-                p_abs,
-                p_rel,
-                tol,
-                status,
-                baseline=label,
-                buffer_abs=buffer_abs,
-            )
-        )
+        measured = (loss_abs, p_abs, p_rel, tol, status)
+        out.append(Parity(*case, numerics, *measured, baseline=base.label, buffer_abs=buffer_abs))
     return out
 
 

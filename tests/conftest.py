@@ -3,12 +3,14 @@ ImageNet sample); PARABENCH_TEST_DATA overrides that."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
+import strategies
 from bench.config import RunConfig
 from bench.runner import run_matrix
 
@@ -35,6 +37,20 @@ def data_root() -> Path:
             f"test data not found at {DATA}: set PARABENCH_TEST_DATA to the shared data folder"
         )
     return DATA
+
+
+@contextlib.contextmanager
+def faulty_strategies():
+    """The strategies of tests/plugins/faulty_strategies.py registered (wrong on purpose:
+    crash, hang, no gradient sync, ...), for the span of the block."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PARABENCH_STRATEGIES", "tests.plugins.faulty_strategies")
+    strategies.registry.cache_clear()
+    try:
+        yield
+    finally:
+        mp.undo()
+        strategies.registry.cache_clear()
 
 
 def small_config(tmp: Path, data_root: Path, **kw) -> RunConfig:

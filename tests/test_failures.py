@@ -8,9 +8,8 @@ import time
 import psutil
 import pytest
 
-import strategies
 from bench.runner import run_matrix
-from tests.conftest import small_config
+from tests.conftest import faulty_strategies, small_config
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +30,9 @@ def leftover_processes(run_dir) -> list[psutil.Process]:
 
 
 @pytest.fixture
-def faulty(monkeypatch):
-    monkeypatch.setenv("PARABENCH_STRATEGIES", "tests.plugins.faulty_strategies")
-    strategies.registry.cache_clear()
-    yield
-    monkeypatch.delenv("PARABENCH_STRATEGIES")
-    strategies.registry.cache_clear()
+def faulty():
+    with faulty_strategies():
+        yield
 
 
 def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_root, faulty):

@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-import strategies
 from bench import results
 from bench.config import ConfigError
 from bench.env import cpu_cores
@@ -20,7 +19,7 @@ from bench.runner import RunDir, plan
 from bench.verify import RECIPES, verify
 from strategies.pipeline import balanced_cuts
 from strategies.tensor_parallel import tp_plan
-from tests.conftest import small_config
+from tests.conftest import faulty_strategies, small_config
 
 PIPELINES = ("model_split", "pipeline_gpipe", "pipeline_1f1b", "pipeline_interleaved")
 MODEL_PARALLEL = (*PIPELINES, "tp", "fsdp_tp")
@@ -140,11 +139,8 @@ def test_oversubscribe_lets_four_ranks_run_on_fewer_cores(tmp_path, data_root):
 # ---- for real: parity, measurements, and a pipeline that is wrong on purpose ----
 @pytest.fixture(scope="module")
 def model_parallel(tmp_path_factory, data_root):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("PARABENCH_STRATEGIES", "tests.plugins.faulty_strategies")
-    strategies.registry.cache_clear()
     tmp = tmp_path_factory.mktemp("mp")
-    try:
+    with faulty_strategies():
         two = _cfg(
             tmp / "two",
             data_root,
@@ -156,9 +152,6 @@ def model_parallel(tmp_path_factory, data_root):
             tmp / "four", data_root, world_sizes=(1, 4), strategies=("fsdp_tp",), oversubscribe=True
         )
         dir4, parity4 = verify(four, steps=6, echo=lambda m: None)
-    finally:
-        mp.undo()
-        strategies.registry.cache_clear()
     rows = {
         (r["strategy"], int(r["world_size"])): r
         for d in (dir2, dir4)

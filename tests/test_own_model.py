@@ -13,12 +13,12 @@ import pandas as pd
 import pytest
 import torch
 
-import strategies
 from bench import data, models, plugins
 from bench.cli import main
 from bench.config import ConfigError, RunConfig
 from bench.runner import run_matrix
 from bench.verify import table, verify
+from tests.conftest import faulty_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = f"{ROOT / 'examples' / 'own_model.py'}:build"
@@ -227,9 +227,6 @@ def test_language_model_sizes_and_loss_over_every_position():
 # ---------------------------------------------------------------- runs (slow)
 @pytest.mark.slow
 def test_a_users_model_and_data_run_and_verify_against_the_share_baseline(tmp_path, data_root):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("PARABENCH_STRATEGIES", "tests.plugins.faulty_strategies")
-    strategies.registry.cache_clear()
     cfg = RunConfig(
         model=MODEL,
         dataset=DATASET,
@@ -241,11 +238,8 @@ def test_a_users_model_and_data_run_and_verify_against_the_share_baseline(tmp_pa
         out_dir=str(tmp_path),
         timeout_s=240,
     )
-    try:
+    with faulty_strategies():
         run_dir, parity = verify(cfg, steps=4, echo=lambda m: None)
-    finally:
-        mp.undo()
-        strategies.registry.cache_clear()
     print(table(parity))
     by = {(p.strategy, p.world_size): p for p in parity}
     good, bad = by[("ddp_spawn", 2)], by[("test_nosync", 2)]

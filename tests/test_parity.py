@@ -9,7 +9,7 @@ import pytest
 
 import strategies
 from bench.verify import RECIPES, table, verify
-from tests.conftest import small_config
+from tests.conftest import faulty_strategies, small_config
 
 pytestmark = pytest.mark.slow
 FP32 = ("dp", "ddp_spawn", "ddp_torchrun")
@@ -22,20 +22,14 @@ def _horovod_required() -> bool:
 
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory, data_root):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("PARABENCH_STRATEGIES", "tests.plugins.faulty_strategies")
-    strategies.registry.cache_clear()
     names = ("single", *FP32, "amp_ddp", "test_nosync")
     if strategies.get("horovod").unavailable("cpu") is None:
         names += HOROVOD
     cfg = small_config(
         tmp_path_factory.mktemp("parity"), data_root, strategies=names, world_sizes=(1, 2)
     )
-    try:
+    with faulty_strategies():
         run_dir, result = verify(cfg, steps=8, echo=lambda m: None)
-    finally:
-        mp.undo()
-        strategies.registry.cache_clear()
     print(table(result))
     return {(p.strategy, p.world_size): p for p in result}
 
