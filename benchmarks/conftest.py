@@ -29,14 +29,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if not rows:
         return
     tr = terminalreporter
-    tr.section("all_reduce bandwidth (nccl-tests definitions; median time)")
+    tr.section("collective bandwidth (nccl-tests definitions; median time)")
     tr.write_line(
-        f"{'backend':<8}{'device':<7}{'ranks':>6}{'size (B)':>12}{'time (us)':>12}"
+        f"{'backend':<8}{'op':<16}{'device':<7}{'ranks':>6}{'size (B)':>12}{'time (us)':>12}"
         f"{'algbw (GB/s)':>14}{'busbw (GB/s)':>14}"
     )
-    for r in sorted(rows, key=lambda r: (r["backend"], r["message_bytes"])):
+    for r in sorted(rows, key=lambda r: (r["backend"], r.get("op", ""), r["message_bytes"])):
         tr.write_line(
-            f"{r['backend']:<8}{r['device']:<7}{r['world_size']:>6}"
+            f"{r['backend']:<8}{r.get('op', 'all_reduce'):<16}{r['device']:<7}{r['world_size']:>6}"
             f"{r['message_bytes']:>12}{r['latency_us_median']:>12.1f}"
             f"{r['algbw_GBps']:>14.3f}{r['busbw_GBps']:>14.3f}"
         )

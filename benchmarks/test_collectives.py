@@ -1,15 +1,21 @@
-"""all_reduce latency and bus bandwidth between two ranks, measured with pytest-benchmark.
+"""Collective latency and bus bandwidth between two ranks, measured with pytest-benchmark:
+all_reduce, all_gather (all_gather_into_tensor) and reduce_scatter (reduce_scatter_tensor).
 
-Rank 0 is the benchmark process itself, so pytest-benchmark times real `all_reduce` calls;
+Rank 0 is the benchmark process itself, so pytest-benchmark times real collective calls;
 rank 1 is this file run as a script in a subprocess. The peer cannot know how many calls
-pytest-benchmark's calibration will make, so the end of a measurement travels in-band: both
-ranks reduce buffers of zeros, and rank 0 ends a size by writing 1 into the buffer's last
-element, which the peer sees in the sum. Nothing but all_reduce runs in the timed loop.
+pytest-benchmark's calibration will make, so the end of a measurement travels in-band: all
+buffers hold zeros, and rank 0 ends a size with one more call after writing a 1 where the
+peer will see it in its own output (see `Collective.end_mark`). Nothing but the collective
+runs in the timed loop.
 
-Bus bandwidth as nccl-tests define it: algbw = bytes / time, busbw = algbw * 2(n-1)/n,
-which makes all_reduce numbers comparable with the link's peak whatever the world size.
-Both go into `benchmark.extra_info` (stored with --benchmark-autosave) and are printed
-at the end of the session (see conftest.py).
+"bytes" is the full buffer n, as in nccl-tests: the reduced buffer of all_reduce, the
+gathered output of all_gather, the input of reduce_scatter (each rank's chunk is n / p).
+Bus bandwidth as nccl-tests define it: algbw = n / time, busbw = algbw * bus factor, with
+2(p-1)/p for all_reduce and (p-1)/p for all_gather and reduce_scatter, which makes the
+numbers comparable with the link's peak whatever the op and world size (see
+bench/collectives.py, which also fits a latency + bandwidth model to such times). Both go
+into `benchmark.extra_info` (stored with --benchmark-autosave) and are printed at the end
+of the session (see conftest.py).
 
     pytest benchmarks --benchmark-autosave --benchmark-compare
 """
@@ -30,22 +36,26 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from bench.collectives import OPS, bus_factor
+
 WORLD_SIZE = 2
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]  # bytes: 4 KiB .. 16 MiB
 DTYPE = torch.float32
 WARMUP_CALLS = 3  # untimed calls per size: gloo sets up its buffers on first use
 TIMEOUT = dt.timedelta(seconds=60)  # a dead peer fails the benchmark instead of hanging it
-HEADER_STOP = 1  # header[1]: the session is over
+HEADER_STOP = 1  # header[1]: the session is over; header = [bytes, stop, op index]
 
 
 def _size_id(nbytes: int) -> str:
     return f"{nbytes >> 20}MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10}KiB"
 
 
-def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s (1e9 bytes), nccl-tests' definitions for all_reduce."""
+def bus_bandwidth(
+    nbytes: int, seconds: float, world_size: int, op: str = "all_reduce"
+) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes) of `op` on an `nbytes` buffer, nccl-tests' way."""
     algbw = nbytes / seconds / 1e9
-    return algbw, algbw * 2 * (world_size - 1) / world_size
+    return algbw, algbw * bus_factor(op, world_size)
 
 
 def _loopback_env() -> None:
@@ -58,6 +68,56 @@ def _loopback_env() -> None:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class Collective:
+    """One op on an `nbytes` buffer of zeros: the call, and the in-band end-of-size mark.
+
+    Rank 0 calls `end_mark` and then the collective once more; each peer calls `ended`
+    after every call. Where rank 0's 1 lands:
+      all_reduce      the last element of the buffer: the sum has it on every rank;
+      all_gather      the last element of rank 0's input chunk: every rank gathers it into
+                      the last element of chunk 0 of its output;
+      reduce_scatter  the last element of every other rank's chunk of rank 0's input: rank
+                      r's output is the sum of chunk r of all inputs, so its last element.
+    Outputs are overwritten by every call and the inputs stay zero until the mark, so a
+    peer never sees a mark early.
+    """
+
+    def __init__(self, op: str, nbytes: int, device: torch.device) -> None:
+        n = nbytes // torch.tensor([], dtype=DTYPE).element_size()
+        self.op, self.chunk = op, n // WORLD_SIZE
+
+        def zeros(k: int) -> torch.Tensor:
+            return torch.zeros(k, dtype=DTYPE, device=device)
+
+        if op == "all_reduce":
+            self.input = self.output = zeros(n)
+        elif op == "all_gather":
+            self.input, self.output = zeros(self.chunk), zeros(n)
+        elif op == "reduce_scatter":
+            self.input, self.output = zeros(n), zeros(self.chunk)
+        else:
+            raise ValueError(f"unknown collective {op!r}")
+        self.call = {
+            "all_reduce": lambda: dist.all_reduce(self.output),
+            "all_gather": lambda: dist.all_gather_into_tensor(self.output, self.input),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(self.output, self.input),
+        }[op]
+        # the peer's gap between calls delays rank 0's next call: keep its check cheap
+        self._seen = self.output.numpy() if device.type == "cpu" else self.output
+        self._seen_at = self.chunk - 1 if op == "all_gather" else -1
+
+    def end_mark(self) -> None:
+        """Rank 0: make the next call show every peer the end of this size."""
+        if self.op == "reduce_scatter":
+            self.input[2 * self.chunk - 1 :: self.chunk] = 1  # chunks 1 .. p-1
+        else:
+            self.input[-1] = 1
+
+    def ended(self) -> bool:
+        """Peer: did the last call carry rank 0's end mark?"""
+        return float(self._seen[self._seen_at]) != 0
 
 
 # ---------------------------------------------------------------- rank 1 (subprocess)
@@ -78,20 +138,18 @@ def peer(port: int, backend: str, device: str) -> None:
     )
     dev = torch.device(device)
     _handshake(1, dev)
-    header = torch.zeros(2, dtype=torch.int64, device=dev)
+    header = torch.zeros(3, dtype=torch.int64, device=dev)
     try:
         while True:
             header.zero_()
             dist.all_reduce(header)
-            n, stop = header.tolist()
+            nbytes, stop, op = header.tolist()
             if stop:
                 return
-            buf = torch.zeros(n, dtype=DTYPE, device=dev)
-            # the peer's gap between calls delays rank 0's next call: keep the check cheap
-            mark = buf.numpy() if dev.type == "cpu" else buf
+            coll = Collective(OPS[op], nbytes, dev)
             while True:
-                dist.all_reduce(buf)
-                if float(mark[-1]) != 0:  # rank 0's end-of-size mark
+                coll.call()
+                if coll.ended():
                     break
     finally:
         dist.destroy_process_group()
@@ -119,30 +177,31 @@ class Pair:
     device: torch.device
     proc: subprocess.Popen
 
-    def _header(self, n: int, stop: int = 0) -> None:
-        dist.all_reduce(torch.tensor([n, stop], dtype=torch.int64, device=self.device))
+    def _header(self, nbytes: int, stop: int = 0, op: int = 0) -> None:
+        header = torch.tensor([nbytes, stop, op], dtype=torch.int64, device=self.device)
+        dist.all_reduce(header)
 
-    def measure(self, benchmark, nbytes: int) -> dict[str, Any]:
-        """Benchmark all_reduce of `nbytes`; the peer follows however many calls it takes."""
-        n = nbytes // torch.tensor([], dtype=DTYPE).element_size()
-        self._header(n)
-        buf = torch.zeros(n, dtype=DTYPE, device=self.device)
+    def measure(self, benchmark, op: str, nbytes: int) -> dict[str, Any]:
+        """Benchmark `op` on `nbytes`; the peer follows however many calls it takes."""
+        self._header(nbytes, op=OPS.index(op))
+        coll = Collective(op, nbytes, self.device)
 
-        def all_reduce() -> None:
-            dist.all_reduce(buf)
+        def collective() -> None:
+            coll.call()
             _sync(self.device)  # NCCL only enqueues; time the completed collective
 
         try:
             for _ in range(WARMUP_CALLS):
-                all_reduce()
-            benchmark(all_reduce)
+                collective()
+            benchmark(collective)
         finally:
-            buf[-1] = 1  # ends the peer's loop for this size
-            dist.all_reduce(buf)
-        return self._record(benchmark, nbytes)
+            coll.end_mark()  # ends the peer's loop for this size
+            coll.call()
+        return self._record(benchmark, op, nbytes)
 
-    def _record(self, benchmark, nbytes: int) -> dict[str, Any]:
+    def _record(self, benchmark, op: str, nbytes: int) -> dict[str, Any]:
         info = {
+            "op": op,
             "backend": self.backend,
             "device": self.device.type,
             "world_size": WORLD_SIZE,
@@ -151,7 +210,7 @@ class Pair:
         }
         if benchmark.stats is not None:  # None under --benchmark-disable
             median = benchmark.stats.stats.median
-            algbw, busbw = bus_bandwidth(nbytes, median, WORLD_SIZE)
+            algbw, busbw = bus_bandwidth(nbytes, median, WORLD_SIZE, op)
             info.update(latency_us_median=median * 1e6, algbw_GBps=algbw, busbw_GBps=busbw)
         benchmark.extra_info.update(info)
         return info
@@ -230,20 +289,25 @@ def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
 
 
 @pytest.mark.parametrize("nbytes", SIZES, ids=_size_id)
-def test_all_reduce(benchmark, pair: Pair, nbytes: int, bandwidth_rows: list) -> None:
-    benchmark.group = f"all_reduce {pair.backend} {pair.device.type}, {WORLD_SIZE} ranks"
-    bandwidth_rows.append(pair.measure(benchmark, nbytes))
+@pytest.mark.parametrize("op", OPS)
+def test_collective(benchmark, pair: Pair, op: str, nbytes: int, bandwidth_rows: list) -> None:
+    benchmark.group = f"{op} {pair.backend} {pair.device.type}, {WORLD_SIZE} ranks"
+    bandwidth_rows.append(pair.measure(benchmark, op, nbytes))
     assert pair.proc.poll() is None, "the peer rank exited during the measurement"
 
 
 def test_bus_bandwidth_formula() -> None:
-    # nccl-tests: 2 ranks move 2(n-1)/n = 1x the message; 8 ranks 1.75x
+    # nccl-tests: all_reduce on 2 ranks moves 2(p-1)/p = 1x the buffer, on 8 ranks 1.75x
     assert bus_bandwidth(10**9, 1.0, 2) == (1.0, 1.0)
     assert bus_bandwidth(10**9, 0.5, 8) == (2.0, 3.5)
+    # all_gather and reduce_scatter move (p-1)/p of the full (gathered / reduced) buffer
+    for op in ("all_gather", "reduce_scatter"):
+        assert bus_bandwidth(10**9, 1.0, 2, op) == (1.0, 0.5)
+        assert bus_bandwidth(10**9, 0.5, 8, op) == (2.0, 1.75)
 
 
 if __name__ == "__main__":
-    cli = argparse.ArgumentParser(description="rank 1 of the all_reduce micro-benchmark")
+    cli = argparse.ArgumentParser(description="rank 1 of the collectives micro-benchmark")
     cli.add_argument("--port", type=int, required=True)
     cli.add_argument("--backend", default="gloo")
     cli.add_argument("--device", default="cpu")
