@@ -1,0 +1,164 @@
+"""Model FLOPs counted per training sample, datasheet peaks by CUDA device name, a measured
+CPU peak, and MFU's arithmetic."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import flops, models
+from bench.config import RunConfig
+
+MLP = """
+class MLP(nn.Module):
+    input_shape = (8,)
+
+    def __init__(self, num_classes=4):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, num_classes)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def build(num_classes=4):
+    return MLP(num_classes)
+
+
+class Broken(nn.Module):
+    input_shape = (8,)
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        raise RuntimeError("this model cannot run")
+
+
+def broken():
+    return Broken()
+
+
+def fails_to_build():
+    raise RuntimeError("no model today")
+"""
+
+
+def _plugin(tmp_path: Path, factory: str) -> RunConfig:
+    path = tmp_path / f"flops_model_{factory}.py"
+    path.write_text("import torch\nfrom torch import nn\n" + textwrap.dedent(MLP))
+    return RunConfig(model=f"{path}:{factory}", dataset="synthetic", device="cpu")
+
+
+def test_a_two_layer_mlp_counts_its_matmuls_by_hand(tmp_path):
+    cfg = _plugin(tmp_path, "build")
+    spec = models.spec(cfg)
+    assert spec.shape == (8,) and not spec.vocab
+    forward = 2 * 8 * 16 + 2 * 16 * 4  # 2 * in * out per sample and layer
+    # fc2: input and weight gradients (2x its forward); fc1: its input (the data) needs
+    # no gradient, so only the weight gradient (1x its forward)
+    backward = 2 * (2 * 16 * 4) + 2 * 8 * 16
+    assert forward + backward == 896
+    assert flops.train_flops_per_sample(cfg, 4, spec) == 896
+    for device in ("meta", "cpu"):
+        assert flops.step_flops(cfg, 4, spec, device) == flops.COUNT_BATCH * 896
+
+
+def test_the_mnist_cnn_counts_the_same_on_meta_and_cpu():
+    cfg = RunConfig(dataset="mnist", device="cpu")
+    spec = models.spec(cfg)
+    meta = flops.step_flops(cfg, 10, spec, "meta")
+    cpu = flops.step_flops(cfg, 10, spec, "cpu")
+    assert meta == cpu > 0
+    per_sample = flops.train_flops_per_sample(cfg, 10, spec)
+    assert per_sample == meta / flops.COUNT_BATCH
+    convs = 2 * (26 * 26 * 32 * 9) + 2 * (24 * 24 * 64 * 32 * 9)  # conv1, conv2 forward
+    linears = 2 * 9216 * 128 + 2 * 128 * 10
+    first = 2 * (26 * 26 * 32 * 9)  # conv1 has no input gradient to compute
+    assert per_sample == 3 * (convs + linears) - first == 71_565_312
+    assert flops.train_flops_per_sample(cfg, None) == per_sample  # mnist_cnn: 10 classes
+
+
+def test_counts_are_cached_and_leave_the_global_rng_alone(tmp_path, monkeypatch):
+    cfg = _plugin(tmp_path, "build")
+    state = torch.get_rng_state()
+    flops.step_flops(cfg, 3, models.spec(cfg), "cpu")  # draws initial weights on the CPU
+    assert torch.equal(torch.get_rng_state(), state)
+    first = flops.train_flops_per_sample(cfg, 3)
+    monkeypatch.setattr(flops, "step_flops", lambda *a: pytest.fail("counted again"))
+    assert flops.train_flops_per_sample(cfg, 3) == first == 2 * 8 * 16 * 2 + 3 * 2 * 16 * 3
+
+
+@pytest.mark.parametrize("factory", ["broken", "fails_to_build"])
+def test_a_model_that_cannot_run_gives_none(tmp_path, factory):
+    cfg = _plugin(tmp_path, factory)
+    spec = models.InputSpec((8,))
+    with pytest.raises(Exception, match="this model cannot run|no model today"):
+        flops.step_flops(cfg, 4, spec, "cpu")
+    assert flops.train_flops_per_sample(cfg, 4, spec) is None
+
+
+def test_peak_for_matches_cuda_device_names():
+    assert flops.peak_for("NVIDIA H100 80GB HBM3", "bf16") == (989.4, "datasheet: H100 SXM")
+    assert flops.peak_for("NVIDIA H100 80GB HBM3", "fp32") == (67.0, "datasheet: H100 SXM")
+    assert flops.peak_for("NVIDIA H100 80GB HBM3", "fp32", tf32=True)[0] == 494.7
+    assert flops.peak_for("NVIDIA H100 PCIe", "bf16")[1] == "datasheet: H100 PCIe"
+    assert flops.peak_for("NVIDIA A100-SXM4-80GB", "bf16") == (312.0, "datasheet: A100")
+    assert flops.peak_for("NVIDIA A100-SXM4-80GB", "fp32") == (19.5, "datasheet: A100")
+    assert flops.peak_for("NVIDIA A100-SXM4-40GB", "fp32", tf32=True)[0] == 156.0
+    assert flops.peak_for("NVIDIA A10G", "fp16")[1] == "datasheet: A10G"
+    assert flops.peak_for("NVIDIA L4", "bf16")[1] == "datasheet: L4"
+    assert flops.peak_for("NVIDIA L40S", "bf16")[1] == "datasheet: L40S"
+    assert flops.peak_for("NVIDIA GeForce RTX 4090", "bf16")[1] == "datasheet: RTX 4090"
+    # no TF32 before Ampere: fp32 stays fp32; no bf16 tensor cores on a V100
+    assert flops.peak_for("Tesla V100-SXM2-16GB", "fp32", tf32=True) == (
+        15.7,
+        "datasheet: V100 SXM2",
+    )
+    assert flops.peak_for("Tesla V100-SXM2-16GB", "fp16")[0] == 125.0
+    value, why = flops.peak_for("Tesla V100-SXM2-16GB", "bf16")
+    assert value is None and "bf16" in why
+    assert flops.peak_for("Tesla T4", "fp16")[0] == 65.0
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Some Future GPU 9000", "NVIDIA GeForce RTX 3090 Ti", "NVIDIA GH200 480GB", ""],
+)
+def test_peak_for_an_unknown_or_different_gpu_is_none_with_a_reason(name):
+    value, why = flops.peak_for(name, "bf16")
+    assert value is None and why == f"no datasheet figure for {name}"
+    assert flops.peak_for("NVIDIA H100 80GB HBM3", "fp8")[0] is None  # no such precision
+
+
+def test_the_datasheet_table_is_complete_and_dense():
+    rows = {row for _, row in flops._NAMES}
+    assert rows == set(flops.PEAK_TFLOPS)
+    for row, figures in flops.PEAK_TFLOPS.items():
+        assert {"fp32", "fp16"} <= set(figures) <= {"fp32", "tf32", "bf16", "fp16"}, row
+        assert all(0 < v < 1000 for v in figures.values()), row  # sparse figures reach 1979
+        assert figures.get("tf32", figures["fp32"]) >= figures["fp32"], row
+
+
+def test_measured_cpu_peak_is_positive_and_restores_the_threads():
+    before = torch.get_num_threads()
+    for dtype in (torch.float32, torch.bfloat16):
+        peak = flops.measured_cpu_peak(1, dtype, seconds=0.05)
+        assert math.isfinite(peak) and peak > 0
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError):
+        flops.measured_cpu_peak(0)
+
+
+def test_mfu():
+    assert flops.mfu(1e9, 100.0, 1.0) == pytest.approx(0.1)  # 1e11 of 1e12 FLOP/s
+    assert flops.mfu(6e9, 50.0, 312.0) == pytest.approx(6e9 * 50 / 312e12)
+    for bad in (None, 0, -1.0, math.nan, math.inf, "fast"):
+        assert math.isnan(flops.mfu(bad, 100.0, 1.0))
+        assert math.isnan(flops.mfu(1e9, bad, 1.0))
+        assert math.isnan(flops.mfu(1e9, 100.0, bad))
