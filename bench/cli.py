@@ -209,6 +209,33 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="a row whose loss turns non-finite or exceeds this many times its first step's "
         "is `diverged`, not ok (default %(default)g)",
     )
+    probes = p.add_argument_group("where the time goes (after the timed steps; README)")
+    probes.add_argument(
+        "--probe-steps",
+        dest="probe_pairs",
+        type=int,
+        default=d.probe_pairs,
+        help="pairs of steps with and without gradient sync after the timed steps of a "
+        "multi-process cell: the exposed communication (default %(default)s; 0: none)",
+    )
+    probes.add_argument(
+        "--profile-steps",
+        type=int,
+        default=d.profile_steps,
+        help="steps under torch.profiler after those: communication in all (default %(default)s)",
+    )
+    probes.add_argument(
+        "--profile",
+        action="store_true",
+        help="keep each cell's Chrome/Perfetto trace of the profiled steps: cells/<cell>/trace.json",
+    )
+    probes.add_argument(
+        "--no-scaling-model",
+        dest="scaling_model",
+        action="store_false",
+        help="skip what `parabench predict` and MFU need (the collectives' latency and "
+        "bandwidth, compute at smaller batches, model FLOPs and the CPU's matmul peak)",
+    )
     p.add_argument(
         "--oversubscribe",
         action="store_true",
@@ -255,6 +282,10 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         model_kwargs=dict(a.model_args),
         dataset_kwargs=dict(a.dataset_args),
         seq_len=a.seq_len,
+        probe_pairs=a.probe_pairs,
+        profile_steps=a.profile_steps,
+        profile=a.profile,
+        scaling_model=a.scaling_model,
         **extra,
     )
 
@@ -350,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="strategies (available or not, and why), datasets, models")
     ls.add_argument("--device", default="auto")
     ls.set_defaults(func=cmd_list)
-    for mod in ("verify", "report", "compare"):
+    for mod in ("verify", "report", "compare", "predict"):
         try:
             module = __import__(f"bench.{mod}", fromlist=["add_parser"])
         except ImportError:

@@ -81,6 +81,17 @@ class RunConfig:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     #: key=value passed to a user's data-set factory (--dataset-arg)
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: after the timed steps of a multi-process cell: this many steps with gradient sync and
+    #: as many without (the communication ablation; 0: none), then `profile_steps` under
+    #: torch.profiler (bench.breakdown)
+    probe_pairs: int = 4
+    profile_steps: int = 2
+    #: keep each cell's profiler trace (cells/<cell>/trace.json), single-process cells too
+    profile: bool = False
+    #: measure what `parabench predict` and MFU need: the collectives' latency and bandwidth
+    #: at the run's world sizes (collectives.json), each one-process cell's compute at smaller
+    #: batches, the model's FLOPs and the device's peak (model.json)
+    scaling_model: bool = True
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -150,6 +161,18 @@ class RunConfig:
         need(self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}")
         need(self.max_classes is None or self.max_classes >= 2, "--max-classes must be at least 2")
         need(self.eval_samples >= 0, "--eval-samples cannot be negative")
+        need(
+            isinstance(self.probe_pairs, int) and 0 <= self.probe_pairs <= 1000,
+            f"--probe-steps takes 0 to 1000 (pairs of steps with and without sync), got {self.probe_pairs}",
+        )
+        need(
+            isinstance(self.profile_steps, int) and 0 <= self.profile_steps <= 100,
+            f"--profile-steps takes 0 to 100, got {self.profile_steps}",
+        )
+        need(
+            not self.profile or self.profile_steps >= 1,
+            "--profile writes the trace of the profiled steps: --profile-steps must be at least 1",
+        )
         if self.image_size == 0:
             object.__setattr__(self, "image_size", self._default_image_size())
         need(self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}")

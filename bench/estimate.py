@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.data import default_collate
@@ -92,6 +93,23 @@ def per_sample_ms(
     return 1e3 * sorted(times[1:])[0] / batch
 
 
+#: the scaling model's fixed cost per run: the collectives between fresh ranks, the FLOP
+#: count (its first use imports torch._dynamo) and the CPU's matmul peaks (measured here)
+SCALING_MODEL_S = 8.0
+
+
+def probe_steps(cfg: RunConfig, cls: Any, world_size: int) -> float:
+    """Steps' worth of time the probes after a cell's timed steps take (bench.breakdown):
+    the ablation's pairs and the profiled steps where ranks synchronise (plus about a step
+    for the profiler to start), the compute curve of a one-process cell (4 steps at each
+    halved batch: about 8 full steps)."""
+    if cls is None or not cls.multiprocess:
+        return cfg.profile_steps + 1 if cfg.profile else 0.0
+    if world_size > 1:
+        return 2 * cfg.probe_pairs + cfg.profile_steps + 1
+    return 8.0 if cfg.scaling_model else 0.0
+
+
 def estimate(cfg: RunConfig, cells: list) -> Estimate:
     bundle = data.load(cfg)
     n = len(bundle.train)  # type: ignore[arg-type]
@@ -124,6 +142,9 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
         total += cfg.epochs * (steps * step_s + eval_s)
         if cell.setting.compile:
             total += COMPILE_S
+        total += probe_steps(cfg, strategies.get(cell.strategy).cls, cell.world_size) * step_s
+    if cfg.scaling_model and any(c.world_size > 1 for c in runnable):
+        total += SCALING_MODEL_S
     return Estimate(total + startup, startup, ms["fp32"], steps, n, bundle.description)
 
 

@@ -347,6 +347,20 @@ def loss_curves(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None
     return fig
 
 
+def _parts_legend(ax: Axes, parts: list[Patch], heading: str) -> None:
+    """One legend, so a long list of strategies cannot run into the key of the bar parts:
+    the colours name strategies, the fill says which part of the bar is which."""
+    handles, _ = ax.get_legend_handles_labels()
+    title = Patch(facecolor="none", edgecolor="none", label=heading)
+    ax.legend(
+        handles=[*handles, title, *parts],
+        title="strategy",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+    )
+
+
 def time_split(
     steps: pd.DataFrame,
     colours: Mapping[str, Colour] | None = None,
@@ -441,15 +455,7 @@ def time_split(
             Patch(facecolor="white", edgecolor="0.25", hatch=PIPELINE_BUBBLE_HATCH, label=bubble),
         )
     if cells:
-        handles, _ = ax.get_legend_handles_labels()
-        heading = Patch(facecolor="none", edgecolor="none", label="bar parts:")
-        ax.legend(
-            handles=[*handles, heading, *parts],
-            title="strategy",
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1.0),
-            fontsize=8,
-        )
+        _parts_legend(ax, parts, "bar parts:")
     ax.margins(y=0.1)
     return fig
 
@@ -741,3 +747,86 @@ def legend_labels(fig: Figure) -> list[str]:
     legends = [a for a in ax.artists if isinstance(a, Legend)]
     legends += [ax.get_legend()] if ax.get_legend() is not None else []
     return [t.get_text() for legend in legends for t in legend.get_texts()]
+
+
+#: the stacked parts of a step (bench.breakdown.PARTS) as drawn: label, alpha, hatch
+STEP_PARTS = {
+    "part_forward_ms": ("forward", 1.0, ""),
+    "part_backward_ms": ("backward", 0.75, ""),
+    "part_optimizer_ms": ("optimizer step", 0.5, ""),
+    "part_comm_exposed_ms": ("communication, exposed", 0.9, "xx"),
+    "part_data_wait_ms": ("data wait", 0.45, DATA_WAIT_HATCH),
+    "part_other_ms": ("other", 0.15, ""),
+}
+
+
+def time_parts(
+    counted: pd.DataFrame,
+    colours: Mapping[str, Colour] | None = None,
+    bubbles: Mapping[tuple[str, int], float] | None = None,
+) -> Figure:
+    """A mean step per strategy and world size, stacked: forward, backward and optimizer
+    compute, exposed communication (bench.breakdown), data wait and what the laps miss;
+    medians over repeats, so the bar's height is the cell's mean step time. A pipeline's
+    measured bubble is said in words over its bar (it lies inside its backward bar: the
+    schedule runs forward and backward as one)."""
+    rows = counted.copy()
+    for col in [*STEP_PARTS, "step_time_ms_mean"]:
+        rows[col] = pd.to_numeric(rows.get(col), errors="coerce")
+    rows = rows[rows["part_forward_ms"].notna()]
+    med = rows.groupby(["strategy", "world_size"])[[*STEP_PARTS, "step_time_ms_mean"]].median()
+    cells = [(str(s), int(w)) for s, w in med.index]
+    fig, ax = _figure(max(6.0, 1.2 * len(cells) + 2))
+    cmap = _colours([c[0] for c in cells], colours)
+    named: set[str] = set()
+    for i, cell in enumerate(cells):
+        values = med.iloc[i]
+        bottom = 0.0
+        for col, (label, alpha, hatch) in STEP_PARTS.items():
+            v = float(values[col])
+            if not np.isfinite(v) or v <= 0:
+                continue
+            ax.bar(
+                i,
+                v,
+                0.6,
+                bottom=bottom,
+                color=cmap[cell[0]],
+                alpha=alpha,
+                hatch=hatch,
+                edgecolor="0.25" if hatch else None,
+                label=cell[0]
+                if col == "part_forward_ms" and cell[0] not in named
+                else f"_{cell[0]} {label}",
+            )
+            bottom += v
+        named.add(cell[0])
+        step = float(values["step_time_ms_mean"])
+        comm = float(values["part_comm_exposed_ms"])
+        said = [f"{100 * comm / step:.0f}% comm" if np.isfinite(comm) and step > 0 else "comm –"]
+        bubble = (bubbles or {}).get(cell)
+        if bubble is not None and np.isfinite(bubble):
+            said.append(f"{bubble:.0f}% bubble")
+        ax.annotate(
+            "\n".join(said),
+            (i, bottom),
+            xytext=(0, 2),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    if not cells:
+        _empty(ax, "timed steps")
+    _cell_ticks(ax, [_cell_label(*c) for c in cells])
+    ax.set_xlabel("strategy, world size")
+    ax.set_ylabel("time per step (ms, mean over timed steps)")
+    ax.set_title("Where a step's time goes: compute, exposed communication, data wait")
+    parts = [
+        Patch(facecolor="0.3", alpha=alpha, hatch=hatch, edgecolor="0.25", label=label)
+        for label, alpha, hatch in STEP_PARTS.values()
+    ]
+    if cells:
+        _parts_legend(ax, parts, "bar parts, bottom up:")
+    ax.margins(y=0.12)
+    return fig

@@ -24,6 +24,59 @@ class StepRecord:
     samples: int
 
 
+#: the parts of a step after its data wait, in the order they run; zero_grad is counted with
+#: the optimizer step, and a strategy that runs forward and backward in one schedule (the
+#: pipelines) reports the whole schedule as backward
+PHASES = ("forward", "backward", "optimizer")
+
+
+class PhaseClock:
+    """Laps inside a step: forward, backward, optimizer. A lap adds the time since the last
+    lap (or `begin`) to a phase, so the laps of a step add up to its compute time exactly.
+
+    On a CPU a lap is the host clock: the work is done when the call returns. On CUDA a lap
+    is an event recorded on the current stream (no synchronisation inside the step); the
+    events are read once, after the epoch, by `steps()`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._steps: list[list[tuple[str, Any]]] = []
+        self._last: Any = None
+
+    def _now(self) -> Any:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def begin(self) -> None:
+        self._steps.append([])
+        self._last = self._now()
+
+    def lap(self, phase: str) -> None:
+        if self._last is None:  # a lap outside a step (evaluation, a probe): not counted
+            return
+        now = self._now()
+        self._steps[-1].append((phase, (self._last, now)))
+        self._last = now
+
+    def end(self) -> None:
+        self._last = None
+
+    def steps(self) -> list[dict[str, float]]:
+        """Per step, milliseconds per phase (every phase present, 0 where none ran)."""
+        if self._cuda:
+            torch.cuda.synchronize()
+        out = []
+        for laps in self._steps:
+            ms = dict.fromkeys(PHASES, 0.0)
+            for phase, (a, b) in laps:
+                ms[phase] += a.elapsed_time(b) if self._cuda else (b - a) * 1e3
+            out.append(ms)
+        return out
+
+
 class StepTimer:
     def __init__(self, device: torch.device) -> None:
         self._cuda = device.type == "cuda"

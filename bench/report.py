@@ -598,9 +598,164 @@ def startup_markdown(counted: pd.DataFrame) -> str:
     )
 
 
+def _median_of(grp: pd.DataFrame, col: str) -> float:
+    if col not in grp:
+        return float("nan")
+    return float(pd.to_numeric(grp[col], errors="coerce").median())
+
+
+def breakdown_markdown(counted: pd.DataFrame) -> str:
+    """Where the time goes, per cell (medians over its repeats): the stacked parts of a mean
+    step, communication in all and hidden, rank skew, MFU and the trace; "" for a run from
+    before the breakdown was kept."""
+    if "part_forward_ms" not in counted or counted["part_forward_ms"].isna().all():
+        return ""
+    rows = []
+    for (name, ws), grp in counted.groupby(KEY, sort=True):
+        m = {
+            c: _median_of(grp, c)
+            for c in counted.columns
+            if c.endswith(("_ms", "_pct")) or c == "step_time_ms_mean"
+        }
+        step = m.get("step_time_ms_mean", float("nan"))
+        method = next((v for v in grp.get("comm_method", []) if isinstance(v, str) and v), "")
+        trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
+        rows.append(
+            [
+                name,
+                ws,
+                _num(step, 2),
+                _num(m["part_data_wait_ms"], 2),
+                _num(m["part_forward_ms"], 2),
+                _num(m["part_backward_ms"], 2),
+                _num(m["part_optimizer_ms"], 2),
+                _num(m["part_comm_exposed_ms"], 2),
+                _num(m["comm_total_ms"], 2),
+                _num(m["comm_hidden_ms"], 2),
+                _num(100 * m["part_other_ms"] / step if step > 0 else float("nan"), 1),
+                _num(m["rank_skew_pct"], 1),
+                _num(m.get("mfu_pct", float("nan")), 1),
+                method or "–",
+                f"[trace]({trace})" if trace else "",
+            ]
+        )
+    return (
+        "Milliseconds of a mean timed step, median over repeats. The laps of every step "
+        "(data wait, forward, backward, optimizer; other: what the laps do not cover, in % of "
+        "the step) add up to the step. Communication is measured after the timed steps "
+        "(`comm_method`): *ablation* runs steps with gradient synchronisation switched off "
+        "beside ordinary ones, and the difference per phase is the communication *exposed* "
+        "there, moved out of that phase into its own column (FSDP's parameter all-gathers "
+        "cannot be switched off and stay in forward/backward; ZeRO-1's broadcast stays in the "
+        "optimizer step); *profiler* reads the collectives in a torch.profiler window: "
+        "communication in flight in all (waiting for the slower rank included), of which "
+        "*hidden* ran under compute. Skew: the slowest rank's median step over the fastest's. "
+        "MFU: model FLOPs (FlopCounterMode) per sample x samples/s per device over the "
+        "device's peak (a GPU's datasheet, or a matrix product timed on this CPU at the "
+        "rank's threads). `--profile` keeps each cell's trace (open it in Perfetto or "
+        "chrome://tracing).\n\n"
+        + md_table(
+            [
+                "strategy",
+                "ws",
+                "step",
+                "data",
+                "forward",
+                "backward",
+                "optimizer",
+                "comm exposed",
+                "comm total",
+                "hidden",
+                "other %",
+                "skew %",
+                "MFU %",
+                "method",
+                "trace",
+            ],
+            rows,
+        )
+    )
+
+
+def scaling_markdown(run: Run) -> str:
+    """Predicted against measured at the world sizes run (each predicted from the
+    one-process cell and the collectives' fit alone), and what-if world sizes on named links;
+    "" where the run has no collectives' fit."""
+    from bench import predict
+
+    if not (run.path / "collectives.json").exists():
+        return ""
+    try:
+        measured_sizes = sorted(
+            {int(w) for w in pd.to_numeric(run.runs["world_size"], errors="coerce").dropna()} - {1}
+        )
+        checked = predict.predict_run(run.path, measured_sizes, holdout=True)
+        what_if = [
+            r
+            for link in predict.WHAT_IF_LINKS
+            for r in predict.predict_run(run.path, predict.WHAT_IF_SIZES, link=link)
+        ]
+    except (ConfigError, ValueError, KeyError) as exc:
+        return f"No prediction: {_first_line(exc)}"
+    checked = [r for r in checked if r["measured_samples_per_s"] == r["measured_samples_per_s"]]
+    if not checked and not what_if:
+        return ""
+    head = ["strategy", "ws", "compute ms", "comm ms", "exposed", "samples/s (band)"]
+    body = [
+        [
+            r["strategy"],
+            r["world_size"],
+            _num(r["compute_ms"], 2),
+            _num(r["comm_ms"], 2),
+            _num(r["exposed_fraction"], 2),
+            f"{_num(r['samples_per_s'])} ({_num(r['samples_per_s_low'])}–{_num(r['samples_per_s_high'])})",
+        ]
+        for r in checked
+    ]
+    text = (
+        "`parabench predict` (bench/predict.py: the model and its assumptions) from each "
+        "strategy's one-process cell (its compute, measured again at smaller batches after "
+        "its timed steps), the collectives' latency and bandwidth measured at the start of "
+        "the run (collectives.json) and the bytes each strategy moves per step. Checked "
+        "against the cells measured here, each predicted without its own measurement:\n\n"
+        + md_table(
+            [*head, "measured", "error"],
+            [
+                [*b, _num(r["measured_samples_per_s"]), f"{r['error_pct']:+.1f}%"]
+                for b, r in zip(body, checked, strict=True)
+            ],
+        )
+    )
+    if what_if:
+        links = ", ".join(
+            f"{k}: {predict.LINKS[k][0]:g} GB/s bus bandwidth, {predict.LINKS[k][1]:g} µs per hop"
+            for k in predict.WHAT_IF_LINKS
+        )
+        text += (
+            "\n\nWhat if: larger world sizes on named links, assumed (not measured): "
+            f"{links}; each rank a device like the one-process cell's.\n\n"
+            + md_table(
+                ["strategy", "ws", "link", "samples/s (band)", "efficiency"],
+                [
+                    [
+                        r["strategy"],
+                        r["world_size"],
+                        r["link"],
+                        f"{_num(r['samples_per_s'])} ({_num(r['samples_per_s_low'])}–{_num(r['samples_per_s_high'])})",
+                        _num(r["efficiency"], 2),
+                    ]
+                    for r in what_if
+                ],
+            )
+        )
+    return text
+
+
 def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str, str]]) -> str:
     counted = counted_rows(run.runs)
     startup = startup_markdown(counted)
+    where = breakdown_markdown(counted)
+    scaling = scaling_markdown(run)
     n_ok = summary["n_repeats"].max() if len(summary) else 0
     over = (
         " Rows marked (oversubscribed) ran more CPU ranks than cores, one thread each, for "
@@ -634,6 +789,8 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         f"The full table, with the IQR, is summary.csv.{over}",
         summary_markdown(summary) if len(summary) else "No strategy produced an ok result.",
         *(["## Model parallelism", model_parallel] if model_parallel else []),
+        *(["## Where the time goes", where] if where else []),
+        *(["## Scaling: predicted and measured", scaling] if scaling else []),
         *(["## Start-up per launcher", startup] if startup else []),
         "## Plots",
         *[f"![{title}]({name})" for name, title in images],
@@ -669,6 +826,10 @@ def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
         name: getattr(plots, fn)(data[fn], colours=colours, **extra.get(fn, {}))
         for name, fn in PLOTS.items()
     }
+    if "part_forward_ms" in counted and counted["part_forward_ms"].notna().any():
+        figs["time_split.png"] = plots.time_parts(
+            counted, colours=colours, bubbles=bubble_pcts(counted)
+        )
     for name, fn in OPTIONAL_PLOTS.items():
         fig = getattr(plots, fn)(data[fn], colours=colours)
         if fig is not None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.breakdown import PARTS, hidden, stacked
+
 #: measurements a strategy may report through Strategy.cell_metrics, model parallelism's:
 #: pipeline stages and micro-batches, the measured bubble (share of the pipeline's step a
 #: rank is idle, mean over ranks) beside the textbook (p-1)/(v*m+p-1), bytes sent stage to
@@ -30,6 +32,35 @@ EXTRA = (
     "bubble_theory_pct",
     "p2p_mib_per_step",
     "collective_mib_per_step",
+)
+#: where a step's time goes (bench.breakdown): the phases' means over timed steps, the
+#: communication probe's figures, the stacked parts that add up to the mean step, the
+#: slowest and fastest rank's median step (a straggler shows), and model FLOPs / MFU
+BREAKDOWN = (
+    "data_wait_ms_mean",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "comm_method",
+    "comm_exposed_ms",
+    "comm_exposed_forward_ms",
+    "comm_exposed_backward_ms",
+    "comm_exposed_optimizer_ms",
+    "comm_total_ms",
+    "comm_hidden_ms",
+    "comm_ops_per_step",
+    "probe_step_ms",
+    "probe_nosync_ms",
+    *(f"part_{p}_ms" for p in PARTS),
+    "rank_step_ms_min",
+    "rank_step_ms_max",
+    "rank_skew_pct",
+    "trace",
+    "flops_per_sample",
+    "model_tflops_per_device",
+    "peak_tflops",
+    "peak_source",
+    "mfu_pct",
 )
 #: a cell's start-up (to its first step), split into its phases, and its teardown
 STARTUP = (
@@ -104,6 +135,7 @@ MEASUREMENTS = [
     "model_state_mib",
     "model_state_mib_min",
     *EXTRA,
+    *BREAKDOWN,
     "cell_wall_s",
     *(
         STARTUP := (
@@ -239,6 +271,7 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         state |= {"model_state_mib": max(totals), "model_state_mib_min": min(totals)}
     first = record["step_times_ms"][0] if record["step_times_ms"] else float("nan")
     return {
+        **_breakdown(record, step, wait),
         "steps": record["steps"],
         "timed_steps": len(step),
         "samples": samples,
@@ -268,6 +301,51 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "mem_source": "cuda_allocator" if cuda else "host_rss",
         **peak,
         **state,
+    }
+
+
+def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) -> dict[str, Any]:
+    """The breakdown columns (BREAKDOWN) of one epoch record."""
+    nan = float("nan")
+    warm = record["warmup_steps"]
+    laps = list(record.get("phase_ms") or ())[warm:]
+    phases = {
+        p: float(np.mean([s.get(p, 0.0) for s in laps])) if laps else nan
+        for p in ("forward", "backward", "optimizer")
+    }
+    probe = dict(record.get("probe") or {})
+    mean_step = float(step.mean()) if step.size else nan
+    mean_wait = float(wait.mean()) if wait.size else nan
+    parts = stacked(mean_step, mean_wait, phases, probe) if laps else dict.fromkeys(PARTS, nan)
+    exposed = probe.get("comm_exposed_ms", nan)
+    total = probe.get("comm_total_ms", nan)
+    per_rank = [r.get("step_ms_p50", nan) for r in record["ranks"]]
+    per_rank = [v for v in per_rank if v == v]
+    fast, slow = (min(per_rank), max(per_rank)) if per_rank else (nan, nan)
+    return {
+        "data_wait_ms_mean": mean_wait,
+        **{f"{p}_ms": v for p, v in phases.items()},
+        "comm_method": probe.get("comm_method")
+        or (f"none: the probe failed ({probe['error']})" if probe.get("error") else ""),
+        **{
+            k: probe.get(k, nan)
+            for k in (
+                "comm_exposed_ms",
+                "comm_exposed_forward_ms",
+                "comm_exposed_backward_ms",
+                "comm_exposed_optimizer_ms",
+                "comm_total_ms",
+                "comm_ops_per_step",
+                "probe_step_ms",
+                "probe_nosync_ms",
+            )
+        },
+        "comm_hidden_ms": hidden(total, exposed),
+        **{f"part_{k}_ms": v for k, v in parts.items()},
+        "rank_step_ms_min": fast,
+        "rank_step_ms_max": slow,
+        "rank_skew_pct": 100 * (slow / fast - 1) if fast and fast > 0 else nan,
+        "trace": probe.get("trace", ""),
     }
 
 

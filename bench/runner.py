@@ -18,10 +18,12 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 import strategies
 from bench import data, proc, results
@@ -297,6 +299,9 @@ class Runner:
         )
         self.current: proc.CellProcess | None = None
         self.progress: Display | None = None
+        model = run_dir.path / "model.json"
+        #: model FLOPs and device peaks (measure_flops), for the rows' MFU
+        self.model_info: dict[str, Any] = json.loads(model.read_text()) if model.exists() else {}
 
     # ---- rows ----
     def _ident(self, cell: Cell, epoch: int | str) -> dict[str, Any]:
@@ -479,6 +484,9 @@ class Runner:
                     **results.measure(rec, cell.world_size, self.device),
                 }
             )
+            runs[-1] |= self._mfu(cell, runs[-1])
+            if runs[-1].get("trace"):  # relative to the run directory, as the report links it
+                runs[-1]["trace"] = str(cell_dir.relative_to(self.dir.path) / runs[-1]["trace"])
             steps += results.step_rows(ident, rec)
             ranks += results.rank_rows(ident, rec)
         if timed_out:
@@ -494,6 +502,25 @@ class Runner:
             status, reason = _failure(cell_dir, rc)
             runs.append(self._status_row(cell, status, reason, wall))
         return runs, steps, ranks
+
+    def _mfu(self, cell: Cell, row: Mapping[str, Any]) -> dict[str, Any]:
+        """Model FLOPs per sample, achieved TFLOP/s per device and MFU against the peak."""
+        from bench import flops
+
+        info = self.model_info
+        fps = info.get("flops_per_sample")
+        peak, source = info.get("peaks", {}).get(
+            peak_key(self.device, row.get("threads_per_rank"), row.get("precision")), (None, "")
+        )
+        per_device = float(row.get("samples_per_s_per_device") or "nan")
+        achieved = fps * per_device / 1e12 if fps else float("nan")
+        return {
+            "flops_per_sample": fps if fps else float("nan"),
+            "model_tflops_per_device": achieved,
+            "peak_tflops": peak if peak else float("nan"),
+            "peak_source": source or info.get("flops_note", ""),
+            "mfu_pct": 100 * flops.mfu(fps, per_device, peak),
+        }
 
     def run(self, cells: list[Cell]) -> list[dict]:
         done = self.dir.done()
@@ -612,6 +639,8 @@ def run_matrix(
         json.dumps(provenance(resolve_device(cfg.device)), indent=1)
     )
     proc.become_subreaper()
+    measure_collectives(cfg, cells, run_dir.path, echo)
+    measure_flops(cfg, cells, run_dir.path, echo)
     runner = Runner(cfg, run_dir, echo)
     if progress:
         done = run_dir.done()
@@ -631,6 +660,97 @@ def run_matrix(
         signal.signal(signal.SIGTERM, old)
         proc.become_subreaper(False)
     return run_dir.path, rows
+
+
+def collective_sizes(cfg: RunConfig, cells: list[Cell]) -> list[int]:
+    """World sizes above 1 at which the run starts several processes."""
+    sizes = set()
+    for c in cells:
+        spec = strategies.registry().get(c.strategy)
+        if not c.status and c.world_size > 1 and spec and spec.cls and spec.cls.multiprocess:
+            sizes.add(c.world_size)
+    return sorted(sizes)
+
+
+def measure_collectives(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) -> None:
+    """The collectives' latency and bandwidth at the run's world sizes, fitted and saved as
+    collectives.json (for `parabench predict`), before the cells. A measurement that fails
+    is one line; the run goes on without it."""
+    from bench import collectives
+
+    path = run_dir / "collectives.json"
+    sizes = collective_sizes(cfg, cells)
+    if not cfg.scaling_model or not sizes or path.exists():
+        return
+    device = resolve_device(cfg.device)
+    backend = "nccl" if device == "cuda" else "gloo"
+    rows: list[dict] = []
+    for n in sizes:
+        if device == "cuda" and n > device_count(device):
+            continue
+        try:
+            rows += collectives.measure(n, backend, device, timeout_s=min(cfg.timeout_s, 120))
+        except (RuntimeError, ValueError, OSError) as exc:
+            echo(f"collectives at world size {n}: not measured ({str(exc).splitlines()[0]})")
+    if not rows:
+        return
+    fits = collectives.fit(rows)
+    collectives.save(path, rows, fits, {"backend": backend, "device": device})
+    for fit in fits.values():
+        if fit["op"] == "all_reduce":
+            echo(
+                f"collectives ({backend}, {fit['world_size']} ranks): all_reduce latency "
+                f"{fit['alpha_us']:.0f} us, bus bandwidth {fit['busbw_GBps']:.2f} GB/s "
+                f"(collectives.json)"
+            )
+
+
+def peak_key(device: str, threads: Any, precision: Any) -> str:
+    """model.json's key of a device peak: per precision, and per thread count on a CPU."""
+    return f"{precision}" if device == "cuda" else f"{precision}/{threads}t"
+
+
+def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) -> None:
+    """Model FLOPs per training sample (torch's FlopCounterMode) and the peak of the device
+    in each precision the run trains in (a GPU: its datasheet; a CPU: a matrix product
+    timed here, at each thread count a rank gets), saved as model.json for the rows' MFU."""
+    from bench import flops, models
+
+    path = run_dir / "model.json"
+    if not cfg.scaling_model or path.exists():
+        return
+    device = resolve_device(cfg.device)
+    bundle = data.load(cfg)
+    fps = flops.train_flops_per_sample(cfg, bundle.num_classes, bundle.spec or models.spec(cfg))
+    info: dict[str, Any] = {
+        "flops_per_sample": fps,
+        "flops_note": "" if fps else "FLOPs not countable for this model",
+        "peaks": {},
+    }
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    names = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if device == "cuda"
+        else []
+    )
+    for cell in cells:
+        if cell.status:
+            continue
+        spec = strategies.get(cell.strategy)
+        precision = cell.setting.precision
+        threads = threads_per_process(spec.cls.processes(cell.world_size) if spec.cls else 1)
+        key = peak_key(device, threads, precision)
+        if key in info["peaks"] or precision not in dtypes:
+            continue
+        if device == "cuda":
+            tf32 = torch.backends.cuda.matmul.allow_tf32
+            info["peaks"][key] = flops.peak_for(names[0] if names else "", precision, tf32)
+        else:
+            peak = flops.measured_cpu_peak(threads, dtypes[precision])
+            info["peaks"][key] = (peak, f"measured: {precision} matmul on {threads} thread(s)")
+    path.write_text(json.dumps(info, indent=1))
+    if fps:
+        echo(f"model: {fps / 1e9:.3g} GFLOP per training sample (model.json)")
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

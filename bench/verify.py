@@ -430,6 +430,7 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
         epochs=1,
         max_steps=steps,
         warmup_steps=0,
+        scaling_model=False,  # parity needs no scaling model
         repeats=1,
         eval_samples=0,
         save_params=True,

@@ -28,7 +28,7 @@ from bench.config import RunConfig
 from bench.models import without_dropout
 from bench.probes import reset_peaks
 from bench.progress import StepReporter
-from strategies.base import RankContext, Setting, Strategy
+from strategies.base import ModelShape, RankContext, Setting, Strategy
 
 OPTIMIZERS = {
     "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
@@ -163,6 +163,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                 warmup_steps=cfg.warmup_steps,
                 on_step=report.step if report is not None else None,
             )
+            probe = _probe(strategy, cfg, cell_dir) if epoch == cfg.epochs - 1 else {}
             evaluates = ctx.rank == 0 or strategy.collective_eval
             metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
             extra = strategy.cell_metrics(stats.warmup_steps)
@@ -171,6 +172,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                     "rank": ctx.rank,
                     "samples": stats.samples,
                     "timed_s": stats.timed_s,
+                    "step_ms_p50": _median(stats.step_times_ms[stats.warmup_steps :]),
                     **stats.memory,
                     **stats.model_state,
                 }
@@ -182,6 +184,8 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                     "warmup_steps": stats.warmup_steps,
                     "step_times_ms": stats.step_times_ms,
                     "data_wait_ms": stats.data_wait_ms,
+                    "phase_ms": stats.phase_ms,
+                    "probe": probe,
                     "losses": stats.losses,
                     "ranks": ranks,
                     "per_rank_batch": per_rank,
@@ -208,6 +212,40 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
         strategy.barrier()
     finally:
         strategy.teardown()
+
+
+def _median(values: Any) -> float:
+    return float(np.median(values)) if len(values) else float("nan")
+
+
+def _probe(strategy: Strategy, cfg: RunConfig, cell_dir: Path) -> dict[str, Any]:
+    """The communication probe after the last epoch's timed steps (bench.breakdown): where
+    ranks synchronise (more than one process), or where a trace was asked for."""
+    ranks = strategy.processes(strategy.ctx.world_size)
+    if strategy.last_batch is None:
+        return {}
+    out: dict[str, Any] = {}
+    if ranks == 1 and cfg.scaling_model and _modelled(strategy):
+        out["compute_curve"] = strategy.compute_curve()
+    if ranks > 1 or cfg.profile:
+        keep = cell_dir / "trace.json" if cfg.profile and strategy.ctx.rank == 0 else None
+        try:
+            out |= strategy.probe(cfg.probe_pairs if ranks > 1 else 0, cfg.profile_steps, keep)
+        except Exception as exc:  # the timed steps are measured: a probe loses only itself
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            out["error"] = f"{type(exc).__name__}: {first}"[:300]
+        if keep is not None and keep.exists():
+            out["trace"] = keep.name
+    return out
+
+
+def _modelled(strategy: Strategy) -> bool:
+    """Whether the scaling predictor models this strategy's communication."""
+    shape = ModelShape(param_bytes=1, tensors=1, units=1)
+    return (
+        not isinstance(strategy.traffic(strategy.options, 2, shape, strategy.precision), str)
+        and type(strategy).multiprocess
+    )
 
 
 def _save_params(strategy: Strategy, path: Path) -> None:

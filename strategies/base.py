@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
 from bench.models import cross_entropy
-from bench.probes import StepRecord, StepTimer, memory_snapshot, model_state_mib
+from bench.probes import PhaseClock, StepRecord, StepTimer, memory_snapshot, model_state_mib
 from strategies import precision as prec
 
 
@@ -87,6 +88,23 @@ class EpochStats:
     #: bytes this rank holds of parameters, gradients and optimizer state (MiB), read after
     #: the first optimizer step, local shards only
     model_state: Mapping[str, float] = field(default_factory=dict)
+    #: per step (warm-up included), milliseconds of forward, backward and optimizer
+    phase_ms: tuple[Mapping[str, float], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """What the communication of a step depends on: bytes of the parameters (fp32; the
+    gradients are as many), how many tensors they are, and how many units FSDP shards one
+    by one (its blocks, without the root)."""
+
+    param_bytes: int
+    tensors: int
+    units: int
+
+
+#: one step's collectives per rank: (op, bytes of the whole buffer, calls it is split into)
+Traffic = list[tuple[str, float, int]]
 
 
 class Strategy:
@@ -106,6 +124,9 @@ class Strategy:
     no_sync_bn: ClassVar[str] = "one process: SyncBatchNorm needs ranks to synchronise with"
     #: every rank must take part in evaluation and in reading the full weights (sharded models)
     collective_eval: ClassVar[bool] = False
+    #: why torch.profiler cannot see this strategy's collectives (then the probe's
+    #: communication total is unknown, not 0); empty: it sees them (c10d's gloo and NCCL)
+    comm_unseen: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -127,12 +148,26 @@ class Strategy:
         self.optimizer: torch.optim.Optimizer | None = None
         self.notes: list[str] = []
         self.model_state: dict[str, float] = {}
+        #: laps of the current epoch's steps (forward, backward, optimizer)
+        self.clock = PhaseClock(ctx.device)
+        #: the last batch trained on, kept for the probes after the timed steps
+        self.last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def processes(cls, world_size: int) -> int:
         """OS processes a cell of this strategy runs: one per rank, or one for all devices.
         Batch split, sampler replicas, threads and loader workers all follow from it."""
         return world_size if cls.multiprocess else 1
+
+    @classmethod
+    def traffic(
+        cls, options: Mapping[str, str], world_size: int, shape: ModelShape, precision: str
+    ) -> Traffic | str:
+        """The collectives one optimizer step issues on each rank at `world_size`, for the
+        scaling predictor (bench.predict); or why they are not modelled."""
+        if not cls.multiprocess:
+            return "one process: no collectives between ranks"
+        return f"{cls.__name__}'s communication is not modelled"
 
     # ---- capability checks (class level: called before any process starts) ----
     @classmethod
@@ -303,11 +338,139 @@ class Strategy:
         """Every rank's `obj`, in rank order, on every rank."""
         return [obj]
 
+    def sync_off(self) -> contextlib.AbstractContextManager | None:
+        """A context in which one whole step (zero_grad, forward, backward, optimizer step)
+        runs without synchronising gradients between ranks: the ablation that measures how
+        much longer communication makes a step. None: nothing to switch off (one process,
+        or communication that is the computation itself, as a pipeline's activations)."""
+        return None
+
     def barrier(self) -> None:
         """Wait for every rank (outside timed regions only)."""
 
     def teardown(self) -> None:
         """Leave the process group."""
+
+    # ---- the probe after the timed steps ----
+    def probe(self, pairs: int, profile_steps: int, trace: Path | None) -> dict[str, Any]:
+        """Where communication goes, measured after the timed steps on the last batch trained
+        (called on every rank: its steps hold collectives). `pairs` steps with gradient
+        synchronisation and as many without (alternating, so drift hits both alike), then
+        `profile_steps` steps under torch.profiler, whose Chrome trace goes to `trace` (a
+        temporary file when None). The model is left as the timed steps left it: the steps
+        run with a learning rate of 0 and the buffers (BatchNorm statistics) are restored."""
+        from bench import breakdown
+
+        assert self.model is not None and self.optimizer is not None and self.last_batch
+        x, y = self.last_batch
+        out: dict[str, Any] = {}
+        rates = [g.get("lr") for g in self.optimizer.param_groups]
+        try:
+            for g in self.optimizer.param_groups:
+                g["lr"] = 0.0
+            with buffers_kept(self.unwrap(self.model)):
+                if pairs and self.sync_off() is not None:
+                    on, off = self._ablation(x, y, pairs)
+                    out |= breakdown.ablation(on, off)
+                    out["comm_method"] = "ablation"
+                if profile_steps:
+                    out |= self._profiled(x, y, profile_steps, trace)
+                    out["comm_method"] = "+".join(
+                        m for m in (out.get("comm_method"), "profiler") if m
+                    )
+        finally:
+            for g, lr in zip(self.optimizer.param_groups, rates, strict=True):
+                g["lr"] = lr
+        return out
+
+    def compute_curve(self, max_ranks: int = 64, steps: int = 3) -> list[dict[str, float]]:
+        """A one-process cell's step time at the per-rank batch of N ranks (the global batch
+        split N ways, N = 1, 2, 4, ... up to `max_ranks`): on a CPU both with all this
+        process's threads and with the share a rank gets when N ranks split the cores; what
+        the scaling predictor (bench.predict) builds its compute part from. Median of
+        `steps` steps after one warm-up step per batch size, learning rate 0, buffers kept."""
+        assert self.optimizer is not None and self.last_batch is not None
+        x, y = self.last_batch
+        threads = torch.get_num_threads()
+        cpu = self.ctx.device.type == "cpu"
+        k = self.setting.accumulate
+        points: dict[tuple[int, int], None] = {}
+        n = 1
+        while n <= max_ranks and len(x) // n >= k and (len(x) // n) % k == 0:
+            points[(len(x) // n, threads)] = None
+            if cpu:
+                points[(len(x) // n, max(1, threads // n))] = None
+            n *= 2
+        out = []
+        rates = [g.get("lr") for g in self.optimizer.param_groups]
+        try:
+            for g in self.optimizer.param_groups:
+                g["lr"] = 0.0
+            with buffers_kept(self.unwrap(self.model)):
+                for batch, t in points:
+                    torch.set_num_threads(t)
+                    self.clock = PhaseClock(self.ctx.device)
+                    for _ in range(steps + 1):
+                        self._probe_step(x[:batch], y[:batch])
+                    ms = [sum(s.values()) for s in self.clock.steps()[1:]]
+                    out.append(
+                        {"batch": batch, "threads": t, "ms": float(sorted(ms)[len(ms) // 2])}
+                    )
+        finally:
+            torch.set_num_threads(threads)
+            for g, lr in zip(self.optimizer.param_groups, rates, strict=True):
+                g["lr"] = lr
+        return out
+
+    def _probe_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        assert self.optimizer is not None
+        self.clock.begin()
+        self.zero_grad(self.optimizer)
+        self.clock.lap("optimizer")
+        self.forward_backward(x, y)
+        self.clock.lap("backward")
+        self.optimizer_step(self.optimizer)
+        self.clock.lap("optimizer")
+        self.clock.end()
+
+    def _ablation(self, x: torch.Tensor, y: torch.Tensor, pairs: int) -> tuple[list, list]:
+        self.clock = PhaseClock(self.ctx.device)
+        synced: list[bool] = []
+        for i in range(pairs):
+            for sync in (True, False) if i % 2 == 0 else (False, True):
+                with contextlib.nullcontext() if sync else self.sync_off():
+                    self._probe_step(x, y)
+                synced.append(sync)
+        steps = self.clock.steps()
+        on = [s for s, sync in zip(steps, synced, strict=True) if sync]
+        off = [s for s, sync in zip(steps, synced, strict=True) if not sync]
+        return on, off
+
+    def _profiled(
+        self, x: torch.Tensor, y: torch.Tensor, steps: int, trace: Path | None
+    ) -> dict[str, Any]:
+        import tempfile
+
+        from torch.profiler import ProfilerActivity, profile
+
+        from bench import breakdown
+
+        activities = [ProfilerActivity.CPU]
+        if self.ctx.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self.clock = PhaseClock(self.ctx.device)
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                self._probe_step(x, y)
+            if self.ctx.device.type == "cuda":
+                torch.cuda.synchronize(self.ctx.device)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = trace or Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            seen = breakdown.trace_comm(path, steps)
+        if self.comm_unseen:
+            seen = dict.fromkeys(seen, float("nan"))
+        return {**seen, "profiled_steps": steps}
 
     # ---- the loop, written once ----
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -335,13 +498,17 @@ class Strategy:
         k = self.setting.accumulate
         if k == 1:
             loss = self.forward_loss(x, y)
+            self.clock.lap("forward")
             self.backward(loss)
+            self.clock.lap("backward")
             return loss.detach()
         total = torch.zeros((), device=x.device)
         for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
             with self.no_sync() if i < k - 1 else contextlib.nullcontext():
                 loss = self.forward_loss(xm, ym)
+                self.clock.lap("forward")
                 self.backward(loss / k)  # gradients of the batch mean, as without accumulation
+                self.clock.lap("backward")
             total += loss.detach().float()
         return total / k
 
@@ -362,6 +529,7 @@ class Strategy:
             sampler.set_epoch(epoch)
         self.model.train()
         timer = StepTimer(self.ctx.device)
+        self.clock = clock = PhaseClock(self.ctx.device)
         losses: list[torch.Tensor] = []
         records: list[StepRecord] = []
         batches: Iterator = iter(loader)
@@ -376,10 +544,16 @@ class Strategy:
                 x = x.contiguous(memory_format=torch.channels_last)
             y = y.to(self.ctx.device, non_blocking=True)
             timer.data_ready()
+            clock.begin()
             self.zero_grad(self.optimizer)
+            clock.lap("optimizer")  # zero_grad counts with the optimizer step
             loss = self.forward_backward(x, y)
+            clock.lap("backward")  # what a one-schedule forward_backward (pipelines) did
             self.optimizer_step(self.optimizer)
+            clock.lap("optimizer")
+            clock.end()
             records.append(timer.stop(len(y)))
+            self.last_batch = (x, y)
             losses.append(loss)
             if on_step is not None:
                 on_step(records[-1].total_ms)
@@ -387,10 +561,15 @@ class Strategy:
                 self.model_state = model_state_mib(
                     self.unwrap(self.model).parameters(), self.optimizer_states()
                 )
-        return self._epoch_stats(epoch, records, losses, warmup_steps)
+        return self._epoch_stats(epoch, records, losses, warmup_steps, clock.steps())
 
     def _epoch_stats(
-        self, epoch: int, records: list[StepRecord], losses: list[torch.Tensor], warmup: int
+        self,
+        epoch: int,
+        records: list[StepRecord],
+        losses: list[torch.Tensor],
+        warmup: int,
+        phases: list[dict[str, float]] | None = None,
     ) -> EpochStats:
         warmup = min(warmup, max(len(records) - 1, 0))
         timed = records[warmup:]
@@ -407,4 +586,17 @@ class Strategy:
             losses=tuple(mean_losses),
             memory=memory_snapshot(self.devices()),
             model_state=dict(self.model_state),
+            phase_ms=tuple(phases or ()),
         )
+
+
+@contextlib.contextmanager
+def buffers_kept(model: nn.Module) -> Iterator[None]:
+    """Leave the model's buffers (BatchNorm's running statistics and counts) as they were."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -76,6 +78,18 @@ class DistributedDataParallel(TorchDistributed):
     #: DDP's constructor knobs
     accepts = {"bucket_cap_mb": float, "gradient_as_bucket_view": bool, "static_graph": bool}
 
+    @classmethod
+    def traffic(cls, options, world_size, shape, precision):
+        # DDP all-reduces the gradients in buckets of bucket_cap_mb (25 by default)
+        cap = float(options.get("bucket_cap_mb", 25)) * 2**20
+        calls = max(1, math.ceil(shape.param_bytes / cap))
+        return [("all_reduce", cls.gradient_wire_bytes(options, shape), calls)]
+
+    @classmethod
+    def gradient_wire_bytes(cls, options: Mapping[str, str], shape) -> float:
+        """Bytes of gradients on the wire (a compression hook halves them)."""
+        return float(shape.param_bytes)
+
     def ddp_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
         if "bucket_cap_mb" in self.options:
@@ -92,6 +106,11 @@ class DistributedDataParallel(TorchDistributed):
     def no_sync(self) -> contextlib.AbstractContextManager:
         assert self.model is not None
         return self.unwrap_ddp().no_sync()
+
+    def sync_off(self) -> contextlib.AbstractContextManager | None:
+        if not isinstance(self.unwrap_ddp(), DDP):  # a subclass that does its own thing
+            return None
+        return self.no_sync()  # the optimizer step is local (ZeRO's broadcast stays)
 
     def run_notes(self) -> list[str]:
         # The buckets DDP settled on after its first step (what --set bucket_cap_mb changes).

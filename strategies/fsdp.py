@@ -54,6 +54,19 @@ class FSDP2(TorchDistributed):
     accepts = {"reshard_after_forward": bool}
     collective_eval = True
 
+    @classmethod
+    def traffic(cls, options, world_size, shape, precision):
+        # per unit: an all-gather of its parameters for forward, again for backward when it
+        # was resharded after forward, and a reduce-scatter of its gradients (reduced in fp32)
+        wire = shape.param_bytes * (0.5 if precision in ("bf16", "fp16") else 1.0)
+        units = shape.units + 1  # and the root
+        reshard = flag(options.get("reshard_after_forward", "true"))
+        gathers = 2 if reshard else 1
+        return [
+            ("all_gather", gathers * wire, gathers * units),
+            ("reduce_scatter", float(shape.param_bytes), units),
+        ]
+
     def make_precision(self, name: str) -> prec.Precision:
         if name == "fp32":
             return prec.Precision(self.ctx.device.type)
@@ -106,6 +119,11 @@ class FSDP2(TorchDistributed):
             yield
         finally:
             module.set_requires_gradient_sync(True)
+
+    def sync_off(self) -> contextlib.AbstractContextManager:
+        # the gradients' reduce-scatter stops; the parameters' all-gathers cannot (they are
+        # how a sharded model computes at all), so they stay in forward and backward
+        return self.no_sync()
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "_orig_mod", model)

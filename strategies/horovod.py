@@ -6,6 +6,9 @@ release) must be built against the installed torch: `make horovod`.
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,6 +26,10 @@ class Horovod(Strategy):
         "torch's SyncBatchNorm needs a torch.distributed process group, which horovodrun "
         "does not create (horovod.torch.SyncBatchNorm is not wired here)"
     )
+    comm_unseen = (
+        "Horovod runs its collectives in its own C++ background thread, which torch.profiler "
+        "does not record (Horovod's own timeline does: HOROVOD_TIMELINE)"
+    )
     variants = {
         "horovod": Variant("horovodrun", "Horovod DistributedOptimizer, horovodrun"),
         "horovod_fp16": Variant(
@@ -31,6 +38,12 @@ class Horovod(Strategy):
             {"compression": "fp16"},
         ),
     }
+
+    @classmethod
+    def traffic(cls, options, world_size, shape, precision):
+        # Horovod fuses gradients into all-reduces of up to 64 MiB (HOROVOD_FUSION_THRESHOLD)
+        wire = shape.param_bytes / (2 if options.get("compression") == "fp16" else 1)
+        return [("all_reduce", float(wire), max(1, math.ceil(wire / (64 * 2**20))))]
 
     @classmethod
     def unavailable(cls, device: str) -> str | None:
@@ -87,11 +100,38 @@ class Horovod(Strategy):
         )
         return model, optimizer
 
+    local = False  # inside sync_off: no all-reduce in backward or step
+
+    @contextlib.contextmanager
+    def sync_off(self) -> Iterator[None]:
+        """hvd.DistributedOptimizer all-reduces a gradient once `backward_passes_per_step`
+        backward passes have reached it: a count no step reaches switches the hooks off, and
+        the step skips its synchronize. Leaving, one synchronize() (on every rank alike)
+        settles the hooks' bookkeeping so the next ordinary zero_grad is accepted."""
+        optimizer = self.optimizer
+        assert optimizer is not None
+        optimizer.set_backward_passes_per_step(1 << 30)
+        self.local = True
+        try:
+            yield
+        finally:
+            self.local = False
+            optimizer.set_backward_passes_per_step(self.setting.accumulate)
+            optimizer.synchronize()
+
     def zero_grad(self, optimizer) -> None:
+        if self.local:  # the wrapper refuses zero_grad while its hooks hold (empty) handles
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+            return
         # Horovod's wrapper takes no arguments; torch's default (set_to_none=True) applies.
         optimizer.zero_grad()
 
     def optimizer_step(self, optimizer) -> None:
+        if self.local:
+            with optimizer.skip_synchronize():
+                return self.precision_plugin.step(optimizer)
         if not self.precision_plugin.scaling:
             return super().optimizer_step(optimizer)
         # The scaler reads gradients (to unscale and look for inf) before step(): they must

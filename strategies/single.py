@@ -22,7 +22,7 @@ import contextlib
 import torch
 from torch import nn
 
-from strategies.base import Strategy, Variant
+from strategies.base import Strategy, Variant, buffers_kept
 
 
 class Single(Strategy):
@@ -63,10 +63,12 @@ class Single(Strategy):
         k = self.setting.accumulate
         total = torch.zeros((), device=x.device)
         for share in range(r):
-            with _buffers_kept(self.model) if share else contextlib.nullcontext():
+            with buffers_kept(self.model) if share else contextlib.nullcontext():
                 for xm, ym in zip(x[share::r].chunk(k), y[share::r].chunk(k), strict=True):
                     loss = self.forward_loss(xm, ym)
+                    self.clock.lap("forward")
                     self.backward(loss / (r * k))  # the mean over ranks of each rank's mean
+                    self.clock.lap("backward")
                     total += loss.detach().float()
         return total / (r * k)
 
@@ -78,16 +80,3 @@ class Single(Strategy):
                 "gradients averaged; running statistics from the first share only (rank 0's)"
             )
         return notes
-
-
-@contextlib.contextmanager
-def _buffers_kept(model: nn.Module):
-    """Leave the model's buffers (BatchNorm's running statistics and counts) as they were:
-    a rank other than 0 updates only its own copy, which no strategy keeps."""
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for b, v in saved:
-                b.copy_(v)

@@ -27,6 +27,15 @@ class ZeRO1(DistributedDataParallel):
         ),
     }
 
+    @classmethod
+    def traffic(cls, options, world_size, shape, precision):
+        # DDP's all-reduce, then each rank broadcasts the parameters it owns, one tensor at
+        # a time: in bytes an all-gather of the parameters
+        return [
+            *super().traffic(options, world_size, shape, precision),
+            ("all_gather", float(shape.param_bytes), shape.tensors),
+        ]
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         model, _ = super().setup(model, optimizer)
         zero = ZeroRedundancyOptimizer(

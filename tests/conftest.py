@@ -66,6 +66,10 @@ def small_config(tmp: Path, data_root: Path, **kw) -> RunConfig:
         device="cpu",
         out_dir=str(tmp),
         timeout_s=240,
+        # the probes and the scaling model cost seconds per cell and run: tests of them ask
+        probe_pairs=0,
+        profile_steps=0,
+        scaling_model=False,
     )
     base.update(kw)
     return RunConfig(**base)

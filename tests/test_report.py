@@ -201,8 +201,36 @@ def test_loss_lines_one_per_strategy_and_world_size(rendered, figures, runs, sum
         assert to_rgba(line.get_color())[:3] == to_rgba(colours[name])[:3]
 
 
-def test_time_split_stacks_compute_and_data_wait(rendered, figures, runs, summary) -> None:
-    fig = figures["time_split.png"]
+def test_time_split_stacks_the_parts_of_a_step(rendered, figures, runs, summary) -> None:
+    """The report's plot: per cell, forward, backward, optimizer, data wait and other,
+    stacked to the cell's mean step (median over repeats); no communication part where no
+    probe ran (the small run has none)."""
+    ax = figures["time_split.png"].axes[0]
+    assert "exposed communication" in ax.get_title()
+    counted = report.counted_rows(runs.assign(epoch=runs["epoch"].astype(float)))
+    steps = counted.groupby(["strategy", "world_size"])["step_time_ms_mean"].median()
+    cells = sorted(steps.index)
+    tops: dict[int, float] = {}
+    labels = set()
+    for c in ax.containers:
+        for p in c.patches:
+            x = round(p.get_x() + p.get_width() / 2)
+            tops[x] = tops.get(x, 0.0) + p.get_height()
+        labels.add(c.get_label())
+    assert len(tops) == len(cells)
+    for i, cell in enumerate(cells):
+        assert tops[i] == pytest.approx(steps.loc[cell], rel=1e-6), cell
+    assert not any("communication" in str(t) for t in labels)
+    assert any(str(t).endswith("data wait") for t in labels)
+
+
+def test_time_split_of_a_run_without_laps_stacks_compute_and_data_wait(
+    rendered, runs, summary
+) -> None:
+    """Runs from before the step was lapped: compute and data wait from steps.csv."""
+    run = report.load_run(rendered)
+    timed = report.counted_steps(run.steps, report.counted_rows(run.runs))
+    fig = plots.time_split(timed, colours=_colours(runs))
     ax = fig.axes[0]
     assert "ms" in ax.get_ylabel()
     steps = pd.read_csv(rendered / "steps.csv")

@@ -82,3 +82,13 @@ class PipelineSkipsStep(Pipeline):
         if self.ctx.rank == 1:
             return
         super().optimizer_step(optimizer)
+
+
+class ProbeFails(DistributedDataParallel):
+    """Trains like DDP, but its communication ablation raises (on every rank alike): the
+    cell must still be an ok row, the probe's failure said in `comm_method`."""
+
+    variants = {"test_probe_fails": Variant("spawn", "DDP whose sync_off raises")}
+
+    def sync_off(self):
+        raise RuntimeError("sync_off broke on purpose")

@@ -1,0 +1,134 @@
+"""Where a step's time goes: the arithmetic of the breakdown, and reading a profiler trace.
+
+A timed step is split inline (bench.probes.PhaseClock) into data wait, forward, backward and
+optimizer. Communication hides inside those phases, so a probe after the timed steps
+(`Strategy.probe`) measures it two ways, each said in the row's `comm_method`:
+
+- ablation: steps with gradient synchronisation switched off (`Strategy.sync_off`),
+  alternated with ordinary steps on the same batch. The difference per phase is the
+  communication that is *exposed* there: the time a step is longer because of it.
+- profiler: a short torch.profiler window; the union of the collective ops' intervals
+  (gloo's and NCCL's, on whatever thread or stream they ran) is the communication's *total*
+  time per step. Total minus exposed is the part hidden under compute.
+
+The stacked parts of a step (data wait, forward, backward and optimizer compute, exposed
+communication, other) add up to the measured mean step time by construction; `other` is what
+the laps do not cover (the step's own bookkeeping), and a large one says the split is off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.probes import PHASES
+
+#: a collective op as torch.profiler names it: c10d's backends record `gloo:all_reduce`,
+#: `nccl:all_gather`..., and NCCL's kernels on the GPU are `ncclDevKernel_...`/`ncclKernel_...`
+COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc):|^nccl(Dev)?Kernel", re.IGNORECASE)
+
+#: stacked parts of a step, in plot order
+PARTS = (
+    "data_wait",
+    "forward",
+    "backward",
+    "optimizer",
+    "comm_exposed",
+    "other",
+)
+
+
+def union_ms(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals: overlapping ops count once."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def collective_intervals(events: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """(start, end) in ms of every collective op in a Chrome trace's events. On a GPU the
+    NCCL kernels are the communication (the CPU-side ops only enqueue them); without them,
+    the CPU-side ops (gloo runs its collectives on its own threads, and they last as long as
+    the transfer)."""
+    spans = [e for e in events if e.get("ph") == "X" and COLLECTIVE.search(str(e.get("name", "")))]
+    kernels = [e for e in spans if e.get("cat") == "kernel"]
+    return [
+        (float(e["ts"]) / 1e3, (float(e["ts"]) + float(e.get("dur", 0))) / 1e3)
+        for e in (kernels or spans)
+    ]
+
+
+def trace_comm(path: Path, steps: int) -> dict[str, float]:
+    """Communication per step from a torch.profiler Chrome trace of `steps` steps."""
+    events = json.loads(Path(path).read_text()).get("traceEvents", [])
+    spans = collective_intervals(events)
+    return {
+        "comm_total_ms": union_ms(spans) / steps if spans and steps else 0.0,
+        "comm_ops_per_step": len(spans) / steps if steps else float("nan"),
+    }
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def ablation(on: Sequence[Mapping[str, float]], off: Sequence[Mapping[str, float]]) -> dict:
+    """Exposed communication per phase from probe steps with synchronisation on and off
+    (phase -> ms per step): the difference of the medians, phase by phase."""
+    out: dict[str, float] = {}
+    for phase in PHASES:
+        out[f"comm_exposed_{phase}_ms"] = _median([s[phase] for s in on]) - _median(
+            [s[phase] for s in off]
+        )
+    out["comm_exposed_ms"] = _median([sum(s.values()) for s in on]) - _median(
+        [sum(s.values()) for s in off]
+    )
+    out["probe_step_ms"] = _median([sum(s.values()) for s in on])
+    out["probe_nosync_ms"] = _median([sum(s.values()) for s in off])
+    return out
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def stacked(
+    step_ms: float, data_ms: float, phase_ms: Mapping[str, float], probe: Mapping[str, Any]
+) -> dict[str, float]:
+    """The parts of a mean step (PARTS, in ms): each phase's compute is its measured time less
+    the communication exposed in it (clipped to [0, the phase]), the exposed communication is
+    their sum, and `other` closes the step. Without an ablation nothing is moved out of the
+    phases and exposed communication is nan."""
+    parts = {"data_wait": data_ms}
+    exposed = 0.0
+    have = not math.isnan(_num(probe.get("comm_exposed_ms")))
+    for phase in PHASES:
+        t = phase_ms.get(phase, float("nan"))
+        e = _num(probe.get(f"comm_exposed_{phase}_ms")) if have else 0.0
+        e = min(max(e, 0.0), t) if not math.isnan(e) else 0.0
+        parts[phase] = t - e
+        exposed += e
+    parts["comm_exposed"] = exposed if have else float("nan")
+    known = sum(v for v in parts.values() if not math.isnan(v))
+    parts["other"] = step_ms - known
+    return parts
+
+
+def hidden(total_ms: float, exposed_ms: float) -> float:
+    """Communication hidden under compute: the profiler's total less the ablation's exposed
+    part (nan where either is missing; never below 0)."""
+    if math.isnan(total_ms) or math.isnan(exposed_ms):
+        return float("nan")
+    return max(total_ms - max(exposed_ms, 0.0), 0.0)

@@ -1,0 +1,394 @@
+"""`parabench predict RUN_DIR --world-sizes 4,8,64 [--busbw GB/s | --link NAME]`: step time,
+samples/s and scaling efficiency at world sizes not run, from what the run measured.
+
+The model, per strategy and run option, from its one-process (world size 1) cell:
+
+    step(N) = data(N) + compute(N) + f * comm(N),   band [data + max(compute, comm), data + compute + comm]
+
+- compute(N): the cell's own step time at the per-rank batch of N ranks (the global batch
+  split N ways), measured after its timed steps (`Strategy.compute_curve`). On a CPU, a rank
+  of N shares the cores (cores / N threads each) while N fits the machine; past it each
+  rank is assumed a device like this run's one-process cell (all its threads), and beyond
+  the measured batches the time is a straight line fitted through them.
+- data(N): the one-process cell's data wait, split N ways.
+- comm(N): the collectives the strategy issues per step (`Strategy.traffic`: DDP's bucketed
+  all-reduce, ZeRO-1's parameter broadcast, FSDP's all-gathers and reduce-scatter, Horovod's
+  fused all-reduce), each timed with the run's measured latency-bandwidth fit (bench.collectives,
+  ring model extrapolated to N), or with a named link's stated bandwidth and latency.
+- f: the exposed share of communication, exposed / total as the probe measured it at another
+  world size of the same strategy (never the one predicted); without one, 1 (no overlap, the
+  band's top), as on a CPU, where gloo's threads and the compute share the same cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.config import ConfigError
+
+#: what-if links: (all-reduce bus bandwidth GB/s, latency per hop in µs), stated assumptions.
+#: NVLink 4 on H100 SXM: 900 GB/s both ways per GPU, 450 one way, the ceiling of busbw;
+#: InfiniBand NDR 400 Gb/s = 50 GB/s, HDR 200 Gb/s = 25 GB/s; Ethernet line rates / 8.
+#: Latencies are typical orders of magnitude, not measurements.
+LINKS: dict[str, tuple[float, float]] = {
+    "nvlink-h100": (450.0, 3.0),
+    "ib-400g": (50.0, 5.0),
+    "ib-200g": (25.0, 5.0),
+    "eth-100g": (12.5, 20.0),
+    "eth-25g": (3.125, 30.0),
+}
+WHAT_IF_SIZES = (8, 64)
+WHAT_IF_LINKS = ("nvlink-h100", "ib-400g", "eth-25g")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_ms: float
+    low_ms: float
+    high_ms: float
+    compute_ms: float
+    data_ms: float
+    comm_ms: float
+
+    def samples_per_s(self, global_batch: int, ms: float | None = None) -> float:
+        ms = self.step_ms if ms is None else ms
+        return global_batch / ms * 1e3 if ms > 0 else float("nan")
+
+
+def comm_ms(
+    traffic: Sequence[tuple[str, float, int]],
+    fits: Mapping[str, Mapping[str, Any]],
+    world_size: int,
+    *,
+    busbw_GBps: float | None = None,
+    alpha_us: float | None = None,
+) -> float:
+    """Time of one step's collectives at `world_size`: each op's calls, each of bytes / calls,
+    with the op's fit (or the all-reduce fit where an op was not measured)."""
+    from bench import collectives
+
+    total = 0.0
+    for op, nbytes, calls in traffic:
+        fit = fits.get(op) or fits.get("all_reduce")
+        if fit is None:
+            raise ConfigError(f"no collective fit for {op}: the run measured none")
+        if alpha_us is not None:  # a named link: its latency per hop, at any world size
+            fit = {**fit, "alpha_us": alpha_us * _hops(op, fit["world_size"])}
+        seconds = collectives.predict_seconds(
+            fit, op, nbytes / calls, world_size, busbw_GBps=busbw_GBps
+        )
+        total += calls * seconds * 1e3
+    return total
+
+
+def _hops(op: str, p: int) -> int:
+    from bench import collectives
+
+    return collectives._hops(op, p)
+
+
+def predict_step(
+    compute: float, data: float, comm: float, exposed_fraction: float | None = None
+) -> Prediction:
+    """One step from its parts (ms): comm exposed by `exposed_fraction` (1 when unknown),
+    between full overlap and none."""
+    f = 1.0 if exposed_fraction is None or math.isnan(exposed_fraction) else exposed_fraction
+    f = min(max(f, 0.0), 1.0)
+    # overlap cannot make a step shorter than its longer part
+    return Prediction(
+        step_ms=max(data + compute + f * comm, data + max(compute, comm)),
+        low_ms=data + max(compute, comm),
+        high_ms=data + compute + comm,
+        compute_ms=compute,
+        data_ms=data,
+        comm_ms=comm,
+    )
+
+
+def compute_at(curve: Sequence[Mapping[str, float]], batch: int, threads: int) -> tuple[float, str]:
+    """Step time at `batch` samples on `threads` threads from the measured curve: the point
+    itself, else a straight line through the points at `threads` (or the most threads)."""
+    exact = [p["ms"] for p in curve if p["batch"] == batch and p["threads"] == threads]
+    if exact:
+        return float(exact[0]), f"measured at batch {batch}, {threads} thread(s)"
+    pool = [p for p in curve if p["threads"] == threads] or [
+        p for p in curve if p["threads"] == max(q["threads"] for q in curve)
+    ]
+    if len({p["batch"] for p in pool}) < 2:
+        return float("nan"), "too few measured batch sizes to extrapolate"
+    b = np.array([p["batch"] for p in pool], dtype=float)
+    t = np.array([p["ms"] for p in pool], dtype=float)
+    slope, icpt = np.polyfit(b, t, 1)
+    return float(
+        max(icpt + slope * batch, 0.0)
+    ), f"line through batches {sorted(set(b.astype(int)))}"
+
+
+# ------------------------------------------------------------------ from a run directory
+
+
+def _records(run_dir: Path, row: Mapping[str, Any]) -> dict[str, Any]:
+    from bench.runner import cell_dirname
+
+    path = (
+        run_dir
+        / "cells"
+        / cell_dirname(row["strategy"], int(row["world_size"]), row["setting"], int(row["repeat"]))
+        / "epochs.jsonl"
+    )
+    if not path.exists():
+        return {}
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def model_shape(cfg: Any):
+    """Parameter bytes, tensors and FSDP units of the run's model, built on the meta device."""
+    from bench import data, models
+    from strategies.base import ModelShape
+    from strategies.fsdp import blocks
+
+    classes = models.default_classes(cfg)
+    if classes is None:
+        classes = data.load(cfg).num_classes
+    model = models.meta_model(cfg, classes)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return ModelShape(
+        param_bytes=sum(p.numel() * 4 for p in params),
+        tensors=len(params),
+        units=len(blocks(model)),
+    )
+
+
+def _fits(run_dir: Path) -> tuple[dict[str, dict], str]:
+    from bench import collectives
+
+    path = run_dir / "collectives.json"
+    if not path.exists():
+        raise ConfigError(
+            f"{run_dir} has no collectives.json: the run measured no collectives (it was run "
+            "with --no-collectives, or had no multi-process cell at a world size above 1)"
+        )
+    saved = collectives.load(path)
+    fits = saved.get("fits", {})
+    backend = (saved.get("meta") or {}).get("backend", "")
+    # the fit at the largest measured world size, per op
+    best: dict[str, dict] = {}
+    for fit in fits.values():
+        if not math.isfinite(float(fit.get("busbw_GBps", float("nan")))):
+            continue
+        op = fit["op"]
+        if op not in best or fit["world_size"] > best[op]["world_size"]:
+            best[op] = fit
+    return best, backend
+
+
+def predict_run(
+    run_dir: Path,
+    world_sizes: Sequence[int],
+    *,
+    busbw_GBps: float | None = None,
+    link: str | None = None,
+    holdout: bool = False,
+) -> list[dict[str, Any]]:
+    """Predictions for every modelled strategy of the run at `world_sizes` (rows). `holdout`:
+    the exposed share at world size N is never taken from the measured cell at N (the check
+    against measurement)."""
+    import pandas as pd
+
+    import strategies
+    from bench.env import device_count, resolve_device
+    from bench.probes import PHASES
+    from bench.report import counted_rows
+    from bench.runner import RunDir
+
+    rd = RunDir(run_dir)
+    if not rd.config_path.exists() or not rd.runs.path.exists():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.json / runs.csv)")
+    cfg = rd.config()
+    fits, _backend = _fits(run_dir)
+    alpha = None
+    if link is not None:
+        if link not in LINKS:
+            raise ConfigError(f"unknown link {link!r}; choose one of {', '.join(LINKS)}")
+        busbw_GBps, alpha = LINKS[link]
+    runs = pd.DataFrame(rd.runs.read())
+    if runs.empty:
+        return []
+    runs["epoch"] = pd.to_numeric(runs["epoch"], errors="coerce")
+    counted = counted_rows(runs)
+    num = ["world_size", "samples_per_s", "comm_exposed_ms", "comm_total_ms", "data_wait_ms_mean"]
+    for col in num:
+        counted[col] = pd.to_numeric(counted[col], errors="coerce")
+    shape = model_shape(cfg)
+    cpu = resolve_device(cfg.device) == "cpu"
+    gpus = 0 if cpu else device_count("cuda")
+    out = []
+    for (name, setting), group in counted.groupby(["strategy", "setting"]):
+        spec = strategies.registry().get(name)
+        one = group[group["world_size"] == 1]
+        if spec is None or one.empty or spec.cls is None:
+            continue
+        options = json.loads(one.iloc[0]["options"] or "{}") if one.iloc[0]["options"] else {}
+        precision = one.iloc[0]["precision"]
+        records = [_records(run_dir, r) for _, r in one.iterrows()]
+        curves = [rec.get("probe", {}).get("compute_curve") for rec in records]
+        curves = [c for c in curves if c]
+        measured_sps = one["samples_per_s"].median()
+        threads1 = int(float(one.iloc[0]["threads_per_rank"] or 1))
+        compute1 = float(
+            sum(pd.to_numeric(one[f"{p}_ms"], errors="coerce").median() for p in PHASES)
+        )
+        for n in world_sizes:
+            traffic = spec.cls.traffic(options, n, shape, precision)
+            if isinstance(traffic, str) or not curves:
+                continue
+            on_machine = n <= (threads1 if cpu else gpus)
+            per_rank = cfg.global_batch // n
+            if cpu and on_machine:
+                # N ranks on cores/N threads each share this machine's cores: together they
+                # do the one-process cell's work on the same cores, in about its time
+                compute, basis = compute1, "the one-process cell's compute: ranks share its cores"
+            else:
+                threads = threads1
+                times, bases = zip(*(compute_at(c, per_rank, threads) for c in curves), strict=True)
+                compute, basis = float(np.median(times)), bases[0]
+                if not on_machine:
+                    basis += "; each rank a device like the one-process cell's"
+            data_ms = float(one["data_wait_ms_mean"].median()) / n
+            comm = (
+                comm_ms(traffic, fits, n, busbw_GBps=busbw_GBps, alpha_us=alpha) if n > 1 else 0.0
+            )
+            others = group[(group["world_size"] > 1) & ~((group["world_size"] == n) & holdout)]
+            shares = (others["comm_exposed_ms"] / others["comm_total_ms"]).replace(
+                [np.inf, -np.inf], np.nan
+            )
+            f = float(shares.clip(0, 1).median()) if shares.notna().any() else None
+            pred = predict_step(compute, data_ms, comm, f)
+            measured = group[group["world_size"] == n]["samples_per_s"].median()
+            sps = pred.samples_per_s(cfg.global_batch)
+            out.append(
+                {
+                    "strategy": name,
+                    "setting": setting,
+                    "world_size": n,
+                    "link": link or ("custom" if busbw_GBps else "measured"),
+                    "busbw_GBps": busbw_GBps
+                    if busbw_GBps
+                    else fits.get("all_reduce", {}).get("busbw_GBps"),
+                    "compute_ms": compute,
+                    "data_ms": data_ms,
+                    "comm_ms": comm,
+                    "exposed_fraction": 1.0 if f is None else f,
+                    "step_ms": pred.step_ms,
+                    "step_ms_low": pred.low_ms,
+                    "step_ms_high": pred.high_ms,
+                    "samples_per_s": sps,
+                    "samples_per_s_low": pred.samples_per_s(cfg.global_batch, pred.high_ms),
+                    "samples_per_s_high": pred.samples_per_s(cfg.global_batch, pred.low_ms),
+                    "efficiency": sps / (n * measured_sps) if measured_sps > 0 else float("nan"),
+                    "measured_samples_per_s": measured,
+                    "error_pct": 100 * (sps / measured - 1)
+                    if measured == measured
+                    else float("nan"),
+                    "basis": basis,
+                }
+            )
+    return out
+
+
+COLUMNS = [
+    "strategy",
+    "setting",
+    "world_size",
+    "link",
+    "busbw_GBps",
+    "compute_ms",
+    "data_ms",
+    "comm_ms",
+    "exposed_fraction",
+    "step_ms",
+    "step_ms_low",
+    "step_ms_high",
+    "samples_per_s",
+    "samples_per_s_low",
+    "samples_per_s_high",
+    "efficiency",
+    "measured_samples_per_s",
+    "error_pct",
+    "basis",
+]
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = (
+        f"{'strategy':<18}{'ws':>4}{'link':>13}{'compute ms':>11}{'comm ms':>9}{'f':>6}"
+        f"{'samples/s':>11}{'band':>19}{'eff':>6}{'measured':>10}{'error':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        band = f"{r['samples_per_s_low']:.0f}-{r['samples_per_s_high']:.0f}"
+        meas = r["measured_samples_per_s"]
+        err = r["error_pct"]
+        lines.append(
+            f"{r['strategy']:<18}{r['world_size']:>4}{r['link']:>13}{r['compute_ms']:>11.2f}"
+            f"{r['comm_ms']:>9.2f}{r['exposed_fraction']:>6.2f}{r['samples_per_s']:>11.1f}"
+            f"{band:>19}{r['efficiency']:>6.2f}"
+            + (f"{meas:>10.1f}{err:>+7.1f}%" if meas == meas else f"{'–':>10}{'':>8}")
+        )
+    return "\n".join(lines)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected world sizes like 4,8,64, got {text!r}") from exc
+    if not sizes or any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError(f"world sizes are positive integers, got {text!r}")
+    return sizes
+
+
+def cmd_predict(a: argparse.Namespace) -> int:
+    import csv
+
+    run_dir = Path(a.run_dir)
+    if a.busbw is not None and not (a.busbw > 0 and math.isfinite(a.busbw)):
+        raise ConfigError(f"--busbw must be a positive number of GB/s, got {a.busbw}")
+    rows = predict_run(run_dir, a.world_sizes, busbw_GBps=a.busbw, link=a.link)
+    if not rows:
+        print(
+            "nothing to predict: no multi-process strategy with a world-size-1 cell whose "
+            "communication is modelled"
+        )
+        return 1
+    print(table(rows))
+    path = run_dir / "predict.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    print(f"predictions: {path}")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="step time, samples/s and efficiency at world sizes not run, from a run's "
+        "compute, its collectives' fit and each strategy's traffic",
+    )
+    p.add_argument("run_dir")
+    p.add_argument("--world-sizes", type=_sizes, default=(2, 4, 8, 64))
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--busbw", type=float, default=None, help="what-if bus bandwidth, GB/s")
+    where.add_argument("--link", default=None, help=f"what-if link: {', '.join(LINKS)}")
+    p.set_defaults(func=cmd_predict)

@@ -1,0 +1,251 @@
+"""Where the time goes (issue 12): the breakdown's arithmetic, the predictor on constructed
+cases with known answers, and one real run with the probes, traces and the scaling model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from bench import breakdown, predict
+from bench.probes import PhaseClock
+from bench.runner import run_matrix
+from strategies.base import ModelShape
+from tests.conftest import faulty_strategies, small_config
+
+# ---------------------------------------------------------------- arithmetic
+
+
+def test_union_counts_overlapping_ops_once() -> None:
+    assert breakdown.union_ms([(0, 2), (1, 3), (5, 6)]) == 4
+    assert breakdown.union_ms([(0, 10), (2, 3)]) == 10
+    assert breakdown.union_ms([]) == 0
+
+
+def test_collectives_are_found_on_any_thread_and_kernels_win_on_a_gpu() -> None:
+    cpu = [
+        {"ph": "X", "name": "gloo:all_reduce", "ts": 1000, "dur": 2000, "tid": 7},
+        {"ph": "X", "name": "gloo:all_gather", "ts": 2000, "dur": 2000, "tid": 9},
+        {"ph": "X", "name": "aten::mm", "ts": 0, "dur": 9000, "tid": 1},
+    ]
+    assert breakdown.union_ms(breakdown.collective_intervals(cpu)) == pytest.approx(3.0)
+    gpu = [
+        {"ph": "X", "name": "nccl:all_reduce", "ts": 0, "dur": 10, "cat": "cpu_op"},
+        {
+            "ph": "X",
+            "name": "ncclDevKernel_AllReduce_Sum_f32",
+            "ts": 50,
+            "dur": 4000,
+            "cat": "kernel",
+        },
+    ]
+    assert breakdown.collective_intervals(gpu) == [(0.05, 4.05)]
+
+
+def test_ablation_takes_the_difference_of_medians_per_phase() -> None:
+    on = [{"forward": 10, "backward": 30, "optimizer": 5}] * 3
+    off = [{"forward": 10, "backward": 22, "optimizer": 4}] * 3
+    out = breakdown.ablation(on, off)
+    assert out["comm_exposed_backward_ms"] == 8
+    assert out["comm_exposed_optimizer_ms"] == 1
+    assert out["comm_exposed_forward_ms"] == 0
+    assert out["comm_exposed_ms"] == 9
+
+
+def test_stacked_parts_add_up_to_the_step_and_move_exposed_comm_out() -> None:
+    probe = {"comm_exposed_ms": 9, "comm_exposed_backward_ms": 8, "comm_exposed_optimizer_ms": 1}
+    phases = {"forward": 10, "backward": 30, "optimizer": 5}
+    parts = breakdown.stacked(50.0, 4.0, phases, probe)
+    assert parts["backward"] == 22 and parts["optimizer"] == 4 and parts["comm_exposed"] == 9
+    assert sum(parts.values()) == pytest.approx(50.0)
+    assert parts["other"] == pytest.approx(1.0)
+    # noise: a phase faster with sync than without exposes nothing, and never more than itself
+    noisy = breakdown.stacked(
+        50.0,
+        4.0,
+        phases,
+        {"comm_exposed_ms": 1, "comm_exposed_forward_ms": -3, "comm_exposed_backward_ms": 99},
+    )
+    assert noisy["forward"] == 10 and noisy["backward"] == 0 and noisy["comm_exposed"] == 30
+    assert sum(noisy.values()) == pytest.approx(50.0)
+    # no ablation: nothing moved, exposed unknown
+    plain = breakdown.stacked(50.0, 4.0, phases, {})
+    assert math.isnan(plain["comm_exposed"]) and plain["backward"] == 30
+    assert breakdown.hidden(42.0, 5.0) == 37.0 and math.isnan(breakdown.hidden(float("nan"), 1))
+
+
+def test_phase_clock_laps_add_up_per_step() -> None:
+    clock = PhaseClock(torch.device("cpu"))
+    clock.begin()
+    clock.lap("forward")
+    clock.lap("backward")
+    clock.lap("backward")  # a second lap adds to the phase
+    clock.end()
+    clock.lap("optimizer")  # outside a step: ignored
+    (step,) = clock.steps()
+    assert set(step) == {"forward", "backward", "optimizer"} and step["optimizer"] == 0.0
+
+
+# ---------------------------------------------------------------- the predictor
+
+
+FIT = {"op": "all_reduce", "world_size": 2, "alpha_us": 100.0, "busbw_GBps": 1.0}
+
+
+def test_comm_time_of_a_known_traffic() -> None:
+    # 2 ranks: t = 2(p-1) a_hop + 2(p-1)/p n/B with a_hop = 100 us / 2 hops = 50 us
+    # one call of 1e6 bytes: 100 us + 1e6 / 1e9 s = 1.1 ms
+    assert predict.comm_ms([("all_reduce", 1e6, 1)], {"all_reduce": FIT}, 2) == pytest.approx(1.1)
+    # 8 ranks, two calls of 5e5 bytes: 2 x (14 x 50 us + 1.75 x 5e5 / 1e9 s) = 3.15 ms
+    assert predict.comm_ms([("all_reduce", 1e6, 2)], {"all_reduce": FIT}, 8) == pytest.approx(3.15)
+    # a named link: its latency per hop and bandwidth instead of the fit's
+    got = predict.comm_ms(
+        [("all_reduce", 1e6, 1)], {"all_reduce": FIT}, 8, busbw_GBps=10.0, alpha_us=5.0
+    )
+    assert got == pytest.approx(14 * 5e-3 + 1.75 * 1e6 / 1e10 * 1e3)
+
+
+def test_predicted_step_and_band() -> None:
+    p = predict.predict_step(compute=40.0, data=2.0, comm=10.0)
+    assert (p.step_ms, p.low_ms, p.high_ms) == (52.0, 42.0, 52.0)  # no overlap known: the top
+    half = predict.predict_step(40.0, 2.0, 10.0, exposed_fraction=0.5)
+    assert half.step_ms == 47.0
+    # overlap cannot make the step shorter than its longer part
+    assert predict.predict_step(5.0, 0.0, 10.0, exposed_fraction=0.0).step_ms == 10.0
+    assert p.samples_per_s(64) == pytest.approx(64 / 0.052)
+
+
+def test_compute_at_uses_the_point_or_a_line_through_the_points() -> None:
+    curve = [{"batch": b, "threads": 2, "ms": 1.0 + 0.5 * b} for b in (64, 32, 16)]
+    assert predict.compute_at(curve, 32, 2)[0] == 17.0
+    assert predict.compute_at(curve, 4, 2)[0] == pytest.approx(3.0)  # extrapolated
+    assert math.isnan(predict.compute_at(curve[:1], 4, 2)[0])
+
+
+def test_traffic_of_each_strategy_family() -> None:
+    import strategies
+
+    shape = ModelShape(param_bytes=100 * 2**20, tensors=10, units=4)
+    reg = strategies.registry()
+    ddp = reg["ddp_torchrun"].cls.traffic({}, 2, shape, "fp32")
+    assert ddp == [("all_reduce", 100 * 2**20, 4)]  # 25 MiB buckets
+    assert (
+        reg["ddp_fp16_hook"].cls.traffic({"comm_hook": "fp16"}, 2, shape, "fp32")[0][1]
+        == 50 * 2**20
+    )
+    assert isinstance(
+        reg["ddp_powersgd"].cls.traffic({"comm_hook": "powersgd"}, 2, shape, "fp32"), str
+    )
+    zero = reg["zero1"].cls.traffic({}, 2, shape, "fp32")
+    assert zero[1] == ("all_gather", 100 * 2**20, 10)
+    fsdp = reg["fsdp"].cls.traffic({}, 2, shape, "fp32")
+    assert fsdp == [("all_gather", 200 * 2**20, 10), ("reduce_scatter", 100 * 2**20, 5)]
+    zero2 = reg["fsdp_zero2"].cls.traffic({"reshard_after_forward": "false"}, 2, shape, "bf16")
+    assert zero2[0] == ("all_gather", 50 * 2**20, 5)
+    assert isinstance(reg["single"].cls.traffic({}, 1, shape, "fp32"), str)
+
+
+# ---------------------------------------------------------------- a real run
+
+
+@pytest.fixture(scope="module")
+def probed_run(tmp_path_factory, data_root):
+    """ddp_spawn at world sizes 1 and 2 with the probes, traces and the scaling model on,
+    and its twin without the probes (the probes must leave the trained model alone)."""
+    out = tmp_path_factory.mktemp("probed")
+    common = dict(strategies=("ddp_spawn",), world_sizes=(1, 2), save_params=True, max_steps=8)
+    run, _ = run_matrix(
+        small_config(
+            out,
+            data_root,
+            run_id="on",
+            probe_pairs=3,
+            profile_steps=2,
+            profile=True,
+            scaling_model=True,
+            **common,
+        ),
+        echo=lambda m: None,
+    )
+    bare, _ = run_matrix(small_config(out, data_root, run_id="off", **common), echo=lambda m: None)
+    return run, bare
+
+
+def test_probed_rows_break_the_step_down(probed_run) -> None:
+    run, _ = probed_run
+    rows = pd.read_csv(run / "runs.csv")
+    ws2 = rows[(rows.world_size == 2) & (rows.status == "ok")].iloc[0]
+    assert ws2["strategy"] == "ddp_spawn"
+    parts = [f"part_{p}_ms" for p in breakdown.PARTS]
+    assert ws2[parts].sum() == pytest.approx(ws2["step_time_ms_mean"], rel=1e-6)
+    assert abs(ws2["part_other_ms"]) < 0.05 * ws2["step_time_ms_mean"]  # the laps cover the step
+    assert ws2["comm_method"] == "ablation+profiler"
+    assert ws2["comm_total_ms"] > 0 and math.isfinite(ws2["comm_exposed_ms"])
+    assert ws2["rank_step_ms_max"] >= ws2["rank_step_ms_min"] > 0
+    assert 0 < ws2["mfu_pct"] < 100 and ws2["flops_per_sample"] > 0
+    # the trace opens and holds the collectives
+    events = json.loads((run / ws2["trace"]).read_text())["traceEvents"]
+    assert any(str(e.get("name", "")).startswith("gloo:") for e in events)
+
+
+def test_probes_leave_the_trained_model_alone(probed_run) -> None:
+    run, bare = probed_run
+    for cell in ("ddp_spawn-ws1-fp32-r0", "ddp_spawn-ws2-fp32-r0"):
+        a = torch.load(run / "cells" / cell / "params.pt")
+        b = torch.load(bare / "cells" / cell / "params.pt")
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{cell}: {k} changed by the probes"
+
+
+def test_predict_from_the_run(probed_run) -> None:
+    run, _ = probed_run
+    fits = json.loads((run / "collectives.json").read_text())["fits"]
+    assert {f["op"] for f in fits.values()} == {"all_reduce", "all_gather", "reduce_scatter"}
+    rows = predict.predict_run(run, [2, 64], holdout=True)
+    ws2 = next(r for r in rows if r["world_size"] == 2)
+    assert ws2["samples_per_s_low"] <= ws2["samples_per_s"] <= ws2["samples_per_s_high"]
+    assert ws2["measured_samples_per_s"] > 0 and math.isfinite(ws2["error_pct"])
+    assert next(r for r in rows if r["world_size"] == 64)["comm_ms"] > ws2["comm_ms"]
+    from bench import report
+
+    text = (report.render(run)).read_text()
+    assert "## Where the time goes" in text and "## Scaling: predicted and measured" in text
+
+
+def test_predict_cli_bad_input(probed_run, tmp_path, capsys) -> None:
+    from bench.cli import main
+
+    run, bare = probed_run
+    assert main(["predict", str(run), "--link", "carrier-pigeon"]) == 2
+    assert "unknown link" in capsys.readouterr().err
+    assert main(["predict", str(bare)]) == 2  # run without the scaling model
+    assert "collectives.json" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path)]) == 2
+    assert main(["predict", str(run), "--busbw", "-1"]) == 2
+    with pytest.raises(SystemExit) as bad:  # argparse's own: one line, exit 2
+        main(["predict", str(run), "--world-sizes", "0,2"])
+    assert bad.value.code == 2
+    assert main(["predict", str(run), "--world-sizes", "4,8", "--link", "ib-400g"]) == 0
+    assert (run / "predict.csv").exists()
+
+
+def test_a_failing_probe_loses_only_itself(tmp_path, data_root) -> None:
+    with faulty_strategies():
+        cfg = small_config(
+            tmp_path,
+            data_root,
+            strategies=("test_probe_fails",),
+            world_sizes=(2,),
+            max_steps=4,
+            probe_pairs=2,
+            run_id="p",
+        )
+        run, rows = run_matrix(cfg, echo=lambda m: None)
+    (row,) = rows
+    assert row["status"] == "ok", row["reason"]
+    assert row["comm_method"].startswith("none: the probe failed (RuntimeError: sync_off broke")
+    assert float(row["samples_per_s"]) > 0
