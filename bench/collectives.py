@@ -64,7 +64,8 @@ def bus_factor(op: str, p: int) -> float:
         raise ValueError(f"unknown collective {op!r}; known: {', '.join(BUS_FACTOR)}") from None
 
 
-def _hops(op: str, p: int) -> int:
+def hops(op: str, p: int) -> int:
+    """Ring steps of `op` on `p` ranks: 2(p-1) for all_reduce, p-1 for the others."""
     try:
         return RING_HOPS[op](p)
     except KeyError:
@@ -362,10 +363,10 @@ def predict_seconds(
     p_fit = int(model["world_size"])
     if p_fit < 2:
         raise ValueError("a fit on one rank has no per-step latency to carry over")
-    alpha_step = model["alpha_us"] * 1e-6 / _hops(model["op"], p_fit)
+    alpha_step = model["alpha_us"] * 1e-6 / hops(model["op"], p_fit)
     busbw = model["busbw_GBps"] if busbw_GBps is None else busbw_GBps
     transfer = bus_factor(op, world_size) * nbytes / (busbw * 1e9) if busbw != math.inf else 0.0
-    return _hops(op, world_size) * alpha_step + transfer
+    return hops(op, world_size) * alpha_step + transfer
 
 
 # ---------------------------------------------------------------- files and CLI

@@ -81,18 +81,12 @@ def comm_ms(
         if fit is None:
             raise ConfigError(f"no collective fit for {op}: the run measured none")
         if alpha_us is not None:  # a named link: its latency per hop, at any world size
-            fit = {**fit, "alpha_us": alpha_us * _hops(op, fit["world_size"])}
+            fit = {**fit, "alpha_us": alpha_us * collectives.hops(fit["op"], fit["world_size"])}
         seconds = collectives.predict_seconds(
             fit, op, nbytes / calls, world_size, busbw_GBps=busbw_GBps
         )
         total += calls * seconds * 1e3
     return total
-
-
-def _hops(op: str, p: int) -> int:
-    from bench import collectives
-
-    return collectives._hops(op, p)
 
 
 def predict_step(
@@ -113,23 +107,20 @@ def predict_step(
     )
 
 
-def compute_at(curve: Sequence[Mapping[str, float]], batch: int, threads: int) -> tuple[float, str]:
-    """Step time at `batch` samples on `threads` threads from the measured curve: the point
-    itself, else a straight line through the points at `threads` (or the most threads)."""
-    exact = [p["ms"] for p in curve if p["batch"] == batch and p["threads"] == threads]
-    if exact:
-        return float(exact[0]), f"measured at batch {batch}, {threads} thread(s)"
-    pool = [p for p in curve if p["threads"] == threads] or [
-        p for p in curve if p["threads"] == max(q["threads"] for q in curve)
-    ]
-    if len({p["batch"] for p in pool}) < 2:
+def compute_at(curve: Sequence[Mapping[str, float]], batch: int) -> tuple[float, str]:
+    """Step time at `batch` samples from the measured curve (batch -> ms): the point itself,
+    else the straight line through the two measured batches nearest to it (between them:
+    interpolated; below the smallest: that line's fixed cost and slope carried down)."""
+    points = sorted({int(p["batch"]): float(p["ms"]) for p in curve}.items())
+    exact = dict(points).get(batch)
+    if exact is not None:
+        return exact, f"measured at batch {batch}"
+    if len(points) < 2:
         return float("nan"), "too few measured batch sizes to extrapolate"
-    b = np.array([p["batch"] for p in pool], dtype=float)
-    t = np.array([p["ms"] for p in pool], dtype=float)
-    slope, icpt = np.polyfit(b, t, 1)
-    return float(
-        max(icpt + slope * batch, 0.0)
-    ), f"line through batches {sorted(set(b.astype(int)))}"
+    near = sorted(points, key=lambda p: (abs(p[0] - batch), p[0]))[:2]
+    (b0, t0), (b1, t1) = sorted(near)
+    t = t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+    return max(t, 0.0), f"line through batches {b0} and {b1}"
 
 
 # ------------------------------------------------------------------ from a run directory
@@ -150,45 +141,64 @@ def _records(run_dir: Path, row: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(lines[-1]) if lines else {}
 
 
-def model_shape(cfg: Any):
-    """Parameter bytes, tensors and FSDP units of the run's model, built on the meta device."""
-    from bench import data, models
+def model_shape(cfg: Any, num_classes: int | None):
+    """Parameter bytes, tensors, FSDP units and the root's own bytes of the run's model,
+    built on the meta device (no memory, no weights)."""
+    from bench import models
     from strategies.base import ModelShape
     from strategies.fsdp import blocks
 
-    classes = models.default_classes(cfg)
-    if classes is None:
-        classes = data.load(cfg).num_classes
-    model = models.meta_model(cfg, classes)
+    model = models.meta_model(cfg, num_classes)
     params = [p for p in model.parameters() if p.requires_grad]
+    units = blocks(model)
+    in_units = {id(p) for u in units for p in u.parameters()}
     return ModelShape(
         param_bytes=sum(p.numel() * 4 for p in params),
         tensors=len(params),
-        units=len(blocks(model)),
+        units=len(units),
+        root_bytes=sum(p.numel() * 4 for p in params if id(p) not in in_units),
     )
 
 
-def _fits(run_dir: Path) -> tuple[dict[str, dict], str]:
+def _shape(run_dir: Path):
+    """The model's shape as the run saved it (model.json)."""
+    from strategies.base import ModelShape
+
+    path = run_dir / "model.json"
+    try:
+        return ModelShape(**json.loads(path.read_text())["shape"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"{path}: no model shape to predict from ({type(exc).__name__}); the run was made "
+            "with --no-scaling-model or before parabench predict existed"
+        ) from None
+
+
+def _fits(run_dir: Path) -> dict[str, dict]:
+    """The collectives' fit per op at the largest world size measured (collectives.json)."""
     from bench import collectives
 
     path = run_dir / "collectives.json"
     if not path.exists():
         raise ConfigError(
             f"{run_dir} has no collectives.json: the run measured no collectives (it was run "
-            "with --no-collectives, or had no multi-process cell at a world size above 1)"
+            "with --no-scaling-model, or had no multi-process cell at a world size above 1)"
         )
-    saved = collectives.load(path)
-    fits = saved.get("fits", {})
-    backend = (saved.get("meta") or {}).get("backend", "")
-    # the fit at the largest measured world size, per op
-    best: dict[str, dict] = {}
-    for fit in fits.values():
-        if not math.isfinite(float(fit.get("busbw_GBps", float("nan")))):
-            continue
-        op = fit["op"]
-        if op not in best or fit["world_size"] > best[op]["world_size"]:
-            best[op] = fit
-    return best, backend
+    try:
+        fits = collectives.load(path).get("fits", {})
+        best: dict[str, dict] = {}
+        for fit in fits.values():
+            if not math.isfinite(float(fit.get("busbw_GBps", float("nan")))):
+                continue  # latency-bound or undetermined: no bandwidth to carry over
+            if int(fit["world_size"]) < 2:
+                continue
+            if fit["op"] not in best or fit["world_size"] > best[fit["op"]]["world_size"]:
+                best[fit["op"]] = fit
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
+    if not best:
+        raise ConfigError(f"{path} holds no fit with a bandwidth to predict from")
+    return best
 
 
 def predict_run(
@@ -197,15 +207,16 @@ def predict_run(
     *,
     busbw_GBps: float | None = None,
     link: str | None = None,
-    holdout: bool = False,
+    holdout: bool = True,
 ) -> list[dict[str, Any]]:
-    """Predictions for every modelled strategy of the run at `world_sizes` (rows). `holdout`:
-    the exposed share at world size N is never taken from the measured cell at N (the check
-    against measurement)."""
+    """Predictions for every modelled strategy of the run at `world_sizes` (rows). World
+    sizes that do not divide the global batch are left out. `holdout` (the default): the
+    exposed share at world size N is never taken from the cell measured at N, so the
+    measured figure checks the prediction. Efficiency: predicted samples/s over N times the
+    same strategy's one-process samples/s."""
     import pandas as pd
 
     import strategies
-    from bench.env import device_count, resolve_device
     from bench.probes import PHASES
     from bench.report import counted_rows
     from bench.runner import RunDir
@@ -213,56 +224,57 @@ def predict_run(
     rd = RunDir(run_dir)
     if not rd.config_path.exists() or not rd.runs.path.exists():
         raise ConfigError(f"{run_dir} is not a run directory (no config.json / runs.csv)")
-    cfg = rd.config()
-    fits, _backend = _fits(run_dir)
+    if link is not None and link not in LINKS:
+        raise ConfigError(f"unknown link {link!r}; choose one of {', '.join(LINKS)}")
+    try:
+        cfg = rd.config()
+        runs = pd.DataFrame(rd.runs.read())
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{run_dir}: unreadable run ({type(exc).__name__}: {exc})") from None
+    fits = _fits(run_dir)
+    shape = _shape(run_dir)
     alpha = None
     if link is not None:
-        if link not in LINKS:
-            raise ConfigError(f"unknown link {link!r}; choose one of {', '.join(LINKS)}")
         busbw_GBps, alpha = LINKS[link]
-    runs = pd.DataFrame(rd.runs.read())
+    what_if = busbw_GBps is not None
     if runs.empty:
         return []
     runs["epoch"] = pd.to_numeric(runs["epoch"], errors="coerce")
     counted = counted_rows(runs)
     num = ["world_size", "samples_per_s", "comm_exposed_ms", "comm_total_ms", "data_wait_ms_mean"]
+    num += [f"{p}_ms" for p in PHASES]
     for col in num:
         counted[col] = pd.to_numeric(counted[col], errors="coerce")
-    shape = model_shape(cfg)
-    cpu = resolve_device(cfg.device) == "cpu"
-    gpus = 0 if cpu else device_count("cuda")
     out = []
     for (name, setting), group in counted.groupby(["strategy", "setting"]):
         spec = strategies.registry().get(name)
         one = group[group["world_size"] == 1]
-        if spec is None or one.empty or spec.cls is None:
+        if spec is None or spec.cls is None or one.empty:
             continue
-        options = json.loads(one.iloc[0]["options"] or "{}") if one.iloc[0]["options"] else {}
-        precision = one.iloc[0]["precision"]
-        records = [_records(run_dir, r) for _, r in one.iterrows()]
-        curves = [rec.get("probe", {}).get("compute_curve") for rec in records]
+        first = one.iloc[0]
+        cpu = first["device"] != "cuda"  # where the run ran, not where this runs
+        options = json.loads(first["options"] or "{}")
+        curves = [
+            _records(run_dir, r).get("probe", {}).get("compute_curve") for _, r in one.iterrows()
+        ]
         curves = [c for c in curves if c]
-        measured_sps = one["samples_per_s"].median()
-        threads1 = int(float(one.iloc[0]["threads_per_rank"] or 1))
-        compute1 = float(
-            sum(pd.to_numeric(one[f"{p}_ms"], errors="coerce").median() for p in PHASES)
-        )
+        measured1 = one["samples_per_s"].median()
+        cores = int(float(first["threads_per_rank"] or 1))  # one process had them all
+        compute1 = float(sum(one[f"{p}_ms"].median() for p in PHASES))
         for n in world_sizes:
-            traffic = spec.cls.traffic(options, n, shape, precision)
-            if isinstance(traffic, str) or not curves:
+            traffic = spec.cls.traffic(options, n, shape, first["precision"])
+            if isinstance(traffic, str) or not curves or cfg.global_batch % n:
                 continue
-            on_machine = n <= (threads1 if cpu else gpus)
-            per_rank = cfg.global_batch // n
-            if cpu and on_machine:
+            if cpu and n <= cores:
                 # N ranks on cores/N threads each share this machine's cores: together they
                 # do the one-process cell's work on the same cores, in about its time
                 compute, basis = compute1, "the one-process cell's compute: ranks share its cores"
             else:
-                threads = threads1
-                times, bases = zip(*(compute_at(c, per_rank, threads) for c in curves), strict=True)
+                times, bases = zip(
+                    *(compute_at(c, cfg.global_batch // n) for c in curves), strict=True
+                )
                 compute, basis = float(np.median(times)), bases[0]
-                if not on_machine:
-                    basis += "; each rank a device like the one-process cell's"
+                basis += "; each rank a device like the one-process cell's"
             data_ms = float(one["data_wait_ms_mean"].median()) / n
             comm = (
                 comm_ms(traffic, fits, n, busbw_GBps=busbw_GBps, alpha_us=alpha) if n > 1 else 0.0
@@ -273,16 +285,20 @@ def predict_run(
             )
             f = float(shares.clip(0, 1).median()) if shares.notna().any() else None
             pred = predict_step(compute, data_ms, comm, f)
-            measured = group[group["world_size"] == n]["samples_per_s"].median()
+            measured = (
+                float("nan")
+                if what_if
+                else group[group["world_size"] == n]["samples_per_s"].median()
+            )
             sps = pred.samples_per_s(cfg.global_batch)
             out.append(
                 {
                     "strategy": name,
                     "setting": setting,
                     "world_size": n,
-                    "link": link or ("custom" if busbw_GBps else "measured"),
+                    "link": link or ("custom" if what_if else "measured"),
                     "busbw_GBps": busbw_GBps
-                    if busbw_GBps
+                    if what_if
                     else fits.get("all_reduce", {}).get("busbw_GBps"),
                     "compute_ms": compute,
                     "data_ms": data_ms,
@@ -294,7 +310,7 @@ def predict_run(
                     "samples_per_s": sps,
                     "samples_per_s_low": pred.samples_per_s(cfg.global_batch, pred.high_ms),
                     "samples_per_s_high": pred.samples_per_s(cfg.global_batch, pred.low_ms),
-                    "efficiency": sps / (n * measured_sps) if measured_sps > 0 else float("nan"),
+                    "efficiency": sps / (n * measured1) if measured1 > 0 else float("nan"),
                     "measured_samples_per_s": measured,
                     "error_pct": 100 * (sps / measured - 1)
                     if measured == measured
@@ -390,5 +406,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--world-sizes", type=_sizes, default=(2, 4, 8, 64))
     where = p.add_mutually_exclusive_group()
     where.add_argument("--busbw", type=float, default=None, help="what-if bus bandwidth, GB/s")
-    where.add_argument("--link", default=None, help=f"what-if link: {', '.join(LINKS)}")
+    where.add_argument(
+        "--link",
+        default=None,
+        choices=list(LINKS),
+        help="what-if link (its bandwidth and latency are stated assumptions: bench/predict.py)",
+    )
     p.set_defaults(func=cmd_predict)

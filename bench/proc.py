@@ -45,6 +45,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name where it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """`Type: first line of the message`, at most `limit` characters."""
+    return f"{type(exc).__name__}: {first_line(exc)}"[:limit]
+
+
 def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True

@@ -733,7 +733,9 @@ def scaling_markdown(run: Run) -> str:
         )
         text += (
             "\n\nWhat if: larger world sizes on named links, assumed (not measured): "
-            f"{links}; each rank a device like the one-process cell's.\n\n"
+            f"{links}. Past this machine's devices each rank is assumed a device like the "
+            "one-process cell's; efficiency is predicted samples/s over N times the same "
+            "strategy's one-process samples/s.\n\n"
             + md_table(
                 ["strategy", "ws", "link", "samples/s (band)", "efficiency"],
                 [
@@ -822,14 +824,16 @@ def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
         "option_sweep": summary,
     }
     extra: dict[str, dict[str, Any]] = {"time_split": {"bubbles": bubble_pcts(counted)}}
+    plot_of = dict(PLOTS)
+    if "part_forward_ms" in counted and counted["part_forward_ms"].notna().any():
+        # the step lapped: its parts stacked (a run from before the laps: compute and wait)
+        plot_of["time_split.png"] = "time_parts"
+        data["time_parts"] = counted
+        extra["time_parts"] = extra["time_split"]
     figs = {
         name: getattr(plots, fn)(data[fn], colours=colours, **extra.get(fn, {}))
-        for name, fn in PLOTS.items()
+        for name, fn in plot_of.items()
     }
-    if "part_forward_ms" in counted and counted["part_forward_ms"].notna().any():
-        figs["time_split.png"] = plots.time_parts(
-            counted, colours=colours, bubbles=bubble_pcts(counted)
-        )
     for name, fn in OPTIONAL_PLOTS.items():
         fig = getattr(plots, fn)(data[fn], colours=colours)
         if fig is not None:

@@ -711,9 +711,10 @@ def peak_key(device: str, threads: Any, precision: Any) -> str:
 
 
 def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) -> None:
-    """Model FLOPs per training sample (torch's FlopCounterMode) and the peak of the device
-    in each precision the run trains in (a GPU: its datasheet; a CPU: a matrix product
-    timed here, at each thread count a rank gets), saved as model.json for the rows' MFU."""
+    """Model FLOPs per training sample (torch's FlopCounterMode), the shape of its
+    parameters (for `parabench predict`) and the peak of the device in each precision the
+    run trains in (a GPU: its datasheet; a CPU: a matrix product timed here, at each thread
+    count a rank gets), saved as model.json for the rows' MFU."""
     from bench import flops, models
 
     path = run_dir / "model.json"
@@ -722,9 +723,12 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
     device = resolve_device(cfg.device)
     bundle = data.load(cfg)
     fps = flops.train_flops_per_sample(cfg, bundle.num_classes, bundle.spec or models.spec(cfg))
+    from bench.predict import model_shape
+
     info: dict[str, Any] = {
         "flops_per_sample": fps,
         "flops_note": "" if fps else "FLOPs not countable for this model",
+        "shape": dataclasses.asdict(model_shape(cfg, bundle.num_classes)),
         "peaks": {},
     }
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -743,7 +747,9 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
         if key in info["peaks"] or precision not in dtypes:
             continue
         if device == "cuda":
-            tf32 = torch.backends.cuda.matmul.allow_tf32
+            # fp32 products may run on the tensor cores in TF32: cuDNN's convolutions do by
+            # default, matrix products where torch allows it; then the TF32 peak applies
+            tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
             info["peaks"][key] = flops.peak_for(names[0] if names else "", precision, tf32)
         else:
             peak = flops.measured_cpu_peak(threads, dtypes[precision])

@@ -430,7 +430,10 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
         epochs=1,
         max_steps=steps,
         warmup_steps=0,
-        scaling_model=False,  # parity needs no scaling model
+        scaling_model=False,  # parity needs no scaling model, nor the probes' time
+        probe_pairs=0,
+        profile_steps=0,
+        profile=False,
         repeats=1,
         eval_samples=0,
         save_params=True,

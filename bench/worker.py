@@ -97,7 +97,7 @@ def run(spec: dict[str, Any]) -> None:
             "rank": ctx.rank,
             "time": time.time(),
             "type": type(exc).__name__,
-            "message": str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            "message": proc.first_line(exc),
             "oom": proc.is_oom(exc),
             "traceback": traceback.format_exc(),
         }
@@ -163,10 +163,10 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                 warmup_steps=cfg.warmup_steps,
                 on_step=report.step if report is not None else None,
             )
+            extra = strategy.cell_metrics(stats.warmup_steps)  # of the timed steps only
             probe = _probe(strategy, cfg, cell_dir) if epoch == cfg.epochs - 1 else {}
             evaluates = ctx.rank == 0 or strategy.collective_eval
             metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
-            extra = strategy.cell_metrics(stats.warmup_steps)
             ranks = strategy.gather(
                 {
                     "rank": ctx.rank,
@@ -225,17 +225,18 @@ def _probe(strategy: Strategy, cfg: RunConfig, cell_dir: Path) -> dict[str, Any]
     if strategy.last_batch is None:
         return {}
     out: dict[str, Any] = {}
-    if ranks == 1 and cfg.scaling_model and _modelled(strategy):
-        out["compute_curve"] = strategy.compute_curve()
-    if ranks > 1 or cfg.profile:
-        keep = cell_dir / "trace.json" if cfg.profile and strategy.ctx.rank == 0 else None
-        try:
+    keep = cell_dir / "trace.json" if cfg.profile and strategy.ctx.rank == 0 else None
+    # the timed steps are measured: a probe that fails loses only itself (where it fails on
+    # one rank only, its peers wait in a collective until the process-group timeout)
+    try:
+        if ranks == 1 and cfg.scaling_model and _modelled(strategy):
+            out["compute_curve"] = strategy.compute_curve()
+        if ranks > 1 or cfg.profile:
             out |= strategy.probe(cfg.probe_pairs if ranks > 1 else 0, cfg.profile_steps, keep)
-        except Exception as exc:  # the timed steps are measured: a probe loses only itself
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            out["error"] = f"{type(exc).__name__}: {first}"[:300]
-        if keep is not None and keep.exists():
-            out["trace"] = keep.name
+    except Exception as exc:
+        out["error"] = proc.one_line(exc)
+    if keep is not None and keep.exists():
+        out["trace"] = keep.name
     return out
 
 

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
 from bench.models import cross_entropy
-from bench.probes import PhaseClock, StepRecord, StepTimer, memory_snapshot, model_state_mib
+from bench.probes import PHASES, PhaseClock, StepRecord, StepTimer, memory_snapshot, model_state_mib
 from strategies import precision as prec
 
 
@@ -95,12 +96,14 @@ class EpochStats:
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
     """What the communication of a step depends on: bytes of the parameters (fp32; the
-    gradients are as many), how many tensors they are, and how many units FSDP shards one
-    by one (its blocks, without the root)."""
+    gradients are as many), how many tensors they are, how many units FSDP shards one by
+    one (its blocks, without the root) and the root's own bytes."""
 
     param_bytes: int
     tensors: int
     units: int
+    #: bytes of the parameters outside those units (FSDP's root keeps them gathered)
+    root_bytes: int = 0
 
 
 #: one step's collectives per rank: (op, bytes of the whole buffer, calls it is split into)
@@ -127,6 +130,9 @@ class Strategy:
     #: why torch.profiler cannot see this strategy's collectives (then the probe's
     #: communication total is unknown, not 0); empty: it sees them (c10d's gloo and NCCL)
     comm_unseen: ClassVar[str] = ""
+    #: whether a step under sync_off() has local gradients for its optimizer step; FSDP's
+    #: stay on the unsharded parameters, so its ablation compares forward and backward only
+    sync_off_steps_optimizer: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -357,79 +363,90 @@ class Strategy:
         (called on every rank: its steps hold collectives). `pairs` steps with gradient
         synchronisation and as many without (alternating, so drift hits both alike), then
         `profile_steps` steps under torch.profiler, whose Chrome trace goes to `trace` (a
-        temporary file when None). The model is left as the timed steps left it: the steps
-        run with a learning rate of 0 and the buffers (BatchNorm statistics) are restored."""
+        temporary file when None). The weights and buffers are left as the timed steps left
+        them (`_frozen`); the optimizer's own state (momentum, step counts) is not, and
+        nothing reads it after the last epoch."""
         from bench import breakdown
 
         assert self.model is not None and self.optimizer is not None and self.last_batch
         x, y = self.last_batch
         out: dict[str, Any] = {}
-        rates = [g.get("lr") for g in self.optimizer.param_groups]
-        try:
-            for g in self.optimizer.param_groups:
-                g["lr"] = 0.0
-            with buffers_kept(self.unwrap(self.model)):
-                if pairs and self.sync_off() is not None:
-                    on, off = self._ablation(x, y, pairs)
-                    out |= breakdown.ablation(on, off)
-                    out["comm_method"] = "ablation"
-                if profile_steps:
-                    out |= self._profiled(x, y, profile_steps, trace)
-                    out["comm_method"] = "+".join(
-                        m for m in (out.get("comm_method"), "profiler") if m
-                    )
-        finally:
-            for g, lr in zip(self.optimizer.param_groups, rates, strict=True):
-                g["lr"] = lr
+        with self._frozen():
+            why = self.no_ablation()
+            if pairs and why is None:
+                on, off = self._ablation(x, y, pairs)
+                phases = PHASES if self.sync_off_steps_optimizer else ("forward", "backward")
+                out |= breakdown.ablation(on, off, phases)
+                out["comm_method"] = "ablation"
+            elif pairs:
+                out["ablation_skipped"] = why
+            if profile_steps:
+                out |= self._profiled(x, y, profile_steps, trace)
+                out["comm_method"] = "+".join(m for m in (out.get("comm_method"), "profiler") if m)
         return out
 
-    def compute_curve(self, max_ranks: int = 64, steps: int = 3) -> list[dict[str, float]]:
-        """A one-process cell's step time at the per-rank batch of N ranks (the global batch
-        split N ways, N = 1, 2, 4, ... up to `max_ranks`): on a CPU both with all this
-        process's threads and with the share a rank gets when N ranks split the cores; what
-        the scaling predictor (bench.predict) builds its compute part from. Median of
-        `steps` steps after one warm-up step per batch size, learning rate 0, buffers kept."""
-        assert self.optimizer is not None and self.last_batch is not None
-        x, y = self.last_batch
-        threads = torch.get_num_threads()
-        cpu = self.ctx.device.type == "cpu"
-        k = self.setting.accumulate
-        points: dict[tuple[int, int], None] = {}
-        n = 1
-        while n <= max_ranks and len(x) // n >= k and (len(x) // n) % k == 0:
-            points[(len(x) // n, threads)] = None
-            if cpu:
-                points[(len(x) // n, max(1, threads // n))] = None
-            n *= 2
-        out = []
+    def no_ablation(self) -> str | None:
+        """Why the communication ablation cannot run here, or None."""
+        if self.sync_off() is None:
+            return "no gradient synchronisation to switch off"
+        if self.precision_plugin.scaling:
+            # rank-local gradients may overflow on one rank only: its GradScaler would skip
+            # a step (and the step's collectives) that the others take
+            return "loss scaling: a rank-local overflow would skip one rank's step"
+        return None
+
+    @contextlib.contextmanager
+    def _frozen(self) -> Iterator[None]:
+        """Steps that leave the weights and buffers as they were: a learning rate of 0
+        (bit-exact for SGD, Adam and AdamW: the update is multiplied by 0), the buffers
+        (BatchNorm statistics) restored, torch's thread count restored."""
+        assert self.optimizer is not None
         rates = [g.get("lr") for g in self.optimizer.param_groups]
+        threads = torch.get_num_threads()
         try:
             for g in self.optimizer.param_groups:
                 g["lr"] = 0.0
             with buffers_kept(self.unwrap(self.model)):
-                for batch, t in points:
-                    torch.set_num_threads(t)
-                    self.clock = PhaseClock(self.ctx.device)
-                    for _ in range(steps + 1):
-                        self._probe_step(x[:batch], y[:batch])
-                    ms = [sum(s.values()) for s in self.clock.steps()[1:]]
-                    out.append(
-                        {"batch": batch, "threads": t, "ms": float(sorted(ms)[len(ms) // 2])}
-                    )
+                yield
         finally:
             torch.set_num_threads(threads)
             for g, lr in zip(self.optimizer.param_groups, rates, strict=True):
                 g["lr"] = lr
+
+    def compute_curve(self, max_ranks: int = 64, steps: int = 3) -> list[dict[str, float]]:
+        """A one-process cell's step time at the per-rank batch of N ranks (the global batch
+        split N ways, N = 1, 2, 4, ... up to `max_ranks`, at least 2 samples per
+        micro-batch), with this process's threads: what the scaling predictor
+        (bench.predict) builds a rank's compute from where each rank has a device like this
+        one. Median of `steps` steps after one warm-up step per batch size, frozen."""
+        assert self.optimizer is not None and self.last_batch is not None
+        x, y = self.last_batch
+        k = self.setting.accumulate
+        batches = []
+        n = 1
+        while n <= max_ranks and len(x) // n >= 2 * k and (len(x) // n) % k == 0:
+            batches.append(len(x) // n)
+            n *= 2
+        out = []
+        threads = torch.get_num_threads()
+        with self._frozen():
+            for batch in batches:
+                self.clock = PhaseClock(self.ctx.device)
+                for _ in range(steps + 1):
+                    self._probe_step(x[:batch], y[:batch])
+                ms = [sum(s.values()) for s in self.clock.steps()[1:]]
+                out.append({"batch": batch, "threads": threads, "ms": float(np.median(ms))})
         return out
 
-    def _probe_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def _probe_step(self, x: torch.Tensor, y: torch.Tensor, *, step: bool = True) -> None:
         assert self.optimizer is not None
         self.clock.begin()
         self.zero_grad(self.optimizer)
         self.clock.lap("optimizer")
         self.forward_backward(x, y)
         self.clock.lap("backward")
-        self.optimizer_step(self.optimizer)
+        if step:
+            self.optimizer_step(self.optimizer)
         self.clock.lap("optimizer")
         self.clock.end()
 
@@ -439,7 +456,7 @@ class Strategy:
         for i in range(pairs):
             for sync in (True, False) if i % 2 == 0 else (False, True):
                 with contextlib.nullcontext() if sync else self.sync_off():
-                    self._probe_step(x, y)
+                    self._probe_step(x, y, step=sync or self.sync_off_steps_optimizer)
                 synced.append(sync)
         steps = self.clock.steps()
         on = [s for s, sync in zip(steps, synced, strict=True) if sync]
@@ -467,7 +484,7 @@ class Strategy:
         with tempfile.TemporaryDirectory() as tmp:
             path = trace or Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
-            seen = breakdown.trace_comm(path, steps)
+            seen = breakdown.trace_comm(path, steps, self.processes(self.ctx.world_size))
         if self.comm_unseen:
             seen = dict.fromkeys(seen, float("nan"))
         return {**seen, "profiled_steps": steps}

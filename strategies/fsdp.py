@@ -58,13 +58,17 @@ class FSDP2(TorchDistributed):
     def traffic(cls, options, world_size, shape, precision):
         # per unit: an all-gather of its parameters for forward, again for backward when it
         # was resharded after forward, and a reduce-scatter of its gradients (reduced in fp32)
-        wire = shape.param_bytes * (0.5 if precision in ("bf16", "fp16") else 1.0)
-        units = shape.units + 1  # and the root
-        reshard = flag(options.get("reshard_after_forward", "true"))
-        gathers = 2 if reshard else 1
+        # (the root keeps its parameters gathered from forward to backward: once)
+        half = 0.5 if precision in ("bf16", "fp16") else 1.0
+        blocks = shape.param_bytes - shape.root_bytes
+        gathers = 2 if flag(options.get("reshard_after_forward", "true")) else 1
         return [
-            ("all_gather", gathers * wire, gathers * units),
-            ("reduce_scatter", float(shape.param_bytes), units),
+            (
+                "all_gather",
+                half * (gathers * blocks + shape.root_bytes),
+                gathers * shape.units + 1,
+            ),
+            ("reduce_scatter", float(shape.param_bytes), shape.units + 1),
         ]
 
     def make_precision(self, name: str) -> prec.Precision:
@@ -111,14 +115,22 @@ class FSDP2(TorchDistributed):
         assert self.model is not None
         return getattr(self.model, "_orig_mod", self.model)  # under torch.compile's wrapper
 
+    _grad_sync = True  # what no_sync() restores: it nests (the ablation around accumulation)
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         module = self.fsdp_module()
+        before = self._grad_sync
         module.set_requires_gradient_sync(False)
+        self._grad_sync = False
         try:
             yield
         finally:
-            module.set_requires_gradient_sync(True)
+            module.set_requires_gradient_sync(before)
+            self._grad_sync = before
+
+    #: without sync the gradients stay on the unsharded parameters: nothing to step with
+    sync_off_steps_optimizer = False
 
     def sync_off(self) -> contextlib.AbstractContextManager:
         # the gradients' reduce-scatter stops; the parameters' all-gathers cannot (they are

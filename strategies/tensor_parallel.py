@@ -173,6 +173,10 @@ class FSDPTensorParallel(TensorParallelMixin, FSDP2):
         return int(self.options.get("tp", 2))
 
     @classmethod
+    def traffic(cls, options, world_size, shape, precision):
+        return "tensor parallel's activations and the 2-D mesh are not modelled"
+
+    @classmethod
     def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
         tp = int(options.get("tp", 2))
         if tp < 2 or world_size % tp or world_size // tp < 2:

@@ -53,6 +53,9 @@ def test_ablation_takes_the_difference_of_medians_per_phase() -> None:
     assert out["comm_exposed_optimizer_ms"] == 1
     assert out["comm_exposed_forward_ms"] == 0
     assert out["comm_exposed_ms"] == 9
+    # FSDP's sync-off steps have no optimizer step: that phase is not compared
+    fsdp = breakdown.ablation(on, [{**s, "optimizer": 0.1} for s in off], ("forward", "backward"))
+    assert fsdp["comm_exposed_optimizer_ms"] == 0 and fsdp["comm_exposed_ms"] == 8
 
 
 def test_stacked_parts_add_up_to_the_step_and_move_exposed_comm_out() -> None:
@@ -75,6 +78,15 @@ def test_stacked_parts_add_up_to_the_step_and_move_exposed_comm_out() -> None:
     plain = breakdown.stacked(50.0, 4.0, phases, {})
     assert math.isnan(plain["comm_exposed"]) and plain["backward"] == 30
     assert breakdown.hidden(42.0, 5.0) == 37.0 and math.isnan(breakdown.hidden(float("nan"), 1))
+
+
+def test_no_collective_seen_on_several_ranks_is_unknown_not_zero(tmp_path) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_text(
+        json.dumps({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 5}]})
+    )
+    assert breakdown.trace_comm(trace, 2, ranks=1)["comm_total_ms"] == 0.0
+    assert math.isnan(breakdown.trace_comm(trace, 2, ranks=2)["comm_total_ms"])
 
 
 def test_phase_clock_laps_add_up_per_step() -> None:
@@ -101,6 +113,10 @@ def test_comm_time_of_a_known_traffic() -> None:
     assert predict.comm_ms([("all_reduce", 1e6, 1)], {"all_reduce": FIT}, 2) == pytest.approx(1.1)
     # 8 ranks, two calls of 5e5 bytes: 2 x (14 x 50 us + 1.75 x 5e5 / 1e9 s) = 3.15 ms
     assert predict.comm_ms([("all_reduce", 1e6, 2)], {"all_reduce": FIT}, 8) == pytest.approx(3.15)
+    # an op without its own fit takes the all-reduce fit's per-hop latency: 50 us
+    assert predict.comm_ms([("all_gather", 1e6, 1)], {"all_reduce": FIT}, 2) == pytest.approx(
+        0.05 + 0.5
+    )
     # a named link: its latency per hop and bandwidth instead of the fit's
     got = predict.comm_ms(
         [("all_reduce", 1e6, 1)], {"all_reduce": FIT}, 8, busbw_GBps=10.0, alpha_us=5.0
@@ -118,11 +134,14 @@ def test_predicted_step_and_band() -> None:
     assert p.samples_per_s(64) == pytest.approx(64 / 0.052)
 
 
-def test_compute_at_uses_the_point_or_a_line_through_the_points() -> None:
-    curve = [{"batch": b, "threads": 2, "ms": 1.0 + 0.5 * b} for b in (64, 32, 16)]
-    assert predict.compute_at(curve, 32, 2)[0] == 17.0
-    assert predict.compute_at(curve, 4, 2)[0] == pytest.approx(3.0)  # extrapolated
-    assert math.isnan(predict.compute_at(curve[:1], 4, 2)[0])
+def test_compute_at_uses_the_point_or_the_line_through_its_nearest_points() -> None:
+    curve = [{"batch": b, "threads": 2, "ms": ms} for b, ms in ((64, 40.0), (32, 22.0), (16, 12.0))]
+    assert predict.compute_at(curve, 32)[0] == 22.0
+    assert predict.compute_at(curve, 48)[0] == pytest.approx(31.0)  # between 32 and 64
+    # below the smallest: the line through 16 and 32 (10 ms per 16 samples, 2 ms fixed)
+    assert predict.compute_at(curve, 8)[0] == pytest.approx(7.0)
+    assert predict.compute_at(curve, 0)[0] == pytest.approx(2.0)
+    assert math.isnan(predict.compute_at(curve[:1], 4)[0])
 
 
 def test_traffic_of_each_strategy_family() -> None:
@@ -142,9 +161,13 @@ def test_traffic_of_each_strategy_family() -> None:
     zero = reg["zero1"].cls.traffic({}, 2, shape, "fp32")
     assert zero[1] == ("all_gather", 100 * 2**20, 10)
     fsdp = reg["fsdp"].cls.traffic({}, 2, shape, "fp32")
-    assert fsdp == [("all_gather", 200 * 2**20, 10), ("reduce_scatter", 100 * 2**20, 5)]
+    assert fsdp == [("all_gather", 200 * 2**20, 9), ("reduce_scatter", 100 * 2**20, 5)]
+    # the root keeps its parameters gathered from forward to backward: gathered once
+    rooted = ModelShape(param_bytes=100 * 2**20, tensors=10, units=4, root_bytes=40 * 2**20)
+    assert reg["fsdp"].cls.traffic({}, 2, rooted, "fp32")[0] == ("all_gather", 160 * 2**20, 9)
     zero2 = reg["fsdp_zero2"].cls.traffic({"reshard_after_forward": "false"}, 2, shape, "bf16")
     assert zero2[0] == ("all_gather", 50 * 2**20, 5)
+    assert isinstance(reg["fsdp_tp"].cls.traffic({}, 4, shape, "fp32"), str)
     assert isinstance(reg["single"].cls.traffic({}, 1, shape, "fp32"), str)
 
 
@@ -205,11 +228,12 @@ def test_predict_from_the_run(probed_run) -> None:
     run, _ = probed_run
     fits = json.loads((run / "collectives.json").read_text())["fits"]
     assert {f["op"] for f in fits.values()} == {"all_reduce", "all_gather", "reduce_scatter"}
-    rows = predict.predict_run(run, [2, 64], holdout=True)
+    rows = predict.predict_run(run, [2, 16, 64], holdout=True)  # 64 does not divide 32
     ws2 = next(r for r in rows if r["world_size"] == 2)
     assert ws2["samples_per_s_low"] <= ws2["samples_per_s"] <= ws2["samples_per_s_high"]
     assert ws2["measured_samples_per_s"] > 0 and math.isfinite(ws2["error_pct"])
-    assert next(r for r in rows if r["world_size"] == 64)["comm_ms"] > ws2["comm_ms"]
+    assert {r["world_size"] for r in rows} == {2, 16}
+    assert next(r for r in rows if r["world_size"] == 16)["comm_ms"] > ws2["comm_ms"]
     from bench import report
 
     text = (report.render(run)).read_text()
@@ -220,8 +244,9 @@ def test_predict_cli_bad_input(probed_run, tmp_path, capsys) -> None:
     from bench.cli import main
 
     run, bare = probed_run
-    assert main(["predict", str(run), "--link", "carrier-pigeon"]) == 2
-    assert "unknown link" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:
+        main(["predict", str(run), "--link", "carrier-pigeon"])
+    assert bad.value.code == 2
     assert main(["predict", str(bare)]) == 2  # run without the scaling model
     assert "collectives.json" in capsys.readouterr().err
     assert main(["predict", str(tmp_path)]) == 2
@@ -229,8 +254,15 @@ def test_predict_cli_bad_input(probed_run, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as bad:  # argparse's own: one line, exit 2
         main(["predict", str(run), "--world-sizes", "0,2"])
     assert bad.value.code == 2
+    (run / "garbled").mkdir()
+    for name in ("config.json", "runs.csv", "model.json"):
+        (run / "garbled" / name).write_text((run / name).read_text())
+    (run / "garbled" / "collectives.json").write_text("{not json")
+    assert main(["predict", str(run / "garbled")]) == 2
+    assert "unreadable" in capsys.readouterr().err
     assert main(["predict", str(run), "--world-sizes", "4,8", "--link", "ib-400g"]) == 0
-    assert (run / "predict.csv").exists()
+    written = pd.read_csv(run / "predict.csv")
+    assert set(written["world_size"]) == {4, 8} and written["measured_samples_per_s"].isna().all()
 
 
 def test_a_failing_probe_loses_only_itself(tmp_path, data_root) -> None:
@@ -249,3 +281,47 @@ def test_a_failing_probe_loses_only_itself(tmp_path, data_root) -> None:
     assert row["status"] == "ok", row["reason"]
     assert row["comm_method"].startswith("none: the probe failed (RuntimeError: sync_off broke")
     assert float(row["samples_per_s"]) > 0
+
+
+def test_fsdp_ablation_compares_forward_and_backward_even_with_accumulation(
+    tmp_path, data_root
+) -> None:
+    """FSDP's sync-off steps keep their gradients unsharded (no optimizer step to compare),
+    and its no_sync() nests: the ablation around accumulation's own no_sync stays off."""
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        strategies=("fsdp",),
+        world_sizes=(2,),
+        accumulate=(2,),
+        max_steps=4,
+        probe_pairs=2,
+        profile_steps=1,
+        run_id="f",
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    (row,) = rows
+    assert row["status"] == "ok", row["reason"]
+    assert row["comm_method"] == "ablation+profiler"
+    assert float(row["comm_exposed_optimizer_ms"]) == 0.0
+    assert float(row["comm_total_ms"]) > 0
+
+
+def test_fsdp_no_sync_nests() -> None:
+    from strategies.base import RankContext
+    from strategies.fsdp import FSDP2
+
+    class Module:
+        calls: list[bool] = []
+
+        def set_requires_gradient_sync(self, on: bool) -> None:
+            self.calls.append(on)
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"), seed=0)
+    fsdp = FSDP2(ctx)
+    fsdp.model = Module()
+    with fsdp.sync_off():
+        with fsdp.no_sync():  # accumulation's, inside the ablation's
+            pass
+        assert Module.calls == [False, False, False]  # still off after the inner one
+    assert Module.calls[-1] is True
