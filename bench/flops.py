@@ -20,6 +20,7 @@ import inspect
 import math
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -285,6 +286,23 @@ def _timed(a: torch.Tensor, b: torch.Tensor) -> float:
     start = time.perf_counter()
     torch.mm(a, b)
     return max(time.perf_counter() - start, 1e-9)
+
+
+#: CPU flags (Linux /proc/cpuinfo) of units that multiply in a precision natively
+CPU_UNITS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+
+def cpu_has_units(precision: str, cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies in `precision` natively (bf16/fp16 instructions); without
+    them torch computes through fp32, and a matmul timed in that precision is slower than
+    any model reaches (an MFU over 100 %)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = set(cpuinfo.split())
+    return any(f in flags for f in CPU_UNITS.get(precision, ()))
 
 
 def mfu(

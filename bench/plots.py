@@ -803,7 +803,10 @@ def time_parts(
         named.add(cell[0])
         step = float(values["step_time_ms_mean"])
         comm = float(values["part_comm_exposed_ms"])
-        said = [f"{100 * comm / step:.0f}% comm" if np.isfinite(comm) and step > 0 else "comm –"]
+        if np.isfinite(comm) and step > 0:
+            said = [f"{100 * comm / step:.0f}% comm"]
+        else:  # one rank has no one to talk to; several without an ablation: not measured
+            said = ["no comm" if cell[1] == 1 else "comm not measured"]
         bubble = (bubbles or {}).get(cell)
         if bubble is not None and np.isfinite(bubble):
             said.append(f"{bubble:.0f}% bubble")

@@ -752,8 +752,15 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
             tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32
             info["peaks"][key] = flops.peak_for(names[0] if names else "", precision, tf32)
         else:
-            peak = flops.measured_cpu_peak(threads, dtypes[precision])
-            info["peaks"][key] = (peak, f"measured: {precision} matmul on {threads} thread(s)")
+            # a CPU without bf16/fp16 units computes them through fp32: fp32's peak is theirs
+            native = precision == "fp32" or flops.cpu_has_units(precision)
+            measured = precision if native else "fp32"
+            peak = flops.measured_cpu_peak(threads, dtypes[measured])
+            why = "" if native else f" (no {precision} units in this CPU: its fp32 peak)"
+            info["peaks"][key] = (
+                peak,
+                f"measured: {measured} matmul on {threads} thread(s){why}",
+            )
     path.write_text(json.dumps(info, indent=1))
     if fps:
         echo(f"model: {fps / 1e9:.3g} GFLOP per training sample (model.json)")

@@ -162,3 +162,11 @@ def test_mfu():
         assert math.isnan(flops.mfu(bad, 100.0, 1.0))
         assert math.isnan(flops.mfu(1e9, bad, 1.0))
         assert math.isnan(flops.mfu(1e9, 100.0, bad))
+
+
+def test_cpu_units_read_from_the_flags() -> None:
+    from bench.flops import cpu_has_units
+
+    assert cpu_has_units("bf16", "flags : fpu avx2 avx512_bf16 fma")
+    assert not cpu_has_units("bf16", "flags : fpu avx2 fma")
+    assert cpu_has_units("fp16", "flags : amx_fp16") and not cpu_has_units("fp32", "x")
