@@ -7,7 +7,8 @@ PB     := $(VENV)/bin/parabench
 # Data: $PARABENCH_DATA_ROOT, else ../shared/data where it exists, else ./data (MNIST is
 # downloaded there on first use when the machine has internet).
 DATA_ROOT ?= $(or $(PARABENCH_DATA_ROOT),$(wildcard ../shared/data),data)
-# Two repeats: enough for a spread over repeats in the report; BENCH_ARGS may override.
+# Three repeats, interleaved round by round: the fewest that give every figure a 95 %
+# interval (bench/stats.py); BENCH_ARGS may override.
 BENCH_ARGS ?=
 export PARABENCH_TEST_DATA ?= $(abspath $(DATA_ROOT))
 
@@ -40,7 +41,7 @@ horovod: install
 
 bench: install
 	-@$(MAKE) --no-print-directory horovod
-	$(PB) run --dataset mnist --data-root $(DATA_ROOT) --download --repeats 2 $(BENCH_ARGS)
+	$(PB) run --dataset mnist --data-root $(DATA_ROOT) --download --repeats 3 $(BENCH_ARGS)
 
 # PARABENCH_REQUIRE_HOROVOD: a Horovod that failed to build fails the Horovod tests
 # instead of skipping them.

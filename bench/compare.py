@@ -2,8 +2,12 @@
 
 For every (strategy, world size) with an ok result in both runs: the ratio B/A of the
 medians over repeats of samples/s, step time p50 and peak memory per device. The metric
-chosen with --metric decides the verdict: a change for the worse by more than --factor is
-flagged (exit code 1), a change for the better by more than --factor is noted. Cells with
+chosen with --metric decides the verdict: a change for the worse by more than --factor
+that is also significant over the repeats (one-sided Mann-Whitney U at 5 %, bench.stats)
+is flagged (exit code 1); one beyond the factor but not significant is "within noise",
+and with fewer than 3 repeats a side "too few repeats to tell": neither is flagged.
+`--no-stats` flags on the factor alone (the behaviour before). A change for the better
+is noted the same way. Cells with
 a result in only one run are listed as such; one that was ok in A and failed, ran out of
 memory or timed out in B is flagged too (exit code 1). Medians come from the same selection as the
 report (bench.report.summarise), so the two never disagree.
@@ -18,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench import report
+from bench import report, stats
 from bench.config import ConfigError
 
 #: metric -> True where higher is better
@@ -47,6 +51,7 @@ class Comparison:
     only_b: list[tuple[str, int, str]]
     metric: str
     factor: float
+    stats: bool = True
 
     @property
     def regressions(self) -> pd.DataFrame:
@@ -92,8 +97,35 @@ def _status(run: report.Run, name: str, ws: int) -> str:
     return f"{first['status']}: {first['reason']}" if first["reason"] else str(first["status"])
 
 
+def _repeats(run: report.Run, metric: str) -> dict[tuple[str, int], list[float]]:
+    """Per cell, the metric of every counted repeat (the report's selection)."""
+    counted = report.counted_rows(run.runs)
+    out: dict[tuple[str, int], list[float]] = {}
+    for (name, ws), grp in counted.groupby(report.KEY):
+        values = pd.to_numeric(grp[metric], errors="coerce").dropna()
+        out[(str(name), int(ws))] = [float(v) for v in values]
+    return out
+
+
+def noise_verdict(flag: str, before: list[float], after: list[float], metric: str) -> str:
+    """A factor verdict kept only where the repeats say the change is real."""
+    if not flag:
+        return ""
+    worse = flag == worse_word(metric)
+    lower_is_worse = METRICS[metric]
+    # the direction tested: worse, or better (the opposite)
+    p = stats.significant_change(before, after, worse_if_lower=lower_is_worse == worse)
+    if math.isnan(p):
+        return f"{flag}? too few repeats to tell"
+    return flag if p <= stats.ALPHA else f"{flag}? within noise (p={p:.2f})"
+
+
 def compare(
-    a: report.Run, b: report.Run, metric: str = "samples_per_s", factor: float = 1.1
+    a: report.Run,
+    b: report.Run,
+    metric: str = "samples_per_s",
+    factor: float = 1.1,
+    use_stats: bool = True,
 ) -> Comparison:
     if metric not in METRICS:
         raise ConfigError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
@@ -111,6 +143,14 @@ def compare(
     for m in METRICS:
         table[f"{m}_ratio"] = table[f"{m}_median_b"] / table[f"{m}_median_a"]
     table["verdict"] = [verdict(r, metric, factor) for r in table[f"{metric}_ratio"]]
+    if use_stats:
+        ra, rb = _repeats(a, metric), _repeats(b, metric)
+        table["verdict"] = [
+            noise_verdict(v, ra.get((s, int(w)), []), rb.get((s, int(w)), []), metric)
+            for v, s, w in zip(
+                table["verdict"], table["strategy"], table["world_size"], strict=True
+            )
+        ]
     table = table.drop(columns="_merge").sort_values(report.KEY).reset_index(drop=True)
 
     def only(side: str, other: report.Run) -> list[tuple[str, int, str]]:
@@ -120,7 +160,7 @@ def compare(
             for s, w in rows[report.KEY].itertuples(index=False)
         ]
 
-    return Comparison(table, only("left_only", b), only("right_only", a), metric, factor)
+    return Comparison(table, only("left_only", b), only("right_only", a), metric, factor, use_stats)
 
 
 def _fmt(v: float, digits: int) -> str:
@@ -131,7 +171,8 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
     """A fixed-width text table for the terminal: per metric A, B and B/A."""
     group = f"{'':<19}" + "".join(f"  {LABELS[m]:^25}" for m in SHOWN)
     head = f"{'strategy':<16}{'ws':>3}" + f"  {'A':>9}{'B':>9}{'B/A':>7}" * len(SHOWN)
-    head += f"  verdict ({cmp.metric}, factor {cmp.factor:g})"
+    test = ", U test at 5 %" if cmp.stats else ", factor alone"
+    head += f"  verdict ({cmp.metric}, factor {cmp.factor:g}{test})"
     lines = [f"A: {a_name}", f"B: {b_name}", group, head, "-" * len(head)]
     for _, r in cmp.table.iterrows():
         line = f"{r['strategy']:<16}{int(r['world_size']):>3}"
@@ -151,7 +192,7 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     a, b = report.load_run(args.a), report.load_run(args.b)
-    cmp = compare(a, b, args.metric, args.factor)
+    cmp = compare(a, b, args.metric, args.factor, use_stats=not args.no_stats)
     print(format_table(cmp, str(a.path), str(b.path)))
     worse = cmp.regressions
     if len(worse):
@@ -181,5 +222,11 @@ def add_parser(sub: Any) -> None:
         default="samples_per_s",
         choices=list(METRICS),
         help="the metric whose change decides the exit code (default samples_per_s)",
+    )
+    p.add_argument(
+        "--no-stats",
+        action="store_true",
+        help="flag on --factor alone, without asking the repeats whether the change is "
+        "beyond noise (the behaviour before; for runs of fewer than 3 repeats)",
     )
     p.set_defaults(func=cmd_compare)

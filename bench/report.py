@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench import results
+from bench import results, stats
 from bench.config import ConfigError
 
 #: the per-repeat measurements that summary.csv gives a median and spread for
@@ -94,9 +94,10 @@ def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) 
     missing = sorted(set(required) - set(df.columns))
     if missing:
         raise ConfigError(f"{path}: not a parabench {path.name} (no column {', '.join(missing)})")
-    for col in columns:  # one written before a column was added: empty, as when not measured
-        if col not in df:
-            df[col] = math.nan
+    # one written before a column was added: empty, as when not measured (added at once)
+    absent = [col for col in columns if col not in df]
+    if absent:
+        df = pd.concat([df, pd.DataFrame(math.nan, index=df.index, columns=absent)], axis=1)
     for col in ("status", "reason", "notes", "strategy"):
         if col in df:
             # object first: an all-empty column reads as float, which "" cannot fill
@@ -235,6 +236,7 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     cols = KEY + ["strategy_name", "setting", "n_repeats"]
     cols += [f"{m}_{s}" for m in SUMMARY_METRICS for s in SPREAD]
     cols += ["speedup_vs_single", "scaling_efficiency", "mem_source", "oversubscribed"]
+    cols += INTERVAL_COLUMNS
     if counted.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -248,6 +250,7 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
                 row[f"{metric}_{stat}"] = value
         row["mem_source"] = ",".join(sorted(set(grp["mem_source"].dropna().astype(str))))
         row["oversubscribed"] = int(oversubscribed(grp))
+        row |= _intervals(grp)
         rows.append(row)
     table = pd.DataFrame(rows)
     base = baseline_row(table)
@@ -256,9 +259,66 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
         base_sps = float(base["samples_per_s_median"])
     table["speedup_vs_single"] = table["samples_per_s_median"] / base_sps
     table["scaling_efficiency"] = table["speedup_vs_single"] / table["world_size"]
+    base_values = (
+        pd.to_numeric(
+            counted[(counted["strategy"] == base["strategy"]) & (counted["world_size"] == 1)][
+                "samples_per_s"
+            ],
+            errors="coerce",
+        )
+        if base is not None and not base["oversubscribed"]
+        else pd.Series(dtype=float)
+    )
+    for i, r in table.iterrows():
+        grp = counted[
+            (counted["strategy"] == r["strategy"]) & (counted["world_size"] == r["world_size"])
+        ]
+        low, high = stats.ratio_interval(
+            pd.to_numeric(grp["samples_per_s"], errors="coerce"), base_values
+        )
+        if base is not None and r["strategy"] == base["strategy"] and r["world_size"] == 1:
+            low = high = 1.0  # the baseline over itself, the same repeats
+        table.loc[i, ["speedup_ci_low", "speedup_ci_high"]] = [low, high]
+        table.loc[i, ["scaling_efficiency_ci_low", "scaling_efficiency_ci_high"]] = [
+            low / r["world_size"],
+            high / r["world_size"],
+        ]
     # more ranks than cores time-share the cores: correct results, but no speed to rank
     table.loc[table["oversubscribed"] == 1, ["speedup_vs_single", "scaling_efficiency"]] = math.nan
+    over = table["oversubscribed"] == 1
+    table.loc[over, [c for c in INTERVAL_COLUMNS if c.startswith(("speedup", "scaling"))]] = (
+        math.nan
+    )
     return table[cols]
+
+
+#: 95 % intervals over repeats (bench.stats; nan with fewer than 3), the coefficient of
+#: variation of samples/s over repeats and whether it marks the cell unstable
+INTERVAL_COLUMNS = [
+    "samples_per_s_ci_low",
+    "samples_per_s_ci_high",
+    "step_time_ms_p50_ci_low",
+    "step_time_ms_p50_ci_high",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "scaling_efficiency_ci_low",
+    "scaling_efficiency_ci_high",
+    "samples_per_s_cv_pct",
+    "unstable",
+]
+
+
+def _intervals(grp: pd.DataFrame) -> dict[str, Any]:
+    """A cell's t-intervals over its repeats, its CV and stability."""
+    sps = pd.to_numeric(grp["samples_per_s"], errors="coerce")
+    step = pd.to_numeric(grp["step_time_ms_p50"], errors="coerce")
+    out: dict[str, Any] = {}
+    out["samples_per_s_ci_low"], out["samples_per_s_ci_high"] = stats.t_interval(sps)
+    out["step_time_ms_p50_ci_low"], out["step_time_ms_p50_ci_high"] = stats.t_interval(step)
+    cv = stats.cv_pct(sps)
+    out["samples_per_s_cv_pct"] = cv
+    out["unstable"] = int(cv > stats.UNSTABLE_CV_PCT) if cv == cv else 0
+    return out
 
 
 def oversubscribed(rows: pd.DataFrame | Mapping[str, Any]) -> bool:
@@ -324,12 +384,54 @@ def model_state_text(r: Mapping[str, Any]) -> str:
     return f"{_num(top, 1)} ({parts})" + (f"; least {_num(low, 1)}" if uneven else "")
 
 
+def _interval(r: Mapping[str, Any], metric: str, digits: int) -> str:
+    low, high = r[f"{metric}_ci_low"], r[f"{metric}_ci_high"]
+    return "–" if low != low else f"{_num(low, digits)}–{_num(high, digits)}"
+
+
+def ranking_markdown(summary: pd.DataFrame) -> str:
+    """Per world size, the fastest cell and those tied with it within noise."""
+    lines = []
+    for ws, grp in summary.groupby("world_size"):
+        grp = grp[grp["oversubscribed"] != 1]
+        cells = [
+            (
+                cell_name(r),
+                r["samples_per_s_median"],
+                (r["samples_per_s_ci_low"], r["samples_per_s_ci_high"]),
+            )
+            for _, r in grp.iterrows()
+            if r["samples_per_s_median"] == r["samples_per_s_median"]
+        ]
+        if len(cells) < 2:
+            continue
+        best, how = stats.leaders(cells)
+        tied = (
+            f"; within noise of it: {', '.join(best[1:])}"
+            if best[1:]
+            else "; no other within noise"
+        )
+        if "no interval" in how:
+            tied = f" ({how})"
+        lines.append(f"- world size {ws}: fastest {best[0]}{tied}")
+    unstable = summary[summary["unstable"] == 1]
+    if len(unstable):
+        names = ", ".join(f"{cell_name(r)} ws={r['world_size']}" for _, r in unstable.iterrows())
+        lines.append(
+            f"- unstable (samples/s varies more than {stats.UNSTABLE_CV_PCT:g} % over repeats): "
+            f"{names}. More repeats (--repeats) or a quieter machine would narrow them."
+        )
+    return "\n".join(lines)
+
+
 def summary_markdown(summary: pd.DataFrame) -> str:
     header = [
         "strategy",
         "world size",
         "repeats",
         "samples/s",
+        "95% CI",
+        "CV %",
         "speed-up",
         "efficiency",
         "timed epoch (s)",
@@ -350,7 +452,14 @@ def summary_markdown(summary: pd.DataFrame) -> str:
                 r["world_size"],
                 r["n_repeats"],
                 _with_range(r, "samples_per_s", 1),
-                speedup if speedup == "–" else f"{speedup}x",
+                _interval(r, "samples_per_s", 1),
+                _num(r["samples_per_s_cv_pct"], 1) + (" unstable" if r["unstable"] else ""),
+                (speedup if speedup == "–" else f"{speedup}x")
+                + (
+                    f" ({_interval(r, 'speedup', 2)})"
+                    if r["speedup_ci_low"] == r["speedup_ci_low"]
+                    else ""
+                ),
                 _num(r["scaling_efficiency"], 2),
                 _with_range(r, "timed_s", 3),
                 _with_range(r, "step_time_ms_p50", 1),
@@ -790,6 +899,15 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         "rank where they differ; per rank in ranks.csv and the model-state plot). "
         f"The full table, with the IQR, is summary.csv.{over}",
         summary_markdown(summary) if len(summary) else "No strategy produced an ok result.",
+        *(
+            [
+                "Fastest per world size, with the cells whose 95 % interval over repeats "
+                "overlaps its (a t-interval of the mean; a bootstrap for speed-up): a "
+                "difference inside them is not told from noise.\n\n" + ranking
+            ]
+            if (ranking := ranking_markdown(summary) if len(summary) else "")
+            else []
+        ),
         *(["## Model parallelism", model_parallel] if model_parallel else []),
         *(["## Where the time goes", where] if where else []),
         *(["## Scaling: predicted and measured", scaling] if scaling else []),

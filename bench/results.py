@@ -101,6 +101,8 @@ PARAMS = [
     "seed",
     "lr",
     "options",
+    "round",  # the round of the interleaved matrix (the repeat's index)
+    "run_order",  # the cell's place in the run, 1-based
 ]
 STATUS = ["status", "reason", "notes"]
 MEASUREMENTS = [
@@ -149,6 +151,8 @@ MEASUREMENTS = [
 ]
 PROVENANCE = [
     "timestamp",
+    "load_avg_1m",  # the machine as the cell started (bench.runner.machine_state)
+    "cpu_mhz",
     "host",
     "cpu_model",
     "cpu_cores",

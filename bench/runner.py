@@ -156,7 +156,47 @@ def plan(cfg: RunConfig) -> list[Cell]:
                 f"{_with(first)}: {first.reason}"
             )
         cells += mine
-    return cells
+    return interleaved(cells, cfg.seed)
+
+
+def machine_state() -> dict[str, float]:
+    """What can be read about the machine as a cell starts: the 1-minute load average (runnable
+    processes; above the core count, something else competes) and the mean CPU clock where
+    the kernel shows it (a throttled or power-saving CPU runs slower)."""
+    nan = float("nan")
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = nan
+    mhz = nan
+    try:
+        clocks = [
+            float(line.split(":")[1])
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("cpu MHz")
+        ]
+        mhz = sum(clocks) / len(clocks) if clocks else nan
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"load_avg_1m": load, "cpu_mhz": mhz}
+
+
+def interleaved(cells: list[Cell], seed: int) -> list[Cell]:
+    """The cells round by round (round r: every cell's repeat r), each round in its own
+    order, shuffled with the run's seed: a machine that slows down over minutes hits every
+    strategy alike, and no strategy always runs first after another. The same seed gives
+    the same order (a resumed run follows it)."""
+    import random
+
+    rounds: dict[int, list[Cell]] = {}
+    for c in cells:
+        rounds.setdefault(c.repeat, []).append(c)
+    ordered: list[Cell] = []
+    for r in sorted(rounds):
+        todo = list(rounds[r])
+        random.Random(f"parabench/{seed}/{r}").shuffle(todo)
+        ordered += todo
+    return ordered
 
 
 def merged_options(spec: strategies.StrategySpec, opts: Iterable[tuple[str, str]]) -> dict:
@@ -299,6 +339,9 @@ class Runner:
         )
         self.current: proc.CellProcess | None = None
         self.progress: Display | None = None
+        #: the cell's place in the run (1-based) and the machine's state as it started
+        self.order: dict[tuple, int] = {}
+        self.state: dict[tuple, dict[str, float]] = {}
         model = run_dir.path / "model.json"
         #: model FLOPs and device peaks (measure_flops), for the rows' MFU
         self.model_info: dict[str, Any] = json.loads(model.read_text()) if model.exists() else {}
@@ -339,6 +382,9 @@ class Runner:
             "channels_last": int(cell.setting.channels_last),
             "optimizer": cfg.optimizer,
             "timestamp": dt.datetime.now().isoformat(timespec="seconds"),
+            "round": cell.repeat,
+            "run_order": self.order.get(cell.key, ""),
+            **self.state.get(cell.key, {}),
             **provenance(self.device),
         }
 
@@ -409,6 +455,7 @@ class Runner:
         except RuntimeError as exc:
             return self._write([self._status_row(cell, results.FAILED, str(exc))])
         env = self._env(cell, cell_dir)
+        self.state[cell.key] = machine_state()
         # the cell's start on the wall clock every process shares: rank 0 reports its
         # start-up phases against it (bench.worker)
         started = time.time()
@@ -523,6 +570,7 @@ class Runner:
         }
 
     def run(self, cells: list[Cell]) -> list[dict]:
+        self.order = {c.key: i for i, c in enumerate(cells, 1)}
         done = self.dir.done()
         todo = [c for c in cells if c.key not in done]
         if done:

@@ -92,3 +92,25 @@ class ProbeFails(DistributedDataParallel):
 
     def sync_off(self):
         raise RuntimeError("sync_off broke on purpose")
+
+
+class Sleepy(Strategy):
+    """One process, slowed on purpose: after each optimizer step it sleeps a fraction of the
+    step it just took (from the end of the previous sleep), the fraction its option
+    `slowdown` (default 0; 1 about halves samples/s). For A/B tests of compare, run as a
+    sweep (`--set slowdown=0,off,1`) so the variants are interleaved round by round and see
+    the same machine."""
+
+    variants = {"test_sleepy": Variant("inprocess", "single, slowed by its option slowdown")}
+    #: "0" and "off" both mean none: two names of the same code, for an A/A pair
+    accepts = {"slowdown": ("0", "off", "0.25", "1")}
+    _last_end = 0.0  # after the last sleep: now - _last_end is one step's own work
+
+    def optimizer_step(self, optimizer):
+        super().optimizer_step(optimizer)
+        value = self.options.get("slowdown", "0")
+        fraction = 0.0 if value == "off" else float(value)
+        now = time.perf_counter()
+        if fraction > 0 and self._last_end:
+            time.sleep(fraction * (now - self._last_end))
+        self._last_end = time.perf_counter()
