@@ -178,7 +178,8 @@ def test_summary_table_marks_oversubscribed_rows_and_gives_no_speedup() -> None:
     (tp4,) = [ln for ln in text.splitlines() if ln.startswith("| tp (oversubscribed) | 4 |")]
     cells = [c.strip() for c in tp4.strip("|").split("|")]
     assert cells[3] == "510.0 (500.0–520.0)"  # samples/s still shown
-    assert cells[4] == "–" and cells[5] == "–"  # speed-up, efficiency
+    assert cells[4] == "–"  # 2 repeats: no interval
+    assert cells[6] == "–" and cells[7] == "–"  # speed-up, efficiency
     (ddp,) = [ln for ln in text.splitlines() if ln.startswith("| ddp | 2 |")]
     assert "| 1.80x | 0.90 |" in ddp
     assert "| tp | 2 |" in text and "tp (oversubscribed) | 2" not in text
