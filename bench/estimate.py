@@ -23,6 +23,7 @@ import strategies
 from bench import data, models
 from bench.config import RunConfig
 from bench.env import resolve_device
+from strategies import precision as prec
 
 #: start-up to the first step plus teardown, seconds per cell, by launcher: medians over
 #: the cells of `make bench` on the 2-core CPU machine (2026-11-23; the report's start-up
@@ -30,8 +31,8 @@ from bench.env import resolve_device
 LAUNCH_S = {"inprocess": 3.8, "spawn": 6.0, "torchrun": 6.7, "horovodrun": 6.6}
 #: torch.compile's first step on a CPU (20-67 s cold, measured): counted once per cell
 COMPILE_S = 40.0
-#: autocast dtypes of the precision axis (fp32: none)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: the dtype of each value of the precision axis
+DTYPES = {"fp32": torch.float32, **prec.DTYPES}
 #: a run estimated past this says so when it starts
 LONG_S = 30 * 60
 

@@ -347,6 +347,28 @@ def loss_curves(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None
     return fig
 
 
+def _note_above(ax: Axes, x: float, y: float, text: str) -> None:
+    """Small text just above a bar's top."""
+    ax.annotate(
+        text,
+        (x, y),
+        xytext=(0, 2),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=8,
+    )
+
+
+def _step_axes(ax: Axes, cells: Sequence[tuple[str, int]]) -> None:
+    """The time-split plots' axes: a tick per (strategy, world size), time per step."""
+    if not cells:
+        _empty(ax, "timed steps")
+    _cell_ticks(ax, [_cell_label(*c) for c in cells])
+    ax.set_xlabel("strategy, world size")
+    ax.set_ylabel("time per step (ms, mean over timed steps)")
+
+
 def _parts_legend(ax: Axes, parts: list[Patch], heading: str) -> None:
     """One legend, so a long list of strategies cannot run into the key of the bar parts:
     the colours name strategies, the fill says which part of the bar is which."""
@@ -423,20 +445,8 @@ def time_split(
         for i, c, w, b in zip(idx, comp, wait, bub, strict=True):
             pct = 100 / (c + w) if c + w > 0 else 0.0  # percent of the step per ms
             said = f"{pct * b:.1f}% bubble\n" if cells[i] in bubble_pct else ""
-            ax.annotate(
-                f"{said}{pct * w:.1f}% wait",
-                (i, c + w),
-                xytext=(0, 2),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
-    if not cells:
-        _empty(ax, "timed steps")
-    _cell_ticks(ax, [_cell_label(*c) for c in cells])
-    ax.set_xlabel("strategy, world size")
-    ax.set_ylabel("time per step (ms, mean over timed steps)")
+            _note_above(ax, i, c + w, f"{said}{pct * w:.1f}% wait")
+    _step_axes(ax, cells)
     ax.set_title(
         "Where a step's time goes: compute, pipeline bubble, waiting for data"
         if drew_bubble
@@ -810,20 +820,8 @@ def time_parts(
         bubble = (bubbles or {}).get(cell)
         if bubble is not None and np.isfinite(bubble):
             said.append(f"{bubble:.0f}% bubble")
-        ax.annotate(
-            "\n".join(said),
-            (i, bottom),
-            xytext=(0, 2),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
-    if not cells:
-        _empty(ax, "timed steps")
-    _cell_ticks(ax, [_cell_label(*c) for c in cells])
-    ax.set_xlabel("strategy, world size")
-    ax.set_ylabel("time per step (ms, mean over timed steps)")
+        _note_above(ax, i, bottom, "\n".join(said))
+    _step_axes(ax, cells)
     ax.set_title("Where a step's time goes: compute, exposed communication, data wait")
     parts = [
         Patch(facecolor="0.3", alpha=alpha, hatch=hatch, edgecolor="0.25", label=label)

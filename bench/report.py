@@ -240,7 +240,9 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     if counted.empty:
         return pd.DataFrame(columns=cols)
     rows = []
+    sps: dict[tuple[str, int], pd.Series] = {}  # each cell's samples/s over its repeats
     for (name, ws), grp in counted.groupby(KEY, sort=True):
+        sps[(name, int(ws))] = pd.to_numeric(grp["samples_per_s"], errors="coerce")
         row: dict[str, Any] = {"strategy": name, "world_size": int(ws), "n_repeats": len(grp)}
         row["strategy_name"] = grp["strategy_name"].iloc[0] if "strategy_name" in grp else name
         row["setting"] = grp["setting"].iloc[0] if "setting" in grp else ""
@@ -259,24 +261,12 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
         base_sps = float(base["samples_per_s_median"])
     table["speedup_vs_single"] = table["samples_per_s_median"] / base_sps
     table["scaling_efficiency"] = table["speedup_vs_single"] / table["world_size"]
-    base_values = (
-        pd.to_numeric(
-            counted[(counted["strategy"] == base["strategy"]) & (counted["world_size"] == 1)][
-                "samples_per_s"
-            ],
-            errors="coerce",
-        )
-        if base is not None and not base["oversubscribed"]
-        else pd.Series(dtype=float)
-    )
+    base_key = (base["strategy"], 1) if base is not None else None
+    base_values = sps[base_key] if base_key and not base["oversubscribed"] else []
     for i, r in table.iterrows():
-        grp = counted[
-            (counted["strategy"] == r["strategy"]) & (counted["world_size"] == r["world_size"])
-        ]
-        low, high = stats.ratio_interval(
-            pd.to_numeric(grp["samples_per_s"], errors="coerce"), base_values
-        )
-        if base is not None and r["strategy"] == base["strategy"] and r["world_size"] == 1:
+        key = (r["strategy"], int(r["world_size"]))
+        low, high = stats.ratio_interval(sps[key], base_values)
+        if key == base_key:
             low = high = 1.0  # the baseline over itself, the same repeats
         table.loc[i, ["speedup_ci_low", "speedup_ci_high"]] = [low, high]
         table.loc[i, ["scaling_efficiency_ci_low", "scaling_efficiency_ci_high"]] = [
@@ -284,11 +274,8 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
             high / r["world_size"],
         ]
     # more ranks than cores time-share the cores: correct results, but no speed to rank
-    table.loc[table["oversubscribed"] == 1, ["speedup_vs_single", "scaling_efficiency"]] = math.nan
-    over = table["oversubscribed"] == 1
-    table.loc[over, [c for c in INTERVAL_COLUMNS if c.startswith(("speedup", "scaling"))]] = (
-        math.nan
-    )
+    ratios = [c for c in table.columns if c.startswith(("speedup", "scaling_efficiency"))]
+    table.loc[table["oversubscribed"] == 1, ratios] = math.nan
     return table[cols]
 
 
@@ -713,11 +700,24 @@ def _median_of(grp: pd.DataFrame, col: str) -> float:
     return float(pd.to_numeric(grp[col], errors="coerce").median())
 
 
+def lapped(counted: pd.DataFrame) -> bool:
+    """Whether the run's steps were lapped into parts (runs from before the laps were not)."""
+    return "part_forward_ms" in counted and bool(counted["part_forward_ms"].notna().any())
+
+
+def _band(r: Mapping[str, Any]) -> str:
+    """A prediction's samples/s with its band, e.g. `826.7 (826.7–900.4)`."""
+    return (
+        f"{_num(r['samples_per_s'])} "
+        f"({_num(r['samples_per_s_low'])}–{_num(r['samples_per_s_high'])})"
+    )
+
+
 def breakdown_markdown(counted: pd.DataFrame) -> str:
     """Where the time goes, per cell (medians over its repeats): the stacked parts of a mean
     step, communication in all and hidden, rank skew, MFU and the trace; "" for a run from
     before the breakdown was kept."""
-    if "part_forward_ms" not in counted or counted["part_forward_ms"].isna().all():
+    if not lapped(counted):
         return ""
     rows = []
     for (name, ws), grp in counted.groupby(KEY, sort=True):
@@ -817,7 +817,7 @@ def scaling_markdown(run: Run) -> str:
             _num(r["compute_ms"], 2),
             _num(r["comm_ms"], 2),
             _num(r["exposed_fraction"], 2),
-            f"{_num(r['samples_per_s'])} ({_num(r['samples_per_s_low'])}–{_num(r['samples_per_s_high'])})",
+            _band(r),
         ]
         for r in checked
     ]
@@ -852,7 +852,7 @@ def scaling_markdown(run: Run) -> str:
                         r["strategy"],
                         r["world_size"],
                         r["link"],
-                        f"{_num(r['samples_per_s'])} ({_num(r['samples_per_s_low'])}–{_num(r['samples_per_s_high'])})",
+                        _band(r),
                         _num(r["efficiency"], 2),
                     ]
                     for r in what_if
@@ -943,7 +943,7 @@ def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
     }
     extra: dict[str, dict[str, Any]] = {"time_split": {"bubbles": bubble_pcts(counted)}}
     plot_of = dict(PLOTS)
-    if "part_forward_ms" in counted and counted["part_forward_ms"].notna().any():
+    if lapped(counted):
         # the step lapped: its parts stacked (a run from before the laps: compute and wait)
         plot_of["time_split.png"] = "time_parts"
         data["time_parts"] = counted

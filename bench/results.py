@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from bench.breakdown import PARTS, hidden, stacked
+from bench.probes import PHASES
 
 #: measurements a strategy may report through Strategy.cell_metrics, model parallelism's:
 #: pipeline stages and micro-batches, the measured bubble (share of the pipeline's step a
@@ -313,10 +314,7 @@ def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) ->
     nan = float("nan")
     warm = record["warmup_steps"]
     laps = list(record.get("phase_ms") or ())[warm:]
-    phases = {
-        p: float(np.mean([s.get(p, 0.0) for s in laps])) if laps else nan
-        for p in ("forward", "backward", "optimizer")
-    }
+    phases = {p: float(np.mean([s.get(p, 0.0) for s in laps])) if laps else nan for p in PHASES}
     probe = dict(record.get("probe") or {})
     mean_step = float(step.mean()) if step.size else nan
     mean_wait = float(wait.mean()) if wait.size else nan

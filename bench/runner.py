@@ -739,7 +739,7 @@ def measure_collectives(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: 
         try:
             rows += collectives.measure(n, backend, device, timeout_s=min(cfg.timeout_s, 120))
         except (RuntimeError, ValueError, OSError) as exc:
-            echo(f"collectives at world size {n}: not measured ({str(exc).splitlines()[0]})")
+            echo(f"collectives at world size {n}: not measured ({proc.first_line(exc)})")
     if not rows:
         return
     fits = collectives.fit(rows)
@@ -764,6 +764,7 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
     run trains in (a GPU: its datasheet; a CPU: a matrix product timed here, at each thread
     count a rank gets), saved as model.json for the rows' MFU."""
     from bench import flops, models
+    from bench.estimate import DTYPES
 
     path = run_dir / "model.json"
     if not cfg.scaling_model or path.exists():
@@ -779,7 +780,6 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
         "shape": dataclasses.asdict(model_shape(cfg, bundle.num_classes)),
         "peaks": {},
     }
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     names = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if device == "cuda"
@@ -792,7 +792,7 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
         precision = cell.setting.precision
         threads = threads_per_process(spec.cls.processes(cell.world_size) if spec.cls else 1)
         key = peak_key(device, threads, precision)
-        if key in info["peaks"] or precision not in dtypes:
+        if key in info["peaks"] or precision not in DTYPES:
             continue
         if device == "cuda":
             # fp32 products may run on the tensor cores in TF32: cuDNN's convolutions do by
@@ -803,7 +803,7 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
             # a CPU without bf16/fp16 units computes them through fp32: fp32's peak is theirs
             native = precision == "fp32" or flops.cpu_has_units(precision)
             measured = precision if native else "fp32"
-            peak = flops.measured_cpu_peak(threads, dtypes[measured])
+            peak = flops.measured_cpu_peak(threads, DTYPES[measured])
             why = "" if native else f" (no {precision} units in this CPU: its fp32 peak)"
             info["peaks"][key] = (
                 peak,

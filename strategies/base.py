@@ -433,22 +433,26 @@ class Strategy:
             for batch in batches:
                 self.clock = PhaseClock(self.ctx.device)
                 for _ in range(steps + 1):
-                    self._probe_step(x[:batch], y[:batch])
+                    self._step(x[:batch], y[:batch])
                 ms = [sum(s.values()) for s in self.clock.steps()[1:]]
                 out.append({"batch": batch, "threads": threads, "ms": float(np.median(ms))})
         return out
 
-    def _probe_step(self, x: torch.Tensor, y: torch.Tensor, *, step: bool = True) -> None:
+    def _step(self, x: torch.Tensor, y: torch.Tensor, *, step: bool = True) -> torch.Tensor:
+        """One step, lapped: zero_grad (counted with the optimizer step), forward and
+        backward, the optimizer step (`step=False`: none); the loss of the batch. The loop
+        and the probes run the same code."""
         assert self.optimizer is not None
         self.clock.begin()
         self.zero_grad(self.optimizer)
         self.clock.lap("optimizer")
-        self.forward_backward(x, y)
-        self.clock.lap("backward")
+        loss = self.forward_backward(x, y)
+        self.clock.lap("backward")  # what a one-schedule forward_backward (pipelines) did
         if step:
             self.optimizer_step(self.optimizer)
         self.clock.lap("optimizer")
         self.clock.end()
+        return loss
 
     def _ablation(self, x: torch.Tensor, y: torch.Tensor, pairs: int) -> tuple[list, list]:
         self.clock = PhaseClock(self.ctx.device)
@@ -456,7 +460,7 @@ class Strategy:
         for i in range(pairs):
             for sync in (True, False) if i % 2 == 0 else (False, True):
                 with contextlib.nullcontext() if sync else self.sync_off():
-                    self._probe_step(x, y, step=sync or self.sync_off_steps_optimizer)
+                    self._step(x, y, step=sync or self.sync_off_steps_optimizer)
                 synced.append(sync)
         steps = self.clock.steps()
         on = [s for s, sync in zip(steps, synced, strict=True) if sync]
@@ -478,7 +482,7 @@ class Strategy:
         self.clock = PhaseClock(self.ctx.device)
         with profile(activities=activities) as prof:
             for _ in range(steps):
-                self._probe_step(x, y)
+                self._step(x, y)
             if self.ctx.device.type == "cuda":
                 torch.cuda.synchronize(self.ctx.device)
         with tempfile.TemporaryDirectory() as tmp:
@@ -546,7 +550,7 @@ class Strategy:
             sampler.set_epoch(epoch)
         self.model.train()
         timer = StepTimer(self.ctx.device)
-        self.clock = clock = PhaseClock(self.ctx.device)
+        self.clock = PhaseClock(self.ctx.device)
         losses: list[torch.Tensor] = []
         records: list[StepRecord] = []
         batches: Iterator = iter(loader)
@@ -561,14 +565,7 @@ class Strategy:
                 x = x.contiguous(memory_format=torch.channels_last)
             y = y.to(self.ctx.device, non_blocking=True)
             timer.data_ready()
-            clock.begin()
-            self.zero_grad(self.optimizer)
-            clock.lap("optimizer")  # zero_grad counts with the optimizer step
-            loss = self.forward_backward(x, y)
-            clock.lap("backward")  # what a one-schedule forward_backward (pipelines) did
-            self.optimizer_step(self.optimizer)
-            clock.lap("optimizer")
-            clock.end()
+            loss = self._step(x, y)
             records.append(timer.stop(len(y)))
             self.last_batch = (x, y)
             losses.append(loss)
@@ -578,7 +575,7 @@ class Strategy:
                 self.model_state = model_state_mib(
                     self.unwrap(self.model).parameters(), self.optimizer_states()
                 )
-        return self._epoch_stats(epoch, records, losses, warmup_steps, clock.steps())
+        return self._epoch_stats(epoch, records, losses, warmup_steps, self.clock.steps())
 
     def _epoch_stats(
         self,
