@@ -292,6 +292,9 @@ INTERVAL_COLUMNS = [
     "scaling_efficiency_ci_high",
     "samples_per_s_cv_pct",
     "unstable",
+    # the most any repeat's machine gave to others while it ran (bench.runner.CpuShare)
+    "other_cpu_pct_max",
+    "cpu_steal_pct_max",
 ]
 
 
@@ -305,6 +308,9 @@ def _intervals(grp: pd.DataFrame) -> dict[str, Any]:
     cv = stats.cv_pct(sps)
     out["samples_per_s_cv_pct"] = cv
     out["unstable"] = int(cv > stats.UNSTABLE_CV_PCT) if cv == cv else 0
+    for col in ("other_cpu_pct", "cpu_steal_pct"):
+        seen = pd.to_numeric(grp[col], errors="coerce") if col in grp else pd.Series(dtype=float)
+        out[f"{col}_max"] = float(seen.max()) if seen.notna().any() else math.nan
     return out
 
 
@@ -403,12 +409,26 @@ def ranking_markdown(summary: pd.DataFrame) -> str:
         lines.append(f"- world size {ws}: fastest {best[0]}{tied}")
     unstable = summary[summary["unstable"] == 1]
     if len(unstable):
-        names = ", ".join(f"{cell_name(r)} ws={r['world_size']}" for _, r in unstable.iterrows())
+        names = ", ".join(
+            f"{cell_name(r)} ws={r['world_size']}{_busy(r)}" for _, r in unstable.iterrows()
+        )
         lines.append(
             f"- unstable (samples/s varies more than {stats.UNSTABLE_CV_PCT:g} % over repeats): "
             f"{names}. More repeats (--repeats) or a quieter machine would narrow them."
         )
     return "\n".join(lines)
+
+
+def _busy(row: Mapping[str, Any]) -> str:
+    """What else ran while an unstable cell's repeats ran, where it was measured: a cell that
+    varies while nothing else ran points at the machine (clock, hypervisor), not a neighbour."""
+    other, steal = row.get("other_cpu_pct_max", math.nan), row.get("cpu_steal_pct_max", math.nan)
+    said = [
+        f"{what} at most {v:.1f} %"
+        for what, v in (("other processes' CPU", other), ("steal", steal))
+        if v == v
+    ]
+    return f" ({', '.join(said)})" if said else ""
 
 
 def summary_markdown(summary: pd.DataFrame) -> str:

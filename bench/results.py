@@ -154,6 +154,8 @@ PROVENANCE = [
     "timestamp",
     "load_avg_1m",  # the machine as the cell started (bench.runner.machine_state)
     "cpu_mhz",
+    "other_cpu_pct",  # while the cell ran: CPU time of anything else (bench.runner.CpuShare)
+    "cpu_steal_pct",  # ... and what a hypervisor gave to other guests
     "host",
     "cpu_model",
     "cpu_cores",

@@ -181,6 +181,52 @@ def machine_state() -> dict[str, float]:
     return {"load_avg_1m": load, "cpu_mhz": mhz}
 
 
+class CpuShare:
+    """Who else used the CPUs while a cell ran, from the kernel's counters (/proc/stat) and
+    this process's and its reaped descendants' CPU time (getrusage): `other_cpu_pct`, the
+    share of all cores' time spent busy by anything but the cell and the harness, and
+    `cpu_steal_pct`, the share a hypervisor gave to other guests (a VM's noisy neighbours).
+    Both are nan where the kernel does not show them. A cell's process that its parent did
+    not reap is not counted as the cell's: it shows up as other."""
+
+    def __init__(self) -> None:
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[list[int], float] | None:
+        import resource
+
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        if len(fields) < 8:
+            return None
+        own = sum(
+            getattr(resource.getrusage(who), t)
+            for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+            for t in ("ru_utime", "ru_stime")
+        )
+        return fields, own
+
+    def stop(self) -> dict[str, float]:
+        end = self._read()
+        if self.start is None or end is None:
+            return {"other_cpu_pct": math.nan, "cpu_steal_pct": math.nan}
+        delta = [b - a for a, b in zip(self.start[0], end[0], strict=True)]
+        # user nice system idle iowait irq softirq steal, in clock ticks over all cores
+        total = sum(delta)
+        if total <= 0:
+            return {"other_cpu_pct": math.nan, "cpu_steal_pct": math.nan}
+        busy = total - delta[3] - delta[4] - delta[7]
+        own = (end[1] - self.start[1]) * os.sysconf("SC_CLK_TCK")
+        return {
+            "other_cpu_pct": round(100 * max(0.0, busy - own) / total, 2),
+            "cpu_steal_pct": round(100 * delta[7] / total, 2),
+        }
+
+
 def interleaved(cells: list[Cell], seed: int) -> list[Cell]:
     """The cells round by round (round r: every cell's repeat r), each round in its own
     order, shuffled with the run's seed: a machine that slows down over minutes hits every
@@ -456,6 +502,7 @@ class Runner:
             return self._write([self._status_row(cell, results.FAILED, str(exc))])
         env = self._env(cell, cell_dir)
         self.state[cell.key] = machine_state()
+        share = CpuShare()
         # the cell's start on the wall clock every process shares: rank 0 reports its
         # start-up phases against it (bench.worker)
         started = time.time()
@@ -480,6 +527,7 @@ class Runner:
             self.current.reap()
             self.current = None
             wall = time.monotonic() - t0
+            self.state[cell.key].update(share.stop())
             return self._write(*self._collect(cell, cell_dir, rc, timed_out, wall, started + wall))
 
     def _write(
