@@ -115,6 +115,22 @@ def _note_left_out(ax: Axes, left_out: list[str]) -> None:
         ax.set_xlabel(f"{ax.get_xlabel()}\n" + textwrap.fill(note, 80), fontsize=9)
 
 
+def _error_bars(rows: pd.DataFrame, metric: str, med: np.ndarray) -> np.ndarray:
+    """Below and above each median: its 95 % interval over repeats where the summary has
+    one (3 repeats or more, bench.stats), else min to max; never negative (a t-interval is
+    centred on the mean, which a skewed set of repeats puts beside the median)."""
+    low, high = rows[f"{metric}_min"].to_numpy(float), rows[f"{metric}_max"].to_numpy(float)
+    if f"{metric}_ci_low" in rows:
+        ci_low = rows[f"{metric}_ci_low"].to_numpy(float)
+        ci_high = rows[f"{metric}_ci_high"].to_numpy(float)
+        has = np.isfinite(ci_low) & np.isfinite(ci_high)
+        low, high = np.where(has, ci_low, low), np.where(has, ci_high, high)
+    return np.fmax(np.vstack([med - low, high - med]), 0)
+
+
+ERROR_BARS = "error bars: 95 % interval over repeats, min–max with fewer than 3"
+
+
 def _grouped_bars(
     ax: Axes,
     summary: pd.DataFrame,
@@ -125,7 +141,7 @@ def _grouped_bars(
     """Bars grouped by world size, one BarContainer per strategy (label = strategy).
 
     A group holds only the strategies that have a result at that world size, so strategies
-    that cannot run there leave no hole. Error bars: min to max over repeats.
+    that cannot run there leave no hole. Error bars: `_error_bars`.
     """
     sizes = sorted(int(w) for w in summary["world_size"].unique())
     names = sorted(summary["strategy"].unique())
@@ -140,12 +156,7 @@ def _grouped_bars(
         rows = summary[summary["strategy"] == name].sort_values("world_size")
         x = [pos[(name, int(w))] for w in rows["world_size"]]
         med = rows[f"{metric}_median"].to_numpy(float)
-        err = np.vstack(
-            [
-                med - rows[f"{metric}_min"].to_numpy(float),
-                rows[f"{metric}_max"].to_numpy(float) - med,
-            ]
-        )
+        err = _error_bars(rows, metric, med)
         ax.bar(
             x,
             med,
@@ -190,7 +201,7 @@ def throughput(summary: pd.DataFrame, colours: Mapping[str, Colour] | None = Non
         _grouped_bars(ax, kept, "samples_per_s", _colours(summary["strategy"], colours), "%.0f")
     _note_left_out(ax, left_out)
     ax.set_ylabel("throughput (samples/s, all ranks)")
-    ax.set_title("Training throughput (median; error bars: min–max over repeats)")
+    ax.set_title(f"Training throughput (median; {ERROR_BARS})", fontsize=10)
     return fig
 
 
@@ -503,12 +514,7 @@ def runs_trend(
     for i, (name, ws) in enumerate(cells):
         rows = both[(both["strategy"] == name) & (both["world_size"] == ws)].sort_values("run")
         med = rows[f"{metric}_median"].to_numpy(float)
-        err = np.vstack(
-            [
-                med - rows[f"{metric}_min"].to_numpy(float),
-                rows[f"{metric}_max"].to_numpy(float) - med,
-            ]
-        )
+        err = _error_bars(rows, metric, med)
         ax.errorbar(
             rows["run"] + shift[i],
             med,
@@ -527,7 +533,7 @@ def runs_trend(
     ax.set_ylim(bottom=0)
     ax.set_xlabel("run")
     ax.set_ylabel(f"{what} ({unit}, median over repeats)")
-    ax.set_title(f"{what.capitalize()} across runs (error bars: min–max over repeats)")
+    ax.set_title(f"{what.capitalize()} across runs ({ERROR_BARS})", fontsize=10)
     _legend_outside(ax)
     ax.grid(alpha=0.3)
     return fig
@@ -697,18 +703,13 @@ def _sweep_axes(ax: Axes, summary: pd.DataFrame, key: str, cmap: Mapping[str, Co
     for (name, ws, rest), line in rows.groupby(["strategy_name", "world_size", "_rest"]):
         line = line.sort_values("_value")
         med = line["samples_per_s_median"].to_numpy(float)
-        err = np.vstack(
-            [
-                med - line["samples_per_s_min"].to_numpy(float),
-                line["samples_per_s_max"].to_numpy(float) - med,
-            ]
-        )
+        err = _error_bars(line, "samples_per_s", med)
         label = f"{name} ws={int(ws)}" + (f" [{rest}]" if len(rests) > 1 else "")
         # colour: strategy, line style: world size, marker: the rest of the setting
         ax.errorbar(
             line["_value"].to_numpy(float),
             med,
-            yerr=np.fmax(err, 0),
+            yerr=err,
             marker=MARKERS[rests.index(rest) % len(MARKERS)],
             capsize=3,
             color=cmap[str(name)],
@@ -723,8 +724,8 @@ def _sweep_axes(ax: Axes, summary: pd.DataFrame, key: str, cmap: Mapping[str, Co
         ax.minorticks_off()
     ax.set_ylim(bottom=0)
     ax.set_xlabel(key)
-    ax.set_ylabel("samples/s (median over repeats; bars: min–max)")
-    ax.set_title(f"Sweep of {key}: throughput")
+    ax.set_ylabel("samples/s (median over repeats)")
+    ax.set_title(f"Sweep of {key}: throughput ({ERROR_BARS})", fontsize=10)
     ax.grid(alpha=0.3)
     # the rest of the setting, when every line shares it, is said once in the legend title
     _legend_outside(ax, title=f"setting: {rests[0]}" if len(rests) == 1 and rests[0] else None)
@@ -737,7 +738,7 @@ def option_sweep(
     when the run swept none.
 
     A subplot per swept key (stacked); in each, a line per strategy, world size and rest of
-    the setting, through the medians over repeats, with min–max error bars. Colour: the
+    the setting, through the medians over repeats, with error bars as `_error_bars`. Colour: the
     strategy; line style: the world size. A log x axis when the values span more than 10x.
     """
     keys = swept_keys(summary)

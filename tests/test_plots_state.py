@@ -236,9 +236,26 @@ def test_option_sweep_draws_a_line_per_strategy_and_world_size() -> None:
     assert sorted(ends.tolist()) == [50, 60, 70, 80]
     assert ax.get_xscale() == "log"  # 1 to 100
     assert ax.get_xlabel() == "bucket_cap_mb"
-    assert ax.get_ylabel() == "samples/s (median over repeats; bars: min–max)"
-    assert ax.get_title() == "Sweep of bucket_cap_mb: throughput"
+    assert ax.get_ylabel() == "samples/s (median over repeats)"
+    assert ax.get_title() == f"Sweep of bucket_cap_mb: throughput ({plots.ERROR_BARS})"
     assert "ddp_torchrun ws=2" in plots.legend_labels(fig)
+
+
+def test_error_bars_are_the_95_percent_interval_where_there_is_one() -> None:
+    summary = _summary([("ddp", "fp32", 2, 100.0), ("fsdp", "fp32", 2, 90.0)])
+    # ddp has an interval (3+ repeats); fsdp's is nan (fewer): min to max
+    summary["samples_per_s_ci_low"] = [97.0, np.nan]
+    summary["samples_per_s_ci_high"] = [104.0, np.nan]
+    ax = plots.throughput(summary).axes[0]
+    spans = {}
+    for c in ax.containers:
+        if isinstance(c, ErrorbarContainer):
+            (segs,) = c.lines[2]
+            spans[round(float(segs.get_segments()[0][0, 0]), 3)] = sorted(
+                segs.get_segments()[0][:, 1].tolist()
+            )
+    assert sorted(spans.values()) == [[85.0, 95.0], [97.0, 104.0]]
+    assert plots.ERROR_BARS in ax.get_title()
 
 
 def test_option_sweep_colours_by_strategy_and_styles_by_world_size() -> None:
@@ -276,8 +293,8 @@ def test_option_sweep_has_a_subplot_per_swept_key() -> None:
     rows += [("ddp", "fp32,bucket_cap_mb=5,rank=3", 2, 0.0)]  # lone rank value for ddp
     fig = plots.option_sweep(_summary(rows))
     assert [ax.get_title() for ax in fig.axes] == [
-        "Sweep of bucket_cap_mb: throughput",
-        "Sweep of rank: throughput",
+        f"Sweep of bucket_cap_mb: throughput ({plots.ERROR_BARS})",
+        f"Sweep of rank: throughput ({plots.ERROR_BARS})",
     ]
     bucket, rank = fig.axes
     assert bucket.get_xlabel() == "bucket_cap_mb" and rank.get_xlabel() == "rank"
