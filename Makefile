@@ -18,7 +18,7 @@ help:
 	@echo "make test       install (Horovod included), then the test suite"
 	@echo "make verify     parity of every strategy with the single-device baseline"
 	@echo "make report     re-render the report of the newest run"
-	@echo "make overhead   harness vs a hand-written training loop, samples/s ratio"
+	@echo "make overhead   harness vs a hand-written loop: paired rounds, median ratio and its 95 % interval"
 	@echo "make microbench all_reduce, all_gather, reduce_scatter latency / bus bandwidth (pytest-benchmark)"
 	@echo "make horovod    build Horovod 0.28.1 against the installed torch (cached)"
 	@echo "make gpu-check  on a CUDA machine, offline: GPU tests and a reference run (results/reference/)"

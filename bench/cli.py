@@ -111,6 +111,15 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--max-steps", type=int, default=None, help="cap on steps per epoch")
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument(
+        "--target-precision",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="time each cell's steps until its mean step time is known to within PCT %% "
+        "(95 %% interval over blocks of 10 steps; at least 30 timed steps, at most --max-steps "
+        "or an epoch); rows say how many ran and the precision reached",
+    )
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--device", default=d.device, help="auto, cpu or cuda")
     p.add_argument(
@@ -255,6 +264,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         epochs=a.epochs,
         max_steps=a.max_steps,
         warmup_steps=a.warmup_steps,
+        target_precision=a.target_precision,
         repeats=a.repeats,
         device=a.device,
         workers=a.workers,

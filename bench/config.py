@@ -85,6 +85,10 @@ class RunConfig:
     #: as many without (the communication ablation; 0: none), then `profile_steps` under
     #: torch.profiler (bench.breakdown)
     probe_pairs: int = 4
+    #: choose each epoch's timed steps by precision: stop once the mean step time is known
+    #: to within this many % (95 % interval over blocks of steps, bench.stats), at the
+    #: earliest after 3 blocks, at the latest at --max-steps or the epoch's end; None: all
+    target_precision: float | None = None
     profile_steps: int = 2
     #: keep each cell's profiler trace (cells/<cell>/trace.json), single-process cells too
     profile: bool = False
@@ -164,6 +168,10 @@ class RunConfig:
         need(
             isinstance(self.probe_pairs, int) and 0 <= self.probe_pairs <= 1000,
             f"--probe-steps takes 0 to 1000 (pairs of steps with and without sync), got {self.probe_pairs}",
+        )
+        need(
+            self.target_precision is None or 0 < self.target_precision < 100,
+            f"--target-precision takes a % above 0 and below 100, got {self.target_precision}",
         )
         need(
             isinstance(self.profile_steps, int) and 0 <= self.profile_steps <= 100,

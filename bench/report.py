@@ -382,9 +382,48 @@ def _interval(r: Mapping[str, Any], metric: str, digits: int) -> str:
     return "–" if low != low else f"{_num(low, digits)}–{_num(high, digits)}"
 
 
-def ranking_markdown(summary: pd.DataFrame) -> str:
-    """Per world size, the fastest cell and those tied with it within noise."""
+def precision_markdown(runs: pd.DataFrame) -> str:
+    """How many steps --target-precision chose and where the target was not reached."""
+    if "target_precision_pct" not in runs:
+        return ""
+    target = pd.to_numeric(runs["target_precision_pct"], errors="coerce")
+    ok = runs[(runs["status"] == "ok") & target.notna()]
+    if ok.empty:
+        return ""
+    goal = float(pd.to_numeric(ok["target_precision_pct"]).iloc[0])
+    steps = pd.to_numeric(ok["timed_steps"], errors="coerce")
+    got = pd.to_numeric(ok["step_precision_pct"], errors="coerce")
+    short = ok[~(got <= goal)]
+    missed = ", ".join(
+        f"{r['strategy']} ws={r['world_size']} round {r.get('round', '?')} "
+        f"(±{_num(r['step_precision_pct'], 1)} % in {r['timed_steps']} steps)"
+        for _, r in short.iterrows()
+    )
+    return (
+        f"Timed steps chosen by precision (--target-precision {goal:g}): each cell stopped "
+        f"once its mean step time was known to within ±{goal:g} % (95 %, blocks of 10 steps): "
+        f"{int(steps.min())}–{int(steps.max())} timed steps, median {int(steps.median())}. "
+        + (f"Not reached by the bound: {missed}." if missed else "Every cell reached it.")
+    )
+
+
+def per_round(runs: pd.DataFrame | None) -> dict[tuple[str, int], dict[int, float]]:
+    """Each cell's samples/s by round (its repeat), from the counted rows: what pairs two
+    cells of an interleaved run round by round."""
+    if runs is None or runs.empty or "repeat" not in runs:
+        return {}
+    out: dict[tuple[str, int], dict[int, float]] = {}
+    for (name, ws), grp in counted_rows(runs).groupby(KEY):
+        values = pd.to_numeric(grp["samples_per_s"], errors="coerce")
+        out[(name, int(ws))] = dict(zip(grp["repeat"].astype(int), values, strict=True))
+    return out
+
+
+def ranking_markdown(summary: pd.DataFrame, runs: pd.DataFrame | None = None) -> str:
+    """Per world size, the fastest cell and those tied with it within noise (paired round by
+    round where `runs` has the rounds)."""
     lines = []
+    rounds = per_round(runs)
     for ws, grp in summary.groupby("world_size"):
         grp = grp[grp["oversubscribed"] != 1]
         cells = [
@@ -398,12 +437,18 @@ def ranking_markdown(summary: pd.DataFrame) -> str:
         ]
         if len(cells) < 2:
             continue
-        best, how = stats.leaders(cells)
+        mine = {
+            cell_name(r): rounds[(r["strategy"], int(ws))]
+            for _, r in grp.iterrows()
+            if (r["strategy"], int(ws)) in rounds
+        }
+        best, how = stats.leaders(cells, rounds=mine)
         tied = (
             f"; within noise of it: {', '.join(best[1:])}"
             if best[1:]
             else "; no other within noise"
         )
+        tied += "" if "no interval" in how else f" (by {how})"
         if "no interval" in how:
             tied = f" ({how})"
         lines.append(f"- world size {ws}: fastest {best[0]}{tied}")
@@ -921,13 +966,15 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         summary_markdown(summary) if len(summary) else "No strategy produced an ok result.",
         *(
             [
-                "Fastest per world size, with the cells whose 95 % interval over repeats "
-                "overlaps its (a t-interval of the mean; a bootstrap for speed-up): a "
-                "difference inside them is not told from noise.\n\n" + ranking
+                "Fastest per world size, with the cells within noise of it: where the cells "
+                "ran in the same rounds, those whose ratio to it has a 95 % interval reaching "
+                "1 (the per-round ratios, paired: a slow round slows both); else those whose "
+                "95 % interval over repeats overlaps its.\n\n" + ranking
             ]
-            if (ranking := ranking_markdown(summary) if len(summary) else "")
+            if (ranking := ranking_markdown(summary, run.runs) if len(summary) else "")
             else []
         ),
+        *([chosen] if (chosen := precision_markdown(run.runs)) else []),
         *(["## Model parallelism", model_parallel] if model_parallel else []),
         *(["## Where the time goes", where] if where else []),
         *(["## Scaling: predicted and measured", scaling] if scaling else []),

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import stats
 from bench.breakdown import PARTS, hidden, stacked
 from bench.probes import PHASES
 
@@ -102,6 +103,7 @@ PARAMS = [
     "seed",
     "lr",
     "options",
+    "target_precision_pct",  # --target-precision: timed steps chosen by it (empty: all)
     "round",  # the round of the interleaved matrix (the repeat's index)
     "run_order",  # the cell's place in the run, 1-based
 ]
@@ -118,6 +120,8 @@ MEASUREMENTS = [
     "step_time_ms_p90",
     "step_time_ms_iqr",
     "step_time_ms_mean",
+    # the mean step time's 95 % half-width over blocks of 10 timed steps, % (bench.stats)
+    "step_precision_pct",
     "first_step_ms",
     "data_wait_ms_p50",
     "compute_ms_p50",
@@ -293,6 +297,7 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "step_time_ms_p90": _pct(step, 90),
         "step_time_ms_iqr": _pct(step, 75) - _pct(step, 25),
         "step_time_ms_mean": float(step.mean()) if step.size else float("nan"),
+        "step_precision_pct": stats.step_precision_pct(step),
         "first_step_ms": first,  # warm-up: includes torch.compile's compilation
         "data_wait_ms_p50": _pct(wait, 50),
         "compute_ms_p50": _pct(compute, 50),

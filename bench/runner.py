@@ -416,6 +416,7 @@ class Runner:
             "epochs": cfg.epochs,
             "max_steps": cfg.max_steps,
             "warmup_steps": cfg.warmup_steps,
+            "target_precision_pct": cfg.target_precision,
             "seed": cfg.seed,
             "lr": cfg.lr,
             "threads_per_rank": self._threads(cell),

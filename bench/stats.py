@@ -12,7 +12,7 @@ Benchmark's compare do), one-sided in the direction of the change.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -70,6 +70,51 @@ def ratio_interval(
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+#: consecutive steps averaged into one block for an interval on a cell's mean step time:
+#: blocks are far less correlated with each other than single steps are (batch means)
+STEP_BLOCK = 10
+
+
+def step_precision_pct(step_ms: Sequence[float], block: int = STEP_BLOCK, level: float = LEVEL) -> float:
+    """How precisely a cell's timed steps fix its mean step time: the half-width of the 95 %
+    t-interval over the means of consecutive blocks of `block` steps, as a % of the mean
+    (the batch-means method: steps within one run are autocorrelated, so an interval over
+    single steps would be too narrow). nan with fewer than MIN_REPEATS whole blocks. It says
+    how well this run measured itself, not how another run will come out: that is the
+    interval over repeats."""
+    a = _clean(step_ms)
+    n = a.size // block
+    if n < MIN_REPEATS:
+        return math.nan
+    means = a[: n * block].reshape(n, block).mean(axis=1)
+    low, high = t_interval(means, level)
+    centre = float(means.mean())
+    return float(100 * (high - low) / 2 / centre) if centre > 0 else math.nan
+
+
+def median_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """The median of `values` and its distribution-free interval from order statistics
+    (the binomial interval for a median: no assumption about the shape of the values, so
+    one odd round cannot stretch it as it stretches a mean's): (median, low, high), with
+    coverage at least `level`; the interval is nan where too few values give that coverage
+    (fewer than 6 at 95 %)."""
+    from scipy import stats
+
+    a = np.sort(_clean(values))
+    n = a.size
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    med = float(np.median(a))
+    # the largest k with P(B <= k - 1) <= (1 - level) / 2, B ~ Binomial(n, 1/2): the
+    # interval [a_(k), a_(n-k+1)] (1-based) then covers the true median at least `level`
+    k = int(stats.binom.ppf((1 - level) / 2, n, 0.5))
+    while k >= 1 and stats.binom.cdf(k - 1, n, 0.5) > (1 - level) / 2:
+        k -= 1
+    if k < 1:
+        return med, math.nan, math.nan
+    return med, float(a[k - 1]), float(a[n - k])
+
+
 def cv_pct(values: Sequence[float]) -> float:
     """Coefficient of variation over the repeats, in % (sample standard deviation / mean);
     nan with fewer than 2."""
@@ -86,20 +131,68 @@ def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool | None:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
+def paired_ratio_interval(
+    num: Mapping[int, float], den: Mapping[int, float], level: float = LEVEL
+) -> tuple[float, float, float]:
+    """Two cells that ran in the same rounds, compared round by round: the geometric mean of
+    the per-round ratios num/den and its t-interval (Student's t on the log ratios). A round
+    that ran slow slows both alike, so the pairs cancel what unpaired intervals keep: a
+    consistent 2 % gap is told from noise that moves both by 20 %. (ratio, low, high); the
+    interval is nan with fewer than MIN_REPEATS rounds in common."""
+    common = sorted(
+        r
+        for r in set(num) & set(den)
+        if math.isfinite(num[r]) and math.isfinite(den[r]) and num[r] > 0 and den[r] > 0
+    )
+    if not common:
+        return math.nan, math.nan, math.nan
+    logs = np.log([num[r] / den[r] for r in common])
+    centre = float(np.exp(logs.mean()))
+    if logs.size < MIN_REPEATS:
+        return centre, math.nan, math.nan
+    low, high = t_interval(logs, level)
+    return centre, float(np.exp(low)), float(np.exp(high))
+
+
 def leaders(
-    cells: Sequence[tuple[str, float, tuple[float, float]]], higher_is_better: bool = True
+    cells: Sequence[tuple[str, float, tuple[float, float]]],
+    higher_is_better: bool = True,
+    rounds: Mapping[str, Mapping[int, float]] | None = None,
 ) -> tuple[list[str], str]:
-    """The best cell and every cell tied with it within noise (intervals overlapping the
-    best's), from (name, point estimate, interval); and how that was decided. Without
-    intervals no tie can be ruled out or in: the best alone, said so."""
+    """The best cell and every cell tied with it within noise, from (name, point estimate,
+    interval); and how that was decided. Where `rounds` gives each cell's value per round
+    (an interleaved run), a cell is tied when the paired interval of its ratio to the best
+    reaches 1 (paired_ratio_interval); otherwise, or with fewer than 3 rounds in common,
+    when the two cells' intervals overlap. Without intervals no tie can be ruled out or in:
+    the best alone, said so."""
     if not cells:
         return [], ""
     ordered = sorted(cells, key=lambda c: c[1], reverse=higher_is_better)
     best = ordered[0]
-    if math.isnan(best[2][0]):
+    rounds = rounds or {}
+    tied, paired, unpaired = [], 0, 0
+    for name, _, interval in ordered[1:]:
+        _, low, high = (
+            paired_ratio_interval(rounds[name], rounds[best[0]])
+            if name in rounds and best[0] in rounds
+            else (math.nan, math.nan, math.nan)
+        )
+        if not math.isnan(low):
+            paired += 1
+            if (high >= 1) if higher_is_better else (low <= 1):
+                tied.append(name)
+        elif overlap(best[2], interval) is not None:
+            unpaired += 1
+            if overlap(best[2], interval):
+                tied.append(name)
+    if not paired and not unpaired:
         return [best[0]], "no interval (fewer than 3 repeats): ties cannot be told from noise"
-    tied = [c[0] for c in ordered[1:] if overlap(best[2], c[2])]
-    return [best[0], *tied], "95 % intervals over repeats"
+    how = []
+    if paired:
+        how.append("95 % interval of the ratio to the fastest, paired round by round")
+    if unpaired:
+        how.append("95 % intervals over repeats")
+    return [best[0], *tied], "; ".join(how)
 
 
 def significant_change(

@@ -432,6 +432,7 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
         warmup_steps=0,
         scaling_model=False,  # parity needs no scaling model, nor the probes' time
         probe_pairs=0,
+        target_precision=None,  # every strategy trains the same steps
         profile_steps=0,
         profile=False,
         repeats=1,

@@ -162,6 +162,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                 max_steps=cfg.max_steps,
                 warmup_steps=cfg.warmup_steps,
                 on_step=report.step if report is not None else None,
+                precision=cfg.target_precision,
             )
             extra = strategy.cell_metrics(stats.warmup_steps)  # of the timed steps only
             probe = _probe(strategy, cfg, cell_dir) if epoch == cfg.epochs - 1 else {}

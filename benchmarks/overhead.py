@@ -1,10 +1,16 @@
 """Harness overhead: parabench's `single` and `ddp_spawn` against minimal hand-written
-loops doing the same work (same model, data, global batch, optimizer, threads, steps),
-in the same run, interleaved so drift in the machine hits both alike.
+loops doing the same work (same model, data, global batch, optimizer, threads, steps).
 
-    .venv/bin/python benchmarks/overhead.py [--steps 120] [--rounds 3] [--data-root DIR]
+    .venv/bin/python benchmarks/overhead.py [--steps 120] [--min-rounds 6] [--max-minutes 20]
+                                            [--width 0.02] [--data-root DIR] [--csv FILE]
 
-Prints samples/s of each and the ratio harness / hand-written (aim: within 2 %).
+Paired rounds: in each round, for each strategy, the hand-written loop and the harness run
+back to back (which goes first alternates by round), and the round's ratio harness / hand
+is one sample: a machine that drifts over minutes moves both sides of a pair alike, which
+unpaired medians cannot cancel. The figure is the median ratio over rounds with its 95 %
+distribution-free interval (order statistics, bench.stats.median_interval; at least 6
+rounds). Rounds go on until every interval is no wider than --width (0.02: two points of
+ratio) or --max-minutes have passed; a line then says the interval this machine reached.
 Each side runs in a fresh process; only the timed steps after warm-up are counted.
 """
 
@@ -13,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -92,6 +97,10 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
         device="cpu",
         out_dir=out_dir,
         run_id=tag,
+        # what the hand-written loop does not do either: no probes after the timed steps
+        probe_pairs=0,
+        profile_steps=0,
+        scaling_model=False,
     )
     _, rows = run_matrix(cfg, echo=lambda m: None)
     row = rows[0]
@@ -100,46 +109,96 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
     return float(row["samples_per_s"])
 
 
+PAIRS = (("single", 1), ("ddp_spawn", 2))
+
+
+def wide(ratios: list[float], width: float) -> bool:
+    """Whether the interval is not there yet or wider than `width`."""
+    from bench.stats import median_interval
+
+    _, low, high = median_interval(ratios)
+    return not high - low <= width  # nan: not yet
+
+
 def main() -> None:
+    from bench.stats import median_interval
+
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--min-rounds", type=int, default=6, help="at least 6 give an interval")
+    p.add_argument("--max-rounds", type=int, default=40)
+    p.add_argument("--max-minutes", type=float, default=20.0)
+    p.add_argument("--width", type=float, default=0.02, help="widest interval accepted")
+    p.add_argument("--csv", default="", help="also write every round's figures here")
     default_root = os.environ.get("PARABENCH_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
     p.add_argument("--data-root", default=default_root)
     a = p.parse_args()
+    if a.min_rounds < 1 or a.max_rounds < a.min_rounds or a.steps < 1 or a.width <= 0:
+        p.error("need 1 <= --min-rounds <= --max-rounds, --steps >= 1 and --width > 0")
     args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
-    pairs = [("single", 1), ("ddp_spawn", 2)]
-    got: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {s: [] for s, _ in PAIRS}
+    rows: list[dict] = []
+    deadline = time.monotonic() + 60 * a.max_minutes
     with tempfile.TemporaryDirectory() as out_dir:
-        for r in range(a.rounds):
-            for strategy, world in pairs:
+        r = 0
+        while r < a.max_rounds:
+            if r >= a.min_rounds and (
+                time.monotonic() > deadline or not any(wide(v, a.width) for v in ratios.values())
+            ):
+                break
+            for strategy, world in PAIRS:
+                if r >= a.min_rounds and not wide(ratios[strategy], a.width):
+                    continue  # this one is precise enough: spend the time on the other
                 # alternate which side goes first, so neither always runs on a warmer machine
                 order = ["hand", "harness"] if r % 2 == 0 else ["harness", "hand"]
+                got = {}
                 for side in order:
-                    sps = (
+                    got[side] = (
                         hand(world, args)
                         if side == "hand"
                         else harness(strategy, world, args, out_dir, f"{strategy}-{r}")
                     )
-                    got.setdefault(f"{side}:{strategy}", []).append(sps)
-                    print(
-                        f"round {r} {side:<8} {strategy:<10} ws={world} {sps:9.1f} samples/s",
-                        flush=True,
-                    )
+                ratio = got["harness"] / got["hand"]
+                ratios[strategy].append(ratio)
+                rows.append(
+                    {"round": r, "strategy": strategy, "world_size": world, "first": order[0]}
+                    | {f"{k}_samples_per_s": round(v, 2) for k, v in got.items()}
+                    | {"ratio": round(ratio, 4)}
+                )
+                print(
+                    f"round {r:>2} {strategy:<10} ws={world} hand {got['hand']:8.1f}  harness "
+                    f"{got['harness']:8.1f} samples/s  ratio {ratio:.3f}  ({order[0]} first)",
+                    flush=True,
+                )
+            r += 1
+    if a.csv:
+        import csv
+
+        with open(a.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    print(f"\n{'strategy':<10} {'ws':>3} {'rounds':>6} {'median ratio':>12} {'95% interval':>16} {'width':>6}")
+    for strategy, world in PAIRS:
+        med, low, high = median_interval(ratios[strategy])
+        band = f"{low:.3f}-{high:.3f}" if low == low else "n/a (< 6 rounds)"
+        print(
+            f"{strategy:<10} {world:>3} {len(ratios[strategy]):>6} {med:>12.3f} {band:>16} "
+            f"{high - low:>6.3f}"
+        )
+        if not high - low <= a.width:
+            print(
+                f"  {strategy}: this machine did not narrow the interval to {a.width:g} in "
+                f"{len(ratios[strategy])} rounds (--max-minutes {a.max_minutes:g}, "
+                f"--max-rounds {a.max_rounds}): the rounds disagree by more than the harness costs"
+            )
     print(
-        f"\n{'strategy':<10} {'ws':>3} {'hand samples/s':>15} {'harness samples/s':>18} {'ratio':>7}"
-    )
-    for strategy, world in pairs:
-        h = statistics.median(got[f"hand:{strategy}"])
-        b = statistics.median(got[f"harness:{strategy}"])
-        print(f"{strategy:<10} {world:>3} {h:>15.1f} {b:>18.1f} {b / h:>7.3f}")
-    print(
-        f"(medians of {a.rounds} rounds, {a.steps} timed steps after {a.warmup} warm-up, "
-        f"global batch {a.batch}, MNIST CNN, CPU)"
+        f"(ratio harness / hand per round, paired back to back; {a.steps} timed steps after "
+        f"{a.warmup} warm-up, global batch {a.batch}, MNIST CNN, CPU)"
     )
 
 

@@ -541,9 +541,12 @@ class Strategy:
         max_steps: int | None = None,
         warmup_steps: int = 0,
         on_step: Callable[[float], None] | None = None,
+        precision: float | None = None,
     ) -> EpochStats:
         """One epoch of the loop every strategy shares. `on_step(step_ms)` is called after
-        each step, outside its timing (rank 0's progress report)."""
+        each step, outside its timing (rank 0's progress report). With `precision` (a %),
+        the epoch ends early once every rank's mean step time is known to within it
+        (`precise_enough`)."""
         assert self.model is not None and self.optimizer is not None, "call attach() first"
         sampler = getattr(loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
@@ -571,11 +574,27 @@ class Strategy:
             losses.append(loss)
             if on_step is not None:
                 on_step(records[-1].total_ms)
+            if precision is not None and self.precise_enough(records, warmup_steps, precision):
+                break
             if not self.model_state:  # after the first step, outside its timing
                 self.model_state = model_state_mib(
                     self.unwrap(self.model).parameters(), self.optimizer_states()
                 )
         return self._epoch_stats(epoch, records, losses, warmup_steps, self.clock.steps())
+
+    def precise_enough(self, records: list[StepRecord], warmup: int, target: float) -> bool:
+        """Whether the timed steps so far fix the mean step time to within `target` % on every
+        rank (bench.stats.step_precision_pct over blocks of STEP_BLOCK steps). Asked only
+        where a block ends, the same step on every rank, outside the steps' timing: the
+        ranks agree through one small collective (all_mean), so all stop at the same step."""
+        from bench.stats import MIN_REPEATS, STEP_BLOCK, step_precision_pct
+
+        timed = len(records) - warmup
+        if timed < STEP_BLOCK * MIN_REPEATS or timed % STEP_BLOCK:
+            return False
+        reached = step_precision_pct([r.total_ms for r in records[warmup:]]) <= target
+        agreed = self.all_mean(torch.tensor([float(reached)], device=self.ctx.device))
+        return bool(agreed.item() > 1 - 1e-6)
 
     def _epoch_stats(
         self,

@@ -69,6 +69,82 @@ def test_leaders_tie_overlapping_intervals() -> None:
     assert alone == ["b"] and "fewer than 3" in how
 
 
+def test_median_interval_from_order_statistics() -> None:
+    # the binomial interval of a median: [x(k), x(n-k+1)], k = 2 for 10 values, 6 for 20
+    assert stats.median_interval(list(range(10))) == (4.5, 1.0, 8.0)
+    assert stats.median_interval(list(range(20))) == (9.5, 5.0, 14.0)
+    med, low, high = stats.median_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert med == 3.0 and math.isnan(low) and math.isnan(high)  # 5 values cannot give 95 %
+    rng = np.random.default_rng(3)
+    hits = sum(
+        low <= 0.0 <= high
+        for low, high in (stats.median_interval(rng.standard_cauchy(15))[1:] for _ in range(2000))
+    )
+    assert 0.95 <= hits / 2000 <= 0.99  # at least 95 %, whatever the distribution's tails
+
+
+def test_step_precision_over_blocks_of_steps() -> None:
+    rng = np.random.default_rng(4)
+    # independent steps of sd 5 %: 10 block means, half-width about t(9) * 5 / 10 = 1.13 %,
+    # and the interval holds the true mean 95 % of the time
+    hits, widths = 0, []
+    for _ in range(1000):
+        steady = rng.normal(100.0, 5.0, size=100)
+        widths.append(stats.step_precision_pct(steady))
+        hits += abs(steady.mean() - 100.0) <= widths[-1]  # in % of a mean near 100
+    assert 0.93 <= hits / 1000 <= 0.97
+    assert 0.95 < np.mean(widths) < 1.25
+    assert math.isnan(stats.step_precision_pct(steady[:29]))  # fewer than 3 whole blocks
+    # a machine that drifts: per-step intervals would claim far more precision than there is
+    drifting = 100.0 + np.cumsum(rng.normal(0.0, 1.0, size=100))
+    naive = 100 * 1.98 * drifting.std(ddof=1) / np.sqrt(drifting.size) / drifting.mean()
+    assert stats.step_precision_pct(drifting) > 1.5 * naive
+
+
+def _epoch(precision: float | None, steps: int = 80) -> int:
+    """The steps one in-process `single` epoch ran with this precision target."""
+    import torch
+    from torch import nn
+
+    from strategies.base import RankContext
+    from strategies.single import Single
+
+    torch.manual_seed(0)
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    net = nn.Linear(8, 2)
+    single = Single(ctx, {})
+    single.attach(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    batches = [(torch.randn(4, 8), torch.randint(0, 2, (4,))) for _ in range(steps)]
+    return single.train_epoch(batches, 0, warmup_steps=3, precision=precision).steps
+
+
+def test_target_precision_stops_at_the_first_block_that_reaches_it() -> None:
+    assert _epoch(None) == 80
+    assert _epoch(1e6) == 3 + 30  # any spread passes: the first check, after 3 blocks
+    assert _epoch(1e-9) == 80  # never reached: the bound (here the epoch's end)
+
+
+def test_pairing_by_round_tells_a_steady_gap_from_noise() -> None:
+    # rounds that move both cells by +-20 %, b 2 % behind a in every one of them
+    a = {0: 100.0, 1: 80.0, 2: 120.0, 3: 90.0, 4: 110.0}
+    b = {r: 0.98 * v for r, v in a.items()}
+    b[3] *= 1.005  # not exactly constant
+    ratio, low, high = stats.paired_ratio_interval(b, a)
+    assert low < ratio < high < 1.0 and ratio == pytest.approx(0.981, abs=0.001)
+    cells = [
+        (n, float(np.mean(list(v.values()))), stats.t_interval(list(v.values())))
+        for n, v in (("a", a), ("b", b))
+    ]
+    assert stats.leaders(cells) == (["a", "b"], "95 % intervals over repeats")  # unpaired: tied
+    best, how = stats.leaders(cells, rounds={"a": a, "b": b})
+    assert best == ["a"] and "paired round by round" in how  # paired: b is behind
+    # a gap that flips sign from round to round stays within noise, paired or not
+    c = {r: v * (1.03 if r % 2 else 0.97) for r, v in a.items()}
+    assert stats.paired_ratio_interval(c, a)[2] >= 1.0
+    # fewer than 3 rounds in common: no paired interval
+    assert math.isnan(stats.paired_ratio_interval({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0, 2: 3.0})[1])
+
+
 # ---------------------------------------------------------------- the interleaved matrix
 
 
@@ -161,3 +237,26 @@ def test_rows_say_their_round_order_and_machine_state(sleepy_runs) -> None:
         row["samples_per_s_ci_low"] <= row["samples_per_s_median"] <= row["samples_per_s_ci_high"]
     )
     assert row["samples_per_s_cv_pct"] >= 0
+
+
+def test_target_precision_across_ranks(data_root: Path, tmp_path: Path) -> None:
+    """Two ranks stop at the same step (they agree through a collective; a rank that
+    stopped alone would hang the other), and the rows say how many steps and how precise."""
+    import pandas as pd
+
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        strategies=("ddp_spawn",),
+        world_sizes=(2,),
+        max_steps=60,
+        warmup_steps=2,
+        eval_samples=0,
+        target_precision=1000.0,
+    )
+    run, rows = run_matrix(cfg, echo=lambda m: None)
+    assert [r["status"] for r in rows] == ["ok"]
+    row = pd.read_csv(run / "runs.csv").iloc[0]
+    assert row["timed_steps"] == 30 and row["steps"] == 32
+    assert 0 < row["step_precision_pct"] <= 1000 and row["target_precision_pct"] == 1000
+    assert 0 <= row["other_cpu_pct"] <= 100 and 0 <= row["cpu_steal_pct"] <= 100
