@@ -245,6 +245,38 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="skip what `parabench predict` and MFU need (the collectives' latency and "
         "bandwidth, compute at smaller batches, model FLOPs and the CPU's matmul peak)",
     )
+    nodes = p.add_argument_group("several nodes (README: running on a cluster)")
+    nodes.add_argument(
+        "--nodes", type=int, default=d.nodes, help="nodes, one torchrun agent on each (default 1)"
+    )
+    nodes.add_argument(
+        "--procs-per-node", type=int, default=0, metavar="M", help="ranks per node: world size N x M"
+    )
+    nodes.add_argument(
+        "--hosts",
+        type=_csv(str),
+        default=(),
+        help="each node's address, comma-separated; the first serves the rendezvous",
+    )
+    nodes.add_argument(
+        "--host-exec",
+        default="",
+        metavar="TEMPLATE",
+        help="how a command reaches a node, with {host} and {node}: e.g. 'ssh {host}' "
+        "(default: on this machine)",
+    )
+    nodes.add_argument(
+        "--rdzv",
+        default=d.rdzv,
+        help="c10d (the default: node ranks assigned at the rendezvous) or static "
+        "(node i of --hosts is node rank i)",
+    )
+    nodes.add_argument("--rdzv-port", type=int, default=d.rdzv_port)
+    nodes.add_argument(
+        "--ifname",
+        default="",
+        help="the nodes' network interface, for gloo and NCCL (GLOO_SOCKET_IFNAME)",
+    )
     p.add_argument(
         "--oversubscribe",
         action="store_true",
@@ -296,6 +328,13 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         profile_steps=a.profile_steps,
         profile=a.profile,
         scaling_model=a.scaling_model,
+        nodes=a.nodes,
+        procs_per_node=a.procs_per_node,
+        hosts=a.hosts,
+        host_exec=a.host_exec,
+        rdzv=a.rdzv,
+        rdzv_port=a.rdzv_port,
+        ifname=a.ifname,
         **extra,
     )
 

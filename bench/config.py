@@ -96,6 +96,15 @@ class RunConfig:
     #: at the run's world sizes (collectives.json), each one-process cell's compute at smaller
     #: batches, the model's FLOPs and the device's peak (model.json)
     scaling_model: bool = True
+    #: several nodes (bench.nodes): world size nodes x procs_per_node, one torchrun agent per
+    #: host, started through host_exec ("ssh {host}"; empty: on this machine)
+    nodes: int = 1
+    procs_per_node: int = 0  # 0: one node, world sizes as given
+    hosts: tuple[str, ...] = ()  # each node's address, the first serving the rendezvous
+    host_exec: str = ""
+    rdzv: str = "c10d"  # or "static" (node i is node rank i)
+    rdzv_port: int = 29500
+    ifname: str = ""  # the nodes' network interface for gloo / NCCL (GLOO_SOCKET_IFNAME)
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -231,10 +240,40 @@ class RunConfig:
             bool(self.model) or self.dataset in DEFAULT_MODEL,
             f"--dataset {self.dataset} is your own: name the model to train on it with --model",
         )
+        self._check_nodes(need)
         if not self.model:
             object.__setattr__(self, "model", DEFAULT_MODEL[self.dataset])
         if not self.data_root:
             object.__setattr__(self, "data_root", os.environ.get("PARABENCH_DATA_ROOT", "data"))
+
+    def _check_nodes(self, need: Any) -> None:
+        need(self.nodes >= 1, f"--nodes must be at least 1, got {self.nodes}")
+        need(self.rdzv in ("c10d", "static"), f"--rdzv takes c10d or static, got {self.rdzv!r}")
+        need(0 < self.rdzv_port < 65536, f"--rdzv-port must be a TCP port, got {self.rdzv_port}")
+        if self.nodes == 1:
+            need(
+                not (self.procs_per_node or self.hosts or self.host_exec),
+                "--procs-per-node, --hosts and --host-exec describe several nodes: give --nodes N too",
+            )
+            return
+        need(self.procs_per_node >= 1, "--nodes N needs --procs-per-node M (world size N x M)")
+        need(
+            len(self.hosts) == self.nodes,
+            f"--nodes {self.nodes} needs --hosts with {self.nodes} addresses, the first serving "
+            f"the rendezvous; got {len(self.hosts)}",
+        )
+        world = self.nodes * self.procs_per_node
+        need(
+            self.world_sizes in ((), (world,)),
+            f"--nodes {self.nodes} x --procs-per-node {self.procs_per_node} is world size {world}; "
+            f"--world-sizes {','.join(map(str, self.world_sizes))} asks for another",
+        )
+        if "{" in self.host_exec:
+            try:
+                self.host_exec.format(host="h", node=0)
+            except (KeyError, IndexError, ValueError) as exc:
+                need(False, f"--host-exec takes the fields {{host}} and {{node}}, not {exc}")
+        object.__setattr__(self, "world_sizes", (world,))
 
     def _default_image_size(self) -> int:
         if self.dataset != "synthetic":
@@ -256,7 +295,7 @@ class RunConfig:
             raise ConfigError(f"a run's config is an object, not {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
-        for key in ("strategies", "exclude", "world_sizes", "precisions"):
+        for key in ("strategies", "exclude", "world_sizes", "precisions", "hosts"):
             d[key] = tuple(d.get(key) or ())
         for key in ("compile", "accumulate", "sync_bn", "channels_last"):
             if key in d:

@@ -104,6 +104,9 @@ PARAMS = [
     "lr",
     "options",
     "target_precision_pct",  # --target-precision: timed steps chosen by it (empty: all)
+    "nodes",  # --nodes: the hosts the ranks ran on (1: this machine)
+    "procs_per_node",
+    "hosts",  # every rank's host, in rank order, once each
     "round",  # the round of the interleaved matrix (the repeat's index)
     "run_order",  # the cell's place in the run, 1-based
 ]
@@ -189,6 +192,7 @@ STEP_COLUMNS = ID + [
 ]
 RANK_COLUMNS = ID + [
     "rank",
+    "host",  # the node the rank ran on: its --hosts address, else the machine's name
     "samples",
     "timed_s",
     "samples_per_s",
@@ -385,6 +389,7 @@ def rank_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[
             {
                 **ident,
                 "rank": r["rank"],
+                "host": r.get("host", ""),
                 "samples": r["samples"],
                 "timed_s": r["timed_s"],
                 "samples_per_s": sps,

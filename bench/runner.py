@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import strategies
-from bench import data, proc, results
+from bench import data, nodes, proc, results
 from bench.config import ConfigError, RunConfig
 from bench.env import cpu_cores, device_count, provenance, resolve_device, threads_per_process
 from bench.launchers import LAUNCHERS
@@ -142,7 +142,8 @@ def plan(cfg: RunConfig) -> list[Cell]:
         mine: list[Cell] = []
         for ws, (setting, opts) in itertools.product(sizes, settings):
             reason = why_not or (
-                spec.cannot_run(ws, device, n_dev, cfg.oversubscribe)
+                _across_nodes(cfg, spec)
+                or spec.cannot_run(ws, device, n_dev * cfg.nodes, cfg.oversubscribe)
                 or spec.cls.unsupported(setting, device)
                 or spec.cls.unsuitable(cfg, ws, merged_options(spec, opts))
             )
@@ -157,6 +158,20 @@ def plan(cfg: RunConfig) -> list[Cell]:
             )
         cells += mine
     return interleaved(cells, cfg.seed)
+
+
+def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
+    """Why a strategy's cells cannot run on several nodes, if they cannot."""
+    from bench.nodes import MULTI_NODE_LAUNCHERS
+
+    if cfg.nodes == 1 or spec.launcher in MULTI_NODE_LAUNCHERS:
+        return None
+    how = {
+        "inprocess": "runs in one process on one host",
+        "spawn": "starts its ranks with mp.spawn on one host",
+        "horovodrun": "runs through horovodrun, which parabench starts on one host only",
+    }.get(spec.launcher, f"its launcher {spec.launcher} starts every rank on one host")
+    return f"cannot run across {cfg.nodes} nodes: {spec.name} {how}"
 
 
 def machine_state() -> dict[str, float]:
@@ -417,6 +432,8 @@ class Runner:
             "max_steps": cfg.max_steps,
             "warmup_steps": cfg.warmup_steps,
             "target_precision_pct": cfg.target_precision,
+            "nodes": cfg.nodes,
+            "procs_per_node": cfg.procs_per_node or "",
             "seed": cfg.seed,
             "lr": cfg.lr,
             "threads_per_rank": self._threads(cell),
@@ -462,15 +479,20 @@ class Runner:
         path.write_text(json.dumps(spec, indent=1))
         return path
 
-    def _threads(self, cell: Cell) -> int:
+    def _per_host(self, cell: Cell) -> int:
+        """The cell's processes on one host: all of them, or one node's share (each node
+        taken to have as many cores as this machine)."""
+        if self.cfg.nodes > 1:
+            return self.cfg.procs_per_node
         spec = strategies.get(cell.strategy)
-        return threads_per_process(spec.cls.processes(cell.world_size) if spec.cls else 1)
+        return spec.cls.processes(cell.world_size) if spec.cls else 1
+
+    def _threads(self, cell: Cell) -> int:
+        return threads_per_process(self._per_host(cell))
 
     def _oversubscribed(self, cell: Cell) -> int:
         """1 if the cell runs more CPU processes than there are cores (--oversubscribe)."""
-        spec = strategies.get(cell.strategy)
-        procs = spec.cls.processes(cell.world_size) if spec.cls else 1
-        return int(self.device == "cpu" and procs > cpu_cores())
+        return int(self.device == "cpu" and self._per_host(cell) > cpu_cores())
 
     def _env(self, cell: Cell, cell_dir: Path) -> dict[str, str]:
         env = dict(os.environ)
@@ -482,6 +504,9 @@ class Runner:
         for var in LAUNCHER_VARS:  # a harness started under torchrun/horovodrun must not leak them
             env.pop(var, None)
         env["PYTHONUNBUFFERED"] = "1"
+        if self.cfg.nodes > 1:  # each node's own interface (--ifname), or gloo's own choice
+            env.pop("GLOO_SOCKET_IFNAME", None)
+            return env
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("HOROVOD_GLOO_IFACE", "lo")
         return env
@@ -495,12 +520,6 @@ class Runner:
         cell_dir.mkdir(parents=True)
         spec = strategies.get(cell.strategy)
         t0 = time.monotonic()
-        try:
-            argv = LAUNCHERS[spec.launcher](
-                self._spec(cell, cell_dir), cell.world_size, self.device
-            )
-        except RuntimeError as exc:
-            return self._write([self._status_row(cell, results.FAILED, str(exc))])
         env = self._env(cell, cell_dir)
         self.state[cell.key] = machine_state()
         share = CpuShare()
@@ -508,6 +527,16 @@ class Runner:
         # start-up phases against it (bench.worker)
         started = time.time()
         env["PARABENCH_CELL_T0"] = repr(started)
+        try:
+            spec_path = self._spec(cell, cell_dir)
+            if self.cfg.nodes > 1:  # one torchrun agent per node (bench.nodes)
+                rdzv_id = f"{self.dir.path.name}-{cell.dirname}"
+                commands = nodes.node_commands(self.cfg, spec_path, rdzv_id, env)
+                argv = nodes.launch_argv(commands, cell_dir / "nodes.json")
+            else:
+                argv = LAUNCHERS[spec.launcher](spec_path, cell.world_size, self.device)
+        except RuntimeError as exc:
+            return self._write([self._status_row(cell, results.FAILED, str(exc))])
         self.current = proc.CellProcess(argv, env, cell_dir / "log.txt", str(cell_dir))
         shown = self.progress
         if shown is not None:
@@ -568,6 +597,7 @@ class Runner:
                     "data_ranks": rec.get("data_ranks", ""),
                     **{k: v for k, v in rec.get("extra", {}).items() if k in results.EXTRA},
                     "numerics": rec["numerics"],
+                    "hosts": ",".join(dict.fromkeys(r.get("host", "") for r in rec["ranks"])),
                     "loader_workers": rec["loader_workers"],
                     "threads_per_rank": rec["threads_per_rank"],
                     "warmup_steps": rec["warmup_steps"],

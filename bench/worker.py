@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import sys
 import time
 import traceback
@@ -171,6 +172,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
             ranks = strategy.gather(
                 {
                     "rank": ctx.rank,
+                    "host": os.environ.get("PARABENCH_NODE") or socket.gethostname(),
                     "samples": stats.samples,
                     "timed_s": stats.timed_s,
                     "step_ms_p50": _median(stats.step_times_ms[stats.warmup_steps :]),

@@ -1,0 +1,164 @@
+"""Past one machine: a cell's ranks on several nodes, one torchrun agent per node.
+
+The harness stays one process on one machine (the driver) and starts, for every cell, one
+torchrun agent on each node through the command that reaches that node: `--host-exec`, a
+template such as `ssh {host}` or `ip netns exec pbnode{node}` (none: the agents run on this
+machine, each bound to its own address). The agents meet at a rendezvous: c10d on the first
+host (the default; node ranks are assigned there, `--node-rank` does not apply) or static
+(`--rdzv static`, node i is node rank i). The ranks write where the cell's spec says, so
+results arrive where the driver reads them when the nodes share its file system, as cluster
+home directories and this machine's namespaces do.
+
+`python -m bench.nodes COMMANDS.json` is the cell's top process: it starts the node
+commands, waits for all, and when one fails gives the others `grace_s` to fail on their
+own (a peer that lost its node sees the broken connection within seconds) before it kills
+them, so a lost node becomes a failed row and no agent waits out torchrun's exit barrier.
+Where the nodes are this machine's namespaces, every process is in the cell's process tree
+and the harness's kill reaches it; over ssh, the agents' `--max-restarts 0` and the
+process-group timeout (`PARABENCH_PG_TIMEOUT_S`, the cell's deadline) end the remote side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: a failed node's peers get this long to fail on their own before they are killed
+GRACE_S = 20.0
+#: what a node's command is given explicitly (a remote shell need not pass the environment on)
+PASSED_ON = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
+#: launchers that can start a cell's ranks across nodes
+MULTI_NODE_LAUNCHERS = ("torchrun",)
+
+
+def node_commands(
+    cfg: Any, spec: Path, rdzv_id: str, env: Mapping[str, str]
+) -> list[list[str]]:
+    """One torchrun agent's command line per node, for the cell whose spec is `spec`."""
+    hosts, n = list(cfg.hosts), cfg.nodes
+    port = cfg.rdzv_port
+    passed = {k: v for k, v in env.items() if k.startswith("PARABENCH_") or k in PASSED_ON}
+    out = []
+    for i, host in enumerate(hosts):
+        node_env = {**passed, "PARABENCH_NODE": host}
+        if cfg.ifname:
+            node_env |= {"GLOO_SOCKET_IFNAME": cfg.ifname, "NCCL_SOCKET_IFNAME": cfg.ifname}
+        prefix = shlex.split(cfg.host_exec.format(host=host, node=i)) if cfg.host_exec else []
+        if cfg.rdzv == "static":
+            meet = [
+                "--rdzv-backend=static",
+                f"--master-addr={hosts[0]}",
+                f"--master-port={port}",
+                f"--node-rank={i}",
+            ]
+        else:
+            # c10d: the store is served by the agent on the first host; said outright, since
+            # agents that share an address (one machine) cannot tell which of them it is
+            meet = [
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={hosts[0]}:{port}",
+                f"--rdzv-id={rdzv_id}",
+                f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}",
+            ]
+        out.append(
+            [
+                *prefix,
+                "env",
+                *(f"{k}={v}" for k, v in sorted(node_env.items())),
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={n}",
+                f"--nproc-per-node={cfg.procs_per_node}",
+                "--max-restarts=0",
+                f"--local-addr={host}",
+                *meet,
+                "-m",
+                "bench.worker",
+                str(spec),
+            ]
+        )
+    return out
+
+
+def launch_argv(commands: Sequence[Sequence[str]], path: Path) -> list[str]:
+    """The cell's top process: this module, fanning out to the node commands saved at `path`."""
+    path.write_text(json.dumps({"commands": [list(c) for c in commands], "grace_s": GRACE_S}))
+    return [sys.executable, "-m", "bench.nodes", str(path)]
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM the node commands still running, SIGKILL what is left after `grace_s`."""
+    for p in procs:
+        if p.poll() is None:
+            _signal(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            _signal(p, signal.SIGKILL)
+            p.wait()
+
+
+def _signal(p: subprocess.Popen, sig: int) -> None:
+    try:  # each node command leads its own process group: its agent and ranks with it
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:
+    """Run the node commands together; 0 if all succeed, else the first failure's code
+    (after the others had `grace_s` to end, then were killed)."""
+    procs = [subprocess.Popen(list(c), start_new_session=True) for c in commands]
+
+    def stop_all(signum: int, _frame: Any) -> None:
+        _stop(procs, 3.0)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop_all)
+    signal.signal(signal.SIGINT, stop_all)
+    first: int | None = None
+    failed_at = 0.0
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [c for c in codes if c not in (None, 0)]
+        if bad and first is None:
+            first, failed_at = bad[0], time.monotonic()
+            i = codes.index(first)
+            print(f"parabench: node {i} exited with code {first}", file=sys.stderr, flush=True)
+        if all(c is not None for c in codes):
+            return first or 0
+        if first is not None and time.monotonic() - failed_at > grace_s:
+            alive = [i for i, c in enumerate(codes) if c is None]
+            print(
+                f"parabench: node(s) {', '.join(map(str, alive))} still running {grace_s:g} s "
+                "after another failed: killed",
+                file=sys.stderr,
+                flush=True,
+            )
+            _stop(procs, 3.0)
+            return first
+        time.sleep(0.2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from bench import proc
+
+    proc.die_with_parent()
+    args = list(sys.argv[1:] if argv is None else argv)
+    spec = json.loads(Path(args[0]).read_text())
+    return fan_out(spec["commands"], float(spec.get("grace_s", GRACE_S)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

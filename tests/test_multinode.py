@@ -1,0 +1,223 @@
+"""Past one machine (issue 14): cells across nodes with one torchrun agent per node.
+
+The nodes are two network namespaces made by scripts/netns_hosts.sh, joined to each other
+by one veth pair and to nothing else (the root namespace has no interface of their network,
+only a blackhole route for it): two hosts with their own addresses on this machine, traffic
+never leaving it. The tests need root and `ip`; without them they skip, saying so. Every
+process in the namespaces is killed and both are removed after the module, failed or not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench.cli import main
+from tests.conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "netns_hosts.sh"
+HOSTS = ("10.231.0.1", "10.231.0.2")
+
+
+def _netns_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "two network namespaces need root"
+    if shutil.which("ip") is None:
+        return "`ip` (iproute2) not installed"
+    return None
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    """The namespaces' name prefix (NAME0, NAME1), made for this module and removed after."""
+    why = _netns_missing()
+    if why:
+        pytest.skip(why)
+    name = f"pb{os.getpid() % 100000}n"
+    up = subprocess.run(["bash", str(SCRIPT), "up", name], capture_output=True, text=True)
+    if up.returncode:
+        subprocess.run(["bash", str(SCRIPT), "down", name], capture_output=True)
+        pytest.skip(f"could not make network namespaces here: {up.stderr.strip()[:200]}")
+    try:
+        yield name
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "down", name], capture_output=True)
+
+
+def _pids(ns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _args(two_hosts: str, data_root: Path, out: Path, **kw) -> list[str]:
+    argv = [
+        "run",
+        "--dataset=mnist",
+        f"--data-root={data_root}",
+        "--device=cpu",
+        f"--out-dir={out}",
+        "--eval-samples=0",
+        "--probe-steps=0",
+        "--profile-steps=0",
+        "--no-scaling-model",
+        "--nodes=2",
+        "--procs-per-node=1",
+        f"--hosts={','.join(HOSTS)}",
+        f"--host-exec=ip netns exec {two_hosts}{{node}}",
+        "--ifname=pb0",
+    ]
+    return argv + [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+
+
+def _rows(run: Path) -> pd.DataFrame:
+    return pd.read_csv(run / "runs.csv").sort_values("run_order").reset_index(drop=True)
+
+
+def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> None:
+    for bad, says in [
+        (["--nodes=2"], "--procs-per-node"),
+        (["--nodes=2", "--procs-per-node=1", "--hosts=10.0.0.1"], "needs --hosts with 2"),
+        (["--procs-per-node=2"], "give --nodes N too"),
+        (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--world-sizes=4"], "world size 2"),
+        (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--rdzv=etcd"], "c10d or static"),
+        (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--host-exec=ssh {hots}"], "{host}"),
+    ]:
+        assert main(["run", f"--data-root={data_root}", "--dry-run", *bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, (bad, err)
+
+
+def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) -> None:
+    from bench.config import ConfigError
+    from bench.runner import plan
+    from tests.conftest import small_config
+
+    cfg = small_config(
+        tmp_path, data_root, world_sizes=(), nodes=2, procs_per_node=1, hosts=HOSTS
+    )
+    cells = {c.strategy: c for c in plan(cfg)}
+    assert cfg.world_sizes == (2,)
+    for name, how in [("single", "one process"), ("ddp_spawn", "mp.spawn"), ("dp", "one")]:
+        assert cells[name].status == "skipped"
+        assert cells[name].reason.startswith("cannot run across 2 nodes") and how in cells[name].reason
+    assert cells["ddp_torchrun"].status == "" and cells["fsdp"].status == ""
+    with pytest.raises(ConfigError, match="cannot run across 2 nodes: ddp_spawn"):
+        plan(cfg.replace(strategies=("ddp_spawn",)))
+
+
+def _fault_mid_cell(two_hosts: str, data_root: Path, out: Path, fault, repeats: int, timeout: int):
+    """Run ddp_torchrun across the two hosts; once round 0's cell trains, apply `fault()`.
+    Returns the rows, the seconds from the fault to round 0's failed row, and the output."""
+    argv = _args(
+        two_hosts,
+        data_root,
+        out,
+        strategies="ddp_torchrun",
+        repeats=repeats,
+        global_batch=16,
+        max_steps=100,
+        limit=4096,
+        run_id="two",
+        timeout=timeout,
+    )
+    run = out / "two"
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "bench.cli", *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        progress = run / "cells" / "ddp_torchrun-ws2-fp32-r0" / "progress.json"
+        deadline = time.monotonic() + 90
+        while not progress.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert progress.exists(), "the first cell never started training"
+        at = time.monotonic()
+        fault()
+        became_row = None
+        while harness.poll() is None and time.monotonic() - at < timeout + 60:
+            if (run / "runs.csv").exists() and "ddp_torchrun" in (run / "runs.csv").read_text():
+                became_row = time.monotonic() - at
+                break
+            time.sleep(0.2)
+        out_text, _ = harness.communicate(timeout=240)
+    finally:
+        if harness.poll() is None:
+            os.killpg(harness.pid, signal.SIGKILL)
+    assert harness.returncode in (0, 1), out_text[-2000:]
+    for ns in (f"{two_hosts}0", f"{two_hosts}1"):
+        assert _pids(ns) == [], f"processes left in {ns}"
+    return _rows(run), became_row, out_text
+
+
+@pytest.mark.slow
+def test_ddp_across_two_hosts_and_a_lost_node(two_hosts, data_root, tmp_path) -> None:
+    """Two rounds of ddp_torchrun over the two namespaces (c10d rendezvous on the first);
+    in round 0 every process of the second node is killed mid-cell (SIGKILL): that round is
+    a failed row within seconds, nothing is left running, and round 1 trains across both."""
+
+    def kill_node() -> None:
+        victims = _pids(f"{two_hosts}1")
+        assert victims, "no process ran in the second namespace"
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+
+    rows, became_row, out = _fault_mid_cell(two_hosts, data_root, tmp_path, kill_node, 2, 120)
+    print(f"node killed: a failed row {became_row:.1f} s later")
+    ddp = rows.set_index("round")
+    assert ddp.loc[0, "status"] == "failed", out[-2000:]
+    assert became_row is not None and became_row < 40  # the peer fails within seconds
+    assert ddp.loc[1, "status"] == "ok", ddp.loc[1, "reason"]
+    assert ddp.loc[1, "hosts"] == ",".join(HOSTS)  # one rank on each host
+    assert ddp.loc[1, "nodes"] == 2 and ddp.loc[1, "procs_per_node"] == 1
+    ranks = pd.read_csv(tmp_path / "two" / "ranks.csv")
+    assert sorted(ranks[ranks["repeat"] == 1]["host"]) == sorted(HOSTS)
+
+
+@pytest.mark.slow
+def test_a_link_down_ends_the_cell_by_its_deadline(two_hosts, data_root, tmp_path) -> None:
+    """The link between the hosts goes down mid-cell: neither side sees a broken connection,
+    so the process-group timeout and the cell's deadline (--timeout 20) end it: a failed or
+    timed-out row, nothing left running."""
+    link = ["ip", "-n", f"{two_hosts}1", "link", "set", "pb0"]
+    try:
+        rows, became_row, out = _fault_mid_cell(
+            two_hosts, data_root, tmp_path, lambda: subprocess.run([*link, "down"], check=True), 1, 20
+        )
+    finally:
+        subprocess.run([*link, "up"], check=True)
+    print(f"link down: a {rows.loc[0, 'status']} row {became_row:.1f} s later")
+    assert rows.loc[0, "status"] in ("failed", "timeout"), out[-2000:]
+    assert became_row is not None and became_row < 20 + 15  # the deadline and the kill's grace
+
+
+@pytest.mark.slow
+def test_a_killed_agent_fails_the_cell_not_the_run(two_hosts, data_root, tmp_path) -> None:
+    """Only the second node's torchrun agent is killed: its rank goes with it (ranks die with
+    their parent), the peer fails, and the row says so well before torchrun's 300 s exit
+    barrier would have."""
+
+    def kill_agent() -> None:
+        agents = [
+            pid
+            for pid in _pids(f"{two_hosts}1")
+            if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        assert len(agents) == 1, agents
+        os.kill(agents[0], signal.SIGKILL)
+
+    rows, became_row, out = _fault_mid_cell(two_hosts, data_root, tmp_path, kill_agent, 1, 120)
+    print(f"agent killed: a {rows.loc[0, 'status']} row {became_row:.1f} s later")
+    assert rows.loc[0, "status"] == "failed", out[-2000:]
+    assert became_row is not None and became_row < 40
