@@ -46,6 +46,7 @@ bench: install
 # PARABENCH_REQUIRE_HOROVOD: a Horovod that failed to build fails the Horovod tests
 # instead of skipping them.
 test: install horovod
+	-@scripts/slurm_cluster.sh install || echo "slurm-wlm not installed: the SLURM tests will skip"
 	PARABENCH_REQUIRE_HOROVOD=1 $(PY) -m pytest -q -ra --durations=15 tests benchmarks/test_collectives.py --benchmark-disable
 
 test-fast: install

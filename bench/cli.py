@@ -250,7 +250,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "--nodes", type=int, default=d.nodes, help="nodes, one torchrun agent on each (default 1)"
     )
     nodes.add_argument(
-        "--procs-per-node", type=int, default=0, metavar="M", help="ranks per node: world size N x M"
+        "--procs-per-node",
+        type=int,
+        default=0,
+        metavar="M",
+        help="ranks per node: world size N x M",
     )
     nodes.add_argument(
         "--hosts",
@@ -273,6 +277,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     nodes.add_argument("--rdzv-port", type=int, default=d.rdzv_port)
     nodes.add_argument(
+        "--launcher",
+        default="",
+        choices=["slurm"],
+        help="slurm: inside an allocation, every cell one srun step over its nodes "
+        "(--nodes: all of them by default); outside one, see `parabench submit`",
+    )
+    nodes.add_argument(
         "--ifname",
         default="",
         help="the nodes' network interface, for gloo and NCCL (GLOO_SOCKET_IFNAME)",
@@ -286,6 +297,21 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
+    nodes = dict(
+        nodes=a.nodes,
+        procs_per_node=a.procs_per_node,
+        hosts=a.hosts,
+        host_exec=a.host_exec,
+        rdzv=a.rdzv,
+        rdzv_port=a.rdzv_port,
+        ifname=a.ifname,
+        launcher=a.launcher,
+    )
+    if a.launcher == "slurm":  # the nodes are the allocation's
+        from bench import slurm
+
+        nodes |= slurm.describe(a.nodes, a.procs_per_node)
+        nodes["master_addr"] = nodes.pop("master")
     return RunConfig(
         strategies=a.strategies,
         exclude=a.exclude,
@@ -328,13 +354,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         profile_steps=a.profile_steps,
         profile=a.profile,
         scaling_model=a.scaling_model,
-        nodes=a.nodes,
-        procs_per_node=a.procs_per_node,
-        hosts=a.hosts,
-        host_exec=a.host_exec,
-        rdzv=a.rdzv,
-        rdzv_port=a.rdzv_port,
-        ifname=a.ifname,
+        **nodes,
         **extra,
     )
 
@@ -430,6 +450,23 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="strategies (available or not, and why), datasets, models")
     ls.add_argument("--device", default="auto")
     ls.set_defaults(func=cmd_list)
+    sb = sub.add_parser(
+        "submit",
+        help="outside a SLURM allocation: write a batch job that runs this matrix with "
+        "--launcher slurm, submit it with sbatch, print its id",
+    )
+    add_run_options(sb)
+    sb.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an #SBATCH line of the job, e.g. --sbatch-arg=--time=01:00:00 (repeatable)",
+    )
+    sb.set_defaults(func=cmd_submit)
+    st = sub.add_parser("status", help="a submitted run: its job's state and the rows so far")
+    st.add_argument("run_dir")
+    st.set_defaults(func=cmd_status)
     for mod in ("verify", "report", "compare", "predict"):
         try:
             module = __import__(f"bench.{mod}", fromlist=["add_parser"])
@@ -439,9 +476,58 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _forwarded(argv: Sequence[str]) -> list[str]:
+    """submit's run options as given, without its own --sbatch-arg."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--sbatch-arg":
+            skip = True
+        elif not arg.startswith("--sbatch-arg="):
+            out.append(arg)
+    return out
+
+
+def cmd_submit(a: argparse.Namespace) -> int:
+    from bench import slurm
+    from bench.runner import _new_run_id
+
+    if a.launcher or a.host_exec:
+        raise ConfigError(
+            "submit runs the matrix with --launcher slurm: no --launcher or --host-exec"
+        )
+    # the options checked here, before anything is submitted (the nodes are placeholders)
+    probe = argparse.Namespace(**vars(a))
+    probe.hosts = tuple(f"node{i}" for i in range(a.nodes)) if a.nodes > 1 else ()
+    config_from_args(probe)
+    per = a.procs_per_node or 1
+    run_id = a.run_id or _new_run_id()
+    run_dir = Path(a.out_dir).resolve() / run_id
+    if (run_dir / "runs.csv").exists():
+        raise ConfigError(f"{run_dir} has results already: choose another --run-id")
+    argv = [*_forwarded(a.argv[1:]), "--run-id", run_id, "--out-dir", str(run_dir.parent)]
+    if not a.procs_per_node:
+        argv += ["--procs-per-node", str(per)]
+    script = slurm.batch_script(run_dir, argv, a.nodes, per, a.sbatch_arg)
+    job = slurm.submit(run_dir, script)
+    print(f"submitted job {job}: {a.nodes} node(s) x {per}; results in {run_dir}")
+    print(f"  parabench status {run_dir}    scancel {job}")
+    return 0
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    from bench import slurm
+
+    print(slurm.status(Path(a.run_dir)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except ConfigError as exc:

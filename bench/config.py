@@ -105,6 +105,10 @@ class RunConfig:
     rdzv: str = "c10d"  # or "static" (node i is node rank i)
     rdzv_port: int = 29500
     ifname: str = ""  # the nodes' network interface for gloo / NCCL (GLOO_SOCKET_IFNAME)
+    #: "" (each strategy's own launcher) or "slurm": every cell one srun step (bench.slurm),
+    #: hosts the allocation's node names and master_addr its first node's address
+    launcher: str = ""
+    master_addr: str = ""
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -250,6 +254,20 @@ class RunConfig:
         need(self.nodes >= 1, f"--nodes must be at least 1, got {self.nodes}")
         need(self.rdzv in ("c10d", "static"), f"--rdzv takes c10d or static, got {self.rdzv!r}")
         need(0 < self.rdzv_port < 65536, f"--rdzv-port must be a TCP port, got {self.rdzv_port}")
+        need(self.launcher in ("", "slurm"), f"--launcher takes slurm, got {self.launcher!r}")
+        if self.launcher == "slurm":
+            need(
+                not self.host_exec,
+                "--host-exec goes with torchrun's agents; under --launcher slurm srun starts the ranks",
+            )
+            need(
+                self.procs_per_node >= 1
+                and len(self.hosts) == self.nodes
+                and bool(self.master_addr),
+                "--launcher slurm takes its nodes from the allocation (run it inside salloc or sbatch)",
+            )
+            object.__setattr__(self, "world_sizes", (self.nodes * self.procs_per_node,))
+            return
         if self.nodes == 1:
             need(
                 not (self.procs_per_node or self.hosts or self.host_exec),

@@ -20,6 +20,7 @@ process-group timeout (`PARABENCH_PG_TIMEOUT_S`, the cell's deadline) end the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -39,9 +40,7 @@ PASSED_ON = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
 MULTI_NODE_LAUNCHERS = ("torchrun",)
 
 
-def node_commands(
-    cfg: Any, spec: Path, rdzv_id: str, env: Mapping[str, str]
-) -> list[list[str]]:
+def node_commands(cfg: Any, spec: Path, rdzv_id: str, env: Mapping[str, str]) -> list[list[str]]:
     """One torchrun agent's command line per node, for the cell whose spec is `spec`."""
     hosts, n = list(cfg.hosts), cfg.nodes
     port = cfg.rdzv_port
@@ -110,10 +109,9 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
 
 
 def _signal(p: subprocess.Popen, sig: int) -> None:
-    try:  # each node command leads its own process group: its agent and ranks with it
+    # each node command leads its own process group: its agent and ranks with it
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(p.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:

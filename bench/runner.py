@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import strategies
-from bench import data, nodes, proc, results
+from bench import data, nodes, proc, results, slurm
 from bench.config import ConfigError, RunConfig
 from bench.env import cpu_cores, device_count, provenance, resolve_device, threads_per_process
 from bench.launchers import LAUNCHERS
@@ -164,6 +164,11 @@ def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
     """Why a strategy's cells cannot run on several nodes, if they cannot."""
     from bench.nodes import MULTI_NODE_LAUNCHERS
 
+    if cfg.launcher == "slurm" and spec.launcher not in MULTI_NODE_LAUNCHERS:
+        return (
+            f"cannot run as srun's ranks: {spec.name} starts its own processes "
+            f"({spec.launcher}); under --launcher slurm, torch.distributed strategies run"
+        )
     if cfg.nodes == 1 or spec.launcher in MULTI_NODE_LAUNCHERS:
         return None
     how = {
@@ -482,7 +487,7 @@ class Runner:
     def _per_host(self, cell: Cell) -> int:
         """The cell's processes on one host: all of them, or one node's share (each node
         taken to have as many cores as this machine)."""
-        if self.cfg.nodes > 1:
+        if self.cfg.nodes > 1 or self.cfg.launcher:
             return self.cfg.procs_per_node
         spec = strategies.get(cell.strategy)
         return spec.cls.processes(cell.world_size) if spec.cls else 1
@@ -504,8 +509,10 @@ class Runner:
         for var in LAUNCHER_VARS:  # a harness started under torchrun/horovodrun must not leak them
             env.pop(var, None)
         env["PYTHONUNBUFFERED"] = "1"
-        if self.cfg.nodes > 1:  # each node's own interface (--ifname), or gloo's own choice
+        if self.cfg.nodes > 1 or self.cfg.launcher:  # the nodes' interface, or gloo's choice
             env.pop("GLOO_SOCKET_IFNAME", None)
+            if self.cfg.launcher and self.cfg.ifname:
+                env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.cfg.ifname
             return env
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env.setdefault("HOROVOD_GLOO_IFACE", "lo")
@@ -529,7 +536,11 @@ class Runner:
         env["PARABENCH_CELL_T0"] = repr(started)
         try:
             spec_path = self._spec(cell, cell_dir)
-            if self.cfg.nodes > 1:  # one torchrun agent per node (bench.nodes)
+            step = slurm.step_name(self.dir.path.name, cell.dirname)
+            if self.cfg.launcher == "slurm":  # one srun step, its tasks the ranks
+                env |= {"MASTER_ADDR": self.cfg.master_addr, "MASTER_PORT": str(self.cfg.rdzv_port)}
+                argv = slurm.step_argv(self.cfg, spec_path, step)
+            elif self.cfg.nodes > 1:  # one torchrun agent per node (bench.nodes)
                 rdzv_id = f"{self.dir.path.name}-{cell.dirname}"
                 commands = nodes.node_commands(self.cfg, spec_path, rdzv_id, env)
                 argv = nodes.launch_argv(commands, cell_dir / "nodes.json")
@@ -548,6 +559,8 @@ class Runner:
         except BaseException:  # Ctrl-C / SIGTERM while the cell runs
             self.current.kill()
             self.current = None
+            if self.cfg.launcher == "slurm":
+                slurm.cancel_step(step)
             raise
         finally:
             if shown is not None:
@@ -556,6 +569,8 @@ class Runner:
         with _signals_held():
             self.current.reap()
             self.current = None
+            if self.cfg.launcher == "slurm":  # nothing of the step outlives its row
+                slurm.cancel_step(step)
             wall = time.monotonic() - t0
             self.state[cell.key].update(share.stop())
             return self._write(*self._collect(cell, cell_dir, rc, timed_out, wall, started + wall))

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import strategies
-from bench import data, models, proc
+from bench import data, models, proc, slurm
 from bench.config import RunConfig
 from bench.models import without_dropout
 from bench.probes import reset_peaks
@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     spawn = argv[0] == "--spawn"
     spec = json.loads(Path(argv[-1]).read_text())
     proc.die_with_parent()
+    slurm.ranks_from_slurm()  # a rank srun started: its rank from SLURM's variables
     if spawn:
         import torch.multiprocessing as mp
 

@@ -100,14 +100,14 @@ def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) 
     from bench.runner import plan
     from tests.conftest import small_config
 
-    cfg = small_config(
-        tmp_path, data_root, world_sizes=(), nodes=2, procs_per_node=1, hosts=HOSTS
-    )
+    cfg = small_config(tmp_path, data_root, world_sizes=(), nodes=2, procs_per_node=1, hosts=HOSTS)
     cells = {c.strategy: c for c in plan(cfg)}
     assert cfg.world_sizes == (2,)
     for name, how in [("single", "one process"), ("ddp_spawn", "mp.spawn"), ("dp", "one")]:
         assert cells[name].status == "skipped"
-        assert cells[name].reason.startswith("cannot run across 2 nodes") and how in cells[name].reason
+        assert (
+            cells[name].reason.startswith("cannot run across 2 nodes") and how in cells[name].reason
+        )
     assert cells["ddp_torchrun"].status == "" and cells["fsdp"].status == ""
     with pytest.raises(ConfigError, match="cannot run across 2 nodes: ddp_spawn"):
         plan(cfg.replace(strategies=("ddp_spawn",)))
@@ -188,18 +188,23 @@ def test_ddp_across_two_hosts_and_a_lost_node(two_hosts, data_root, tmp_path) ->
 @pytest.mark.slow
 def test_a_link_down_ends_the_cell_by_its_deadline(two_hosts, data_root, tmp_path) -> None:
     """The link between the hosts goes down mid-cell: neither side sees a broken connection,
-    so the process-group timeout and the cell's deadline (--timeout 20) end it: a failed or
+    so the process-group timeout and the cell's deadline (--timeout 15) end it: a failed or
     timed-out row, nothing left running."""
     link = ["ip", "-n", f"{two_hosts}1", "link", "set", "pb0"]
     try:
         rows, became_row, out = _fault_mid_cell(
-            two_hosts, data_root, tmp_path, lambda: subprocess.run([*link, "down"], check=True), 1, 20
+            two_hosts,
+            data_root,
+            tmp_path,
+            lambda: subprocess.run([*link, "down"], check=True),
+            1,
+            15,
         )
     finally:
         subprocess.run([*link, "up"], check=True)
     print(f"link down: a {rows.loc[0, 'status']} row {became_row:.1f} s later")
     assert rows.loc[0, "status"] in ("failed", "timeout"), out[-2000:]
-    assert became_row is not None and became_row < 20 + 15  # the deadline and the kill's grace
+    assert became_row is not None and became_row < 15 + 15  # the deadline and the kill's grace
 
 
 @pytest.mark.slow

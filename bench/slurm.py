@@ -1,0 +1,178 @@
+"""SLURM: a cell as one `srun` step inside an allocation; `parabench submit` and `status`
+outside one.
+
+Inside an allocation (`salloc`, or the batch script `parabench submit` writes), `--launcher
+slurm` runs each cell as `srun --nodes N --ntasks-per-node M python -m bench.worker SPEC`:
+SLURM starts the ranks itself and each reads its rank, world size and local rank from
+SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID (bench.worker), meeting at MASTER_ADDR, the
+address of the allocation's first node (`scontrol show hostnames`, then its NodeAddr).
+`--kill-on-bad-exit` ends the step when one rank fails, `--wait` bounds how long the others
+may run on after one exits, and after every cell, whatever its end, the step is cancelled
+by name, so no rank outlives its row on any node.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.config import ConfigError
+
+#: after one rank of a step exits, the others get this long before SLURM kills them
+WAIT_S = 20
+
+
+def in_allocation() -> bool:
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def _run(argv: Sequence[str], timeout: float = 30) -> str:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"{argv[0]} not found: SLURM's client commands are not installed"
+        ) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise ConfigError(f"`{' '.join(argv)}` did not answer in {timeout:g} s") from exc
+    if done.returncode:
+        raise ConfigError(
+            f"`{' '.join(argv)}` failed: {(done.stderr or done.stdout).strip()[:300]}"
+        )
+    return done.stdout
+
+
+def allocation() -> tuple[list[str], list[str]]:
+    """The allocation's node names and their addresses (NodeAddr), in SLURM's order."""
+    names = _run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).split()
+    addrs = []
+    for name in names:
+        fields = dict(
+            kv.split("=", 1)
+            for kv in _run(["scontrol", "-o", "show", "node", name]).split()
+            if "=" in kv
+        )
+        addrs.append(fields.get("NodeAddr") or name)
+    return names, addrs
+
+
+def describe(nodes: int, procs_per_node: int) -> dict[str, Any]:
+    """The node part of a run's config from the allocation it runs in: --nodes defaults to
+    all of its nodes, --procs-per-node to SLURM_NTASKS_PER_NODE (else 1)."""
+    if not in_allocation():
+        raise ConfigError(
+            "--launcher slurm runs inside an allocation (salloc, or a batch job): outside one, "
+            "`parabench submit` writes and submits the batch job"
+        )
+    names, addrs = allocation()
+    n = nodes if nodes > 1 else len(names)
+    if n > len(names):
+        raise ConfigError(f"--nodes {n}, but the allocation has {len(names)}: {','.join(names)}")
+    per = procs_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+    return {"nodes": n, "procs_per_node": per, "hosts": tuple(names[:n]), "master": addrs[0]}
+
+
+def step_name(run_id: str, cell: str) -> str:
+    return f"parabench-{run_id}-{cell}"[:120]
+
+
+def step_argv(cfg: Any, spec: Path, name: str) -> list[str]:
+    return [
+        "srun",
+        f"--nodes={cfg.nodes}",
+        f"--ntasks={cfg.nodes * cfg.procs_per_node}",
+        f"--ntasks-per-node={cfg.procs_per_node}",
+        "--kill-on-bad-exit=1",
+        f"--wait={WAIT_S}",
+        f"--job-name={name}",
+        "--quiet",
+        sys.executable,
+        "-m",
+        "bench.worker",
+        str(spec),
+    ]
+
+
+def cancel_step(name: str) -> None:
+    """Cancel this allocation's steps called `name`, if any is still there."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-s", "-j", job, "-o", "%i %j"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    for line in out.splitlines():
+        step, _, step_job_name = line.partition(" ")
+        if step_job_name.strip() == name:
+            subprocess.run(["scancel", step], capture_output=True, timeout=30)
+
+
+def ranks_from_slurm() -> None:
+    """In a rank started by srun (no RANK from a launcher): rank, world size and local rank
+    from SLURM's variables, and the node's name as this rank's host."""
+    env = os.environ
+    if "RANK" in env or "SLURM_PROCID" not in env or "MASTER_ADDR" not in env:
+        return
+    env["RANK"] = env["SLURM_PROCID"]
+    env["WORLD_SIZE"] = env["SLURM_NTASKS"]
+    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    env.setdefault("PARABENCH_NODE", env.get("SLURMD_NODENAME", ""))
+
+
+# ---------------------------------------------------------------- submit and status
+
+
+def batch_script(
+    run_dir: Path, argv: Sequence[str], nodes: int, procs: int, extra: Sequence[str]
+) -> str:
+    root = Path(__file__).resolve().parent.parent
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=parabench-{run_dir.name}",
+        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --ntasks-per-node={procs}",
+        f"#SBATCH --output={run_dir}/slurm-%j.out",
+        *(f"#SBATCH {a}" for a in extra),
+        "# written by `parabench submit`: the matrix, each cell one srun step of this job",
+        f"cd {shlex.quote(os.getcwd())}",
+        f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "exec "
+        + shlex.join([sys.executable, "-m", "bench.cli", "run", "--launcher", "slurm", *argv]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def submit(run_dir: Path, script: str) -> str:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "job.sbatch"
+    path.write_text(script)
+    job = _run(["sbatch", "--parsable", str(path)]).strip().split(";")[0]
+    (run_dir / "job.id").write_text(job + "\n")
+    return job
+
+
+def status(run_dir: Path) -> str:
+    """One line: the job's state in the queue (or that it left it) and the rows written."""
+    job_file = run_dir / "job.id"
+    if not job_file.exists():
+        raise ConfigError(f"{run_dir} has no job.id: it was not made by `parabench submit`")
+    job = job_file.read_text().strip()
+    try:  # a job that left the queue is an error to squeue: no line
+        out = _run(["squeue", "-h", "-j", job, "-o", "%T %M %D %R"])
+    except ConfigError:
+        out = ""
+    rows = run_dir / "runs.csv"
+    n = max(0, len(rows.read_text().splitlines()) - 1) if rows.exists() else 0
+    if out.strip():
+        state, elapsed, count, where = (out.split(None, 3) + ["", "", "", ""])[:4]
+        return f"job {job}: {state.lower()} for {elapsed} on {count} node(s) ({where.strip()}); {n} rows written"
+    return f"job {job}: not in the queue (finished or cancelled); {n} rows written to {rows}"

@@ -1,0 +1,169 @@
+"""Under SLURM (issue 14): cells as srun steps inside an allocation, a submitted job run to
+completion, and a cancelled job leaving nothing behind, on a real one-host cluster that
+scripts/slurm_cluster.sh starts (slurmctld and two slurmd as nodes n1 and n2, on loopback).
+The tests need root and slurm-wlm (`make test` installs it where apt-get can); without them
+they skip, saying so. The cluster is stopped after the module, failed or not."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """SLURM_CONF of a running two-node cluster, for the module's span."""
+    if os.geteuid() != 0:
+        pytest.skip("a SLURM cluster's slurmd needs root")
+    if not all(shutil.which(t) for t in ("slurmctld", "slurmd", "munged", "srun", "sbatch")):
+        pytest.skip("slurm-wlm is not installed (scripts/slurm_cluster.sh install)")
+    where = Path(f"/tmp/pbslurm-{os.getpid()}")  # short: munge's socket path has a limit
+    up = subprocess.run(["bash", str(SCRIPT), "up", str(where)], capture_output=True, text=True)
+    if up.returncode:
+        subprocess.run(["bash", str(SCRIPT), "down", str(where)], capture_output=True)
+        pytest.fail(f"the test cluster did not start: {up.stderr.strip()[-600:]}")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SLURM_CONF", str(where / "slurm.conf"))
+    try:
+        yield where / "slurm.conf"
+    finally:
+        mp.undo()
+        subprocess.run(["bash", str(SCRIPT), "down", str(where)], capture_output=True)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def _run_args(data_root: Path, out: Path, run_id: str, **kw) -> list[str]:
+    argv = [
+        "--dataset=mnist",
+        f"--data-root={data_root}",
+        "--device=cpu",
+        f"--out-dir={out}",
+        f"--run-id={run_id}",
+        "--strategies=ddp_torchrun",
+        "--eval-samples=0",
+        "--probe-steps=0",
+        "--profile-steps=0",
+        "--no-scaling-model",
+        "--global-batch=16",
+        "--limit=2048",
+        "--max-steps=30",
+        "--ifname=lo",  # the cluster's nodes are this machine: loopback only
+    ]
+    return argv + [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bench.cli", *args]
+
+
+def _status(run: Path) -> str:
+    done = subprocess.run(_cli("status", str(run)), cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _wait_left_queue(run: Path, limit: float) -> str:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        line = _status(run)
+        if "not in the queue" in line:
+            return line
+        time.sleep(1)
+    raise AssertionError(f"the job is still queued or running after {limit:g} s: {_status(run)}")
+
+
+def _left_behind(run: Path) -> list[str]:
+    """Processes of this run still alive: its ranks and srun steps, found by their cell."""
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if str(run) in " ".join(p.info["cmdline"] or []) or str(run) in p.environ().get(
+                "PARABENCH_CELL", ""
+            ):
+                left.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:120]}")
+        except psutil.Error:
+            continue
+    return left
+
+
+def test_a_cell_across_two_nodes_inside_an_allocation(cluster, data_root, tmp_path) -> None:
+    done = subprocess.run(
+        [
+            "salloc",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--quiet",
+            *_cli("run", "--launcher=slurm", *_run_args(data_root, tmp_path, "alloc")),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+    row = pd.read_csv(tmp_path / "alloc" / "runs.csv").iloc[0]
+    assert row["status"] == "ok", row["reason"]
+    assert row["hosts"] == "n1,n2" and row["nodes"] == 2 and row["world_size"] == 2
+    ranks = pd.read_csv(tmp_path / "alloc" / "ranks.csv")
+    assert sorted(ranks["host"]) == ["n1", "n2"]  # each rank read its node from SLURM
+
+
+def test_submit_runs_the_matrix_as_a_batch_job(cluster, data_root, tmp_path) -> None:
+    done = subprocess.run(
+        _cli("submit", "--nodes=2", "--procs-per-node=1", *_run_args(data_root, tmp_path, "job")),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "job"
+    job = (run / "job.id").read_text().strip()
+    assert f"submitted job {job}" in done.stdout
+    line = _wait_left_queue(run, 240)
+    assert "1 rows written" in line, (line, (run / f"slurm-{job}.out").read_text()[-2000:])
+    row = pd.read_csv(run / "runs.csv").iloc[0]
+    assert row["status"] == "ok" and row["hosts"] == "n1,n2"
+    assert (run / "report.md").exists()
+    assert _left_behind(run) == []
+
+
+def test_a_cancelled_job_leaves_no_process(cluster, data_root, tmp_path) -> None:
+    done = subprocess.run(
+        _cli(
+            "submit",
+            "--nodes=2",
+            "--procs-per-node=1",
+            *_run_args(data_root, tmp_path, "cancel", max_steps=1000, epochs=50),
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "cancel"
+    job = (run / "job.id").read_text().strip()
+    deadline = time.monotonic() + 120
+    while not list(run.glob("cells/*/progress.json")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert list(run.glob("cells/*/progress.json")), _status(run)
+    subprocess.run(["scancel", job], check=True)
+    _wait_left_queue(run, 60)
+    deadline = time.monotonic() + 15  # slurmd's KillWait is 5 s
+    while _left_behind(run) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _left_behind(run) == []
