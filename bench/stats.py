@@ -75,7 +75,9 @@ def ratio_interval(
 STEP_BLOCK = 10
 
 
-def step_precision_pct(step_ms: Sequence[float], block: int = STEP_BLOCK, level: float = LEVEL) -> float:
+def step_precision_pct(
+    step_ms: Sequence[float], block: int = STEP_BLOCK, level: float = LEVEL
+) -> float:
     """How precisely a cell's timed steps fix its mean step time: the half-width of the 95 %
     t-interval over the means of consecutive blocks of `block` steps, as a % of the mean
     (the batch-means method: steps within one run are autocorrelated, so an interval over

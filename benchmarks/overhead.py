@@ -182,7 +182,9 @@ def main() -> None:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    print(f"\n{'strategy':<10} {'ws':>3} {'rounds':>6} {'median ratio':>12} {'95% interval':>16} {'width':>6}")
+    print(
+        f"\n{'strategy':<10} {'ws':>3} {'rounds':>6} {'median ratio':>12} {'95% interval':>16} {'width':>6}"
+    )
     for strategy, world in PAIRS:
         med, low, high = median_interval(ratios[strategy])
         band = f"{low:.3f}-{high:.3f}" if low == low else "n/a (< 6 rounds)"
