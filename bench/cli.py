@@ -117,7 +117,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PCT",
         help="time each cell's steps until its mean step time is known to within PCT %% "
-        "(95 %% interval over blocks of 10 steps; at least 30 timed steps, at most --max-steps "
+        "(95 %% interval over blocks of 10 steps; at least 50 timed steps, at most --max-steps "
         "or an epoch); rows say how many ran and the precision reached",
     )
     p.add_argument("--repeats", type=int, default=d.repeats)
@@ -463,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARG",
         help="an #SBATCH line of the job, e.g. --sbatch-arg=--time=01:00:00 (repeatable)",
     )
+    sb.add_argument("--no-report", action="store_true", help="the job skips the report at the end")
     sb.set_defaults(func=cmd_submit)
     st = sub.add_parser("status", help="a submitted run: its job's state and the rows so far")
     st.add_argument("run_dir")
@@ -491,17 +492,26 @@ def _forwarded(argv: Sequence[str]) -> list[str]:
 
 def cmd_submit(a: argparse.Namespace) -> int:
     from bench import slurm
-    from bench.runner import _new_run_id
+    from bench.runner import _new_run_id, plan
 
-    if a.launcher or a.host_exec:
+    if a.launcher or a.host_exec or a.hosts:
         raise ConfigError(
-            "submit runs the matrix with --launcher slurm: no --launcher or --host-exec"
+            "submit runs the matrix with --launcher slurm on the job's nodes: "
+            "no --launcher, --host-exec or --hosts"
         )
-    # the options checked here, before anything is submitted (the nodes are placeholders)
-    probe = argparse.Namespace(**vars(a))
-    probe.hosts = tuple(f"node{i}" for i in range(a.nodes)) if a.nodes > 1 else ()
-    config_from_args(probe)
     per = a.procs_per_node or 1
+    # everything checked now, as the job will see it (with placeholder nodes): a bad option
+    # or a strategy that cannot run there is one line here, not a failed job later
+    one = argparse.Namespace(**{**vars(a), "nodes": 1, "procs_per_node": 0, "launcher": ""})
+    plan(
+        config_from_args(one).replace(
+            launcher="slurm",
+            nodes=a.nodes,
+            procs_per_node=per,
+            hosts=tuple(f"node{i}" for i in range(a.nodes)),
+            master_addr="node0",
+        )
+    )
     run_id = a.run_id or _new_run_id()
     run_dir = Path(a.out_dir).resolve() / run_id
     if (run_dir / "runs.csv").exists():

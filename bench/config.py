@@ -87,7 +87,7 @@ class RunConfig:
     probe_pairs: int = 4
     #: choose each epoch's timed steps by precision: stop once the mean step time is known
     #: to within this many % (95 % interval over blocks of steps, bench.stats), at the
-    #: earliest after 3 blocks, at the latest at --max-steps or the epoch's end; None: all
+    #: earliest after 5 blocks, at the latest at --max-steps or the epoch's end; None: all
     target_precision: float | None = None
     profile_steps: int = 2
     #: keep each cell's profiler trace (cells/<cell>/trace.json), single-process cells too
@@ -186,6 +186,15 @@ class RunConfig:
             self.target_precision is None or 0 < self.target_precision < 100,
             f"--target-precision takes a % above 0 and below 100, got {self.target_precision}",
         )
+        from bench.stats import PRECISION_MIN_STEPS
+
+        need(
+            self.target_precision is None
+            or self.max_steps is None
+            or self.max_steps - self.warmup_steps >= PRECISION_MIN_STEPS,
+            f"--target-precision checks from the {PRECISION_MIN_STEPS}th timed step on: "
+            f"--max-steps {self.max_steps} leaves {None if self.max_steps is None else self.max_steps - self.warmup_steps}",
+        )
         need(
             isinstance(self.profile_steps, int) and 0 <= self.profile_steps <= 100,
             f"--profile-steps takes 0 to 100, got {self.profile_steps}",
@@ -253,7 +262,17 @@ class RunConfig:
     def _check_nodes(self, need: Any) -> None:
         need(self.nodes >= 1, f"--nodes must be at least 1, got {self.nodes}")
         need(self.rdzv in ("c10d", "static"), f"--rdzv takes c10d or static, got {self.rdzv!r}")
-        need(0 < self.rdzv_port < 65536, f"--rdzv-port must be a TCP port, got {self.rdzv_port}")
+        need(
+            1024 < self.rdzv_port <= 65535 - 200,
+            f"--rdzv-port takes 1025 to 65335 (cells take the ports above it in turn), got {self.rdzv_port}",
+        )
+        if self.host_exec:
+            import shlex
+
+            try:
+                shlex.split(self.host_exec.format(host="h", node=0))
+            except Exception as exc:  # a bad field, brace or quote: whatever str.format says
+                need(False, f"--host-exec takes the fields {{host}} and {{node}}: {exc}")
         need(self.launcher in ("", "slurm"), f"--launcher takes slurm, got {self.launcher!r}")
         if self.launcher == "slurm":
             need(
@@ -265,6 +284,12 @@ class RunConfig:
                 and len(self.hosts) == self.nodes
                 and bool(self.master_addr),
                 "--launcher slurm takes its nodes from the allocation (run it inside salloc or sbatch)",
+            )
+            world = self.nodes * self.procs_per_node
+            need(
+                self.world_sizes in ((), (world,)),
+                f"--launcher slurm runs {self.nodes} node(s) x {self.procs_per_node}: world size "
+                f"{world}; --world-sizes {','.join(map(str, self.world_sizes))} asks for another",
             )
             object.__setattr__(self, "world_sizes", (self.nodes * self.procs_per_node,))
             return
@@ -286,11 +311,6 @@ class RunConfig:
             f"--nodes {self.nodes} x --procs-per-node {self.procs_per_node} is world size {world}; "
             f"--world-sizes {','.join(map(str, self.world_sizes))} asks for another",
         )
-        if "{" in self.host_exec:
-            try:
-                self.host_exec.format(host="h", node=0)
-            except (KeyError, IndexError, ValueError) as exc:
-                need(False, f"--host-exec takes the fields {{host}} and {{node}}, not {exc}")
         object.__setattr__(self, "world_sizes", (world,))
 
     def _default_image_size(self) -> int:

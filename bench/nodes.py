@@ -40,10 +40,22 @@ PASSED_ON = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
 MULTI_NODE_LAUNCHERS = ("torchrun",)
 
 
-def node_commands(cfg: Any, spec: Path, rdzv_id: str, env: Mapping[str, str]) -> list[list[str]]:
+#: cells take ports from --rdzv-port up, one each, cycling through this many
+PORTS = 200
+
+
+def cell_port(base: int, order: int) -> int:
+    """The rendezvous port of the cell run `order`-th (1-based; 0: the base)."""
+    return base + max(order - 1, 0) % PORTS
+
+
+def node_commands(
+    cfg: Any, spec: Path, rdzv_id: str, env: Mapping[str, str], port: int
+) -> list[list[str]]:
     """One torchrun agent's command line per node, for the cell whose spec is `spec`."""
     hosts, n = list(cfg.hosts), cfg.nodes
-    port = cfg.rdzv_port
+    # through a remote shell the command is one line again: values quoted
+    quote = shlex.quote if cfg.host_exec else str
     passed = {k: v for k, v in env.items() if k.startswith("PARABENCH_") or k in PASSED_ON}
     out = []
     for i, host in enumerate(hosts):
@@ -71,7 +83,7 @@ def node_commands(cfg: Any, spec: Path, rdzv_id: str, env: Mapping[str, str]) ->
             [
                 *prefix,
                 "env",
-                *(f"{k}={v}" for k, v in sorted(node_env.items())),
+                *(f"{k}={quote(v)}" for k, v in sorted(node_env.items())),
                 sys.executable,
                 "-m",
                 "torch.distributed.run",
@@ -117,14 +129,17 @@ def _signal(p: subprocess.Popen, sig: int) -> None:
 def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:
     """Run the node commands together; 0 if all succeed, else the first failure's code
     (after the others had `grace_s` to end, then were killed)."""
-    procs = [subprocess.Popen(list(c), start_new_session=True) for c in commands]
+    procs: list[subprocess.Popen] = []
 
     def stop_all(signum: int, _frame: Any) -> None:
         _stop(procs, 3.0)
         sys.exit(128 + signum)
 
+    # before the first node starts: a signal from here on reaches every node started
     signal.signal(signal.SIGTERM, stop_all)
     signal.signal(signal.SIGINT, stop_all)
+    for c in commands:
+        procs.append(subprocess.Popen(list(c), start_new_session=True))
     first: int | None = None
     failed_at = 0.0
     while True:

@@ -230,15 +230,19 @@ class CpuShare:
         )
         return fields, own
 
+    @staticmethod
+    def unknown() -> dict[str, float]:
+        return {"other_cpu_pct": math.nan, "cpu_steal_pct": math.nan}
+
     def stop(self) -> dict[str, float]:
         end = self._read()
         if self.start is None or end is None:
-            return {"other_cpu_pct": math.nan, "cpu_steal_pct": math.nan}
+            return self.unknown()
         delta = [b - a for a, b in zip(self.start[0], end[0], strict=True)]
         # user nice system idle iowait irq softirq steal, in clock ticks over all cores
         total = sum(delta)
         if total <= 0:
-            return {"other_cpu_pct": math.nan, "cpu_steal_pct": math.nan}
+            return self.unknown()
         busy = total - delta[3] - delta[4] - delta[7]
         own = (end[1] - self.start[1]) * os.sysconf("SC_CLK_TCK")
         return {
@@ -537,12 +541,14 @@ class Runner:
         try:
             spec_path = self._spec(cell, cell_dir)
             step = slurm.step_name(self.dir.path.name, cell.dirname)
+            # a port of its own per cell: a rank a lost node left behind may hold the last one
+            port = nodes.cell_port(self.cfg.rdzv_port, self.order.get(cell.key, 0))
             if self.cfg.launcher == "slurm":  # one srun step, its tasks the ranks
-                env |= {"MASTER_ADDR": self.cfg.master_addr, "MASTER_PORT": str(self.cfg.rdzv_port)}
+                env |= {"MASTER_ADDR": self.cfg.master_addr, "MASTER_PORT": str(port)}
                 argv = slurm.step_argv(self.cfg, spec_path, step)
             elif self.cfg.nodes > 1:  # one torchrun agent per node (bench.nodes)
                 rdzv_id = f"{self.dir.path.name}-{cell.dirname}"
-                commands = nodes.node_commands(self.cfg, spec_path, rdzv_id, env)
+                commands = nodes.node_commands(self.cfg, spec_path, rdzv_id, env, port)
                 argv = nodes.launch_argv(commands, cell_dir / "nodes.json")
             else:
                 argv = LAUNCHERS[spec.launcher](spec_path, cell.world_size, self.device)
@@ -572,7 +578,10 @@ class Runner:
             if self.cfg.launcher == "slurm":  # nothing of the step outlives its row
                 slurm.cancel_step(step)
             wall = time.monotonic() - t0
-            self.state[cell.key].update(share.stop())
+            # ranks srun or a remote shell started are not this process's children: their
+            # CPU time would read as another's
+            local = not (self.cfg.launcher or self.cfg.host_exec)
+            self.state[cell.key].update(share.stop() if local else CpuShare.unknown())
             return self._write(*self._collect(cell, cell_dir, rc, timed_out, wall, started + wall))
 
     def _write(
@@ -748,8 +757,21 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
             saved = rd.config()
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
             raise ConfigError(f"--resume {resume}: config.json is unreadable ({exc})") from exc
+        if saved.launcher == "slurm":  # the allocation now, not the one the run began in
+            now = slurm.describe(saved.nodes, saved.procs_per_node)
+            if (now["nodes"], now["procs_per_node"]) != (saved.nodes, saved.procs_per_node):
+                raise ConfigError(
+                    f"--resume {resume}: the run has {saved.nodes} node(s) x "
+                    f"{saved.procs_per_node}; this allocation gives {now['nodes']} x "
+                    f"{now['procs_per_node']}"
+                )
+            saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         return saved, rd, plan(saved)
     cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
+    if cfg.nodes > 1 or cfg.launcher:  # other hosts start in other folders: whole paths
+        cfg = cfg.replace(
+            out_dir=str(Path(cfg.out_dir).resolve()), data_root=str(Path(cfg.data_root).resolve())
+        )
     check_new_run(cfg)
     path = Path(cfg.out_dir) / cfg.run_id
     cells = plan(cfg)
@@ -823,6 +845,12 @@ def measure_collectives(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: 
     path = run_dir / "collectives.json"
     sizes = collective_sizes(cfg, cells)
     if not cfg.scaling_model or not sizes or path.exists():
+        return
+    if cfg.nodes > 1 or cfg.launcher:
+        echo(
+            "collectives: not measured across nodes (measured here they would time this "
+            "host's loopback, not the network between nodes): no scaling model for this run"
+        )
         return
     device = resolve_device(cfg.device)
     backend = "nccl" if device == "cuda" else "gloo"

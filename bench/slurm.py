@@ -14,9 +14,11 @@ by name, so no rank outlives its row on any node.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -73,7 +75,13 @@ def describe(nodes: int, procs_per_node: int) -> dict[str, Any]:
     n = nodes if nodes > 1 else len(names)
     if n > len(names):
         raise ConfigError(f"--nodes {n}, but the allocation has {len(names)}: {','.join(names)}")
-    per = procs_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+    # e.g. "4", "2(x3)" or "2,1" (uneven): the first node's count
+    given = (
+        re.match(r"\d+", os.environ.get("SLURM_NTASKS_PER_NODE", ""))
+        if not procs_per_node
+        else None
+    )
+    per = procs_per_node or (int(given.group()) if given else 1)
     return {"nodes": n, "procs_per_node": per, "hosts": tuple(names[:n]), "master": addrs[0]}
 
 
@@ -98,8 +106,8 @@ def step_argv(cfg: Any, spec: Path, name: str) -> list[str]:
     ]
 
 
-def cancel_step(name: str) -> None:
-    """Cancel this allocation's steps called `name`, if any is still there."""
+def _steps(name: str) -> list[str]:
+    """This allocation's steps called `name` still in the queue."""
     job = os.environ.get("SLURM_JOB_ID", "")
     try:
         out = subprocess.run(
@@ -109,11 +117,23 @@ def cancel_step(name: str) -> None:
             timeout=30,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return
-    for line in out.splitlines():
-        step, _, step_job_name = line.partition(" ")
-        if step_job_name.strip() == name:
-            subprocess.run(["scancel", step], capture_output=True, timeout=30)
+        return []
+    return [
+        step
+        for step, _, step_name_ in (line.partition(" ") for line in out.splitlines())
+        if step_name_.strip() == name
+    ]
+
+
+def cancel_step(name: str, wait_s: float = 30.0) -> None:
+    """Cancel this allocation's steps called `name`, and wait (up to `wait_s`) until they
+    have left the queue: scancel only asks."""
+    steps = _steps(name)
+    for step in steps:
+        subprocess.run(["scancel", step], capture_output=True, timeout=30)
+    deadline = time.monotonic() + wait_s
+    while steps and _steps(name) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def ranks_from_slurm() -> None:
@@ -171,7 +191,12 @@ def status(run_dir: Path) -> str:
     except ConfigError:
         out = ""
     rows = run_dir / "runs.csv"
-    n = max(0, len(rows.read_text().splitlines()) - 1) if rows.exists() else 0
+    n = 0
+    if rows.exists():
+        import csv
+
+        with open(rows, newline="") as f:  # a record may span lines (a quoted reason)
+            n = sum(1 for _ in csv.DictReader(f))
     if out.strip():
         state, elapsed, count, where = (out.split(None, 3) + ["", "", "", ""])[:4]
         return f"job {job}: {state.lower()} for {elapsed} on {count} node(s) ({where.strip()}); {n} rows written"

@@ -73,6 +73,11 @@ def ratio_interval(
 #: consecutive steps averaged into one block for an interval on a cell's mean step time:
 #: blocks are far less correlated with each other than single steps are (batch means)
 STEP_BLOCK = 10
+#: --target-precision stops no earlier than this many blocks: with fewer, a t-interval over
+#: 2 degrees of freedom is so wide and so unsteady that the first stretch of lucky steps
+#: would end a cell (stopping at the first look that passes favours such stretches)
+PRECISION_MIN_BLOCKS = 5
+PRECISION_MIN_STEPS = STEP_BLOCK * PRECISION_MIN_BLOCKS
 
 
 def step_precision_pct(

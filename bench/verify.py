@@ -580,6 +580,11 @@ def verify(
 def cmd_verify(a: argparse.Namespace) -> int:
     from bench.cli import config_from_args
 
+    if a.nodes > 1 or a.launcher:
+        raise ConfigError(
+            "verify runs on one machine: its baseline, single, cannot run across nodes "
+            "(compare a multi-node run's losses with `parabench compare`)"
+        )
     cfg = config_from_args(a)
     # bad input: one line before anything runs (the conditioning runs come before the run
     # whose directory the runner checks, and a missing baseline shows only after every cell)

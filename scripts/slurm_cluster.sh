@@ -27,7 +27,16 @@ export SLURM_CONF=$dir/slurm.conf
 
 stop() {
     if [ -f "$dir/slurmctld.pid" ]; then
-        scancel --full --quiet $(squeue -h -o %i 2>/dev/null) 2>/dev/null || true
+        # every job cancelled, and gone from the queue (slurmd kills their steps), before the
+        # daemons stop: a step left to a dead slurmd would run on
+        jobs=$(squeue -h -o %i 2>/dev/null || true)
+        if [ -n "$jobs" ]; then
+            scancel --full --quiet $jobs 2>/dev/null || true
+            for _ in $(seq 1 40); do
+                [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+                sleep 0.5
+            done
+        fi
     fi
     for f in slurmd-n1 slurmd-n2 slurmctld munged; do
         if [ -f "$dir/$f.pid" ]; then
@@ -41,8 +50,6 @@ stop() {
             rm -f "$dir/$f.pid"
         fi
     done
-    # job steps the daemons left (slurmstepd and what it started)
-    pkill -9 -f "slurmstepd.*$dir" 2>/dev/null || true
 }
 
 if [ "$action" = down ]; then

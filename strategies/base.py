@@ -587,10 +587,10 @@ class Strategy:
         rank (bench.stats.step_precision_pct over blocks of STEP_BLOCK steps). Asked only
         where a block ends, the same step on every rank, outside the steps' timing: the
         ranks agree through one small collective (all_mean), so all stop at the same step."""
-        from bench.stats import MIN_REPEATS, STEP_BLOCK, step_precision_pct
+        from bench.stats import PRECISION_MIN_STEPS, STEP_BLOCK, step_precision_pct
 
         timed = len(records) - warmup
-        if timed < STEP_BLOCK * MIN_REPEATS or timed % STEP_BLOCK:
+        if timed < PRECISION_MIN_STEPS or timed % STEP_BLOCK:
             return False
         reached = step_precision_pct([r.total_ms for r in records[warmup:]]) <= target
         agreed = self.all_mean(torch.tensor([float(reached)], device=self.ctx.device))

@@ -40,7 +40,7 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
         tmp_path,
         data_root,
         world_sizes=(1, 2),
-        timeout_s=30,
+        timeout_s=20,
         strategies=("single", "test_crash", "test_hang", "test_oom", "ddp_spawn"),
     )
     t0 = time.monotonic()
@@ -52,7 +52,7 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
     assert "rank 1: RuntimeError: deliberate crash in backward at step 3" == crash["reason"]
 
     hang = by[("test_hang", 2)]
-    assert hang["status"] == "timeout" and "30 s" in hang["reason"]
+    assert hang["status"] == "timeout" and "20 s" in hang["reason"]
     assert (run_dir / "cells" / "test_hang-ws2-fp32-r0" / "hung").exists()  # it really hung
 
     oom = by[("test_oom", 1)]

@@ -89,10 +89,27 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--world-sizes=4"], "world size 2"),
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--rdzv=etcd"], "c10d or static"),
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--host-exec=ssh {hots}"], "{host}"),
+        (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--host-exec=ssh }"], "{host}"),
+        (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--host-exec=ssh {host.x}"], "{host}"),
+        (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--host-exec=ssh '{host}"], "quot"),
+        (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--rdzv-port=80"], "--rdzv-port"),
     ]:
         assert main(["run", f"--data-root={data_root}", "--dry-run", *bad]) == 2, bad
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, (bad, err)
+    # verify's baseline cannot run across nodes; submit checks what the job would run
+    for argv, says in [
+        (
+            ["verify", "--nodes=2", "--procs-per-node=1", "--hosts=a,b"],
+            "verify runs on one machine",
+        ),
+        (["submit", "--nodes=2", "--strategies=ddp_spawn"], "cannot run as srun's ranks"),
+        (["submit", "--nodes=2", "--hosts=a,b"], "no --launcher, --host-exec or --hosts"),
+        (["submit", "--nodes=2", "--world-sizes=8"], "asks for another"),
+    ]:
+        assert main([*argv, f"--data-root={data_root}"]) == 2, argv
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, (argv, err)
 
 
 def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) -> None:
@@ -103,7 +120,7 @@ def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) 
     cfg = small_config(tmp_path, data_root, world_sizes=(), nodes=2, procs_per_node=1, hosts=HOSTS)
     cells = {c.strategy: c for c in plan(cfg)}
     assert cfg.world_sizes == (2,)
-    for name, how in [("single", "one process"), ("ddp_spawn", "mp.spawn"), ("dp", "one")]:
+    for name, how in [("single", "one process"), ("ddp_spawn", "mp.spawn"), ("dp", "one process")]:
         assert cells[name].status == "skipped"
         assert (
             cells[name].reason.startswith("cannot run across 2 nodes") and how in cells[name].reason
@@ -123,8 +140,8 @@ def _fault_mid_cell(two_hosts: str, data_root: Path, out: Path, fault, repeats: 
         strategies="ddp_torchrun",
         repeats=repeats,
         global_batch=16,
-        max_steps=100,
-        limit=4096,
+        max_steps=50,
+        limit=2048,
         run_id="two",
         timeout=timeout,
     )
@@ -174,10 +191,11 @@ def test_ddp_across_two_hosts_and_a_lost_node(two_hosts, data_root, tmp_path) ->
             os.kill(pid, signal.SIGKILL)
 
     rows, became_row, out = _fault_mid_cell(two_hosts, data_root, tmp_path, kill_node, 2, 120)
+    assert became_row is not None, out[-2000:]
     print(f"node killed: a failed row {became_row:.1f} s later")
     ddp = rows.set_index("round")
     assert ddp.loc[0, "status"] == "failed", out[-2000:]
-    assert became_row is not None and became_row < 40  # the peer fails within seconds
+    assert became_row < 40  # the peer fails within seconds
     assert ddp.loc[1, "status"] == "ok", ddp.loc[1, "reason"]
     assert ddp.loc[1, "hosts"] == ",".join(HOSTS)  # one rank on each host
     assert ddp.loc[1, "nodes"] == 2 and ddp.loc[1, "procs_per_node"] == 1
@@ -202,9 +220,10 @@ def test_a_link_down_ends_the_cell_by_its_deadline(two_hosts, data_root, tmp_pat
         )
     finally:
         subprocess.run([*link, "up"], check=True)
+    assert became_row is not None, out[-2000:]
     print(f"link down: a {rows.loc[0, 'status']} row {became_row:.1f} s later")
     assert rows.loc[0, "status"] in ("failed", "timeout"), out[-2000:]
-    assert became_row is not None and became_row < 15 + 15  # the deadline and the kill's grace
+    assert became_row < 15 + 15  # the deadline and the kill's grace
 
 
 @pytest.mark.slow
@@ -223,6 +242,7 @@ def test_a_killed_agent_fails_the_cell_not_the_run(two_hosts, data_root, tmp_pat
         os.kill(agents[0], signal.SIGKILL)
 
     rows, became_row, out = _fault_mid_cell(two_hosts, data_root, tmp_path, kill_agent, 1, 120)
+    assert became_row is not None, out[-2000:]
     print(f"agent killed: a {rows.loc[0, 'status']} row {became_row:.1f} s later")
     assert rows.loc[0, "status"] == "failed", out[-2000:]
-    assert became_row is not None and became_row < 40
+    assert became_row < 40

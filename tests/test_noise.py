@@ -101,27 +101,36 @@ def test_step_precision_over_blocks_of_steps() -> None:
     assert stats.step_precision_pct(drifting) > 1.5 * naive
 
 
-def _epoch(precision: float | None, steps: int = 80) -> int:
-    """The steps one in-process `single` epoch ran with this precision target."""
+def _epoch(precision: float | None, steps: int = 80, others_agree: bool = True) -> int:
+    """The steps one in-process `single` epoch ran with this precision target; with
+    `others_agree` False, as one rank of two whose other rank has not reached it."""
     import torch
     from torch import nn
 
     from strategies.base import RankContext
     from strategies.single import Single
 
+    class OneOfTwo(Single):
+        def all_mean(self, t):  # the other rank's flag is 0: the mean is half this one's
+            return t if others_agree else t / 2
+
     torch.manual_seed(0)
     ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
     net = nn.Linear(8, 2)
-    single = Single(ctx, {})
+    single = OneOfTwo(ctx, {})
     single.attach(net, torch.optim.SGD(net.parameters(), lr=0.1))
     batches = [(torch.randn(4, 8), torch.randint(0, 2, (4,))) for _ in range(steps)]
     return single.train_epoch(batches, 0, warmup_steps=3, precision=precision).steps
 
 
-def test_target_precision_stops_at_the_first_block_that_reaches_it() -> None:
+def test_target_precision_stops_at_the_first_block_that_reaches_it(monkeypatch) -> None:
+    # the steps' own spread fixed at 1 %, whatever this machine's timing does
+    monkeypatch.setattr(stats, "step_precision_pct", lambda steps: 1.0)
     assert _epoch(None) == 80
-    assert _epoch(99.0) == 3 + 30  # any spread passes: the first check, after 3 blocks
-    assert _epoch(1e-9) == 80  # never reached: the bound (here the epoch's end)
+    assert _epoch(2.0) == 3 + stats.PRECISION_MIN_STEPS  # reached at the first check
+    assert _epoch(0.5) == 80  # never reached: the bound (here the epoch's end)
+    # every rank must have reached it: one that has not keeps all of them going
+    assert _epoch(2.0, others_agree=False) == 80
 
 
 def test_pairing_by_round_tells_a_steady_gap_from_noise() -> None:
@@ -196,8 +205,8 @@ def sleepy_runs(tmp_path_factory, data_root) -> dict[str, Path]:
             strategies=("test_sleepy",),
             world_sizes=(1,),
             repeats=4,
-            max_steps=25,
-            warmup_steps=5,
+            max_steps=18,
+            warmup_steps=3,
             limit=None,
             options={"slowdown": "0,off,1"},
             run_id="sweep",
@@ -249,7 +258,7 @@ def test_target_precision_across_ranks(data_root: Path, tmp_path: Path) -> None:
         data_root,
         strategies=("ddp_spawn",),
         world_sizes=(2,),
-        max_steps=60,
+        max_steps=100,
         warmup_steps=2,
         eval_samples=0,
         target_precision=99.0,
@@ -257,6 +266,33 @@ def test_target_precision_across_ranks(data_root: Path, tmp_path: Path) -> None:
     run, rows = run_matrix(cfg, echo=lambda m: None)
     assert [r["status"] for r in rows] == ["ok"]
     row = pd.read_csv(run / "runs.csv").iloc[0]
-    assert row["timed_steps"] == 30 and row["steps"] == 32
+    # stopped where a block ends, from the 50th timed step on, before the bound
+    assert row["timed_steps"] % 10 == 0 and 50 <= row["timed_steps"] < 98
+    assert row["steps"] == row["timed_steps"] + 2
+    ranks = pd.read_csv(run / "ranks.csv")
+    assert ranks["samples"].nunique() == 1  # both ranks trained the same steps
     assert 0 < row["step_precision_pct"] <= 99 and row["target_precision_pct"] == 99
     assert 0 <= row["other_cpu_pct"] <= 100 and 0 <= row["cpu_steal_pct"] <= 100
+
+
+def test_cpu_share_counts_what_the_cell_did_not_use(monkeypatch) -> None:
+    """Other processes' share is the cores' busy time less the cell's own CPU time; steal is
+    the hypervisor's (fields of /proc/stat: user nice system idle iowait irq softirq steal)."""
+    import os
+
+    from bench.runner import CpuShare
+
+    tick = os.sysconf("SC_CLK_TCK")
+    reads = iter(
+        [
+            ([100, 0, 50, 800, 0, 0, 0, 10], 1.0),  # at the start: own CPU 1 s
+            ([300, 0, 100, 900, 0, 0, 0, 30], 1.0 + 100 / tick),  # the cell used 100 ticks
+        ]
+    )
+    monkeypatch.setattr(CpuShare, "_read", staticmethod(lambda: next(reads)))
+    share = CpuShare().stop()
+    # 370 ticks in all: 250 busy, 100 of them the cell's; 20 stolen
+    assert share["other_cpu_pct"] == pytest.approx(100 * 150 / 370, abs=0.01)
+    assert share["cpu_steal_pct"] == pytest.approx(100 * 20 / 370, abs=0.01)
+    monkeypatch.setattr(CpuShare, "_read", staticmethod(lambda: None))  # no /proc/stat
+    assert all(math.isnan(v) for v in CpuShare().stop().values())
