@@ -169,15 +169,7 @@ def _grouped_bars(
         )
         # the value sits above the error bar, where a bar label would be crossed by it
         for xi, top, value in zip(x, np.fmax(med + err[1], med), med, strict=True):
-            ax.annotate(
-                fmt % value,
-                (xi, top),
-                xytext=(0, 2),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
+            _note_above(ax, xi, top, fmt % value)
     ax.set_xticks(range(len(sizes)), [str(w) for w in sizes])
     ax.set_xlim(-0.5, len(sizes) - 0.5)
     ax.set_xlabel("world size (ranks)")

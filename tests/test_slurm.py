@@ -121,14 +121,15 @@ def test_a_cell_across_two_nodes_inside_an_allocation(cluster, data_root, tmp_pa
     assert sorted(ranks["host"]) == ["n1", "n2"]  # each rank read its node from SLURM
 
 
-def test_submit_runs_the_matrix_as_a_batch_job(cluster, data_root, tmp_path) -> None:
+def _submit(data_root: Path, out: Path, run_id: str, *extra: str, **kw) -> tuple[Path, str, str]:
+    """`parabench submit` on both nodes, one rank each: (the run, its job id, what it printed)."""
     done = subprocess.run(
         _cli(
             "submit",
             "--nodes=2",
             "--procs-per-node=1",
-            "--no-report",
-            *_run_args(data_root, tmp_path, "job"),
+            *extra,
+            *_run_args(data_root, out, run_id, **kw),
         ),
         cwd=ROOT,
         capture_output=True,
@@ -136,9 +137,13 @@ def test_submit_runs_the_matrix_as_a_batch_job(cluster, data_root, tmp_path) -> 
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    run = tmp_path / "job"
-    job = (run / "job.id").read_text().strip()
-    assert f"submitted job {job}" in done.stdout
+    run = out / run_id
+    return run, (run / "job.id").read_text().strip(), done.stdout
+
+
+def test_submit_runs_the_matrix_as_a_batch_job(cluster, data_root, tmp_path) -> None:
+    run, job, said = _submit(data_root, tmp_path, "job", "--no-report")
+    assert f"submitted job {job}" in said
     line = _wait_left_queue(run, 240)
     assert "1 rows written" in line, (line, (run / f"slurm-{job}.out").read_text()[-2000:])
     row = pd.read_csv(run / "runs.csv").iloc[0]
@@ -150,21 +155,7 @@ def test_submit_runs_the_matrix_as_a_batch_job(cluster, data_root, tmp_path) -> 
 
 
 def test_a_cancelled_job_leaves_no_process(cluster, data_root, tmp_path) -> None:
-    done = subprocess.run(
-        _cli(
-            "submit",
-            "--nodes=2",
-            "--procs-per-node=1",
-            *_run_args(data_root, tmp_path, "cancel", max_steps=1000, epochs=50),
-        ),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    run = tmp_path / "cancel"
-    job = (run / "job.id").read_text().strip()
+    run, job, _ = _submit(data_root, tmp_path, "cancel", max_steps=1000, epochs=50)
     deadline = time.monotonic() + 120
     while not list(run.glob("cells/*/progress.json")) and time.monotonic() < deadline:
         time.sleep(0.5)
