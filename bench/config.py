@@ -342,3 +342,21 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def multi_host(self) -> bool:
+        """Whether the cells' ranks run on other nodes than the harness's own (several nodes,
+        or srun's): what this machine measures does not describe where they run."""
+        return self.nodes > 1 or bool(self.launcher)
+
+    def one_host(self) -> RunConfig:
+        """This run on the harness's machine alone: no nodes, hosts or launcher."""
+        return self.replace(
+            nodes=1,
+            procs_per_node=0,
+            hosts=(),
+            host_exec="",
+            ifname="",
+            launcher="",
+            master_addr="",
+        )

@@ -36,8 +36,9 @@ from typing import Any
 GRACE_S = 20.0
 #: what a node's command is given explicitly (a remote shell need not pass the environment on)
 PASSED_ON = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
-#: launchers that can start a cell's ranks across nodes
-MULTI_NODE_LAUNCHERS = ("torchrun",)
+#: launchers that can start a cell's ranks across nodes: torchrun, one agent per node, and
+#: horovodrun on the first node with every node in its host list (-H)
+MULTI_NODE_LAUNCHERS = ("torchrun", "horovodrun")
 
 
 #: cells take ports from --rdzv-port up, one each, cycling through this many
@@ -49,20 +50,55 @@ def cell_port(base: int, order: int) -> int:
     return base + max(order - 1, 0) % PORTS
 
 
+def _on_node(cfg: Any, i: int, env: Mapping[str, str], **more: str) -> list[str]:
+    """The start of a command run on node i: --host-exec's prefix, then `env` with what the
+    ranks need (a remote shell need not pass the environment on), `more` and the nodes'
+    interface; quoted where a remote shell makes the command one line again."""
+    quote = shlex.quote if cfg.host_exec else str
+    passed = {k: v for k, v in env.items() if k.startswith("PARABENCH_") or k in PASSED_ON}
+    passed |= more
+    if cfg.ifname:
+        passed |= {"GLOO_SOCKET_IFNAME": cfg.ifname, "NCCL_SOCKET_IFNAME": cfg.ifname}
+    host = cfg.hosts[i]
+    prefix = shlex.split(cfg.host_exec.format(host=host, node=i)) if cfg.host_exec else []
+    return [*prefix, "env", *(f"{k}={quote(v)}" for k, v in sorted(passed.items()))]
+
+
+def horovod_command(cfg: Any, spec: Path, env: Mapping[str, str]) -> list[str]:
+    """horovodrun on the first node, every node in its host list with --procs-per-node slots.
+    horovodrun reaches the other nodes itself, over ssh (passwordless, as horovodrun always
+    needs), and passes them its environment; --ifname is its --network-interface."""
+    from bench.launchers import horovodrun_path
+
+    exe = horovodrun_path()
+    if exe is None:
+        raise RuntimeError("horovodrun not found: run `make horovod`")
+    slots = ",".join(f"{h}:{cfg.procs_per_node}" for h in cfg.hosts)
+    nic = ["--network-interface", cfg.ifname] if cfg.ifname else []
+    return [
+        *_on_node(cfg, 0, env),
+        exe,
+        "--gloo",
+        "-np",
+        str(cfg.nodes * cfg.procs_per_node),
+        "-H",
+        slots,
+        *nic,
+        "--disable-cache",  # no check results kept in ~/.horovod between cells
+        sys.executable,
+        "-m",
+        "bench.worker",
+        str(spec),
+    ]
+
+
 def node_commands(
     cfg: Any, spec: Path, rdzv_id: str, env: Mapping[str, str], port: int
 ) -> list[list[str]]:
     """One torchrun agent's command line per node, for the cell whose spec is `spec`."""
     hosts, n = list(cfg.hosts), cfg.nodes
-    # through a remote shell the command is one line again: values quoted
-    quote = shlex.quote if cfg.host_exec else str
-    passed = {k: v for k, v in env.items() if k.startswith("PARABENCH_") or k in PASSED_ON}
     out = []
     for i, host in enumerate(hosts):
-        node_env = {**passed, "PARABENCH_NODE": host}
-        if cfg.ifname:
-            node_env |= {"GLOO_SOCKET_IFNAME": cfg.ifname, "NCCL_SOCKET_IFNAME": cfg.ifname}
-        prefix = shlex.split(cfg.host_exec.format(host=host, node=i)) if cfg.host_exec else []
         if cfg.rdzv == "static":
             meet = [
                 "--rdzv-backend=static",
@@ -81,9 +117,7 @@ def node_commands(
             ]
         out.append(
             [
-                *prefix,
-                "env",
-                *(f"{k}={quote(v)}" for k, v in sorted(node_env.items())),
+                *_on_node(cfg, i, env, PARABENCH_NODE=host),
                 sys.executable,
                 "-m",
                 "torch.distributed.run",

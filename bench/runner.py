@@ -164,17 +164,18 @@ def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
     """Why a strategy's cells cannot run on several nodes, if they cannot."""
     from bench.nodes import MULTI_NODE_LAUNCHERS
 
-    if cfg.launcher == "slurm" and spec.launcher not in MULTI_NODE_LAUNCHERS:
+    if cfg.launcher == "slurm" and spec.launcher != "torchrun":
+        mpi = " (Horovod under SLURM: srun --mpi with an MPI build, README)"
         return (
             f"cannot run as srun's ranks: {spec.name} starts its own processes "
             f"({spec.launcher}); under --launcher slurm, torch.distributed strategies run"
+            + (mpi if spec.launcher == "horovodrun" else "")
         )
     if cfg.nodes == 1 or spec.launcher in MULTI_NODE_LAUNCHERS:
         return None
     how = {
         "inprocess": "runs in one process on one host",
         "spawn": "starts its ranks with mp.spawn on one host",
-        "horovodrun": "runs through horovodrun, which parabench starts on one host only",
     }.get(spec.launcher, f"its launcher {spec.launcher} starts every rank on one host")
     return f"cannot run across {cfg.nodes} nodes: {spec.name} {how}"
 
@@ -491,7 +492,7 @@ class Runner:
     def _per_host(self, cell: Cell) -> int:
         """The cell's processes on one host: all of them, or one node's share (each node
         taken to have as many cores as this machine)."""
-        if self.cfg.nodes > 1 or self.cfg.launcher:
+        if self.cfg.multi_host:
             return self.cfg.procs_per_node
         spec = strategies.get(cell.strategy)
         return spec.cls.processes(cell.world_size) if spec.cls else 1
@@ -513,7 +514,7 @@ class Runner:
         for var in LAUNCHER_VARS:  # a harness started under torchrun/horovodrun must not leak them
             env.pop(var, None)
         env["PYTHONUNBUFFERED"] = "1"
-        if self.cfg.nodes > 1 or self.cfg.launcher:  # the nodes' interface, or gloo's choice
+        if self.cfg.multi_host:  # the nodes' interface, or gloo's choice
             env.pop("GLOO_SOCKET_IFNAME", None)
             if self.cfg.launcher and self.cfg.ifname:
                 env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.cfg.ifname
@@ -546,6 +547,9 @@ class Runner:
             if self.cfg.launcher == "slurm":  # one srun step, its tasks the ranks
                 env |= {"MASTER_ADDR": self.cfg.master_addr, "MASTER_PORT": str(port)}
                 argv = slurm.step_argv(self.cfg, spec_path, step)
+            elif self.cfg.nodes > 1 and spec.launcher == "horovodrun":  # -H every node
+                commands = [nodes.horovod_command(self.cfg, spec_path, env)]
+                argv = nodes.launch_argv(commands, cell_dir / "nodes.json")
             elif self.cfg.nodes > 1:  # one torchrun agent per node (bench.nodes)
                 rdzv_id = f"{self.dir.path.name}-{cell.dirname}"
                 commands = nodes.node_commands(self.cfg, spec_path, rdzv_id, env, port)
@@ -768,7 +772,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         return saved, rd, plan(saved)
     cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
-    if cfg.nodes > 1 or cfg.launcher:  # other hosts start in other folders: whole paths
+    if cfg.multi_host:  # other hosts start in other folders: whole paths
         cfg = cfg.replace(
             out_dir=str(Path(cfg.out_dir).resolve()), data_root=str(Path(cfg.data_root).resolve())
         )
@@ -846,7 +850,7 @@ def measure_collectives(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: 
     sizes = collective_sizes(cfg, cells)
     if not cfg.scaling_model or not sizes or path.exists():
         return
-    if cfg.nodes > 1 or cfg.launcher:
+    if cfg.multi_host:
         echo(
             "collectives: not measured across nodes (measured here they would time this "
             "host's loopback, not the network between nodes): no scaling model for this run"

@@ -245,10 +245,21 @@ class _Baseline:
     buffers: dict[str, torch.Tensor]
 
 
+def _single_ran(rd: RunDir) -> bool:
+    """Whether the run's own cells include the plain baseline, done (not where the cells ran
+    across nodes: single runs on one host, and verify runs it apart, bench.verify)."""
+    return any(
+        r["repeat"] == "0"
+        and (r["strategy"], int(r["world_size"]), r.get("setting") or "fp32") == BASELINE
+        and r["status"] == results.OK
+        for r in rd.runs.read()
+    )
+
+
 def _baseline(rd: RunDir, layout: Layout, buffers: set[str]) -> _Baseline | None:
     """The baseline for `layout`, read once; None if it did not run."""
     brd, case = rd, BASELINE
-    if layout != (1, 1):
+    if layout != (1, 1) or not _single_ran(rd):
         path = baselines_dir(rd.path) / _layout_id(layout)
         if not (path / "runs.csv").exists():
             return None
@@ -279,14 +290,13 @@ def compare(run_dir: Path) -> list[Parity]:
     case_of = {
         id(r): (r["strategy"], int(r["world_size"]), r.get("setting") or "fp32") for r in rows
     }
-    base_row = next((r for r in rows if case_of[id(r)] == BASELINE), None)
-    if base_row is None or base_row["status"] != results.OK:
-        raise ConfigError("the single baseline (fp32) did not run; parity needs it")
     cfg = rd.config()
     norms = batch_norms(cfg)
     buffers = {name for name, _ in meta_model(cfg).named_buffers()}
     losses = _losses(rd)
-    bases: dict[Layout, _Baseline | None] = {}
+    bases: dict[Layout, _Baseline | None] = {(1, 1): _baseline(rd, (1, 1), buffers)}
+    if bases[(1, 1)] is None:
+        raise ConfigError("the single baseline (fp32) did not run; parity needs it")
     out = []
     for r in rows:
         case = case_of[id(r)]
@@ -415,7 +425,8 @@ def write_csv(parity: list[Parity], path: Path) -> None:
 
 def parity_config(base: RunConfig, steps: int) -> RunConfig:
     strategies = base.strategies
-    if strategies and "single" not in strategies:
+    # across nodes the baseline runs apart, on this machine (bench.verify.run_share_baselines)
+    if strategies and "single" not in strategies and not base.multi_host:
         strategies = ("single", *strategies)
     # The baseline is single at fp32, one micro-batch, not compiled: keep those in the axes.
     return base.replace(
@@ -456,8 +467,9 @@ def share_layouts(run_dir: Path) -> list[Layout]:
 
 def baseline_config(cfg: RunConfig, out_dir: Path, run_id: str, **changes) -> RunConfig:
     """`single` alone at world size 1, fp32, no other run option: a baseline run of `cfg`'s
-    model and data, into out_dir/run_id."""
-    return cfg.replace(
+    model and data, into out_dir/run_id, on this machine (where the cells ran across nodes
+    too: single runs in one process)."""
+    return cfg.one_host().replace(
         strategies=("single",),
         exclude=(),
         world_sizes=(1,),
@@ -474,8 +486,14 @@ def baseline_config(cfg: RunConfig, out_dir: Path, run_id: str, **changes) -> Ru
 
 def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
     """One `single --set shares=R --accumulate K` run per layout the cells need, through
-    the same harness, under run_dir/baselines/."""
-    for layout in share_layouts(run_dir):
+    the same harness, under run_dir/baselines/; and the plain baseline there too where the
+    run's own cells could not hold it (they ran across nodes)."""
+    layouts = share_layouts(run_dir)
+    if not _single_ran(RunDir(run_dir)):
+        echo("baseline: single at world size 1, fp32, on this machine")
+        one = baseline_config(cfg, baselines_dir(run_dir), _layout_id((1, 1)), options={})
+        run_matrix(one, echo=echo)
+    for layout in layouts:
         r, k = layout
         echo(f"baseline for BatchNorm over shares: {baseline_label(layout)}")
         layout_cfg = baseline_config(
@@ -580,11 +598,6 @@ def verify(
 def cmd_verify(a: argparse.Namespace) -> int:
     from bench.cli import config_from_args
 
-    if a.nodes > 1 or a.launcher:
-        raise ConfigError(
-            "verify runs on one machine: its baseline, single, cannot run across nodes "
-            "(compare a multi-node run's losses with `parabench compare`)"
-        )
     cfg = config_from_args(a)
     # bad input: one line before anything runs (the conditioning runs come before the run
     # whose directory the runner checks, and a missing baseline shows only after every cell)
@@ -600,6 +613,11 @@ def cmd_verify(a: argparse.Namespace) -> int:
         raise ConfigError(f"{path} already holds a run; use another --run-id")
     run_dir, parity = verify(cfg, a.steps)
     print(table(parity))
+    if cfg.multi_host:
+        print(
+            f"the cells ran across {cfg.nodes} node(s) ({', '.join(cfg.hosts) or 'srun'}); "
+            "their baseline, single, ran on this machine"
+        )
     cond = run_dir / "conditioning.txt"
     if cond.exists():
         print(cond.read_text().strip())

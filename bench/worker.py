@@ -172,7 +172,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
             ranks = strategy.gather(
                 {
                     "rank": ctx.rank,
-                    "host": os.environ.get("PARABENCH_NODE") or socket.gethostname(),
+                    "host": _host(),
                     "samples": stats.samples,
                     "timed_s": stats.timed_s,
                     "step_ms_p50": _median(stats.step_times_ms[stats.warmup_steps :]),
@@ -278,6 +278,14 @@ def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _host() -> str:
+    """This rank's host: the node the launcher says (a torchrun agent's --hosts entry,
+    horovodrun's -H entry where it spans hosts, the SLURM node), else the machine's name."""
+    across = int(os.environ.get("HOROVOD_CROSS_SIZE") or 1) > 1
+    horovod = os.environ.get("HOROVOD_HOSTNAME", "") if across else ""
+    return os.environ.get("PARABENCH_NODE") or horovod or socket.gethostname()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,12 +7,13 @@
 #
 #   scripts/netns_hosts.sh up   NAME   # namespaces NAME0, NAME1: 10.231.0.1 and 10.231.0.2
 #   scripts/netns_hosts.sh down NAME   # kills every process inside, removes both (idempotent)
+#   scripts/netns_hosts.sh ssh NAME [ssh options] HOST COMMAND...   # what ssh would do
 #
 # Run a command on "host" i: ip netns exec NAMEi COMMAND (parabench: --host-exec
 # 'ip netns exec NAME{node}' --hosts 10.231.0.1,10.231.0.2 --ifname pb0). Needs root.
 set -euo pipefail
-action=${1:?usage: $0 up|down NAME}
-name=${2:?usage: $0 up|down NAME}
+action=${1:?usage: $0 up|down|ssh NAME}
+name=${2:?usage: $0 up|down|ssh NAME}
 net=10.231.0
 
 down() {
@@ -22,6 +23,7 @@ down() {
             [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
             ip netns del "${name}${i}" || true
         fi
+        rm -rf "/etc/netns/${name}${i}"
     done
     ip route del blackhole "${net}.0/24" 2>/dev/null || true
 }
@@ -43,13 +45,45 @@ up)
         ip -n "${name}${i}" addr add "${net}.$((i + 1))/24" dev pb0
         ip -n "${name}${i}" link set pb0 up
         ip -n "${name}${i}" link set lo up
+        # what this machine's name resolves to inside host i: its own address, as on a real
+        # host (`ip netns exec` puts /etc/netns/NAME/hosts over /etc/hosts); Horovod 0.28.1's
+        # process-set contexts reach their peers by that address, not by the interface
+        mkdir -p "/etc/netns/${name}${i}"
+        printf '127.0.0.1 localhost\n%s %s\n' "${net}.$((i + 1))" "$(hostname)" \
+            >"/etc/netns/${name}${i}/hosts"
     done
     ;;
 down)
     down
     ;;
+ssh)
+    # `ssh [options] HOST [options] COMMAND...` between the hosts, for launchers that reach
+    # other nodes with ssh (horovodrun): COMMAND runs with sh in the namespace that owns
+    # HOST's address. A test puts an executable `ssh` calling this first on PATH.
+    shift 2
+    host=
+    while [ $# -gt 0 ]; do
+        case "$1" in
+        -o | -p | -i | -l) shift 2 ;;
+        -*) shift ;;
+        *)
+            [ -n "$host" ] && break
+            host=$1
+            shift
+            ;;
+        esac
+    done
+    case "$host" in
+    "${net}.1") exec ip netns exec "${name}0" sh -c "$*" ;;
+    "${net}.2") exec ip netns exec "${name}1" sh -c "$*" ;;
+    *)
+        echo "ssh: no namespace host $host (these are ${net}.1 and ${net}.2)" >&2
+        exit 255
+        ;;
+    esac
+    ;;
 *)
-    echo "usage: $0 up|down NAME" >&2
+    echo "usage: $0 up|down|ssh NAME" >&2
     exit 2
     ;;
 esac

@@ -97,11 +97,11 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         assert main(["run", f"--data-root={data_root}", "--dry-run", *bad]) == 2, bad
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, (bad, err)
-    # verify's baseline cannot run across nodes; submit checks what the job would run
+    # verify's baseline runs apart, on this machine; submit checks what the job would run
     for argv, says in [
         (
-            ["verify", "--nodes=2", "--procs-per-node=1", "--hosts=a,b"],
-            "verify runs on one machine",
+            ["verify", "--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--strategies=single"],
+            "cannot run across 2 nodes: single",
         ),
         (["submit", "--nodes=2", "--strategies=ddp_spawn"], "cannot run as srun's ranks"),
         (["submit", "--nodes=2", "--hosts=a,b"], "no --launcher, --host-exec or --hosts"),
@@ -126,8 +126,65 @@ def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) 
             cells[name].reason.startswith("cannot run across 2 nodes") and how in cells[name].reason
         )
     assert cells["ddp_torchrun"].status == "" and cells["fsdp"].status == ""
+    # horovodrun spans hosts with its own host list; under srun it would need an MPI build
+    assert (
+        cells["horovod"].status in ("", "unavailable") and "across" not in cells["horovod"].reason
+    )
     with pytest.raises(ConfigError, match="cannot run across 2 nodes: ddp_spawn"):
         plan(cfg.replace(strategies=("ddp_spawn",)))
+    under_srun = cfg.replace(launcher="slurm", hosts=("n1", "n2"), master_addr="127.0.0.1")
+    srun_cells = {c.strategy: c for c in plan(under_srun)}
+    if srun_cells["horovod"].status != "unavailable":
+        assert srun_cells["horovod"].status == "skipped"
+        assert "srun --mpi with an MPI build" in srun_cells["horovod"].reason
+    assert srun_cells["ddp_torchrun"].status == ""
+
+
+@pytest.fixture
+def ssh_between(two_hosts, tmp_path, monkeypatch):
+    """An `ssh` first on PATH that runs its command in the namespace owning the address
+    (scripts/netns_hosts.sh ssh): how horovodrun, which reaches other nodes by ssh, reaches
+    the namespace hosts. Everything past the remote shell is horovodrun's own."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "ssh"
+    shim.write_text(f'#!/bin/sh\nexec bash {SCRIPT} ssh {two_hosts} "$@"\n')
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return two_hosts
+
+
+@pytest.mark.slow
+def test_verify_across_two_hosts(ssh_between, data_root, tmp_path, capsys) -> None:
+    """`parabench verify` with the cells across the two namespace hosts: ddp_torchrun (one
+    torchrun agent per host) and horovod (horovodrun -H with both hosts, where Horovod is
+    built) train the same model as single, which runs on this machine; every cell's ranks
+    are on both hosts."""
+    from strategies.horovod import Horovod
+
+    names = "ddp_torchrun" if Horovod.unavailable("cpu") else "ddp_torchrun,horovod"
+    argv = _args(ssh_between, data_root, tmp_path, strategies=names, run_id="v", steps=6)
+    argv[0] = "verify"
+    dropped = ("--eval-samples", "--probe-steps", "--profile-steps", "--no-scaling-model")
+    code = main([a for a in argv if not a.startswith(dropped)])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "their baseline, single, ran on this machine" in out
+    parity = pd.read_csv(tmp_path / "v" / "verify.csv").set_index("strategy")
+    assert sorted(parity.index) == sorted(names.split(","))
+    assert (parity["result"] == "pass").all() and (parity["world_size"] == 2).all()
+    rows = _rows(tmp_path / "v").set_index("strategy")
+    for name in names.split(","):
+        assert rows.loc[name, "hosts"] == ",".join(HOSTS)
+        assert rows.loc[name, "nodes"] == 2 and rows.loc[name, "procs_per_node"] == 1
+    assert "single" not in rows.index  # it ran apart
+    ranks = pd.read_csv(tmp_path / "v" / "ranks.csv")
+    for name, group in ranks.groupby("strategy"):
+        assert sorted(group["host"]) == sorted(HOSTS), name
+    base = _rows(tmp_path / "v" / "baselines" / "shares1-acc1")
+    assert list(base["strategy"]) == ["single"] and base.loc[0, "nodes"] == 1
+    for ns in (f"{ssh_between}0", f"{ssh_between}1"):
+        assert _pids(ns) == [], f"processes left in {ns}"
 
 
 def _fault_mid_cell(two_hosts: str, data_root: Path, out: Path, fault, repeats: int, timeout: int):
@@ -140,7 +197,7 @@ def _fault_mid_cell(two_hosts: str, data_root: Path, out: Path, fault, repeats: 
         strategies="ddp_torchrun",
         repeats=repeats,
         global_batch=16,
-        max_steps=50,
+        max_steps=30,
         limit=2048,
         run_id="two",
         timeout=timeout,
