@@ -100,13 +100,16 @@ def _left_behind(run: Path) -> list[str]:
 
 
 def test_a_cell_across_two_nodes_inside_an_allocation(cluster, data_root, tmp_path) -> None:
+    """`parabench verify --launcher slurm` inside salloc: the DDP cell is one srun step over
+    n1 and n2, its baseline single runs where salloc runs, and the two train the same model."""
+    argv = [a for a in _run_args(data_root, tmp_path, "alloc") if not a.startswith("--max-steps")]
     done = subprocess.run(
         [
             "salloc",
             "--nodes=2",
             "--ntasks-per-node=1",
             "--quiet",
-            *_cli("run", "--launcher=slurm", *_run_args(data_root, tmp_path, "alloc")),
+            *_cli("verify", "--launcher=slurm", "--steps=6", *argv),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -119,6 +122,9 @@ def test_a_cell_across_two_nodes_inside_an_allocation(cluster, data_root, tmp_pa
     assert row["hosts"] == "n1,n2" and row["nodes"] == 2 and row["world_size"] == 2
     ranks = pd.read_csv(tmp_path / "alloc" / "ranks.csv")
     assert sorted(ranks["host"]) == ["n1", "n2"]  # each rank read its node from SLURM
+    parity = pd.read_csv(tmp_path / "alloc" / "verify.csv").iloc[0]
+    assert parity["strategy"] == "ddp_torchrun" and parity["result"] == "pass", parity.to_dict()
+    assert "their baseline, single, ran on this machine" in done.stdout
 
 
 def _submit(data_root: Path, out: Path, run_id: str, *extra: str, **kw) -> tuple[Path, str, str]:
