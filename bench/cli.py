@@ -288,6 +288,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         default="",
         help="the nodes' network interface, for gloo and NCCL (GLOO_SOCKET_IFNAME)",
     )
+    nodes.add_argument(
+        "--cores-per-node",
+        type=int,
+        default=0,
+        metavar="C",
+        help="a node's CPU cores, split among its ranks' threads (default: as many as this "
+        "machine has; say it where the nodes differ from the machine parabench runs on)",
+    )
     p.add_argument(
         "--oversubscribe",
         action="store_true",
@@ -305,6 +313,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         rdzv=a.rdzv,
         rdzv_port=a.rdzv_port,
         ifname=a.ifname,
+        cores_per_node=a.cores_per_node,
         launcher=a.launcher,
     )
     if a.launcher == "slurm":  # the nodes are the allocation's

@@ -105,6 +105,8 @@ class RunConfig:
     rdzv: str = "c10d"  # or "static" (node i is node rank i)
     rdzv_port: int = 29500
     ifname: str = ""  # the nodes' network interface for gloo / NCCL (GLOO_SOCKET_IFNAME)
+    #: a node's CPU cores, shared by its ranks' threads (0: as many as this machine has)
+    cores_per_node: int = 0
     #: "" (each strategy's own launcher) or "slurm": every cell one srun step (bench.slurm),
     #: hosts the allocation's node names and master_addr its first node's address
     launcher: str = ""
@@ -274,6 +276,10 @@ class RunConfig:
             except Exception as exc:  # a bad field, brace or quote: whatever str.format says
                 need(False, f"--host-exec takes the fields {{host}} and {{node}}: {exc}")
         need(self.launcher in ("", "slurm"), f"--launcher takes slurm, got {self.launcher!r}")
+        need(
+            self.cores_per_node >= 0,
+            f"--cores-per-node must be positive, got {self.cores_per_node}",
+        )
         if self.launcher == "slurm":
             need(
                 not self.host_exec,
@@ -295,8 +301,9 @@ class RunConfig:
             return
         if self.nodes == 1:
             need(
-                not (self.procs_per_node or self.hosts or self.host_exec),
-                "--procs-per-node, --hosts and --host-exec describe several nodes: give --nodes N too",
+                not (self.procs_per_node or self.hosts or self.host_exec or self.cores_per_node),
+                "--procs-per-node, --hosts, --host-exec and --cores-per-node describe several "
+                "nodes: give --nodes N too",
             )
             return
         need(self.procs_per_node >= 1, "--nodes N needs --procs-per-node M (world size N x M)")
@@ -357,6 +364,7 @@ class RunConfig:
             hosts=(),
             host_exec="",
             ifname="",
+            cores_per_node=0,
             launcher="",
             master_addr="",
         )

@@ -31,10 +31,11 @@ def device_count(device: str) -> int:
     return torch.cuda.device_count() if device == "cuda" else cpu_cores()
 
 
-def threads_per_process(processes: int) -> int:
-    # The processes of a cell share the cores: cores / processes each, so no strategy is
-    # oversubscribed and none leaves cores idle (DataParallel is one process).
-    return max(1, cpu_cores() // processes)
+def threads_per_process(processes: int, cores: int = 0) -> int:
+    # The processes of a cell share the cores (this machine's unless said): cores / processes
+    # each, so no strategy is oversubscribed and none leaves cores idle (DataParallel is one
+    # process).
+    return max(1, (cores or cpu_cores()) // processes)
 
 
 def _version(dist: str) -> str:

@@ -20,9 +20,7 @@ process-group timeout (`PARABENCH_PG_TIMEOUT_S`, the cell's deadline) end the re
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -34,8 +32,15 @@ from typing import Any
 
 #: a failed node's peers get this long to fail on their own before they are killed
 GRACE_S = 20.0
-#: what a node's command is given explicitly (a remote shell need not pass the environment on)
-PASSED_ON = ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED")
+#: what a node's command is given explicitly (a remote shell need not pass the environment
+#: on), besides PARABENCH_*: the nodes' interface among it (Runner._env sets it from --ifname)
+PASSED_ON = (
+    "PYTHONPATH",
+    "OMP_NUM_THREADS",
+    "PYTHONUNBUFFERED",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+)
 #: launchers that can start a cell's ranks across nodes: torchrun, one agent per node, and
 #: horovodrun on the first node with every node in its host list (-H)
 MULTI_NODE_LAUNCHERS = ("torchrun", "horovodrun")
@@ -52,13 +57,11 @@ def cell_port(base: int, order: int) -> int:
 
 def _on_node(cfg: Any, i: int, env: Mapping[str, str], **more: str) -> list[str]:
     """The start of a command run on node i: --host-exec's prefix, then `env` with what the
-    ranks need (a remote shell need not pass the environment on), `more` and the nodes'
-    interface; quoted where a remote shell makes the command one line again."""
+    ranks need (a remote shell need not pass the environment on) and `more`; quoted where a
+    remote shell makes the command one line again."""
     quote = shlex.quote if cfg.host_exec else str
     passed = {k: v for k, v in env.items() if k.startswith("PARABENCH_") or k in PASSED_ON}
     passed |= more
-    if cfg.ifname:
-        passed |= {"GLOO_SOCKET_IFNAME": cfg.ifname, "NCCL_SOCKET_IFNAME": cfg.ifname}
     host = cfg.hosts[i]
     prefix = shlex.split(cfg.host_exec.format(host=host, node=i)) if cfg.host_exec else []
     return [*prefix, "env", *(f"{k}={quote(v)}" for k, v in sorted(passed.items()))]
@@ -141,23 +144,20 @@ def launch_argv(commands: Sequence[Sequence[str]], path: Path) -> list[str]:
 
 
 def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
-    """SIGTERM the node commands still running, SIGKILL what is left after `grace_s`."""
+    """SIGTERM the node commands still running, SIGKILL what is left after `grace_s`. Each
+    leads its own process group: its agent and ranks go with it."""
+    from bench.proc import signal_group
+
     for p in procs:
         if p.poll() is None:
-            _signal(p, signal.SIGTERM)
+            signal_group(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.1)
     for p in procs:
         if p.poll() is None:
-            _signal(p, signal.SIGKILL)
+            signal_group(p.pid, signal.SIGKILL)
             p.wait()
-
-
-def _signal(p: subprocess.Popen, sig: int) -> None:
-    # each node command leads its own process group: its agent and ranks with it
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, sig)
 
 
 def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:

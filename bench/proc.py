@@ -66,6 +66,12 @@ def is_oom(exc: BaseException) -> bool:
     return "out of memory" in text or "can't allocate memory" in text
 
 
+def signal_group(pid: int, sig: int) -> None:
+    """Send `sig` to the process group `pid` leads (its session's processes), if any is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
 class CellProcess:
     """One launched cell: a process in a new session plus every descendant seen."""
 
@@ -133,14 +139,12 @@ class CellProcess:
     def kill(self, grace_s: float = 3.0) -> None:
         """SIGTERM the session, then SIGKILL whatever of the tree is still there."""
         self._track()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
+        signal_group(self.popen.pid, signal.SIGTERM)
         for p in self.alive():
             with contextlib.suppress(psutil.Error):
                 p.terminate()
         _, still = psutil.wait_procs(self.alive(), timeout=grace_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
+        signal_group(self.popen.pid, signal.SIGKILL)
         for p in still:
             with contextlib.suppress(psutil.Error):
                 p.kill()

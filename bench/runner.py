@@ -180,6 +180,25 @@ def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
     return f"cannot run across {cfg.nodes} nodes: {spec.name} {how}"
 
 
+def per_host(cfg: RunConfig, cell: Cell) -> int:
+    """A cell's processes on one host: all of them, or one node's share."""
+    if cfg.multi_host:
+        return cfg.procs_per_node
+    spec = strategies.get(cell.strategy)
+    return spec.cls.processes(cell.world_size) if spec.cls else 1
+
+
+def host_cores(cfg: RunConfig) -> int:
+    """The cores of a host a cell's ranks run on: --cores-per-node across nodes, else (and
+    by default) this machine's."""
+    return (cfg.multi_host and cfg.cores_per_node) or cpu_cores()
+
+
+def rank_threads(cfg: RunConfig, cell: Cell) -> int:
+    """Threads per rank: its host's cores shared by the cell's processes there."""
+    return threads_per_process(per_host(cfg, cell), host_cores(cfg))
+
+
 def machine_state() -> dict[str, float]:
     """What can be read about the machine as a cell starts: the 1-minute load average (runnable
     processes; above the core count, something else competes) and the mean CPU clock where
@@ -489,20 +508,12 @@ class Runner:
         path.write_text(json.dumps(spec, indent=1))
         return path
 
-    def _per_host(self, cell: Cell) -> int:
-        """The cell's processes on one host: all of them, or one node's share (each node
-        taken to have as many cores as this machine)."""
-        if self.cfg.multi_host:
-            return self.cfg.procs_per_node
-        spec = strategies.get(cell.strategy)
-        return spec.cls.processes(cell.world_size) if spec.cls else 1
-
     def _threads(self, cell: Cell) -> int:
-        return threads_per_process(self._per_host(cell))
+        return rank_threads(self.cfg, cell)
 
     def _oversubscribed(self, cell: Cell) -> int:
         """1 if the cell runs more CPU processes than there are cores (--oversubscribe)."""
-        return int(self.device == "cpu" and self._per_host(cell) > cpu_cores())
+        return int(self.device == "cpu" and per_host(self.cfg, cell) > host_cores(self.cfg))
 
     def _env(self, cell: Cell, cell_dir: Path) -> dict[str, str]:
         env = dict(os.environ)
@@ -516,7 +527,7 @@ class Runner:
         env["PYTHONUNBUFFERED"] = "1"
         if self.cfg.multi_host:  # the nodes' interface, or gloo's choice
             env.pop("GLOO_SOCKET_IFNAME", None)
-            if self.cfg.launcher and self.cfg.ifname:
+            if self.cfg.ifname:
                 env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.cfg.ifname
             return env
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -914,9 +925,8 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
     for cell in cells:
         if cell.status:
             continue
-        spec = strategies.get(cell.strategy)
         precision = cell.setting.precision
-        threads = threads_per_process(spec.cls.processes(cell.world_size) if spec.cls else 1)
+        threads = rank_threads(cfg, cell)
         key = peak_key(device, threads, precision)
         if key in info["peaks"] or precision not in DTYPES:
             continue

@@ -93,6 +93,8 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--host-exec=ssh {host.x}"], "{host}"),
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--host-exec=ssh '{host}"], "quot"),
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--rdzv-port=80"], "--rdzv-port"),
+        (["--cores-per-node=4"], "give --nodes N too"),
+        (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--cores-per-node=-1"], "positive"),
     ]:
         assert main(["run", f"--data-root={data_root}", "--dry-run", *bad]) == 2, bad
         err = capsys.readouterr().err
@@ -163,7 +165,10 @@ def test_verify_across_two_hosts(ssh_between, data_root, tmp_path, capsys) -> No
     from strategies.horovod import Horovod
 
     names = "ddp_torchrun" if Horovod.unavailable("cpu") else "ddp_torchrun,horovod"
-    argv = _args(ssh_between, data_root, tmp_path, strategies=names, run_id="v", steps=6)
+    # the two namespace hosts share this machine's cores: one each
+    argv = _args(
+        ssh_between, data_root, tmp_path, strategies=names, run_id="v", steps=6, cores_per_node=1
+    )
     argv[0] = "verify"
     dropped = ("--eval-samples", "--probe-steps", "--profile-steps", "--no-scaling-model")
     code = main([a for a in argv if not a.startswith(dropped)])
@@ -177,6 +182,7 @@ def test_verify_across_two_hosts(ssh_between, data_root, tmp_path, capsys) -> No
     for name in names.split(","):
         assert rows.loc[name, "hosts"] == ",".join(HOSTS)
         assert rows.loc[name, "nodes"] == 2 and rows.loc[name, "procs_per_node"] == 1
+        assert rows.loc[name, "threads_per_rank"] == 1  # --cores-per-node 1 / 1 rank per node
     assert "single" not in rows.index  # it ran apart
     ranks = pd.read_csv(tmp_path / "v" / "ranks.csv")
     for name, group in ranks.groupby("strategy"):
