@@ -158,17 +158,17 @@ def ssh_between(two_hosts, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_verify_across_two_hosts(ssh_between, data_root, tmp_path, capsys) -> None:
-    """`parabench verify` with the cells across the two namespace hosts: ddp_torchrun (one
-    torchrun agent per host) and horovod (horovodrun -H with both hosts, where Horovod is
-    built) train the same model as single, which runs on this machine; every cell's ranks
-    are on both hosts."""
+    """`parabench verify` with the cells across the two namespace hosts, reached by `ssh
+    {host}`: ddp_torchrun (one torchrun agent per host) and horovod (horovodrun -H with both
+    hosts, where Horovod is built) train the same model as single, which runs on this
+    machine; every cell's ranks are on both hosts."""
     from strategies.horovod import Horovod
 
     names = "ddp_torchrun" if Horovod.unavailable("cpu") else "ddp_torchrun,horovod"
-    # the two namespace hosts share this machine's cores: one each
-    argv = _args(
-        ssh_between, data_root, tmp_path, strategies=names, run_id="v", steps=6, cores_per_node=1
-    )
+    # the two namespace hosts share this machine's cores: one each. The nodes are reached as
+    # over ssh: each command one line through a remote shell, its values quoted
+    argv = _args(ssh_between, data_root, tmp_path, strategies=names, run_id="v", steps=6)
+    argv += ["--cores-per-node=1", "--host-exec=ssh {host}"]
     argv[0] = "verify"
     dropped = ("--eval-samples", "--probe-steps", "--profile-steps", "--no-scaling-model")
     code = main([a for a in argv if not a.startswith(dropped)])
