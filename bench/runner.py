@@ -181,9 +181,11 @@ def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
 
 
 def per_host(cfg: RunConfig, cell: Cell) -> int:
-    """A cell's processes on one host: all of them, or one node's share."""
+    """A cell's processes on one host: all of them, or one node's share (every node's,
+    where all the agents run on this machine: no --host-exec)."""
     if cfg.multi_host:
-        return cfg.procs_per_node
+        here = not (cfg.host_exec or cfg.launcher)
+        return cfg.procs_per_node * (cfg.nodes if here else 1)
     spec = strategies.get(cell.strategy)
     return spec.cls.processes(cell.world_size) if spec.cls else 1
 

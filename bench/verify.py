@@ -425,8 +425,10 @@ def write_csv(parity: list[Parity], path: Path) -> None:
 
 def parity_config(base: RunConfig, steps: int) -> RunConfig:
     strategies = base.strategies
-    # across nodes the baseline runs apart, on this machine (bench.verify.run_share_baselines)
-    if strategies and "single" not in strategies and not base.multi_host:
+    # where no cell of the run is at world size 1 (across nodes, or --world-sizes without 1)
+    # the baseline runs apart, on this machine (bench.verify.run_share_baselines)
+    in_run = not base.multi_host and (not base.world_sizes or 1 in base.world_sizes)
+    if strategies and "single" not in strategies and in_run:
         strategies = ("single", *strategies)
     # The baseline is single at fp32, one micro-batch, not compiled: keep those in the axes.
     return base.replace(

@@ -73,6 +73,7 @@ def _args(two_hosts: str, data_root: Path, out: Path, **kw) -> list[str]:
         f"--hosts={','.join(HOSTS)}",
         f"--host-exec=ip netns exec {two_hosts}{{node}}",
         "--ifname=pb0",
+        "--cores-per-node=1",  # the two hosts share this machine's cores
     ]
     return argv + [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
 
@@ -165,10 +166,9 @@ def test_verify_across_two_hosts(ssh_between, data_root, tmp_path, capsys) -> No
     from strategies.horovod import Horovod
 
     names = "ddp_torchrun" if Horovod.unavailable("cpu") else "ddp_torchrun,horovod"
-    # the two namespace hosts share this machine's cores: one each. The nodes are reached as
-    # over ssh: each command one line through a remote shell, its values quoted
+    # the nodes reached as over ssh: each command one line through a remote shell
     argv = _args(ssh_between, data_root, tmp_path, strategies=names, run_id="v", steps=6)
-    argv += ["--cores-per-node=1", "--host-exec=ssh {host}"]
+    argv.append("--host-exec=ssh {host}")
     argv[0] = "verify"
     dropped = ("--eval-samples", "--probe-steps", "--profile-steps", "--no-scaling-model")
     code = main([a for a in argv if not a.startswith(dropped)])
@@ -193,14 +193,22 @@ def test_verify_across_two_hosts(ssh_between, data_root, tmp_path, capsys) -> No
         assert _pids(ns) == [], f"processes left in {ns}"
 
 
-def _fault_mid_cell(two_hosts: str, data_root: Path, out: Path, fault, repeats: int, timeout: int):
-    """Run ddp_torchrun across the two hosts; once round 0's cell trains, apply `fault()`.
+def _fault_mid_cell(
+    two_hosts: str,
+    data_root: Path,
+    out: Path,
+    fault,
+    repeats: int,
+    timeout: int,
+    strategy: str = "ddp_torchrun",
+):
+    """Run `strategy` across the two hosts; once round 0's cell trains, apply `fault()`.
     Returns the rows, the seconds from the fault to round 0's failed row, and the output."""
     argv = _args(
         two_hosts,
         data_root,
         out,
-        strategies="ddp_torchrun",
+        strategies=strategy,
         repeats=repeats,
         global_batch=16,
         max_steps=30,
@@ -218,7 +226,7 @@ def _fault_mid_cell(two_hosts: str, data_root: Path, out: Path, fault, repeats: 
         start_new_session=True,
     )
     try:
-        progress = run / "cells" / "ddp_torchrun-ws2-fp32-r0" / "progress.json"
+        progress = run / "cells" / f"{strategy}-ws2-fp32-r0" / "progress.json"
         deadline = time.monotonic() + 90
         while not progress.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -227,7 +235,7 @@ def _fault_mid_cell(two_hosts: str, data_root: Path, out: Path, fault, repeats: 
         fault()
         became_row = None
         while harness.poll() is None and time.monotonic() - at < timeout + 60:
-            if (run / "runs.csv").exists() and "ddp_torchrun" in (run / "runs.csv").read_text():
+            if (run / "runs.csv").exists() and strategy in (run / "runs.csv").read_text():
                 became_row = time.monotonic() - at
                 break
             time.sleep(0.2)
@@ -242,10 +250,17 @@ def _fault_mid_cell(two_hosts: str, data_root: Path, out: Path, fault, repeats: 
 
 
 @pytest.mark.slow
-def test_ddp_across_two_hosts_and_a_lost_node(two_hosts, data_root, tmp_path) -> None:
-    """Two rounds of ddp_torchrun over the two namespaces (c10d rendezvous on the first);
-    in round 0 every process of the second node is killed mid-cell (SIGKILL): that round is
-    a failed row within seconds, nothing is left running, and round 1 trains across both."""
+@pytest.mark.parametrize("strategy,repeats", [("ddp_torchrun", 2), ("horovod", 1)])
+def test_a_lost_node_is_a_failed_row(ssh_between, data_root, tmp_path, strategy, repeats) -> None:
+    """ddp_torchrun (an agent per host, c10d rendezvous on the first) or horovod (horovodrun
+    on the first host, -H both) over the two namespaces; in round 0 every process of the
+    second node is killed mid-cell (SIGKILL): that round is a failed row within seconds,
+    nothing is left running, and (ddp_torchrun) round 1 trains across both."""
+    from strategies.horovod import Horovod
+
+    if strategy == "horovod" and Horovod.unavailable("cpu"):
+        pytest.skip(Horovod.unavailable("cpu"))
+    two_hosts = ssh_between
 
     def kill_node() -> None:
         victims = _pids(f"{two_hosts}1")
@@ -253,12 +268,16 @@ def test_ddp_across_two_hosts_and_a_lost_node(two_hosts, data_root, tmp_path) ->
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
 
-    rows, became_row, out = _fault_mid_cell(two_hosts, data_root, tmp_path, kill_node, 2, 120)
+    rows, became_row, out = _fault_mid_cell(
+        two_hosts, data_root, tmp_path, kill_node, repeats, 120, strategy
+    )
     assert became_row is not None, out[-2000:]
-    print(f"node killed: a failed row {became_row:.1f} s later")
+    print(f"{strategy}, node killed: a failed row {became_row:.1f} s later")
     ddp = rows.set_index("round")
     assert ddp.loc[0, "status"] == "failed", out[-2000:]
     assert became_row < 40  # the peer fails within seconds
+    if repeats == 1:
+        return
     assert ddp.loc[1, "status"] == "ok", ddp.loc[1, "reason"]
     assert ddp.loc[1, "hosts"] == ",".join(HOSTS)  # one rank on each host
     assert ddp.loc[1, "nodes"] == 2 and ddp.loc[1, "procs_per_node"] == 1
