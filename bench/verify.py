@@ -245,15 +245,24 @@ class _Baseline:
     buffers: dict[str, torch.Tensor]
 
 
-def _single_ran(rd: RunDir) -> bool:
-    """Whether the run's own cells include the plain baseline, done (not where the cells ran
-    across nodes: single runs on one host, and verify runs it apart, bench.verify)."""
-    return any(
-        r["repeat"] == "0"
-        and (r["strategy"], int(r["world_size"]), r.get("setting") or "fp32") == BASELINE
-        and r["status"] == results.OK
-        for r in rd.runs.read()
+def _single_row(rd: RunDir) -> dict[str, str] | None:
+    """The run's own row of the plain baseline (round 0), if it has one: not where no cell
+    could be at world size 1 (across nodes, --world-sizes without 1), whose baseline verify
+    runs apart."""
+    return next(
+        (
+            r
+            for r in rd.runs.read()
+            if r["repeat"] == "0"
+            and (r["strategy"], int(r["world_size"]), r.get("setting") or "fp32") == BASELINE
+        ),
+        None,
     )
+
+
+def _single_ran(rd: RunDir) -> bool:
+    row = _single_row(rd)
+    return row is not None and row["status"] == results.OK
 
 
 def _baseline(rd: RunDir, layout: Layout, buffers: set[str]) -> _Baseline | None:
@@ -489,9 +498,11 @@ def baseline_config(cfg: RunConfig, out_dir: Path, run_id: str, **changes) -> Ru
 def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
     """One `single --set shares=R --accumulate K` run per layout the cells need, through
     the same harness, under run_dir/baselines/; and the plain baseline there too where the
-    run's own cells could not hold it (they ran across nodes)."""
+    run's own cells could not hold it (across nodes, or no cell at world size 1)."""
     layouts = share_layouts(run_dir)
-    if not _single_ran(RunDir(run_dir)):
+    # apart where the run could not hold it; a single that failed in the run is not re-run
+    row = _single_row(RunDir(run_dir))
+    if row is None or row["status"] == results.SKIPPED:
         echo("baseline: single at world size 1, fp32, on this machine")
         one = baseline_config(cfg, baselines_dir(run_dir), _layout_id((1, 1)), options={})
         run_matrix(one, echo=echo)
