@@ -41,9 +41,32 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip_() { "$PY" -m pip "$@"; }
 
 # Runtime requirements of horovod (install_requires of 0.28.1, without torch).
-RUNTIME_REQS=(cloudpickle psutil pyyaml packaging cffi)
+RUNTIME_REQS=(cloudpickle psutil pyyaml packaging)
 # Extra requirements for building the wheel with --no-build-isolation.
 BUILD_REQS=(setuptools wheel)
+
+# Those of the named distributions that are not installed: pip is asked for these alone, so
+# a machine with no registry that already has them all asks for nothing.
+missing() {
+    "$PY" -c '
+import importlib.metadata as m, sys
+def has(name):
+    try:
+        m.distribution(name)
+        return True
+    except m.PackageNotFoundError:
+        return False
+print(" ".join(n for n in sys.argv[1:] if not has(n)))' "$@"
+}
+# pip install of what is missing of "$@"; a no-op when nothing is.
+install_missing() {
+    local need
+    need=$(missing "$@") || return 1
+    [[ -z "$need" ]] && return 0
+    log "installing $need"
+    # shellcheck disable=SC2086
+    pip_ install -q $need >>"$LOG" 2>&1
+}
 
 verify_import() {
     # Checks: version, the torch extension loads, and hvd.init() works (size 1).
@@ -108,8 +131,7 @@ fi
 
 install_wheel() {
     local whl=$1
-    log "installing runtime requirements: ${RUNTIME_REQS[*]}"
-    pip_ install -q "${RUNTIME_REQS[@]}" >>"$LOG" 2>&1 \
+    install_missing "${RUNTIME_REQS[@]}" \
         || { tail -n 30 "$LOG" >&2; die "pip install of horovod runtime requirements failed (log: $LOG)"; }
     log "installing $(basename "$whl")"
     pip_ install -q --no-deps --force-reinstall "$whl" >>"$LOG" 2>&1 \
@@ -155,17 +177,24 @@ else
     trap 'rm -rf "$WORK"' EXIT
 fi
 
-log "installing build requirements: ${BUILD_REQS[*]} ${RUNTIME_REQS[*]}"
-pip_ install -q "${BUILD_REQS[@]}" "${RUNTIME_REQS[@]}" >>"$LOG" 2>&1 \
+install_missing "${BUILD_REQS[@]}" "${RUNTIME_REQS[@]}" \
     || fail "pip install of build requirements failed"
 
 command -v cmake >/dev/null 2>&1 || fail "cmake not found in PATH (need cmake >= 3.13)"
 command -v "${CXX:-g++}" >/dev/null 2>&1 || fail "C++ compiler '${CXX:-g++}' not found"
 
-log "downloading horovod==$HVD_VERSION sdist"
-pip_ download -q --no-deps --no-binary :all: --no-build-isolation -d "$WORK/dl" "horovod==$HVD_VERSION" >>"$LOG" 2>&1 \
-    || fail "pip download of the horovod $HVD_VERSION sdist failed"
-SDIST=$(ls "$WORK"/dl/horovod-"$HVD_VERSION".tar.gz 2>/dev/null) || fail "sdist not found after download"
+SDIST=${PARABENCH_HOROVOD_SDIST:-}
+CARRIED="$(cd "$(dirname "$0")/.." && pwd)/.whl/horovod-$HVD_VERSION.tar.gz"
+[[ -z "$SDIST" && -f "$CARRIED" ]] && SDIST=$CARRIED
+if [[ -n "$SDIST" ]]; then
+    [[ -f "$SDIST" ]] || fail "PARABENCH_HOROVOD_SDIST=$SDIST: no such file"
+    log "building from the sdist $SDIST (nothing downloaded)"
+else
+    log "downloading horovod==$HVD_VERSION sdist"
+    pip_ download -q --no-deps --no-binary :all: --no-build-isolation -d "$WORK/dl" "horovod==$HVD_VERSION" >>"$LOG" 2>&1 \
+        || fail "pip download of the horovod $HVD_VERSION sdist failed (offline? carry it: PARABENCH_HOROVOD_SDIST=path/horovod-$HVD_VERSION.tar.gz)"
+    SDIST=$(ls "$WORK"/dl/horovod-"$HVD_VERSION".tar.gz 2>/dev/null) || fail "sdist not found after download"
+fi
 tar -xzf "$SDIST" -C "$WORK" || fail "cannot unpack $SDIST"
 SRC="$WORK/horovod-$HVD_VERSION"
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Gather, on a machine with PyPI, what `make gpu-check` needs on a GPU machine that has no
+# registry and no network, into git-ignored folders of this checkout that travel beside the
+# working tree (a device tool's `carry`, or rsync):
+#   .data/mnist                  MNIST, from $PARABENCH_DATA_ROOT or ../shared/data
+#   .whl/horovod-0.28.1.tar.gz   Horovod's sdist; scripts/build_horovod.sh builds it there
+#                                with NCCL and fetches nothing
+# The GPU machine needs its own torch (with CUDA) and the project's other requirements
+# installed (pandas, scipy, matplotlib, psutil, pytest): gpu-check installs only the
+# project itself, from the working tree. NVIDIA apex is not gathered: see README.md.
+#   scripts/gpu_carry.sh [PYTHON]        then name .data and .whl in the carry list
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-${PYTHON:-.venv/bin/python}}
+HVD_VERSION=0.28.1
+
+SRC=${PARABENCH_DATA_ROOT:-../shared/data}
+if [ ! -d "$SRC/mnist" ]; then
+    echo "gpu-carry: no MNIST under $SRC (set PARABENCH_DATA_ROOT to the folder holding mnist/)" >&2
+    exit 2
+fi
+mkdir -p .data .whl
+rm -rf .data/mnist
+cp -r "$SRC/mnist" .data/mnist
+
+if [ ! -f ".whl/horovod-$HVD_VERSION.tar.gz" ]; then
+    "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d .whl \
+        "horovod==$HVD_VERSION"
+fi
+tar -tzf ".whl/horovod-$HVD_VERSION.tar.gz" >/dev/null  # a whole archive, not a torn one
+
+for d in .data .whl; do
+    git check-ignore -q "$d" || { echo "gpu-carry: $d is not git-ignored here" >&2; exit 1; }
+done
+echo "gpu-carry: $(du -sh .data | cut -f1) in .data, $(du -sh .whl | cut -f1) in .whl;" \
+     "carry both (64 MiB in all with the working tree)"
