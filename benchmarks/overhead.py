@@ -3,6 +3,16 @@ loops doing the same work (same model, data, global batch, optimizer, threads, s
 
     .venv/bin/python benchmarks/overhead.py [--steps 120] [--min-rounds 6] [--max-minutes 20]
                                             [--width 0.02] [--data-root DIR] [--csv FILE]
+                                            [--device cpu|cuda] [--data-path device|loader]
+
+The hand-written side feeds data as the harness's row does: `--data-path device` (the
+default, as the harness's `auto` for MNIST) moves the training set to the device once and
+takes each batch by indexing it with the epoch's DistributedSampler order; `loader` is a
+plain DataLoader (pinned memory on CUDA). On CUDA (`--device cuda`) the pairs are `single`
+and `ddp_spawn` at world size 1 over nccl (two ranks on one GPU are refused by nccl; with
+two GPUs or more, `ddp_spawn` runs at world size 2, one GPU per rank), and the hand-written
+loop synchronises once, before its clock stops, while the harness synchronises around each
+step to time it: the ratio is what that per-step timing costs.
 
 Paired rounds: in each round, for each strategy, the hand-written loop and the harness run
 back to back (which goes first alternates by round), and the round's ratio harness / hand
@@ -39,40 +49,72 @@ def _hand_rank(rank: int, world: int, args: dict, port: int, out: str) -> None:
     from bench.data import load
     from bench.models import MnistCNN
 
+    cuda = args["device"] == "cuda"
+    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
-    if world > 1:
+    if args["ddp"]:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     data = load(RunConfig(dataset="mnist", data_root=args["data_root"])).train
     torch.manual_seed(0)
-    model = MnistCNN()
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+    model = MnistCNN().to(device)
+    if args["ddp"]:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if cuda else None
+        )
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, seed=0, drop_last=True)
-    loader = DataLoader(data, batch_size=args["batch"] // world, sampler=sampler, drop_last=True)
-    it = iter(loader)
+    per = args["batch"] // world
+
+    def batches():
+        """Endless batches, epoch after epoch, in the sampler's order."""
+        if args["feed"] == "device":  # the whole set on the device once; a batch is an index
+            xs, ys = zip(*(data[i] for i in range(len(data))), strict=True)
+            x_all = torch.stack(xs).to(device)
+            y_all = torch.stack([torch.as_tensor(y) for y in ys]).to(device)
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            if args["feed"] == "device":
+                order = torch.as_tensor(list(sampler), dtype=torch.long).to(device)
+                for b in range(len(order) // per):
+                    i = order[b * per : (b + 1) * per]
+                    yield x_all[i], y_all[i]
+            else:
+                loader = DataLoader(
+                    data, batch_size=per, sampler=sampler, drop_last=True, pin_memory=cuda
+                )
+                for x, y in loader:
+                    yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            epoch += 1
+
+    it = batches()
     warm, steps = args["warmup"], args["steps"]
     for i in range(warm + steps):
         if i == warm:
+            if cuda:
+                torch.cuda.synchronize(device)
             t0 = time.perf_counter()
         x, y = next(it)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         opt.step()
+    if cuda:
+        torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
-    Path(f"{out}.{rank}").write_text(
-        json.dumps({"samples": steps * (args["batch"] // world), "s": elapsed})
-    )
-    if world > 1:
+    Path(f"{out}.{rank}").write_text(json.dumps({"samples": steps * per, "s": elapsed}))
+    if args["ddp"]:
         dist.destroy_process_group()
 
 
-def hand(world: int, args: dict) -> float:
+def hand(strategy: str, world: int, args: dict) -> float:
     import torch.multiprocessing as mp
 
     from bench.proc import free_port
 
+    args = args | {"ddp": strategy != "single"}
     with tempfile.TemporaryDirectory() as d:
         out = f"{d}/r"
         mp.spawn(_hand_rank, args=(world, args, free_port(), out), nprocs=world, join=True)
@@ -94,7 +136,8 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
         max_steps=args["warmup"] + args["steps"],
         warmup_steps=args["warmup"],
         eval_samples=0,
-        device="cpu",
+        device=args["device"],
+        data_feed=args["feed"],
         out_dir=out_dir,
         run_id=tag,
         # what the hand-written loop does not do either: no probes after the timed steps
@@ -109,7 +152,14 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
     return float(row["samples_per_s"])
 
 
-PAIRS = (("single", 1), ("ddp_spawn", 2))
+def pairs(device: str) -> tuple[tuple[str, int], ...]:
+    """The (strategy, world size) pairs timed: ddp_spawn at world size 2 on a CPU and
+    where there are two GPUs; on one GPU at world size 1 (nccl refuses two ranks on one)."""
+    if device == "cuda":
+        import torch
+
+        return (("single", 1), ("ddp_spawn", 2 if torch.cuda.device_count() >= 2 else 1))
+    return (("single", 1), ("ddp_spawn", 2))
 
 
 def wide(ratios: list[float], width: float) -> bool:
@@ -136,11 +186,26 @@ def main() -> None:
     p.add_argument("--csv", default="", help="also write every round's figures here")
     default_root = os.environ.get("PARABENCH_DATA_ROOT", str(ROOT.parent / "shared" / "data"))
     p.add_argument("--data-root", default=default_root)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--data-path",
+        dest="feed",
+        choices=("device", "loader"),
+        default="device",
+        help="how both sides feed batches (the harness's --data-path)",
+    )
     a = p.parse_args()
     if a.min_rounds < 1 or a.max_rounds < a.min_rounds or a.steps < 1 or a.width <= 0:
         p.error("need 1 <= --min-rounds <= --max-rounds, --steps >= 1 and --width > 0")
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device here")
+    timed = pairs(a.device)
     args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
-    ratios: dict[str, list[float]] = {s: [] for s, _ in PAIRS}
+    args |= {"device": a.device, "feed": a.feed}
+    ratios: dict[str, list[float]] = {s: [] for s, _ in timed}
     rows: list[dict] = []
     deadline = time.monotonic() + 60 * a.max_minutes
     with tempfile.TemporaryDirectory() as out_dir:
@@ -150,7 +215,7 @@ def main() -> None:
                 time.monotonic() > deadline or not any(wide(v, a.width) for v in ratios.values())
             ):
                 break
-            for strategy, world in PAIRS:
+            for strategy, world in timed:
                 if r >= a.min_rounds and not wide(ratios[strategy], a.width):
                     continue  # this one is precise enough: spend the time on the other
                 # alternate which side goes first, so neither always runs on a warmer machine
@@ -158,7 +223,7 @@ def main() -> None:
                 got = {}
                 for side in order:
                     got[side] = (
-                        hand(world, args)
+                        hand(strategy, world, args)
                         if side == "hand"
                         else harness(strategy, world, args, out_dir, f"{strategy}-{r}")
                     )
@@ -185,14 +250,16 @@ def main() -> None:
     print(
         f"\n{'strategy':<10} {'ws':>3} {'rounds':>6} {'median ratio':>12} {'95% interval':>16} {'width':>6}"
     )
-    for strategy, world in PAIRS:
+    for strategy, world in timed:
         med, low, high = median_interval(ratios[strategy])
         band = f"{low:.3f}-{high:.3f}" if low == low else "n/a (< 6 rounds)"
         print(
             f"{strategy:<10} {world:>3} {len(ratios[strategy]):>6} {med:>12.3f} {band:>16} "
             f"{high - low:>6.3f}"
         )
-        if not high - low <= a.width:
+        if low != low:  # nan: fewer rounds than an interval needs
+            print(f"  {strategy}: no interval from {len(ratios[strategy])} rounds (it needs 6)")
+        elif not high - low <= a.width:
             print(
                 f"  {strategy}: this machine did not narrow the interval to {a.width:g} in "
                 f"{len(ratios[strategy])} rounds (--max-minutes {a.max_minutes:g}, "
@@ -200,7 +267,7 @@ def main() -> None:
             )
     print(
         f"(ratio harness / hand per round, paired back to back; {a.steps} timed steps after "
-        f"{a.warmup} warm-up, global batch {a.batch}, MNIST CNN, CPU)"
+        f"{a.warmup} warm-up, global batch {a.batch}, MNIST CNN, {a.device}, data path {a.feed})"
     )
 
 
