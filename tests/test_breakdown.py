@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bench import breakdown, predict
+from bench.config import ConfigError
 from bench.probes import PhaseClock
 from bench.runner import run_matrix
 from strategies.base import ModelShape
@@ -117,6 +118,14 @@ def test_comm_time_of_a_known_traffic() -> None:
     assert predict.comm_ms([("all_gather", 1e6, 1)], {"all_reduce": FIT}, 2) == pytest.approx(
         0.05 + 0.5
     )
+    # no all-reduce fit with a bandwidth (latency-bound on a noisy machine): another op's,
+    # its per-hop latency (100 us / 1 hop for a 2-rank all-gather) and bus bandwidth
+    gather = {**FIT, "op": "all_gather"}
+    assert predict.comm_ms([("all_reduce", 1e6, 1)], {"all_gather": gather}, 2) == pytest.approx(
+        2 * 0.1 + 1.0
+    )
+    with pytest.raises(ConfigError, match="no collective fit for all_reduce"):
+        predict.comm_ms([("all_reduce", 1e6, 1)], {}, 2)
     # a named link: its latency per hop and bandwidth instead of the fit's
     got = predict.comm_ms(
         [("all_reduce", 1e6, 1)], {"all_reduce": FIT}, 8, busbw_GBps=10.0, alpha_us=5.0
