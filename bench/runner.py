@@ -505,6 +505,7 @@ class Runner:
             "dir": str(cell_dir),
             "workers_per_device": self.workers,
             "threads": self._threads(cell),
+            "shares_gpu": self.device == "cuda" and bool(self._oversubscribed(cell)),
         }
         path = cell_dir / "spec.json"
         path.write_text(json.dumps(spec, indent=1))
@@ -514,8 +515,13 @@ class Runner:
         return rank_threads(self.cfg, cell)
 
     def _oversubscribed(self, cell: Cell) -> int:
-        """1 if the cell runs more CPU processes than there are cores (--oversubscribe)."""
-        return int(self.device == "cpu" and per_host(self.cfg, cell) > host_cores(self.cfg))
+        """1 if the cell runs more processes on a host than it has cores (CPU) or GPUs (CUDA,
+        ranks of a strategy that can share one): --oversubscribe, for correctness."""
+        if self.device == "cpu":
+            return int(per_host(self.cfg, cell) > host_cores(self.cfg))
+        spec = strategies.get(cell.strategy)
+        gpus = device_count(self.device)
+        return int(bool(spec.cls and spec.cls.shares_gpu) and per_host(self.cfg, cell) > gpus)
 
     def _env(self, cell: Cell, cell_dir: Path) -> dict[str, str]:
         env = dict(os.environ)

@@ -39,17 +39,27 @@ OPTIMIZERS = {
 
 
 def rank_context(
-    cfg: RunConfig, world_size: int, device_type: str, multiprocess: bool
+    cfg: RunConfig, world_size: int, device_type: str, multiprocess: bool, shares: bool = False
 ) -> RankContext:
+    """`shares`: more ranks than GPUs on this host (--oversubscribe); local rank i drives
+    GPU i modulo their number."""
     env = os.environ
     rank = int(env.get("RANK", env.get("HOROVOD_RANK", 0)))
     local = int(env.get("LOCAL_RANK", env.get("HOROVOD_LOCAL_RANK", rank)))
     size = int(env.get("WORLD_SIZE", env.get("HOROVOD_SIZE", 1)))
     if multiprocess and size != world_size:
         raise RuntimeError(f"launcher started {size} ranks, the cell asked for {world_size}")
-    device = torch.device(f"cuda:{local}") if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device(f"cuda:{local % torch.cuda.device_count() if shares else local}")
+    else:
+        device = torch.device("cpu")
     return RankContext(
-        rank=rank, local_rank=local, world_size=world_size, device=device, seed=cfg.seed
+        rank=rank,
+        local_rank=local,
+        world_size=world_size,
+        device=device,
+        seed=cfg.seed,
+        shares_device=shares,
     )
 
 
@@ -90,7 +100,7 @@ def run(spec: dict[str, Any]) -> None:
     cfg = RunConfig.from_dict(spec["config"])
     cell_dir = Path(spec["dir"])
     ws, device_type = spec["world_size"], spec["device"]
-    ctx = rank_context(cfg, ws, device_type, multiprocess(spec))
+    ctx = rank_context(cfg, ws, device_type, multiprocess(spec), spec.get("shares_gpu", False))
     try:
         _run(cfg, spec, ctx, cell_dir)
     except BaseException as exc:

@@ -71,6 +71,8 @@ class RankContext:
     world_size: int
     device: torch.device
     seed: int
+    #: more ranks than GPUs on this host (--oversubscribe): they share them, over gloo
+    shares_device: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +118,9 @@ class Strategy:
     variants: ClassVar[dict[str, Variant]] = {}
     #: one OS process per rank (DDP, Horovod) vs one process for all devices (DP)
     multiprocess: ClassVar[bool] = False
+    #: its ranks can share a GPU (with --oversubscribe, more ranks than GPUs): torch.distributed
+    #: over gloo, which takes CUDA tensors; nccl refuses two ranks on one GPU
+    shares_gpu: ClassVar[bool] = False
     #: options this strategy takes through `--set key=value`: allowed values, or a type
     #: (int, float, bool) whose values it takes
     accepts: ClassVar[dict[str, tuple[str, ...] | type]] = {}
@@ -214,7 +219,17 @@ class Strategy:
         if not cls.multiprocess and world_size != 1:
             return f"{cls.__name__} runs one process on one device: world size is always 1"
         if cls.multiprocess and device == "cuda" and world_size > n_devices:
-            return f"one rank per GPU: world size {world_size} needs {world_size} GPUs, found {n_devices}"
+            if oversubscribe and cls.shares_gpu:
+                return None
+            return (
+                f"one rank per GPU: world size {world_size} needs {world_size} GPUs, found "
+                f"{n_devices}; nccl refuses two ranks on one GPU"
+                + (
+                    " (--oversubscribe runs them on the shared GPU over gloo, for correctness)"
+                    if cls.shares_gpu
+                    else ""
+                )
+            )
         if cls.multiprocess and device == "cpu" and world_size > n_devices and not oversubscribe:
             return (
                 f"one CPU core per rank at least: world size {world_size} needs {world_size} "

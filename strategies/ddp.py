@@ -27,11 +27,12 @@ class TorchDistributed(Strategy):
     """Process-group plumbing shared by every torch.distributed strategy."""
 
     multiprocess = True
+    shares_gpu = True
     no_sync_bn = ""  # SyncBatchNorm synchronises over the default process group
 
     @property
     def backend(self) -> str:
-        return "nccl" if self.ctx.device.type == "cuda" else "gloo"
+        return "nccl" if self.ctx.device.type == "cuda" and not self.ctx.shares_device else "gloo"
 
     def setup_distributed(self) -> None:
         if self.ctx.device.type == "cuda":
@@ -43,7 +44,7 @@ class TorchDistributed(Strategy):
             rank=self.ctx.rank,
             world_size=self.ctx.world_size,
             timeout=timeout,
-            **({"device_id": self.ctx.device} if self.ctx.device.type == "cuda" else {}),
+            **({"device_id": self.ctx.device} if self.backend == "nccl" else {}),
         )
 
     def all_mean(self, t: torch.Tensor) -> torch.Tensor:

@@ -143,3 +143,31 @@ def test_sync_bn_on_a_gpu(tmp_path):
     _, rows = run_matrix(cfg, echo=lambda m: None)
     r = _ok(rows, "ddp_torchrun")
     assert r["sync_bn"] == "1" and "SyncBatchNorm: 20 layers" in r["notes"]
+
+
+def test_two_ranks_share_one_gpu_over_gloo(tmp_path, data_root):
+    """World size 2 on one GPU: torch.distributed over gloo with CUDA tensors under
+    --oversubscribe (nccl refuses two ranks on one GPU); without the flag a skipped row."""
+    import torch
+
+    if torch.cuda.device_count() != 1:
+        pytest.skip("needs exactly one GPU (with two, each rank has its own)")
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        device="cuda",
+        world_sizes=(2,),
+        strategies=("ddp_spawn", "ddp_torchrun"),
+        oversubscribe=True,
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    for name in ("ddp_spawn", "ddp_torchrun"):
+        r = _ok(rows, name, 2)
+        assert r["backend"] == "gloo" and r["oversubscribed"] == "1"
+        assert float(r["peak_alloc_mib"]) > 0
+    cfg = small_config(
+        tmp_path / "plain", data_root, device="cuda", world_sizes=(1, 2), strategies=("ddp_spawn",)
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    (skipped,) = [r for r in rows if r["world_size"] == "2"]
+    assert skipped["status"] == "skipped" and "nccl refuses two ranks" in skipped["reason"]

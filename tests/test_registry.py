@@ -89,3 +89,37 @@ def test_a_broken_plugin_is_listed_unavailable_not_fatal(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("PARABENCH_STRATEGIES")
         strategies.registry.cache_clear()
+
+
+def test_more_ranks_than_gpus_share_them_over_gloo_only_when_asked():
+    ddp, hvd, dp = (strategies.get(n) for n in ("ddp_torchrun", "horovod", "dp"))
+    why = ddp.cannot_run(2, "cuda", 1)
+    assert why == (
+        "one rank per GPU: world size 2 needs 2 GPUs, found 1; nccl refuses two ranks on one "
+        "GPU (--oversubscribe runs them on the shared GPU over gloo, for correctness)"
+    )
+    assert ddp.cannot_run(2, "cuda", 1, oversubscribe=True) is None
+    assert ddp.cannot_run(2, "cuda", 2) is None
+    # Horovod's NCCL build cannot share a GPU, flag or not
+    hvd_why = hvd.cannot_run(2, "cuda", 1, oversubscribe=True)
+    assert hvd_why.endswith("nccl refuses two ranks on one GPU")
+    assert dp.cannot_run(2, "cuda", 1, oversubscribe=True).startswith("DataParallel over 2 GPUs")
+
+
+def test_ranks_sharing_a_gpu_use_gloo():
+    import torch
+
+    from strategies.base import RankContext
+
+    def backend(shares: bool) -> str:
+        ctx = RankContext(
+            rank=0,
+            local_rank=0,
+            world_size=2,
+            device=torch.device("cuda:0"),
+            seed=0,
+            shares_device=shares,
+        )
+        return strategies.get("ddp_torchrun").create(ctx).backend
+
+    assert (backend(False), backend(True)) == ("nccl", "gloo")
