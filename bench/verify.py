@@ -624,6 +624,15 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if cfg.run_id and (Path(cfg.out_dir) / cfg.run_id / "runs.csv").exists():
         path = Path(cfg.out_dir) / cfg.run_id
         raise ConfigError(f"{path} already holds a run; use another --run-id")
+    if a.dry_run:
+        from bench import estimate
+
+        pcfg = parity_config(cfg, a.steps)
+        cells = plan(pcfg)
+        print(estimate.plan_text(pcfg, cells, estimate.estimate(pcfg, cells)))
+        if not any(c.strategy == "single" and not c.status for c in cells):
+            print("then the baseline: single at world size 1, fp32, on this machine")
+        return 0
     run_dir, parity = verify(cfg, a.steps)
     print(table(parity))
     if cfg.multi_host:
@@ -651,4 +660,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="check every strategy trains the same model as `single`")
     add_run_options(p)
     p.add_argument("--steps", type=int, default=8, help="training steps to compare (default 8)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the cells verify would run (what is skipped and why), then exit",
+    )
     p.set_defaults(func=cmd_verify, global_batch=32, limit=4096, out_dir="results/verify")

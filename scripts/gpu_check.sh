@@ -8,19 +8,36 @@
 #             same through the DataLoader (the loader's cost, same machine)
 #   resnet50  resnet50 on synthetic data, batch 256: fp32 and bf16, NCHW and channels-last
 #   compile   the same with torch.compile, bf16 and channels-last
+#   overhead  the harness against a hand-written loop on the GPU (benchmarks/overhead.py)
+#   horovod   build Horovod with NCCL (scripts/build_horovod.sh; from .whl/horovod-0.28.1.tar.gz
+#             when carried, so nothing is fetched), then horovod and horovod_fp16 at world
+#             size 1 and their parity with single
+#   apex      apex_amp_ddp at O1 and O2 and their parity with single, where NVIDIA apex
+#             (<= 25.05, with apex.amp) is installed; otherwise one line says it is not
 # Results: results/reference/<gpu>-<date>/<part>/ (runs.csv, report.md, plots).
 # Data: $PARABENCH_DATA_ROOT, else ../shared/data, else .data (copy MNIST there to carry it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+ALL=(install tests mnist resnet50 compile overhead horovod apex)
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(install tests mnist resnet50 compile)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL[@]}")
+for part in "${PARTS[@]}"; do
+    case " ${ALL[*]} " in
+        *" $part "*) ;;
+        *) echo "gpu-check: unknown part '$part'; parts: ${ALL[*]}" >&2; exit 2 ;;
+    esac
+done
 
+# GPU_CHECK_DRY_RUN=1: no GPU needed; each matrix is planned on the CPU (`--dry-run`: its
+# cells, what is skipped and why) and the other commands are printed, not run. The tests
+# use it to check every part's command line before a GPU machine's minutes are spent.
+DRY=${GPU_CHECK_DRY_RUN:-0}
 if ! "$PY" -c 'import torch' 2>/dev/null; then
     echo "gpu-check: $PY cannot import torch; set PYTHON to the interpreter that has it" >&2
     exit 2
 fi
-if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+if [ "$DRY" != 1 ] && ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "gpu-check: torch sees no CUDA device here (torch.cuda.is_available() is False); it needs one" >&2
     exit 2
 fi
@@ -29,21 +46,63 @@ for cand in ../shared/data .data; do
     [ -n "$DATA" ] || { [ -d "$cand" ] && DATA=$cand; }
 done
 DATA=${DATA:-data}
-GPU=$("$PY" -c 'import re, torch; print(re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-"))')
+if [ "$DRY" = 1 ]; then
+    DEVICE=cpu GPU=dry-run PLAN=(--dry-run)
+else
+    DEVICE=cuda PLAN=()
+    GPU=$("$PY" -c 'import re, torch; print(re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-"))')
+fi
 OUT=${GPU_CHECK_OUT:-results/reference/$GPU-$(date +%Y%m%d)}
-mkdir -p "$OUT"
-run() { "$PY" -m bench.cli run --device cuda --data-root "$DATA" --out-dir "$OUT" "$@"; }
+[ "$DRY" = 1 ] || mkdir -p "$OUT"
+
+# A command that fails is named at the end, and the parts after it still run: one broken
+# strategy or a failed build costs its own figures, not the rest of the check's.
+FAILED=()
+do_() {
+    if [ "$DRY" = 1 ]; then
+        echo "gpu-check: would run: $*"
+    elif ! "$@"; then
+        FAILED+=("$part: $*")
+    fi
+}
+# the matrices are planned for real in a dry run, except those only CUDA can plan (UNPLANNED)
+UNPLANNED=0
+parabench() {  # parabench run|verify ARGS...
+    local cmd=$1
+    shift
+    if [ "$DRY" = 1 ] && [ "$UNPLANNED" = 1 ]; then
+        echo "gpu-check: would run: parabench $cmd $* (not planned: it needs CUDA)"
+        return
+    fi
+    "$PY" -m bench.cli "$cmd" --device "$DEVICE" --data-root "$DATA" --out-dir "$OUT" "${PLAN[@]}" "$@" \
+        || FAILED+=("$part: parabench $cmd $*")
+}
+run() { parabench run "$@"; }
+verify() { parabench verify "$@"; }
+logged() {  # logged FILE CMD...: the command's output to the terminal and to FILE
+    local file=$1
+    shift
+    if [ "$DRY" = 1 ]; then
+        echo "gpu-check: would run: $* > $file"
+        return
+    fi
+    mkdir -p "$(dirname "$file")"
+    "$@" 2>&1 | tee "$file"
+    [ "${PIPESTATUS[0]}" = 0 ] || FAILED+=("$part: $* (log: $file)")
+}
 
 for part in "${PARTS[@]}"; do
     echo "== gpu-check: $part -> $OUT" >&2
+    UNPLANNED=0
     case $part in
         install)
             "$PY" -c 'import importlib.metadata as m; m.version("parabench")' 2>/dev/null \
-                || "$PY" -m pip install --no-deps --no-build-isolation -e . ;;
+                || do_ "$PY" -m pip install --no-deps --no-build-isolation -e . ;;
         tests)
-            "$PY" -m pytest -q -ra tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/test_gpu.log" ;;
+            logged "$OUT/test_gpu.log" "$PY" -m pytest -q -ra tests/test_gpu.py -p no:cacheprovider ;;
         mnist)
-            run --run-id mnist-device --dataset mnist --world-sizes 1,2 --repeats 2 --data-path device
+            run --run-id mnist-device --dataset mnist --world-sizes 1,2 --repeats 2 --data-path device \
+                --oversubscribe
             run --run-id mnist-loader --dataset mnist --world-sizes 1 --repeats 2 --data-path loader \
                 --strategies single,ddp_torchrun ;;
         resnet50)
@@ -54,9 +113,35 @@ for part in "${PARTS[@]}"; do
             run --run-id resnet50-compile --dataset synthetic --model resnet50 --image-size 224 \
                 --global-batch 256 --world-sizes 1 --max-steps 40 --warmup-steps 10 \
                 --strategies single,ddp_torchrun --precision bf16 --channels-last --compile off,on ;;
-        *)
-            echo "gpu-check: unknown part '$part'; parts: install tests mnist resnet50 compile" >&2
-            exit 2 ;;
+        overhead)
+            logged "$OUT/overhead/overhead.txt" "$PY" benchmarks/overhead.py --device cuda \
+                --data-root "$DATA" --max-minutes 4 --csv "$OUT/overhead/rounds.csv" ;;
+        horovod)
+            # a failed build leaves the rows unavailable with its reason; they still run
+            logged "$OUT/horovod/build.log" scripts/build_horovod.sh "$PY"
+            run --run-id horovod --dataset mnist --world-sizes 1 --repeats 2 \
+                --strategies single,horovod,horovod_fp16
+            verify --run-id horovod-verify --world-sizes 1 --strategies horovod,horovod_fp16 ;;
+        apex)
+            if [ "$DRY" != 1 ] && ! "$PY" -c 'import apex.amp, apex.parallel' 2>/dev/null; then
+                echo "gpu-check: apex: NVIDIA apex with apex.amp (tag 25.05 or older) is not" \
+                     "installed for $PY; apex_amp_ddp not run" >&2
+                continue
+            fi
+            UNPLANNED=1
+            run --run-id apex --dataset mnist --world-sizes 1 --repeats 2 \
+                --strategies single,apex_amp_ddp --set opt_level=O1,O2
+            verify --run-id apex-verify --world-sizes 1 --strategies apex_amp_ddp \
+                --set opt_level=O1,O2 ;;
     esac
 done
-echo "gpu-check: results in $OUT" >&2
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "gpu-check: ${#FAILED[@]} command(s) failed; results so far in $OUT:" >&2
+    printf '  %s\n' "${FAILED[@]}" >&2
+    exit 1
+fi
+if [ "$DRY" = 1 ]; then
+    echo "gpu-check: dry run, nothing run or written" >&2
+else
+    echo "gpu-check: results in $OUT" >&2
+fi

@@ -12,10 +12,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _check(tmp_path, python: str) -> subprocess.CompletedProcess:
+def _check(tmp_path, python: str, *parts: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHON=python, GPU_CHECK_OUT=str(tmp_path / "out"))
     return subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_check.sh")],
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *parts],
         env=env,
         capture_output=True,
         text=True,
@@ -40,3 +40,40 @@ def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
 def test_a_python_without_torch_is_named(tmp_path):
     done = _check(tmp_path, "/bin/false")
     assert done.returncode == 2 and "cannot import torch" in done.stderr
+
+
+def test_an_unknown_part_is_refused_before_anything(tmp_path):
+    done = _check(tmp_path, sys.executable, "mnist", "resnet")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "gpu-check: unknown part 'resnet'; parts: install tests mnist resnet50 compile "
+        "overhead horovod apex"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dry_run_plans_each_matrix_here_and_writes_nothing(tmp_path):
+    """GPU_CHECK_DRY_RUN=1 checks the parts' command lines on the CPU: every matrix a
+    GPU machine would run is planned (its cells listed), before that machine's minutes go."""
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        GPU_CHECK_OUT=str(tmp_path / "out"),
+        GPU_CHECK_DRY_RUN="1",
+    )
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "mnist", "horovod", "apex"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    plans = [line for line in done.stdout.splitlines() if line.startswith("plan: ")]
+    assert len(plans) == 4, done.stdout  # mnist: device and loader; horovod: run and verify
+    # the MNIST matrix has every strategy; world size 2 runs where ranks can share a device
+    assert "ddp_torchrun            2" in done.stdout
+    assert "would run: scripts/build_horovod.sh" in done.stdout
+    assert "would run: parabench run --run-id apex" in done.stdout
+    assert done.stderr.strip().endswith("gpu-check: dry run, nothing run or written")
+    assert not (tmp_path / "out").exists()
