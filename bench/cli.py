@@ -212,6 +212,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "indexed there), loader (DataLoader), auto (device for mnist/synthetic; default)",
     )
     p.add_argument(
+        "--step-timing",
+        default=d.step_timing,
+        help="on CUDA: sync (synchronise around each step and read the host clock; default) "
+        "or events (CUDA events, no synchronisation inside the loop, so the host queues "
+        "ahead of the GPU as a plain loop does); the same on a CPU",
+    )
+    p.add_argument(
         "--diverge-factor",
         type=float,
         default=d.diverge_factor,
@@ -358,6 +365,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         oversubscribe=a.oversubscribe,
         diverge_factor=a.diverge_factor,
         data_feed=a.data_feed,
+        step_timing=a.step_timing,
         model_kwargs=dict(a.model_args),
         dataset_kwargs=dict(a.dataset_args),
         seq_len=a.seq_len,

@@ -73,6 +73,9 @@ class RunConfig:
     #: indexed there), "loader" (a DataLoader, pinned memory on CUDA), "auto" (device
     #: where the data set is in memory: mnist, synthetic; else loader)
     data_feed: str = "auto"
+    #: how steps are timed on CUDA: "sync" (synchronise around each step, host clock) or
+    #: "events" (CUDA events, no synchronisation inside the loop); bench.probes.StepTimer
+    step_timing: str = "sync"
     #: a loss above this many times the first step's (or non-finite) marks the row diverged
     diverge_factor: float = 10.0
     save_params: bool = False  # write final parameters (parity checks)
@@ -167,6 +170,10 @@ class RunConfig:
         need(
             self.data_feed in ("auto", "device", "loader"),
             f"--data-path takes auto, device or loader, got {self.data_feed!r}",
+        )
+        need(
+            self.step_timing in ("sync", "events"),
+            f"--step-timing takes sync or events, got {self.step_timing!r}",
         )
         need(
             not (self.data_feed == "device" and self.dataset == "imagenet-subset"),

@@ -77,28 +77,69 @@ class PhaseClock:
         return out
 
 
+#: how steps are timed (--step-timing): see StepTimer
+STEP_TIMINGS = ("sync", "events")
+
+
 class StepTimer:
-    def __init__(self, device: torch.device) -> None:
+    """Times each step: its total and its data wait (getting the batch onto the device).
+
+    "sync" (the default): the host clock, read after `torch.cuda.synchronize()` at the
+    step's start, when its batch is on the device and at its end, so a step's time covers
+    its device work. "events", on CUDA: events recorded on the stream at the same three
+    points and no synchronisation inside the loop, so the host queues work ahead of the GPU
+    as a plain training loop does; a step's time is the stream's, from its start to the next
+    step's start (the last one's, to its end), and its data wait the stream's from its start
+    to its batch. `records()` reads them (one synchronisation). On a CPU both are the host
+    clock: the work is done when the call returns."""
+
+    def __init__(self, device: torch.device, mode: str = "sync") -> None:
+        if mode not in STEP_TIMINGS:
+            raise ValueError(f"step timing {mode!r}: choose {' or '.join(STEP_TIMINGS)}")
         self._cuda = device.type == "cuda"
         self._device = device
-        self._t0 = self._t1 = 0.0
+        self._events = self._cuda and mode == "events"
+        self._m0: Any = None
+        self._m1: Any = None
+        self._h0 = 0.0
+        self._marks: list[tuple[Any, Any, Any, int]] = []  # per step: start, data, end, samples
 
-    def _sync(self) -> None:
+    @property
+    def steps(self) -> int:
+        return len(self._marks)
+
+    def _mark(self) -> Any:
+        if self._events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
         if self._cuda:
             torch.cuda.synchronize(self._device)
+        return time.perf_counter()
 
     def start(self) -> None:
-        self._sync()
-        self._t0 = time.perf_counter()
+        self._m0 = self._mark()
+        self._h0 = time.perf_counter()
 
     def data_ready(self) -> None:
-        self._sync()
-        self._t1 = time.perf_counter()
+        self._m1 = self._mark()
 
-    def stop(self, samples: int) -> StepRecord:
-        self._sync()
-        t2 = time.perf_counter()
-        return StepRecord((t2 - self._t0) * 1e3, (self._t1 - self._t0) * 1e3, samples)
+    def stop(self, samples: int) -> float:
+        """Ends the step; its milliseconds on the host clock (under "events" the time to
+        queue it, which progress reports may show; `records()` has the stream's)."""
+        self._marks.append((self._m0, self._m1, self._mark(), samples))
+        return (time.perf_counter() - self._h0) * 1e3
+
+    def records(self) -> list[StepRecord]:
+        """Every step so far."""
+        if not self._events:
+            return [StepRecord((c - a) * 1e3, (b - a) * 1e3, n) for a, b, c, n in self._marks]
+        torch.cuda.synchronize(self._device)
+        out = []
+        for k, (a, b, c, n) in enumerate(self._marks):
+            end = self._marks[k + 1][0] if k + 1 < len(self._marks) else c
+            out.append(StepRecord(a.elapsed_time(end), a.elapsed_time(b), n))
+        return out
 
 
 def peak_rss_mib() -> float:

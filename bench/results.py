@@ -89,6 +89,7 @@ PARAMS = [
     "dataset",
     "data",
     "data_path",
+    "step_timing",
     "model",
     "global_batch",
     "per_rank_batch",

@@ -463,6 +463,7 @@ class Runner:
             "max_steps": cfg.max_steps,
             "warmup_steps": cfg.warmup_steps,
             "target_precision_pct": cfg.target_precision,
+            "step_timing": cfg.step_timing,
             "nodes": cfg.nodes,
             "procs_per_node": cfg.procs_per_node or "",
             "seed": cfg.seed,

@@ -174,6 +174,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                 warmup_steps=cfg.warmup_steps,
                 on_step=report.step if report is not None else None,
                 precision=cfg.target_precision,
+                step_timing=cfg.step_timing,
             )
             extra = strategy.cell_metrics(stats.warmup_steps)  # of the timed steps only
             probe = _probe(strategy, cfg, cell_dir) if epoch == cfg.epochs - 1 else {}

@@ -12,7 +12,8 @@ plain DataLoader (pinned memory on CUDA). On CUDA (`--device cuda`) the pairs ar
 and `ddp_spawn` at world size 1 over nccl (two ranks on one GPU are refused by nccl; with
 two GPUs or more, `ddp_spawn` runs at world size 2, one GPU per rank), and the hand-written
 loop synchronises once, before its clock stops, while the harness synchronises around each
-step to time it: the ratio is what that per-step timing costs.
+step to time it: the ratio is what that per-step timing costs. `--step-timing events` times
+the harness with CUDA events instead (no synchronisation inside its loop).
 
 Paired rounds: in each round, for each strategy, the hand-written loop and the harness run
 back to back (which goes first alternates by round), and the round's ratio harness / hand
@@ -138,6 +139,7 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
         eval_samples=0,
         device=args["device"],
         data_feed=args["feed"],
+        step_timing=args["step_timing"],
         out_dir=out_dir,
         run_id=tag,
         # what the hand-written loop does not do either: no probes after the timed steps
@@ -194,6 +196,12 @@ def main() -> None:
         default="device",
         help="how both sides feed batches (the harness's --data-path)",
     )
+    p.add_argument(
+        "--step-timing",
+        choices=("sync", "events"),
+        default="sync",
+        help="the harness's --step-timing (on CUDA, events leaves out its per-step syncs)",
+    )
     a = p.parse_args()
     if a.min_rounds < 1 or a.max_rounds < a.min_rounds or a.steps < 1 or a.width <= 0:
         p.error("need 1 <= --min-rounds <= --max-rounds, --steps >= 1 and --width > 0")
@@ -204,7 +212,7 @@ def main() -> None:
             p.error("--device cuda: torch sees no CUDA device here")
     timed = pairs(a.device)
     args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
-    args |= {"device": a.device, "feed": a.feed}
+    args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}
     ratios: dict[str, list[float]] = {s: [] for s, _ in timed}
     rows: list[dict] = []
     deadline = time.monotonic() + 60 * a.max_minutes
@@ -267,7 +275,8 @@ def main() -> None:
             )
     print(
         f"(ratio harness / hand per round, paired back to back; {a.steps} timed steps after "
-        f"{a.warmup} warm-up, global batch {a.batch}, MNIST CNN, {a.device}, data path {a.feed})"
+        f"{a.warmup} warm-up, global batch {a.batch}, MNIST CNN, {a.device}, data path {a.feed}, "
+        f"harness step timing {a.step_timing})"
     )
 
 

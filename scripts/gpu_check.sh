@@ -4,11 +4,14 @@
 # Parts, each well under 10 minutes on one H100:
 #   install   the project from this working tree into the machine's Python; fetches nothing
 #   tests     pytest tests/test_gpu.py (its log beside the results)
-#   mnist     every strategy on MNIST at world sizes 1 and 2, data on the device, then the
-#             same through the DataLoader (the loader's cost, same machine)
+#   mnist     every strategy on MNIST at world sizes 1 and 2 (2: ranks sharing the GPU over
+#             gloo where a strategy can), data on the device; then single and ddp through the
+#             DataLoader (the loader's cost, same machine), and timed by CUDA events
+#             (--step-timing events: what synchronising around each step costs)
 #   resnet50  resnet50 on synthetic data, batch 256: fp32 and bf16, NCHW and channels-last
 #   compile   the same with torch.compile, bf16 and channels-last
-#   overhead  the harness against a hand-written loop on the GPU (benchmarks/overhead.py)
+#   overhead  the harness against a hand-written loop on the GPU (benchmarks/overhead.py),
+#             the harness timing steps by synchronising, then by CUDA events
 #   horovod   build Horovod with NCCL (scripts/build_horovod.sh; from .whl/horovod-0.28.1.tar.gz
 #             when carried, so nothing is fetched), then horovod and horovod_fp16 at world
 #             size 1 and their parity with single
@@ -104,7 +107,9 @@ for part in "${PARTS[@]}"; do
             run --run-id mnist-device --dataset mnist --world-sizes 1,2 --repeats 2 --data-path device \
                 --oversubscribe
             run --run-id mnist-loader --dataset mnist --world-sizes 1 --repeats 2 --data-path loader \
-                --strategies single,ddp_torchrun ;;
+                --strategies single,ddp_torchrun
+            run --run-id mnist-events --dataset mnist --world-sizes 1 --repeats 2 --data-path device \
+                --strategies single,ddp_torchrun --step-timing events ;;
         resnet50)
             run --run-id resnet50 --dataset synthetic --model resnet50 --image-size 224 \
                 --global-batch 256 --world-sizes 1 --max-steps 40 --warmup-steps 10 \
@@ -114,8 +119,11 @@ for part in "${PARTS[@]}"; do
                 --global-batch 256 --world-sizes 1 --max-steps 40 --warmup-steps 10 \
                 --strategies single,ddp_torchrun --precision bf16 --channels-last --compile off,on ;;
         overhead)
-            logged "$OUT/overhead/overhead.txt" "$PY" benchmarks/overhead.py --device cuda \
-                --data-root "$DATA" --max-minutes 4 --csv "$OUT/overhead/rounds.csv" ;;
+            for timing in sync events; do
+                logged "$OUT/overhead/$timing.txt" "$PY" benchmarks/overhead.py --device cuda \
+                    --data-root "$DATA" --max-minutes 3 --step-timing "$timing" \
+                    --csv "$OUT/overhead/$timing-rounds.csv"
+            done ;;
         horovod)
             # a failed build leaves the rows unavailable with its reason; they still run
             logged "$OUT/horovod/build.log" scripts/build_horovod.sh "$PY"

@@ -557,22 +557,22 @@ class Strategy:
         warmup_steps: int = 0,
         on_step: Callable[[float], None] | None = None,
         precision: float | None = None,
+        step_timing: str = "sync",
     ) -> EpochStats:
         """One epoch of the loop every strategy shares. `on_step(step_ms)` is called after
         each step, outside its timing (rank 0's progress report). With `precision` (a %),
         the epoch ends early once every rank's mean step time is known to within it
-        (`precise_enough`)."""
+        (`precise_enough`). `step_timing`: how steps are timed (bench.probes.StepTimer)."""
         assert self.model is not None and self.optimizer is not None, "call attach() first"
         sampler = getattr(loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
         self.model.train()
-        timer = StepTimer(self.ctx.device)
+        timer = StepTimer(self.ctx.device, step_timing)
         self.clock = PhaseClock(self.ctx.device)
         losses: list[torch.Tensor] = []
-        records: list[StepRecord] = []
         batches: Iterator = iter(loader)
-        while max_steps is None or len(records) < max_steps:
+        while max_steps is None or timer.steps < max_steps:
             timer.start()
             try:
                 x, y = next(batches)
@@ -584,30 +584,31 @@ class Strategy:
             y = y.to(self.ctx.device, non_blocking=True)
             timer.data_ready()
             loss = self._step(x, y)
-            records.append(timer.stop(len(y)))
+            step_ms = timer.stop(len(y))
             self.last_batch = (x, y)
             losses.append(loss)
             if on_step is not None:
-                on_step(records[-1].total_ms)
-            if precision is not None and self.precise_enough(records, warmup_steps, precision):
+                on_step(step_ms)
+            if precision is not None and self.precise_enough(timer, warmup_steps, precision):
                 break
             if not self.model_state:  # after the first step, outside its timing
                 self.model_state = model_state_mib(
                     self.unwrap(self.model).parameters(), self.optimizer_states()
                 )
-        return self._epoch_stats(epoch, records, losses, warmup_steps, self.clock.steps())
+        return self._epoch_stats(epoch, timer.records(), losses, warmup_steps, self.clock.steps())
 
-    def precise_enough(self, records: list[StepRecord], warmup: int, target: float) -> bool:
+    def precise_enough(self, timer: StepTimer, warmup: int, target: float) -> bool:
         """Whether the timed steps so far fix the mean step time to within `target` % on every
         rank (bench.stats.step_precision_pct over blocks of STEP_BLOCK steps). Asked only
         where a block ends, the same step on every rank, outside the steps' timing: the
         ranks agree through one small collective (all_mean), so all stop at the same step."""
         from bench.stats import PRECISION_MIN_STEPS, STEP_BLOCK, step_precision_pct
 
-        timed = len(records) - warmup
+        timed = timer.steps - warmup
         if timed < PRECISION_MIN_STEPS or timed % STEP_BLOCK:
             return False
-        reached = step_precision_pct([r.total_ms for r in records[warmup:]]) <= target
+        # (under --step-timing events, reading the steps' times synchronises once a block)
+        reached = step_precision_pct([r.total_ms for r in timer.records()[warmup:]]) <= target
         agreed = self.all_mean(torch.tensor([float(reached)], device=self.ctx.device))
         return bool(agreed.item() > 1 - 1e-6)
 

@@ -171,3 +171,29 @@ def test_two_ranks_share_one_gpu_over_gloo(tmp_path, data_root):
     _, rows = run_matrix(cfg, echo=lambda m: None)
     (skipped,) = [r for r in rows if r["world_size"] == "2"]
     assert skipped["status"] == "skipped" and "nccl refuses two ranks" in skipped["reason"]
+
+
+def test_step_timing_by_events_counts_the_stream_not_the_queue(tmp_path, data_root):
+    import torch
+
+    from bench.probes import StepTimer
+
+    t = StepTimer(torch.device("cuda:0"), "events")
+    for _ in range(3):
+        t.start()
+        t.data_ready()
+        torch.cuda._sleep(20_000_000)  # a kernel of about 10 ms; the host queues it and goes on
+        t.stop(1)
+    records = t.records()
+    assert len(records) == 3 and all(r.total_ms > 4 for r in records), records
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        device="cuda",
+        world_sizes=(1,),
+        strategies=("single",),
+        step_timing="events",
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    r = _ok(rows, "single")
+    assert r["step_timing"] == "events" and float(r["samples_per_s"]) > 0

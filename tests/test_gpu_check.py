@@ -70,7 +70,7 @@ def test_a_dry_run_plans_each_matrix_here_and_writes_nothing(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     plans = [line for line in done.stdout.splitlines() if line.startswith("plan: ")]
-    assert len(plans) == 4, done.stdout  # mnist: device and loader; horovod: run and verify
+    assert len(plans) == 5, done.stdout  # mnist: device, loader, events; horovod: run, verify
     # the MNIST matrix has every strategy; world size 2 runs where ranks can share a device
     assert "ddp_torchrun            2" in done.stdout
     assert "would run: scripts/build_horovod.sh" in done.stdout

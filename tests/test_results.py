@@ -72,13 +72,19 @@ def test_csv_append_keeps_order_and_earlier_rows(tmp_path):
 def test_step_timer_measures_wall_time():
     import time
 
-    t = StepTimer(torch.device("cpu"))
-    t.start()
-    time.sleep(0.02)
-    t.data_ready()
-    time.sleep(0.03)
-    r = t.stop(8)
-    assert 18 <= r.data_ms <= 40 and 45 <= r.total_ms <= 90 and r.samples == 8
+    for mode in ("sync", "events"):  # the same on a CPU: the host clock
+        t = StepTimer(torch.device("cpu"), mode)
+        for _ in range(2):
+            t.start()
+            time.sleep(0.02)
+            t.data_ready()
+            time.sleep(0.03)
+            host_ms = t.stop(8)
+        assert t.steps == 2 and 45 <= host_ms <= 90
+        for r in t.records():
+            assert 18 <= r.data_ms <= 40 and 45 <= r.total_ms <= 90 and r.samples == 8
+    with pytest.raises(ValueError, match="choose sync or events"):
+        StepTimer(torch.device("cpu"), "async")
 
 
 def test_memory_snapshot_on_cpu_reads_rss():
