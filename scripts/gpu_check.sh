@@ -102,7 +102,8 @@ for part in "${PARTS[@]}"; do
             "$PY" -c 'import importlib.metadata as m; m.version("parabench")' 2>/dev/null \
                 || do_ "$PY" -m pip install --no-deps --no-build-isolation -e . ;;
         tests)
-            logged "$OUT/test_gpu.log" "$PY" -m pytest -q -ra tests/test_gpu.py -p no:cacheprovider ;;
+            PARABENCH_TEST_DATA=$DATA logged "$OUT/test_gpu.log" \
+                "$PY" -m pytest -q -ra tests/test_gpu.py -p no:cacheprovider ;;
         mnist)
             run --run-id mnist-device --dataset mnist --world-sizes 1,2 --repeats 2 --data-path device \
                 --oversubscribe
