@@ -94,6 +94,9 @@ logged() {  # logged FILE CMD...: the command's output to the terminal and to FI
     [ "${PIPESTATUS[0]}" = 0 ] || FAILED+=("$part: $* (log: $file)")
 }
 
+# parabench compare A B: exit 1 says B is slower, a finding here, not a failure
+compare() { "$PY" -m bench.cli compare "$@" || [ $? = 1 ]; }
+
 for part in "${PARTS[@]}"; do
     echo "== gpu-check: $part -> $OUT" >&2
     UNPLANNED=0
@@ -110,7 +113,9 @@ for part in "${PARTS[@]}"; do
             run --run-id mnist-loader --dataset mnist --world-sizes 1 --repeats 2 --data-path loader \
                 --strategies single,ddp_torchrun
             run --run-id mnist-events --dataset mnist --world-sizes 1 --repeats 2 --data-path device \
-                --strategies single,ddp_torchrun --step-timing events ;;
+                --strategies single,ddp_torchrun --step-timing events
+            logged "$OUT/compare-loader-device.txt" compare "$OUT/mnist-loader" "$OUT/mnist-device"
+            logged "$OUT/compare-sync-events.txt" compare "$OUT/mnist-device" "$OUT/mnist-events" ;;
         resnet50)
             run --run-id resnet50 --dataset synthetic --model resnet50 --image-size 224 \
                 --global-batch 256 --world-sizes 1 --max-steps 40 --warmup-steps 10 \
