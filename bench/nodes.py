@@ -21,6 +21,7 @@ process-group timeout (`PARABENCH_PG_TIMEOUT_S`, the cell's deadline) end the re
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -55,16 +56,25 @@ def cell_port(base: int, order: int) -> int:
     return base + max(order - 1, 0) % PORTS
 
 
-def _on_node(cfg: Any, i: int, env: Mapping[str, str], **more: str) -> list[str]:
-    """The start of a command run on node i: --host-exec's prefix, then `env` with what the
-    ranks need (a remote shell need not pass the environment on) and `more`; quoted where a
-    remote shell makes the command one line again."""
-    quote = shlex.quote if cfg.host_exec else str
+#: --host-exec programs that join the command's words into one line for a shell on the node
+REMOTE_SHELLS = ("ssh", "rsh")
+
+
+def _on_node(
+    cfg: Any, i: int, env: Mapping[str, str], command: Sequence[str], **more: str
+) -> list[str]:
+    """`command` run on node i: --host-exec's prefix, then `env` with what the ranks need (a
+    remote shell need not pass the environment on) and `more`, then the command. Through a
+    remote shell (ssh) every word is quoted, since the shell there splits the line it gets
+    again; through a program that runs its arguments as they are (`ip netns exec`, srun)
+    nothing is."""
     passed = {k: v for k, v in env.items() if k.startswith("PARABENCH_") or k in PASSED_ON}
     passed |= more
-    host = cfg.hosts[i]
-    prefix = shlex.split(cfg.host_exec.format(host=host, node=i)) if cfg.host_exec else []
-    return [*prefix, "env", *(f"{k}={quote(v)}" for k, v in sorted(passed.items()))]
+    prefix = shlex.split(cfg.host_exec.format(host=cfg.hosts[i], node=i)) if cfg.host_exec else []
+    words = ["env", *(f"{k}={v}" for k, v in sorted(passed.items())), *command]
+    if prefix and os.path.basename(prefix[0]) in REMOTE_SHELLS:
+        words = [shlex.quote(w) for w in words]
+    return [*prefix, *words]
 
 
 def horovod_command(cfg: Any, spec: Path, env: Mapping[str, str]) -> list[str]:
@@ -78,8 +88,7 @@ def horovod_command(cfg: Any, spec: Path, env: Mapping[str, str]) -> list[str]:
         raise RuntimeError("horovodrun not found: run `make horovod`")
     slots = ",".join(f"{h}:{cfg.procs_per_node}" for h in cfg.hosts)
     nic = ["--network-interface", cfg.ifname] if cfg.ifname else []
-    return [
-        *_on_node(cfg, 0, env),
+    command = [
         exe,
         "--gloo",
         "-np",
@@ -93,6 +102,7 @@ def horovod_command(cfg: Any, spec: Path, env: Mapping[str, str]) -> list[str]:
         "bench.worker",
         str(spec),
     ]
+    return _on_node(cfg, 0, env, command)
 
 
 def node_commands(
@@ -118,22 +128,20 @@ def node_commands(
                 f"--rdzv-id={rdzv_id}",
                 f"--rdzv-conf=is_host={'true' if i == 0 else 'false'}",
             ]
-        out.append(
-            [
-                *_on_node(cfg, i, env, PARABENCH_NODE=host),
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                f"--nnodes={n}",
-                f"--nproc-per-node={cfg.procs_per_node}",
-                "--max-restarts=0",
-                f"--local-addr={host}",
-                *meet,
-                "-m",
-                "bench.worker",
-                str(spec),
-            ]
-        )
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={n}",
+            f"--nproc-per-node={cfg.procs_per_node}",
+            "--max-restarts=0",
+            f"--local-addr={host}",
+            *meet,
+            "-m",
+            "bench.worker",
+            str(spec),
+        ]
+        out.append(_on_node(cfg, i, env, command, PARABENCH_NODE=host))
     return out
 
 

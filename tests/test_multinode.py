@@ -82,6 +82,34 @@ def _rows(run: Path) -> pd.DataFrame:
     return pd.read_csv(run / "runs.csv").sort_values("run_order").reset_index(drop=True)
 
 
+def test_a_node_command_is_quoted_for_a_remote_shell_only() -> None:
+    """ssh joins the words into one line that a shell on the node splits again: each word is
+    quoted, so a value with a space arrives whole; `ip netns exec` runs its arguments as
+    they are, so nothing is quoted (quotes would arrive as characters)."""
+    import shlex
+    from types import SimpleNamespace
+
+    from bench.nodes import _on_node
+
+    env = {"PARABENCH_X": "a b", "HOME": "/root"}
+    command = ["/opt/my python/bin/python", "-m", "bench.worker", "/tmp/run 1/spec.json"]
+    want = ["env", "PARABENCH_NODE=h1", "PARABENCH_X=a b", *command]
+    ssh = SimpleNamespace(host_exec="ssh -p 22 {host}", hosts=["h0", "h1"])
+    argv = _on_node(ssh, 1, env, command, PARABENCH_NODE="h1")
+    assert argv[:4] == ["ssh", "-p", "22", "h1"]
+    assert shlex.split(" ".join(argv[4:])) == want  # what the shell on h1 runs
+    netns = SimpleNamespace(host_exec="ip netns exec ns{node}", hosts=["h0", "h1"])
+    assert _on_node(netns, 1, env, command, PARABENCH_NODE="h1") == [
+        "ip",
+        "netns",
+        "exec",
+        "ns1",
+        *want,
+    ]
+    here = SimpleNamespace(host_exec="", hosts=["h0", "h1"])
+    assert _on_node(here, 0, env, command, PARABENCH_NODE="h0")[:2] == ["env", "PARABENCH_NODE=h0"]
+
+
 def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> None:
     for bad, says in [
         (["--nodes=2"], "--procs-per-node"),
