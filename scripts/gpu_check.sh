@@ -80,8 +80,28 @@ parabench() {  # parabench run|verify ARGS...
     "$PY" -m bench.cli "$cmd" --device "$DEVICE" --data-root "$DATA" --out-dir "$OUT" "${PLAN[@]}" "$@" \
         || FAILED+=("$part: parabench $cmd $*")
 }
-run() { parabench run "$@"; }
-verify() { parabench verify "$@"; }
+# A part cut off (a command limit, `timeout`) leaves its run directory: run again, the
+# part finishes that run (--resume: the cells not done yet) and redoes a verify it cut off.
+run() {  # run --run-id ID ARGS...
+    local dir=$OUT/$2
+    if [ "$DRY" != 1 ] && [ -f "$dir/config.json" ]; then
+        echo "gpu-check: $dir exists: finishing it (--resume)" >&2
+        "$PY" -m bench.cli run --resume "$dir" || FAILED+=("$part: parabench run --resume $dir")
+        return
+    fi
+    parabench run "$@"
+}
+verify() {  # verify --run-id ID ARGS...
+    local dir=$OUT/$2
+    if [ "$DRY" != 1 ] && [ -d "$dir" ]; then
+        if [ -f "$dir/verify.csv" ]; then
+            echo "gpu-check: $dir is done" >&2
+            return
+        fi
+        rm -rf "$dir"
+    fi
+    parabench verify "$@"
+}
 logged() {  # logged FILE CMD...: the command's output to the terminal and to FILE
     local file=$1
     shift
