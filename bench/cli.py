@@ -307,9 +307,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "--oversubscribe",
         action="store_true",
         help="allow more CPU ranks than cores, one thread each (e.g. fsdp_tp at world size 4 "
-        "on 2 cores), or more torch.distributed ranks than GPUs, sharing them over gloo (nccl "
-        "refuses two ranks on one GPU): for correctness, such rows are marked and left out of "
-        "speed rankings",
+        "on 2 cores), or more DDP ranks than GPUs, sharing them over gloo (nccl refuses two "
+        "ranks on one GPU): for correctness, such rows are marked and left out of speed "
+        "rankings",
     )
 
 

@@ -118,8 +118,8 @@ class Strategy:
     variants: ClassVar[dict[str, Variant]] = {}
     #: one OS process per rank (DDP, Horovod) vs one process for all devices (DP)
     multiprocess: ClassVar[bool] = False
-    #: its ranks can share a GPU (with --oversubscribe, more ranks than GPUs): torch.distributed
-    #: over gloo, which takes CUDA tensors; nccl refuses two ranks on one GPU
+    #: its ranks can share a GPU (with --oversubscribe, more ranks than GPUs) over gloo, which
+    #: takes CUDA tensors for all-reduce and broadcast only; nccl refuses two ranks on one GPU
     shares_gpu: ClassVar[bool] = False
     #: options this strategy takes through `--set key=value`: allowed values, or a type
     #: (int, float, bool) whose values it takes
@@ -225,7 +225,7 @@ class Strategy:
                 f"one rank per GPU: world size {world_size} needs {world_size} GPUs, found "
                 f"{n_devices}; nccl refuses two ranks on one GPU"
                 + (
-                    " (--oversubscribe runs them on the shared GPU over gloo, for correctness)"
+                    " (--oversubscribe runs its ranks on the shared GPU over gloo, for correctness)"
                     if cls.shares_gpu
                     else ""
                 )

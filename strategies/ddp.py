@@ -27,7 +27,6 @@ class TorchDistributed(Strategy):
     """Process-group plumbing shared by every torch.distributed strategy."""
 
     multiprocess = True
-    shares_gpu = True
     no_sync_bn = ""  # SyncBatchNorm synchronises over the default process group
 
     @property
@@ -78,6 +77,9 @@ class DistributedDataParallel(TorchDistributed):
     }
     #: DDP's constructor knobs
     accepts = {"bucket_cap_mb": float, "gradient_as_bucket_view": bool, "static_graph": bool}
+    #: gloo all-reduces and broadcasts CUDA tensors, all DDP (and ZeRO-1's broadcasts) needs;
+    #: FSDP's reduce-scatter and the pipelines' send/recv it does not take on CUDA
+    shares_gpu = True
 
     @classmethod
     def traffic(cls, options, world_size, shape, precision):

@@ -96,7 +96,7 @@ def test_more_ranks_than_gpus_share_them_over_gloo_only_when_asked():
     why = ddp.cannot_run(2, "cuda", 1)
     assert why == (
         "one rank per GPU: world size 2 needs 2 GPUs, found 1; nccl refuses two ranks on one "
-        "GPU (--oversubscribe runs them on the shared GPU over gloo, for correctness)"
+        "GPU (--oversubscribe runs its ranks on the shared GPU over gloo, for correctness)"
     )
     assert ddp.cannot_run(2, "cuda", 1, oversubscribe=True) is None
     assert ddp.cannot_run(2, "cuda", 2) is None
@@ -123,3 +123,10 @@ def test_ranks_sharing_a_gpu_use_gloo():
         return strategies.get("ddp_torchrun").create(ctx).backend
 
     assert (backend(False), backend(True)) == ("nccl", "gloo")
+
+
+def test_only_strategies_whose_collectives_gloo_takes_on_cuda_share_a_gpu():
+    sharing = {n for n, s in strategies.registry().items() if s.cls and s.cls.shares_gpu}
+    assert {"ddp_torchrun", "ddp_spawn", "amp_ddp", "zero1", "ddp_fp16_hook"} <= sharing
+    # FSDP reduce-scatters, pipelines send and receive: gloo does neither on CUDA tensors
+    assert not sharing & {"fsdp", "fsdp_zero2", "pipeline_gpipe", "tp", "horovod", "dp"}
