@@ -138,6 +138,9 @@ class Strategy:
     #: whether a step under sync_off() has local gradients for its optimizer step; FSDP's
     #: stay on the unsharded parameters, so its ablation compares forward and backward only
     sync_off_steps_optimizer: ClassVar[bool] = True
+    #: under --channels-last, why the parameters stay contiguous (NCHW) and only the inputs
+    #: are NHWC (a convolution runs NHWC when either is); empty: both are converted
+    contiguous_params: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -512,7 +515,11 @@ class Strategy:
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Apply the run options around the strategy, in a fixed order: SyncBN, the strategy's
         own wrapping or sharding, compile."""
-        if self.setting.channels_last:
+        if self.setting.channels_last and self.contiguous_params:
+            self.notes.append(
+                f"channels-last (NHWC) inputs, NCHW parameters: {self.contiguous_params}"
+            )
+        elif self.setting.channels_last:
             model = model.to(memory_format=torch.channels_last)
             self.notes.append("channels-last (NHWC) model and inputs")
         if self.setting.sync_bn:

@@ -8,7 +8,9 @@ and its gradients reduce-scattered.
   backward (ZeRO-2-like: more memory between the passes, less communication).
 
 Precision: bf16/fp16 use FSDP's own `MixedPrecisionPolicy` (parameters cast for compute,
-gradients reduced in fp32), not autocast; fp16 keeps the GradScaler. Accumulation uses
+gradients reduced in fp32, BatchNorm layers and the model's output in fp32), not
+autocast; fp16 keeps the GradScaler. Under --channels-last only the inputs are NHWC:
+fully_shard refuses non-contiguous parameters. Accumulation uses
 `set_requires_gradient_sync(False)` on all micro-batches but the last.
 """
 
@@ -53,6 +55,7 @@ class FSDP2(TorchDistributed):
     }
     accepts = {"reshard_after_forward": bool}
     collective_eval = True
+    contiguous_params = "fully_shard refuses non-contiguous parameters"
 
     @classmethod
     def traffic(cls, options, world_size, shape, precision):
@@ -91,23 +94,43 @@ class FSDP2(TorchDistributed):
         return self.shard(model, optimizer, mesh)
 
     def shard(self, model: nn.Module, optimizer: torch.optim.Optimizer, mesh):
-        """fully_shard each block, then the root, over `mesh` (1-D: the ranks it shards over)."""
+        """fully_shard each block, then the root, over `mesh` (1-D: the ranks it shards over).
+
+        In bf16/fp16, BatchNorm layers are sharded first as units of their own that keep
+        fp32 parameters (batch norm takes low-precision inputs with fp32 weights and
+        running statistics, not low-precision weights with fp32 statistics), and the root
+        returns fp32 outputs, so the loss is computed in fp32: an fp16 loss times the
+        GradScaler's first scale (65536) overflows, and every step would be skipped until the
+        scale came down."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         dtype = self.precision_plugin.dtype
-        policy = (
-            MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-            if dtype is not None
-            else MixedPrecisionPolicy()
-        )
-        units = blocks(model)
+        fp32 = MixedPrecisionPolicy()
+        if dtype is None:
+            policy = root = fp32
+        else:
+            policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            root = MixedPrecisionPolicy(
+                param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32
+            )
+        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if dtype is not None:
+            for norm in norms:
+                fully_shard(norm, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=fp32)
+        sharded = {id(m) for m in norms} if dtype is not None else set()
+        units = [b for b in blocks(model) if id(b) not in sharded]
         for block in units:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=policy)
         # The root's parameters are needed again at once by backward: keep them gathered.
-        fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=root)
         self.notes.append(
             f"fully_shard on {len(units)} blocks + root, reshard_after_forward={self.reshard}"
-            + (f", MixedPrecisionPolicy(param_dtype={self.precision})" if dtype else "")
+            + (
+                f", MixedPrecisionPolicy(param_dtype={self.precision}, fp32 outputs)"
+                + (f", {len(norms)} BatchNorm units in fp32" if norms else "")
+                if dtype
+                else ""
+            )
         )
         return model, rebuild(optimizer, model.parameters())
 

@@ -1,0 +1,84 @@
+"""FSDP2 with the GPU run options that resnet50 takes in gpu-check: channels-last and bf16/fp16
+on a model with BatchNorm. Each runs one training step in this process, over a one-rank gloo
+group (a FileStore, no network), so what fully_shard accepts and what dtype each layer
+computes in is seen directly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torchvision
+from torch import nn
+
+from strategies.base import RankContext, Setting
+from strategies.fsdp import FSDP2
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", rank=0, world_size=1, store=store)
+    try:
+        yield RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    finally:
+        dist.destroy_process_group()
+
+
+def step(strategy: FSDP2, channels_last: bool) -> tuple[torch.Tensor, dict[str, set]]:
+    """One training step of a small resnet18 through the strategy; the dtypes each kind of
+    layer saw (its weight and its input) during the forward."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    seen: dict[str, set] = {"conv": set(), "norm": set(), "conv_in_nhwc": set()}
+
+    def record(module, args):
+        kind = "norm" if isinstance(module, nn.BatchNorm2d) else "conv"
+        seen[kind].add((module.weight.dtype, args[0].dtype))
+        if kind == "conv":
+            seen["conv_in_nhwc"].add(args[0].is_contiguous(memory_format=torch.channels_last))
+
+    for m in strategy.fsdp_module().modules():
+        if isinstance(m, nn.Conv2d | nn.BatchNorm2d):
+            m.register_forward_pre_hook(record)
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    out = strategy.model(x)
+    strategy.backward(nn.functional.cross_entropy(out, y))
+    strategy.optimizer_step(strategy.optimizer)
+    return out, seen
+
+
+def test_fsdp_channels_last_shards_contiguous_params_and_runs_nhwc(one_rank):
+    """fully_shard raises NotImplementedError on NHWC parameters: under --channels-last FSDP
+    keeps them NCHW and the NHWC inputs carry the layout through every convolution."""
+    fsdp = FSDP2(one_rank, {}, Setting(channels_last=True))
+    out, seen = step(fsdp, channels_last=True)
+    assert torch.isfinite(out).all()
+    assert seen["conv_in_nhwc"] == {True}
+    assert all(p.is_contiguous() for p in fsdp.fsdp_module().parameters())
+    assert any("NCHW parameters" in n for n in fsdp.notes)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_fsdp_low_precision_keeps_batchnorm_in_fp32_and_the_loss_in_fp32(one_rank, precision):
+    """Convolutions compute in the low dtype; BatchNorm keeps fp32 weights (its running
+    statistics are fp32) and takes the low-precision activations; the root's output is fp32,
+    so the fp16 loss is not scaled past fp16's range."""
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    fsdp = FSDP2(one_rank, {}, Setting(precision=precision))
+    torch.manual_seed(0)  # the weights step() starts from
+    before = [p.detach().clone() for p in torchvision.models.resnet18(num_classes=10).parameters()]
+    out, seen = step(fsdp, channels_last=False)
+    assert out.dtype == torch.float32
+    assert seen["conv"] == {(low, low)}
+    assert seen["norm"] == {(torch.float32, low)}
+    after = [p.detach().full_tensor() for p in fsdp.fsdp_module().parameters()]
+    if precision == "bf16":
+        assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    else:  # GradScaler's first scale overflows this model's fp16 gradients (as under autocast)
+        loss = nn.functional.cross_entropy(out.detach(), torch.zeros(4, dtype=torch.long))
+        assert torch.isfinite(fsdp.precision_plugin.scaler.scale(loss))
+    assert any("20 BatchNorm units in fp32" in n for n in fsdp.notes)
