@@ -521,12 +521,15 @@ def cmd_submit(a: argparse.Namespace) -> int:
     per = a.procs_per_node or 1
     # everything checked now, as the job will see it (with placeholder nodes): a bad option
     # or a strategy that cannot run there is one line here, not a failed job later
-    one = argparse.Namespace(**{**vars(a), "nodes": 1, "procs_per_node": 0, "launcher": ""})
+    one = argparse.Namespace(
+        **{**vars(a), "nodes": 1, "procs_per_node": 0, "launcher": "", "cores_per_node": 0}
+    )
     plan(
         config_from_args(one).replace(
             launcher="slurm",
             nodes=a.nodes,
             procs_per_node=per,
+            cores_per_node=a.cores_per_node,
             hosts=tuple(f"node{i}" for i in range(a.nodes)),
             master_addr="node0",
         )

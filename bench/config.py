@@ -285,7 +285,7 @@ class RunConfig:
         need(self.launcher in ("", "slurm"), f"--launcher takes slurm, got {self.launcher!r}")
         need(
             self.cores_per_node >= 0,
-            f"--cores-per-node must be positive, got {self.cores_per_node}",
+            f"--cores-per-node must be positive (0: this machine's), got {self.cores_per_node}",
         )
         if self.launcher == "slurm":
             need(

@@ -141,9 +141,15 @@ def plan(cfg: RunConfig) -> list[Cell]:
         settings = _settings(cfg, spec, device, points)
         mine: list[Cell] = []
         for ws, (setting, opts) in itertools.product(sizes, settings):
+            # a node's GPUs (as many as this machine's on every node), or its cores
+            room = (
+                n_dev * cfg.nodes
+                if device == "cuda" or not spec.cls
+                else cpu_capacity(cfg, Cell(spec.name, ws, 0, setting, opts, "", ""))
+            )
             reason = why_not or (
                 _across_nodes(cfg, spec)
-                or spec.cannot_run(ws, device, n_dev * cfg.nodes, cfg.oversubscribe)
+                or spec.cannot_run(ws, device, room, cfg.oversubscribe)
                 or spec.cls.unsupported(setting, device)
                 or spec.cls.unsuitable(cfg, ws, merged_options(spec, opts))
             )
@@ -190,15 +196,23 @@ def per_host(cfg: RunConfig, cell: Cell) -> int:
     return spec.cls.processes(cell.world_size) if spec.cls else 1
 
 
-def host_cores(cfg: RunConfig) -> int:
-    """The cores of a host a cell's ranks run on: --cores-per-node across nodes, else (and
-    by default) this machine's."""
-    return (cfg.multi_host and cfg.cores_per_node) or cpu_cores()
+def cpu_share(cfg: RunConfig, cell: Cell) -> tuple[int, int]:
+    """(ranks, cores) that share one node's CPU: a node's M ranks and its --cores-per-node C
+    across nodes, else the cell's processes on this machine and this machine's cores."""
+    if cfg.multi_host and cfg.cores_per_node:
+        return cfg.procs_per_node, cfg.cores_per_node
+    return per_host(cfg, cell), cpu_cores()
 
 
 def rank_threads(cfg: RunConfig, cell: Cell) -> int:
-    """Threads per rank: its host's cores shared by the cell's processes there."""
-    return threads_per_process(per_host(cfg, cell), host_cores(cfg))
+    """Threads per rank: its node's cores shared by the node's ranks."""
+    return threads_per_process(*cpu_share(cfg, cell))
+
+
+def cpu_capacity(cfg: RunConfig, cell: Cell) -> int:
+    """The largest world size whose ranks each get a core, at this cell's ranks per node."""
+    ranks, cores = cpu_share(cfg, cell)
+    return cores * cell.world_size // max(1, ranks)
 
 
 def machine_state() -> dict[str, float]:
@@ -519,7 +533,8 @@ class Runner:
         """1 if the cell runs more processes on a host than it has cores (CPU) or GPUs (CUDA,
         ranks of a strategy that can share one): --oversubscribe, for correctness."""
         if self.device == "cpu":
-            return int(per_host(self.cfg, cell) > host_cores(self.cfg))
+            ranks, cores = cpu_share(self.cfg, cell)
+            return int(ranks > cores)
         spec = strategies.get(cell.strategy)
         gpus = device_count(self.device)
         return int(bool(spec.cls and spec.cls.shares_gpu) and per_host(self.cfg, cell) > gpus)

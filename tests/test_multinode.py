@@ -171,6 +171,29 @@ def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) 
     assert srun_cells["ddp_torchrun"].status == ""
 
 
+def test_a_nodes_cores_are_shared_by_its_own_ranks(data_root, tmp_path) -> None:
+    """--cores-per-node C: each of a node's M ranks gets C / M threads, wherever the agents
+    start; a cell is oversubscribed (a skipped row, or with --oversubscribe one thread a
+    rank) when M exceeds C, whatever this machine's core count."""
+    from bench.config import ConfigError
+    from bench.runner import Cell, plan, rank_threads
+    from tests.conftest import small_config
+
+    base = small_config(
+        tmp_path, data_root, world_sizes=(), nodes=2, procs_per_node=2, hosts=HOSTS
+    ).replace(strategies=("ddp_torchrun",))
+    cell = Cell("ddp_torchrun", 4, 0)
+    for exec_ in ("", "ssh {host}"):
+        assert rank_threads(base.replace(host_exec=exec_, cores_per_node=8), cell) == 4
+        (ok,) = plan(base.replace(host_exec=exec_, cores_per_node=2))
+        assert ok.status == "", ok.reason
+        with pytest.raises(ConfigError, match="world size 4 needs 4 cores, found 2"):
+            plan(base.replace(host_exec=exec_, cores_per_node=1))
+        (over,) = plan(base.replace(host_exec=exec_, cores_per_node=1, oversubscribe=True))
+        assert over.status == ""
+        assert rank_threads(base.replace(host_exec=exec_, cores_per_node=1), cell) == 1
+
+
 @pytest.fixture
 def ssh_between(two_hosts, tmp_path, monkeypatch):
     """An `ssh` first on PATH that runs its command in the namespace owning the address

@@ -148,12 +148,13 @@ def _submit(data_root: Path, out: Path, run_id: str, *extra: str, **kw) -> tuple
 
 
 def test_submit_runs_the_matrix_as_a_batch_job(cluster, data_root, tmp_path) -> None:
-    run, job, said = _submit(data_root, tmp_path, "job", "--no-report")
+    run, job, said = _submit(data_root, tmp_path, "job", "--no-report", "--cores-per-node=1")
     assert f"submitted job {job}" in said
     line = _wait_left_queue(run, 240)
     assert "1 rows written" in line, (line, (run / f"slurm-{job}.out").read_text()[-2000:])
     row = pd.read_csv(run / "runs.csv").iloc[0]
     assert row["status"] == "ok" and row["hosts"] == "n1,n2"
+    assert row["threads_per_rank"] == 1  # --cores-per-node reached the job
     assert (
         (run / "job.sbatch").read_text().startswith("#!/bin/bash\n#SBATCH --job-name=parabench-job")
     )
