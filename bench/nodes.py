@@ -65,14 +65,14 @@ def _on_node(
 ) -> list[str]:
     """`command` run on node i: --host-exec's prefix, then `env` with what the ranks need (a
     remote shell need not pass the environment on) and `more`, then the command. Through a
-    remote shell (ssh) every word is quoted, since the shell there splits the line it gets
+    remote shell (ssh, anywhere in the prefix) every word is quoted, since the shell there splits the line it gets
     again; through a program that runs its arguments as they are (`ip netns exec`, srun)
     nothing is."""
     passed = {k: v for k, v in env.items() if k.startswith("PARABENCH_") or k in PASSED_ON}
     passed |= more
     prefix = shlex.split(cfg.host_exec.format(host=cfg.hosts[i], node=i)) if cfg.host_exec else []
     words = ["env", *(f"{k}={v}" for k, v in sorted(passed.items())), *command]
-    if prefix and os.path.basename(prefix[0]) in REMOTE_SHELLS:
+    if any(os.path.basename(w) in REMOTE_SHELLS for w in prefix):  # `timeout 60 ssh {host}` too
         words = [shlex.quote(w) for w in words]
     return [*prefix, *words]
 

@@ -98,6 +98,10 @@ def test_a_node_command_is_quoted_for_a_remote_shell_only() -> None:
     argv = _on_node(ssh, 1, env, command, PARABENCH_NODE="h1")
     assert argv[:4] == ["ssh", "-p", "22", "h1"]
     assert shlex.split(" ".join(argv[4:])) == want  # what the shell on h1 runs
+    wrapped = SimpleNamespace(host_exec="timeout 60 /usr/bin/ssh {host}", hosts=["h0", "h1"])
+    argv = _on_node(wrapped, 1, env, command, PARABENCH_NODE="h1")
+    assert argv[:4] == ["timeout", "60", "/usr/bin/ssh", "h1"]
+    assert shlex.split(" ".join(argv[4:])) == want
     netns = SimpleNamespace(host_exec="ip netns exec ns{node}", hosts=["h0", "h1"])
     assert _on_node(netns, 1, env, command, PARABENCH_NODE="h1") == [
         "ip",
