@@ -14,13 +14,16 @@ commands, waits for all, and when one fails gives the others `grace_s` to fail o
 own (a peer that lost its node sees the broken connection within seconds) before it kills
 them, so a lost node becomes a failed row and no agent waits out torchrun's exit barrier.
 Where the nodes are this machine's namespaces, every process is in the cell's process tree
-and the harness's kill reaches it; over ssh, the agents' `--max-restarts 0` and the
-process-group timeout (`PARABENCH_PG_TIMEOUT_S`, the cell's deadline) end the remote side.
+and the harness's kill reaches it. Over ssh, killing ssh does not end the command on the
+node: it runs under `timeout` with the cell's deadline (torchrun's agents or horovodrun),
+besides the agents' `--max-restarts 0` and the process-group timeout
+(`PARABENCH_PG_TIMEOUT_S`), so nothing there outlives the cell by more than seconds.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -56,6 +59,9 @@ def cell_port(base: int, order: int) -> int:
     return base + max(order - 1, 0) % PORTS
 
 
+#: seconds a remote node command has after its deadline's SIGTERM before SIGKILL
+KILL_AFTER_S = 10
+
 #: --host-exec programs that join the command's words into one line for a shell on the node
 REMOTE_SHELLS = ("ssh", "rsh")
 
@@ -73,6 +79,19 @@ def _on_node(
     prefix = shlex.split(cfg.host_exec.format(host=cfg.hosts[i], node=i)) if cfg.host_exec else []
     words = ["env", *(f"{k}={v}" for k, v in sorted(passed.items())), *command]
     if any(os.path.basename(w) in REMOTE_SHELLS for w in prefix):  # `timeout 60 ssh {host}` too
+        # killing ssh here does not end the command there: it ends itself at the cell's
+        # deadline (coreutils' timeout: SIGTERM, which torchrun's agent and horovodrun pass to
+        # their ranks, then SIGKILL; --foreground keeps it in the caller's process group,
+        # where a kill from this side reaches it when the "node" is on this machine)
+        limit = getattr(cfg, "timeout_s", 0)
+        if limit:
+            words = [
+                "timeout",
+                "--foreground",
+                f"--kill-after={KILL_AFTER_S}",
+                f"{math.ceil(limit)}",
+                *words,
+            ]
         words = [shlex.quote(w) for w in words]
     return [*prefix, *words]
 

@@ -126,6 +126,17 @@ def test_peak_for_matches_cuda_device_names():
     assert flops.peak_for("Tesla T4", "fp16")[0] == 65.0
 
 
+def test_only_a_model_with_convolutions_takes_cudnns_tf32_peak(tmp_path):
+    """In fp32 on an Ampere or later GPU, cuDNN runs convolutions in TF32 by default while
+    matrix products stay fp32 unless torch.backends.cuda.matmul.allow_tf32 is set: the MFU
+    of a transformer is against the fp32 peak, a CNN's against TF32's."""
+    from bench.runner import convolves
+
+    assert convolves(RunConfig(out_dir=tmp_path, model="mnist_cnn"), 10)
+    assert convolves(RunConfig(out_dir=tmp_path, model="resnet50", dataset="synthetic"), 10)
+    assert not convolves(RunConfig(out_dir=tmp_path, model="transformer"), 10)
+
+
 @pytest.mark.parametrize(
     "name",
     ["Some Future GPU 9000", "NVIDIA GeForce RTX 3090 Ti", "NVIDIA GH200 480GB", ""],

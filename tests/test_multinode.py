@@ -94,15 +94,17 @@ def test_a_node_command_is_quoted_for_a_remote_shell_only() -> None:
     env = {"PARABENCH_X": "a b", "HOME": "/root"}
     command = ["/opt/my python/bin/python", "-m", "bench.worker", "/tmp/run 1/spec.json"]
     want = ["env", "PARABENCH_NODE=h1", "PARABENCH_X=a b", *command]
-    ssh = SimpleNamespace(host_exec="ssh -p 22 {host}", hosts=["h0", "h1"])
+    ssh = SimpleNamespace(host_exec="ssh -p 22 {host}", hosts=["h0", "h1"], timeout_s=90.5)
     argv = _on_node(ssh, 1, env, command, PARABENCH_NODE="h1")
     assert argv[:4] == ["ssh", "-p", "22", "h1"]
-    assert shlex.split(" ".join(argv[4:])) == want  # what the shell on h1 runs
-    wrapped = SimpleNamespace(host_exec="timeout 60 /usr/bin/ssh {host}", hosts=["h0", "h1"])
+    # what the shell on h1 runs: under the cell's deadline, since killing ssh leaves it be
+    ends = ["timeout", "--foreground", "--kill-after=10", "91"]
+    assert shlex.split(" ".join(argv[4:])) == [*ends, *want]
+    wrapped = SimpleNamespace(host_exec="sudo -u pb /usr/bin/ssh {host}", hosts=["h0", "h1"])
     argv = _on_node(wrapped, 1, env, command, PARABENCH_NODE="h1")
-    assert argv[:4] == ["timeout", "60", "/usr/bin/ssh", "h1"]
-    assert shlex.split(" ".join(argv[4:])) == want
-    netns = SimpleNamespace(host_exec="ip netns exec ns{node}", hosts=["h0", "h1"])
+    assert argv[:5] == ["sudo", "-u", "pb", "/usr/bin/ssh", "h1"]
+    assert shlex.split(" ".join(argv[5:])) == want
+    netns = SimpleNamespace(host_exec="ip netns exec ns{node}", hosts=["h0", "h1"], timeout_s=90)
     assert _on_node(netns, 1, env, command, PARABENCH_NODE="h1") == [
         "ip",
         "netns",
@@ -112,6 +114,23 @@ def test_a_node_command_is_quoted_for_a_remote_shell_only() -> None:
     ]
     here = SimpleNamespace(host_exec="", hosts=["h0", "h1"])
     assert _on_node(here, 0, env, command, PARABENCH_NODE="h0")[:2] == ["env", "PARABENCH_NODE=h0"]
+
+
+def test_a_command_through_ssh_ends_at_the_cells_deadline_on_its_own() -> None:
+    """Killing ssh leaves the command on the node running: the line the node's shell gets
+    ends itself at the cell's deadline (here 1 s, for a command that would take 60)."""
+    import time
+    from types import SimpleNamespace
+
+    from bench.nodes import _on_node
+
+    cfg = SimpleNamespace(host_exec="ssh {host}", hosts=["h0"], timeout_s=1)
+    argv = _on_node(cfg, 0, {}, [sys.executable, "-c", "import time; time.sleep(60)"])
+    assert argv[:2] == ["ssh", "h0"]
+    t0 = time.monotonic()
+    # what sshd does with it: one line for the node's shell, in a session of its own
+    done = subprocess.run(["sh", "-c", " ".join(argv[2:])], start_new_session=True, timeout=30)
+    assert done.returncode == 124 and time.monotonic() - t0 < 10
 
 
 def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> None:
