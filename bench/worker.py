@@ -243,7 +243,14 @@ def _probe(strategy: Strategy, cfg: RunConfig, cell_dir: Path) -> dict[str, Any]
     # the timed steps are measured: a probe that fails loses only itself (where it fails on
     # one rank only, its peers wait in a collective until the process-group timeout)
     try:
-        if ranks == 1 and cfg.scaling_model and _modelled(strategy):
+        # (not under torch.compile: every batch size of the curve would be compiled anew,
+        # minutes on a GPU, and then timed with the dynamic-shape kernels that follow)
+        if (
+            ranks == 1
+            and cfg.scaling_model
+            and _modelled(strategy)
+            and not strategy.setting.compile
+        ):
             out["compute_curve"] = strategy.compute_curve()
         if ranks > 1 or cfg.profile:
             out |= strategy.probe(cfg.probe_pairs if ranks > 1 else 0, cfg.profile_steps, keep)
