@@ -129,14 +129,16 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
     finally:
         torch.set_num_threads(threads)
     cuda = resolve_device(cfg.device) == "cuda"
+    gpus = max(1, torch.cuda.device_count() * cfg.nodes) if cuda else 1
     total = startup = 0.0
     for cell in cells:
         if cell.status:
             continue
         launcher = strategies.get(cell.strategy).launcher
         startup += LAUNCH_S.get(launcher, 7.0)
-        # CPU ranks share the cores (the same work either way); GPUs add devices
-        devices = cell.world_size if cuda else 1
+        # CPU ranks share the cores (the same work either way); GPUs add devices, as many
+        # as there are (ranks sharing a GPU under --oversubscribe take turns on it)
+        devices = min(cell.world_size, gpus) if cuda else 1
         per = ms.get(cell.setting.precision, ms["fp32"])  # apex's own: as fp32
         step_s = per * cfg.global_batch / devices / 1e3
         eval_s = per * cfg.eval_samples / 3 / devices / 1e3
