@@ -46,6 +46,15 @@ def apex_problem() -> str | None:
     return None
 
 
+def fused_scaler() -> bool:
+    """Whether apex's CUDA extension for the loss scaler (amp_C) is built."""
+    try:
+        import amp_C  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class ApexAmpDDP(TorchDistributed):
     variants = {
         "apex_amp_ddp": Variant(
@@ -85,6 +94,12 @@ class ApexAmpDDP(TorchDistributed):
             raise ValueError(f"opt_level must be O0..O3, got {opt_level!r}")
         self.precision = f"apex_{opt_level}"
         model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, verbosity=0)
+        if opt_level != "O0" and not fused_scaler():
+            self.notes.append(
+                "apex built Python-only (no amp_C): its loss scaler checks each gradient for "
+                "overflow with a host read, one synchronisation per parameter a step; a CUDA "
+                "build of apex checks them in fused kernels, so this row is slower than apex is"
+            )
         if self.options.get("ddp", "apex") == "torch":
             from torch.nn.parallel import DistributedDataParallel
 
