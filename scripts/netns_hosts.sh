@@ -59,7 +59,9 @@ down)
 ssh)
     # `ssh [options] HOST [options] COMMAND...` between the hosts, for launchers that reach
     # other nodes with ssh (horovodrun): COMMAND runs with sh in the namespace that owns
-    # HOST's address. A test puts an executable `ssh` calling this first on PATH.
+    # HOST's address, in a fresh environment (PATH and HOME only), as sshd gives it: what
+    # the command needs it must carry itself. A test puts an executable `ssh` calling this
+    # first on PATH.
     shift 2
     host=
     while [ $# -gt 0 ]; do
@@ -74,8 +76,8 @@ ssh)
         esac
     done
     case "$host" in
-    "${net}.1") exec ip netns exec "${name}0" sh -c "$*" ;;
-    "${net}.2") exec ip netns exec "${name}1" sh -c "$*" ;;
+    "${net}.1") exec ip netns exec "${name}0" env -i PATH="$PATH" HOME="${HOME:-/root}" sh -c "$*" ;;
+    "${net}.2") exec ip netns exec "${name}1" env -i PATH="$PATH" HOME="${HOME:-/root}" sh -c "$*" ;;
     *)
         echo "ssh: no namespace host $host (these are ${net}.1 and ${net}.2)" >&2
         exit 255
