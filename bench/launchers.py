@@ -43,22 +43,18 @@ def horovodrun_path() -> str | None:
     return str(local) if local.exists() else shutil.which("horovodrun")
 
 
-def horovodrun(spec: Path, world_size: int, device: str) -> list[str]:
+def horovodrun_argv(spec: Path, ranks: int, slots: str, *options: str) -> list[str]:
+    """horovodrun over gloo: `ranks` processes on the hosts of `slots` (`host:n,...`), each
+    running the cell's worker."""
     exe = horovodrun_path()
     if exe is None:
         raise RuntimeError("horovodrun not found: run `make horovod`")
-    return [
-        exe,
-        "--gloo",
-        "-np",
-        str(world_size),
-        "-H",
-        f"localhost:{world_size}",
-        sys.executable,
-        "-m",
-        "bench.worker",
-        str(spec),
-    ]
+    gloo = [exe, "--gloo", "-np", str(ranks), "-H", slots, *options]
+    return [*gloo, sys.executable, "-m", "bench.worker", str(spec)]
+
+
+def horovodrun(spec: Path, world_size: int, device: str) -> list[str]:
+    return horovodrun_argv(spec, world_size, f"localhost:{world_size}")
 
 
 LAUNCHERS: dict[str, Launcher] = {

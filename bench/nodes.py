@@ -100,27 +100,12 @@ def horovod_command(cfg: Any, spec: Path, env: Mapping[str, str]) -> list[str]:
     """horovodrun on the first node, every node in its host list with --procs-per-node slots.
     horovodrun reaches the other nodes itself, over ssh (passwordless, as horovodrun always
     needs), and passes them its environment; --ifname is its --network-interface."""
-    from bench.launchers import horovodrun_path
+    from bench.launchers import horovodrun_argv
 
-    exe = horovodrun_path()
-    if exe is None:
-        raise RuntimeError("horovodrun not found: run `make horovod`")
     slots = ",".join(f"{h}:{cfg.procs_per_node}" for h in cfg.hosts)
     nic = ["--network-interface", cfg.ifname] if cfg.ifname else []
-    command = [
-        exe,
-        "--gloo",
-        "-np",
-        str(cfg.nodes * cfg.procs_per_node),
-        "-H",
-        slots,
-        *nic,
-        "--disable-cache",  # no check results kept in ~/.horovod between cells
-        sys.executable,
-        "-m",
-        "bench.worker",
-        str(spec),
-    ]
+    # --disable-cache: no check results kept in ~/.horovod between cells
+    command = horovodrun_argv(spec, cfg.nodes * cfg.procs_per_node, slots, *nic, "--disable-cache")
     return _on_node(cfg, 0, env, command)
 
 
