@@ -106,6 +106,11 @@ class ModelShape:
     units: int
     #: bytes of the parameters outside those units (FSDP's root keeps them gathered)
     root_bytes: int = 0
+    #: BatchNorm layers, their parameters' bytes, and how many of the units are one (FSDP
+    #: in bf16/fp16 shards each as a unit of its own, in fp32)
+    norms: int = 0
+    norm_bytes: int = 0
+    norm_units: int = 0
 
 
 #: one step's collectives per rank: (op, bytes of the whole buffer, calls it is split into)

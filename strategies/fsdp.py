@@ -61,17 +61,21 @@ class FSDP2(TorchDistributed):
     def traffic(cls, options, world_size, shape, precision):
         # per unit: an all-gather of its parameters for forward, again for backward when it
         # was resharded after forward, and a reduce-scatter of its gradients (reduced in fp32)
-        # (the root keeps its parameters gathered from forward to backward: once)
-        half = 0.5 if precision in ("bf16", "fp16") else 1.0
-        blocks = shape.param_bytes - shape.root_bytes
+        # (the root keeps its parameters gathered from forward to backward: once). In
+        # bf16/fp16 every BatchNorm is a unit of its own whose parameters stay fp32.
+        low = precision in ("bf16", "fp16")
+        half = 0.5 if low else 1.0
+        norm_bytes = shape.norm_bytes if low else 0
+        units = shape.units + (shape.norms - shape.norm_units if low else 0)
+        blocks = shape.param_bytes - shape.root_bytes - norm_bytes
         gathers = 2 if flag(options.get("reshard_after_forward", "true")) else 1
         return [
             (
                 "all_gather",
-                half * (gathers * blocks + shape.root_bytes),
-                gathers * shape.units + 1,
+                half * (gathers * blocks + shape.root_bytes) + gathers * norm_bytes,
+                gathers * units + 1,
             ),
-            ("reduce_scatter", float(shape.param_bytes), shape.units + 1),
+            ("reduce_scatter", float(shape.param_bytes), units + 1),
         ]
 
     def make_precision(self, name: str) -> prec.Precision:
