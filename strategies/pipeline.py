@@ -160,6 +160,8 @@ class Pipeline(TorchDistributed):
         self.last = n_stages - 1 in mine
         self.n_stages, self.per_rank = n_stages, v
         self.busy_s, self.sent_bytes = 0.0, 0
+        #: (start, end) CUDA events of this step's compute chunks, on their stream
+        self.chunk_events: list[tuple[Any, Any]] = []
         for stage in self.stages:
             self._instrument(stage)
         self.schedule = self._schedule()
@@ -187,18 +189,23 @@ class Pipeline(TorchDistributed):
 
     def _instrument(self, stage: Any) -> None:
         """Time this rank's own compute (forward and backward chunks) and count the bytes
-        its stages send; the rest of a step is bubble (waiting, or sending)."""
+        its stages send; the rest of a step is bubble (waiting, or sending). On a GPU the
+        chunks are timed by events on the stream (a synchronisation around each would stall
+        the sends and receives the schedule overlaps with them)."""
         cuda = self.ctx.device.type == "cuda"
 
         def timed(fn: Callable) -> Callable:
             @functools.wraps(fn)
             def run(*args, **kwargs):
-                if cuda:
-                    torch.cuda.synchronize(self.ctx.device)
+                if cuda:  # events on the stream, read after the step: no synchronisation
+                    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    start.record()
+                    out = fn(*args, **kwargs)
+                    end.record()
+                    self.chunk_events.append((start, end))
+                    return out
                 t0 = time.perf_counter()
                 out = fn(*args, **kwargs)
-                if cuda:
-                    torch.cuda.synchronize(self.ctx.device)
                 self.busy_s += time.perf_counter() - t0
                 return out
 
@@ -229,6 +236,8 @@ class Pipeline(TorchDistributed):
             self.schedule.step(*args, return_outputs=False, **kwargs)
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
+            self.busy_s = sum(a.elapsed_time(b) for a, b in self.chunk_events) / 1e3
+            self.chunk_events.clear()
         self.spans.append((time.perf_counter() - t0, self.busy_s, self.sent_bytes))
         if self.last:  # the mean of equal micro-batches' means: the batch mean
             return torch.stack([loss.detach().float() for loss in losses]).mean()
