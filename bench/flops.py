@@ -35,8 +35,9 @@ from bench.models import InputSpec
 COUNT_BATCH = 2
 
 #: (model, its arguments, image size, dataset, seq_len, classes, input) -> FLOPs per
-#: sample of one training step, or None where they could not be counted
-_CACHE: dict[tuple[Any, ...], float | None] = {}
+#: sample of one training step and the convolutions' share of them, or None where they
+#: could not be counted
+_CACHE: dict[tuple[Any, ...], tuple[float, float] | None] = {}
 
 
 def train_flops_per_sample(
@@ -60,6 +61,22 @@ def train_flops_per_sample(
     None, never an exception, where counting fails on both devices (a user's model may do
     anything) or counts nothing at all (no product or convolution the counter knows).
     Cached per (model, its arguments, input, classes)."""
+    counted = _counted(cfg, num_classes, spec)
+    return None if counted is None else counted[0]
+
+
+def conv_share(cfg: RunConfig, num_classes: int | None, spec: InputSpec | None = None) -> float:
+    """The share of the model FLOPs of a training step that are convolutions (forward and
+    backward), counted as `train_flops_per_sample` counts (and cached with it); 0 where
+    nothing could be counted. resnet50: nearly all; a vision transformer: its patch
+    embedding's, under 1 %; a language model: none."""
+    counted = _counted(cfg, num_classes, spec)
+    return 0.0 if counted is None else counted[1]
+
+
+def _counted(
+    cfg: RunConfig, num_classes: int | None, spec: InputSpec | None
+) -> tuple[float, float] | None:
     try:
         key: tuple[Any, ...] | None = _key(cfg, num_classes, spec)
         hash(key)
@@ -79,7 +96,9 @@ def _key(cfg: RunConfig, num_classes: int | None, spec: InputSpec | None) -> tup
     return (cfg.model, kwargs, cfg.image_size, cfg.dataset, cfg.seq_len, num_classes, given)
 
 
-def _per_sample(cfg: RunConfig, num_classes: int | None, spec: InputSpec | None) -> float | None:
+def _per_sample(
+    cfg: RunConfig, num_classes: int | None, spec: InputSpec | None
+) -> tuple[float, float] | None:
     try:
         if num_classes is None:
             num_classes = models.default_classes(cfg)
@@ -89,17 +108,30 @@ def _per_sample(cfg: RunConfig, num_classes: int | None, spec: InputSpec | None)
         return None
     for device in ("meta", "cpu"):
         try:
-            total = step_flops(cfg, num_classes, spec, device)
+            counts = step_flop_counts(cfg, num_classes, spec, device)
         except Exception:
             continue
-        return total / COUNT_BATCH if total > 0 else None
+        total = sum(counts.values())
+        if total <= 0:
+            return None
+        conv = sum(n for op, n in counts.items() if "convolution" in op)
+        return total / COUNT_BATCH, conv / total
     return None
 
 
 def step_flops(
     cfg: RunConfig, num_classes: int | None, spec: InputSpec, device: str = "meta"
 ) -> int:
-    """FLOPs `FlopCounterMode` counts for one forward and backward of the run's model,
+    """FLOPs `FlopCounterMode` counts for one forward and backward of the run's model
+    (`step_flop_counts`, summed)."""
+    return sum(step_flop_counts(cfg, num_classes, spec, device).values())
+
+
+def step_flop_counts(
+    cfg: RunConfig, num_classes: int | None, spec: InputSpec, device: str = "meta"
+) -> dict[str, int]:
+    """FLOPs `FlopCounterMode` counts for one forward and backward of the run's model, by
+    operation (e.g. `aten.convolution.default`, `aten.mm.default`),
     built on `device`, on a batch of `COUNT_BATCH` samples of `spec` under the model's
     loss (`models.loss_of`): class indices as targets, or for a token model next tokens
     shaped like the input. Raises whatever the model raises. The global RNG is left as it
@@ -123,7 +155,7 @@ def step_flops(
             shape = (COUNT_BATCH, *spec.shape) if spec.vocab else (COUNT_BATCH,)
             target = torch.randint(0, classes, shape, device=device)
             loss_fn(out, target).backward()
-    return int(counter.get_total_flops())
+    return {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
 
 
 def _counter() -> FlopCounterMode:
@@ -239,6 +271,19 @@ def peak_for(device_name: str, precision: str, tf32: bool = False) -> tuple[floa
     if key not in figures:
         return None, f"no datasheet figure for {device_name} in {precision}"
     return figures[key], f"datasheet: {row}"
+
+
+def blended_peak(device_name: str, tf32_share: float) -> tuple[float | None, str]:
+    """The fp32 peak of a step whose FLOPs run `tf32_share` on the tensor cores in TF32
+    and the rest on the CUDA cores in fp32: the rate at which the step's FLOPs could be
+    done at best, total / (tf32 part / TF32 peak + fp32 part / fp32 peak). As `peak_for`."""
+    fp32, why = peak_for(device_name, "fp32")
+    tf32, _ = peak_for(device_name, "fp32", tf32=True)
+    if fp32 is None or tf32 is None or tf32 == fp32 or tf32_share <= 0:
+        return fp32, why
+    share = min(1.0, tf32_share)
+    peak = 1 / (share / tf32 + (1 - share) / fp32)
+    return round(peak, 1), f"{why}; TF32 for {share:.0%} of the FLOPs"
 
 
 def measured_cpu_peak(

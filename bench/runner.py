@@ -215,14 +215,6 @@ def cpu_capacity(cfg: RunConfig, cell: Cell) -> int:
     return cores * cell.world_size // max(1, ranks)
 
 
-def convolves(cfg: RunConfig, num_classes: int | None) -> bool:
-    """Whether the run's model has convolutions (what cuDNN's TF32 setting governs)."""
-    from bench.models import meta_model
-
-    conv = torch.nn.modules.conv._ConvNd
-    return any(isinstance(m, conv) for m in meta_model(cfg, num_classes).modules())
-
-
 def machine_state() -> dict[str, float]:
     """What can be read about the machine as a cell starts: the 1-minute load average (runnable
     processes; above the core count, something else competes) and the mean CPU clock where
@@ -963,13 +955,21 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
         if key in info["peaks"] or precision not in DTYPES:
             continue
         if device == "cuda":
-            # fp32 products may run on the tensor cores in TF32: cuDNN's convolutions do by
-            # default, matrix products where torch allows it (not by default); then the TF32
-            # peak applies. A model without convolutions (a transformer) gets the fp32 peak.
-            tf32 = torch.backends.cuda.matmul.allow_tf32 or (
-                torch.backends.cudnn.allow_tf32 and convolves(cfg, bundle.num_classes)
-            )
-            info["peaks"][key] = flops.peak_for(names[0] if names else "", precision, tf32)
+            name = names[0] if names else ""
+            if precision == "fp32":
+                # fp32 products may run on the tensor cores in TF32: cuDNN's convolutions do
+                # by default, matrix products where torch allows it (not by default); the
+                # peak is the two peaks weighted by the FLOPs each part of the step does
+                share = (
+                    1.0
+                    if torch.backends.cuda.matmul.allow_tf32
+                    else flops.conv_share(cfg, bundle.num_classes, bundle.spec or models.spec(cfg))
+                    if torch.backends.cudnn.allow_tf32
+                    else 0.0
+                )
+                info["peaks"][key] = flops.blended_peak(name, share)
+            else:
+                info["peaks"][key] = flops.peak_for(name, precision)
         else:
             # a CPU without bf16/fp16 units computes them through fp32: fp32's peak is theirs
             native = precision == "fp32" or flops.cpu_has_units(precision)

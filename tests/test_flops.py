@@ -126,15 +126,23 @@ def test_peak_for_matches_cuda_device_names():
     assert flops.peak_for("Tesla T4", "fp16")[0] == 65.0
 
 
-def test_only_a_model_with_convolutions_takes_cudnns_tf32_peak(tmp_path):
+def test_the_fp32_peak_weighs_tf32_by_the_convolutions_share(tmp_path):
     """In fp32 on an Ampere or later GPU, cuDNN runs convolutions in TF32 by default while
-    matrix products stay fp32 unless torch.backends.cuda.matmul.allow_tf32 is set: the MFU
-    of a transformer is against the fp32 peak, a CNN's against TF32's."""
-    from bench.runner import convolves
-
-    assert convolves(RunConfig(out_dir=tmp_path, model="mnist_cnn"), 10)
-    assert convolves(RunConfig(out_dir=tmp_path, model="resnet50", dataset="synthetic"), 10)
-    assert not convolves(RunConfig(out_dir=tmp_path, model="transformer"), 10)
+    matrix products stay fp32: a CNN's peak is near TF32's, a vision transformer's (one
+    convolution, its patch embedding) near fp32's, a transformer's fp32's."""
+    share = {
+        model: flops.conv_share(
+            RunConfig(out_dir=tmp_path, model=model, dataset="synthetic", image_size=224), None
+        )
+        for model in ("resnet50", "vit_b_16", "lm")
+    }
+    assert share["resnet50"] > 0.99 and 0 < share["vit_b_16"] < 0.01 and share["lm"] == 0
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert flops.blended_peak(h100, 0.0) == (67.0, "datasheet: H100 SXM")
+    assert flops.blended_peak(h100, 1.0)[0] == 494.7
+    peak, why = flops.blended_peak(h100, 0.5)  # half the FLOPs at each rate
+    assert peak == pytest.approx(2 / (1 / 494.7 + 1 / 67.0), abs=0.1) and "50%" in why
+    assert flops.blended_peak("Tesla V100-SXM2-16GB", 1.0)[0] == 15.7  # no TF32 before Ampere
 
 
 @pytest.mark.parametrize(
