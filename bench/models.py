@@ -519,9 +519,14 @@ def without_dropout(model: nn.Module) -> int:
     return n
 
 
+def norm_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's BatchNorm layers (SyncBatchNorm included), in module order."""
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
 def batch_norms(cfg: RunConfig) -> int:
     """How many BatchNorm layers the run's model has."""
-    return sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in meta_model(cfg).modules())
+    return len(norm_layers(meta_model(cfg)))
 
 
 def sequence(model: nn.Module) -> list[nn.Module] | None:

@@ -146,25 +146,34 @@ def _records(run_dir: Path, row: Mapping[str, Any]) -> dict[str, Any]:
 def model_shape(cfg: Any, num_classes: int | None):
     """Parameter bytes, tensors, FSDP units and the root's own bytes of the run's model,
     built on the meta device (no memory, no weights)."""
-    from torch import nn
-
     from bench import models
     from strategies.base import ModelShape
-    from strategies.fsdp import blocks
+    from strategies.fsdp import units
 
     model = models.meta_model(cfg, num_classes)
     params = [p for p in model.parameters() if p.requires_grad]
-    units = blocks(model)
-    in_units = {id(p) for u in units for p in u.parameters()}
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+    def layout(low: bool) -> tuple[int, int, int]:
+        """(units, the root's bytes, the BatchNorm units' bytes) as FSDP shards the model."""
+        norms, rest = units(model, low)
+        inside = {id(p) for u in (*norms, *rest) for p in u.parameters()}
+        norm_params = {id(p) for m in norms for p in m.parameters()}
+        return (
+            len(norms) + len(rest),
+            sum(p.numel() * 4 for p in params if id(p) not in inside),
+            sum(p.numel() * 4 for p in params if id(p) in norm_params),
+        )
+
+    n, root, _ = layout(low=False)
+    n_low, root_low, norm_bytes = layout(low=True)
     return ModelShape(
         param_bytes=sum(p.numel() * 4 for p in params),
         tensors=len(params),
-        units=len(units),
-        root_bytes=sum(p.numel() * 4 for p in params if id(p) not in in_units),
-        norms=len(norms),
-        norm_bytes=sum(p.numel() * 4 for m in norms for p in m.parameters() if p.requires_grad),
-        norm_units=sum(any(u is m for m in norms) for u in units),
+        units=n,
+        root_bytes=root,
+        low_units=n_low,
+        low_root_bytes=root_low,
+        norm_bytes=norm_bytes,
     )
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
-from bench.models import cross_entropy
+from bench.models import cross_entropy, norm_layers
 from bench.probes import PHASES, PhaseClock, StepRecord, StepTimer, memory_snapshot, model_state_mib
 from strategies import precision as prec
 
@@ -106,11 +106,11 @@ class ModelShape:
     units: int
     #: bytes of the parameters outside those units (FSDP's root keeps them gathered)
     root_bytes: int = 0
-    #: BatchNorm layers, their parameters' bytes, and how many of the units are one (FSDP
-    #: in bf16/fp16 shards each as a unit of its own, in fp32)
-    norms: int = 0
+    #: the same in bf16/fp16, where FSDP shards each BatchNorm as a unit of its own, in fp32
+    #: (0: not recorded, as the fp32 layout), and those BatchNorm units' bytes
+    low_units: int = 0
+    low_root_bytes: int = 0
     norm_bytes: int = 0
-    norm_units: int = 0
 
 
 #: one step's collectives per rank: (op, bytes of the whole buffer, calls it is split into)
@@ -528,7 +528,7 @@ class Strategy:
             model = model.to(memory_format=torch.channels_last)
             self.notes.append("channels-last (NHWC) model and inputs")
         if self.setting.sync_bn:
-            n = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+            n = len(norm_layers(model))
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
             self.notes.append(f"SyncBatchNorm: {n} layers" if n else "no BatchNorm layers to sync")
         model, optimizer = self.setup(model, optimizer)

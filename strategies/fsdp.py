@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from bench.models import norm_layers
 from strategies import precision as prec
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed, flag
@@ -35,6 +36,16 @@ def blocks(model: nn.Module) -> list[nn.Module]:
         if isinstance(seq, nn.ModuleList | nn.Sequential):
             return list(seq)
     return [m for m in model.children() if any(True for _ in m.parameters())]
+
+
+def units(model: nn.Module, low: bool) -> tuple[list[nn.Module], list[nn.Module]]:
+    """What fully_shard is applied to before the root, in that order: in bf16/fp16 (`low`)
+    every BatchNorm with parameters, each a unit of its own kept in fp32; then the blocks
+    (`blocks`) that hold parameters besides those."""
+    norms = [m for m in norm_layers(model) if any(True for _ in m.parameters())] if low else []
+    taken = {id(p) for m in norms for p in m.parameters()}
+    rest = [b for b in blocks(model) if any(id(p) not in taken for p in b.parameters())]
+    return norms, rest
 
 
 def rebuild(optimizer: torch.optim.Optimizer, params) -> torch.optim.Optimizer:
@@ -62,20 +73,22 @@ class FSDP2(TorchDistributed):
         # per unit: an all-gather of its parameters for forward, again for backward when it
         # was resharded after forward, and a reduce-scatter of its gradients (reduced in fp32)
         # (the root keeps its parameters gathered from forward to backward: once). In
-        # bf16/fp16 every BatchNorm is a unit of its own whose parameters stay fp32.
+        # bf16/fp16 every BatchNorm is a unit of its own whose parameters stay fp32 (`units`).
         low = precision in ("bf16", "fp16")
         half = 0.5 if low else 1.0
-        norm_bytes = shape.norm_bytes if low else 0
-        units = shape.units + (shape.norms - shape.norm_units if low else 0)
-        blocks = shape.param_bytes - shape.root_bytes - norm_bytes
+        if low and shape.low_units:
+            n, root, norm_bytes = shape.low_units, shape.low_root_bytes, shape.norm_bytes
+        else:
+            n, root, norm_bytes = shape.units, shape.root_bytes, 0
+        blocks = shape.param_bytes - root - norm_bytes
         gathers = 2 if flag(options.get("reshard_after_forward", "true")) else 1
         return [
             (
                 "all_gather",
-                half * (gathers * blocks + shape.root_bytes) + gathers * norm_bytes,
-                gathers * units + 1,
+                half * (gathers * blocks + root) + gathers * norm_bytes,
+                gathers * n + 1,
             ),
-            ("reduce_scatter", float(shape.param_bytes), units + 1),
+            ("reduce_scatter", float(shape.param_bytes), n + 1),
         ]
 
     def make_precision(self, name: str) -> prec.Precision:
@@ -103,9 +116,9 @@ class FSDP2(TorchDistributed):
         In bf16/fp16, BatchNorm layers are sharded first as units of their own that keep
         fp32 parameters (batch norm takes low-precision inputs with fp32 weights and
         running statistics, not low-precision weights with fp32 statistics), and the root
-        returns fp32 outputs, so the loss is computed in fp32: an fp16 loss times the
-        GradScaler's first scale (65536) overflows, and every step would be skipped until the
-        scale came down."""
+        returns fp32 outputs, so the loss is computed in fp32: the gradient of an fp16 loss
+        is the GradScaler's scale (65536 at first) in fp16, past its largest value (65504),
+        so every step would be skipped until the scale came down."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         dtype = self.precision_plugin.dtype
@@ -117,18 +130,15 @@ class FSDP2(TorchDistributed):
             root = MixedPrecisionPolicy(
                 param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32
             )
-        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        if dtype is not None:
-            for norm in norms:
-                fully_shard(norm, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=fp32)
-        sharded = {id(m) for m in norms} if dtype is not None else set()
-        units = [b for b in blocks(model) if id(b) not in sharded]
-        for block in units:
+        norms, rest = units(model, low=dtype is not None)
+        for norm in norms:
+            fully_shard(norm, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=fp32)
+        for block in rest:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=policy)
         # The root's parameters are needed again at once by backward: keep them gathered.
         fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=root)
         self.notes.append(
-            f"fully_shard on {len(units)} blocks + root, reshard_after_forward={self.reshard}"
+            f"fully_shard on {len(rest)} blocks + root, reshard_after_forward={self.reshard}"
             + (
                 f", MixedPrecisionPolicy(param_dtype={self.precision}, fp32 outputs)"
                 + (f", {len(norms)} BatchNorm units in fp32" if norms else "")
@@ -136,6 +146,11 @@ class FSDP2(TorchDistributed):
                 else ""
             )
         )
+        if norms and self.setting.compile:
+            self.notes.append(
+                f"torch.compile breaks the graph at each of the {len(norms)} BatchNorm units "
+                "(FSDP's hooks around every unit): more, smaller graphs than in fp32"
+            )
         return model, rebuild(optimizer, model.parameters())
 
     def fsdp_module(self) -> nn.Module:

@@ -176,9 +176,9 @@ def test_traffic_of_each_strategy_family() -> None:
     assert reg["fsdp"].cls.traffic({}, 2, rooted, "fp32")[0] == ("all_gather", 160 * 2**20, 9)
     zero2 = reg["fsdp_zero2"].cls.traffic({"reshard_after_forward": "false"}, 2, shape, "bf16")
     assert zero2[0] == ("all_gather", 50 * 2**20, 5)
-    # in bf16 each BatchNorm is a unit of its own, gathered in fp32 (one of the 4 units was one)
+    # in bf16 each BatchNorm is a unit of its own, gathered in fp32
     normed = ModelShape(
-        param_bytes=100 * 2**20, tensors=10, units=4, norms=3, norm_bytes=4 * 2**20, norm_units=1
+        param_bytes=100 * 2**20, tensors=10, units=4, low_units=6, norm_bytes=4 * 2**20
     )
     assert reg["fsdp"].cls.traffic({}, 2, normed, "bf16") == [
         ("all_gather", (96 + 8) * 2**20, 2 * 6 + 1),
