@@ -17,7 +17,9 @@ Where the nodes are this machine's namespaces, every process is in the cell's pr
 and the harness's kill reaches it. Over ssh, killing ssh does not end the command on the
 node: it runs under `timeout` with the cell's deadline (torchrun's agents or horovodrun),
 besides the agents' `--max-restarts 0` and the process-group timeout
-(`PARABENCH_PG_TIMEOUT_S`), so nothing there outlives the cell by more than seconds.
+(`PARABENCH_PG_TIMEOUT_S`), so it outlives the cell by the ssh start-up and
+`KILL_AFTER_S` at most (horovodrun's ranks on other nodes, which it reaches by its own ssh,
+end when their peers' connections break).
 """
 
 from __future__ import annotations
@@ -83,15 +85,13 @@ def _on_node(
         # deadline (coreutils' timeout: SIGTERM, which torchrun's agent and horovodrun pass to
         # their ranks, then SIGKILL; --foreground keeps it in the caller's process group,
         # where a kill from this side reaches it when the "node" is on this machine)
-        limit = getattr(cfg, "timeout_s", 0)
-        if limit:
-            words = [
-                "timeout",
-                "--foreground",
-                f"--kill-after={KILL_AFTER_S}",
-                f"{math.ceil(limit)}",
-                *words,
-            ]
+        words = [
+            "timeout",
+            "--foreground",
+            f"--kill-after={KILL_AFTER_S}",
+            f"{math.ceil(cfg.timeout_s)}",
+            *words,
+        ]
         words = [shlex.quote(w) for w in words]
     return [*prefix, *words]
 

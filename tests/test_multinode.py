@@ -100,10 +100,12 @@ def test_a_node_command_is_quoted_for_a_remote_shell_only() -> None:
     # what the shell on h1 runs: under the cell's deadline, since killing ssh leaves it be
     ends = ["timeout", "--foreground", "--kill-after=10", "91"]
     assert shlex.split(" ".join(argv[4:])) == [*ends, *want]
-    wrapped = SimpleNamespace(host_exec="sudo -u pb /usr/bin/ssh {host}", hosts=["h0", "h1"])
+    wrapped = SimpleNamespace(
+        host_exec="sudo -u pb /usr/bin/ssh {host}", hosts=["h0", "h1"], timeout_s=30
+    )
     argv = _on_node(wrapped, 1, env, command, PARABENCH_NODE="h1")
     assert argv[:5] == ["sudo", "-u", "pb", "/usr/bin/ssh", "h1"]
-    assert shlex.split(" ".join(argv[5:])) == want
+    assert shlex.split(" ".join(argv[5:])) == [*ends[:3], "30", *want]
     netns = SimpleNamespace(host_exec="ip netns exec ns{node}", hosts=["h0", "h1"], timeout_s=90)
     assert _on_node(netns, 1, env, command, PARABENCH_NODE="h1") == [
         "ip",
@@ -112,7 +114,7 @@ def test_a_node_command_is_quoted_for_a_remote_shell_only() -> None:
         "ns1",
         *want,
     ]
-    here = SimpleNamespace(host_exec="", hosts=["h0", "h1"])
+    here = SimpleNamespace(host_exec="", hosts=["h0", "h1"], timeout_s=90)
     assert _on_node(here, 0, env, command, PARABENCH_NODE="h0")[:2] == ["env", "PARABENCH_NODE=h0"]
 
 
