@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench.models import meta_model, sequence
+from bench.probes import PhaseClock
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed
 from strategies.fsdp import rebuild
@@ -160,8 +161,8 @@ class Pipeline(TorchDistributed):
         self.last = n_stages - 1 in mine
         self.n_stages, self.per_rank = n_stages, v
         self.busy_s, self.sent_bytes = 0.0, 0
-        #: (start, end) CUDA events of this step's compute chunks, on their stream
-        self.chunk_events: list[tuple[Any, Any]] = []
+        #: this step's compute chunks (on CUDA: events on the stream, read after the step)
+        self.chunk_clock = PhaseClock(self.ctx.device)
         for stage in self.stages:
             self._instrument(stage)
         self.schedule = self._schedule()
@@ -192,21 +193,14 @@ class Pipeline(TorchDistributed):
         its stages send; the rest of a step is bubble (waiting, or sending). On a GPU the
         chunks are timed by events on the stream (a synchronisation around each would stall
         the sends and receives the schedule overlaps with them)."""
-        cuda = self.ctx.device.type == "cuda"
 
         def timed(fn: Callable) -> Callable:
             @functools.wraps(fn)
             def run(*args, **kwargs):
-                if cuda:  # events on the stream, read after the step: no synchronisation
-                    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                    start.record()
-                    out = fn(*args, **kwargs)
-                    end.record()
-                    self.chunk_events.append((start, end))
-                    return out
-                t0 = time.perf_counter()
+                self.chunk_clock.begin()
                 out = fn(*args, **kwargs)
-                self.busy_s += time.perf_counter() - t0
+                self.chunk_clock.lap("forward")  # (one phase: the chunks' compute)
+                self.chunk_clock.end()
                 return out
 
             return run
@@ -236,8 +230,8 @@ class Pipeline(TorchDistributed):
             self.schedule.step(*args, return_outputs=False, **kwargs)
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
-            self.busy_s = sum(a.elapsed_time(b) for a, b in self.chunk_events) / 1e3
-            self.chunk_events.clear()
+        self.busy_s = sum(sum(ms.values()) for ms in self.chunk_clock.steps()) / 1e3
+        self.chunk_clock = PhaseClock(self.ctx.device)
         self.spans.append((time.perf_counter() - t0, self.busy_s, self.sent_bytes))
         if self.last:  # the mean of equal micro-batches' means: the batch mean
             return torch.stack([loss.detach().float() for loss in losses]).mean()
