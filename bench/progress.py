@@ -29,7 +29,7 @@ class StepReporter:
         self.epochs, self.steps_per_epoch, self.every_s = epochs, steps_per_epoch, every_s
         self.epoch, self.step_in_epoch, self.done = 0, 0, 0
         self.recent: list[float] = []
-        self.last_write = 0.0
+        self.last_write: float | None = None  # (monotonic time starts near 0 at boot)
 
     def start_epoch(self, epoch: int) -> None:
         self.epoch, self.step_in_epoch = epoch, 0
@@ -40,7 +40,7 @@ class StepReporter:
         self.recent = [*self.recent[-9:], step_ms]
         now = time.monotonic()
         last = self.step_in_epoch == self.steps_per_epoch
-        if now - self.last_write >= self.every_s or last:
+        if self.last_write is None or now - self.last_write >= self.every_s or last:
             self.last_write = now
             self._write()
 
