@@ -277,6 +277,10 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         for k in ("peak_alloc_mib", "peak_reserved_mib", "peak_rss_mib")
     }
     sps = samples / timed_s if timed_s > 0 else float("nan")
+    # GPUs: the devices the ranks ran on (ranks sharing one under --oversubscribe count it
+    # once); a CPU rank's share of the cores is its device
+    used = {(r.get("host"), d) for r in ranks for d in r.get("devices", ())}
+    devices = len(used) if cuda and used else world_size
     # Model state: the rank holding the most (the one that would run out of memory first),
     # its three parts, and the least any rank holds (ZeRO-1's partitions are uneven).
     totals = [sum(r.get(k, 0.0) for k in MODEL_STATE) for r in ranks]
@@ -293,7 +297,7 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "samples": samples,
         "timed_s": timed_s,
         "samples_per_s": sps,
-        "samples_per_s_per_device": sps / world_size,
+        "samples_per_s_per_device": sps / devices,
         # a token model's samples are sequences: what language-model work is counted in
         "tokens_per_s": sps * record["tokens_per_sample"]
         if record.get("tokens_per_sample")

@@ -184,6 +184,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
                 {
                     "rank": ctx.rank,
                     "host": _host(),
+                    "devices": [str(d) for d in strategy.devices()],
                     "samples": stats.samples,
                     "timed_s": stats.timed_s,
                     "step_ms_p50": _median(stats.step_times_ms[stats.warmup_steps :]),

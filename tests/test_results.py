@@ -41,6 +41,26 @@ def test_measure_excludes_warmup_and_takes_the_slowest_rank():
     assert math.isnan(m["eval_loss"]) and m["eval_accuracy"] == 0.5
 
 
+def test_ranks_sharing_a_gpu_count_it_once_per_device():
+    """Two ranks on one GPU (--oversubscribe): per-device throughput (and MFU, from it) is
+    the GPU's, not half of it; on two GPUs, or two hosts' cuda:0, each has its half."""
+
+    def ranks(*where):
+        return [
+            {"rank": i, "host": h, "devices": [d], "samples": 64, "timed_s": 0.064}
+            for i, (h, d) in enumerate(where)
+        ]
+
+    shared = _record(ranks=ranks(("a", "cuda:0"), ("a", "cuda:0")))
+    assert results.measure(shared, 2, "cuda")["samples_per_s_per_device"] == pytest.approx(2000)
+    for two in (ranks(("a", "cuda:0"), ("a", "cuda:1")), ranks(("a", "cuda:0"), ("b", "cuda:0"))):
+        per = results.measure(_record(ranks=two), 2, "cuda")["samples_per_s_per_device"]
+        assert per == pytest.approx(1000)
+    # a CPU rank's share of the cores is its device, and older records have no devices
+    assert results.measure(shared, 2, "cpu")["samples_per_s_per_device"] == pytest.approx(1000)
+    assert results.measure(_record(), 2, "cuda")["samples_per_s_per_device"] == pytest.approx(1000)
+
+
 def test_step_rows_flag_warmup():
     rows = results.step_rows({"run_id": "r"}, _record())
     assert [r["warmup"] for r in rows] == [1, 1, 0, 0, 0, 0]
