@@ -22,7 +22,7 @@ from torch.utils.data import default_collate
 import strategies
 from bench import data, models
 from bench.config import RunConfig
-from bench.env import resolve_device
+from bench.env import device_count, resolve_device
 from strategies import precision as prec
 
 #: start-up to the first step plus teardown, seconds per cell, by launcher: medians over
@@ -129,7 +129,7 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
     finally:
         torch.set_num_threads(threads)
     cuda = resolve_device(cfg.device) == "cuda"
-    gpus = max(1, torch.cuda.device_count() * cfg.nodes) if cuda else 1
+    gpus = max(1, device_count("cuda") * cfg.nodes) if cuda else 1
     total = startup = 0.0
     for cell in cells:
         if cell.status:

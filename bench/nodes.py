@@ -73,9 +73,9 @@ def _on_node(
 ) -> list[str]:
     """`command` run on node i: --host-exec's prefix, then `env` with what the ranks need (a
     remote shell need not pass the environment on) and `more`, then the command. Through a
-    remote shell (ssh, anywhere in the prefix) every word is quoted, since the shell there splits the line it gets
-    again; through a program that runs its arguments as they are (`ip netns exec`, srun)
-    nothing is."""
+    remote shell (ssh, anywhere in the prefix) every word is quoted, since the shell there
+    splits the line it gets again; through a program that runs its arguments as they are
+    (`ip netns exec`, srun) nothing is."""
     passed = {k: v for k, v in env.items() if k.startswith("PARABENCH_") or k in PASSED_ON}
     passed |= more
     prefix = shlex.split(cfg.host_exec.format(host=cfg.hosts[i], node=i)) if cfg.host_exec else []

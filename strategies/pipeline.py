@@ -224,7 +224,7 @@ class Pipeline(TorchDistributed):
         losses: list[torch.Tensor] = []
         args = (x,) if self.first else ()
         kwargs: dict[str, Any] = {"target": y, "losses": losses} if self.last else {}
-        self.busy_s, self.sent_bytes = 0.0, 0
+        self.sent_bytes = 0  # (busy_s is read from the chunk clock after the step)
         t0 = time.perf_counter()
         with self.autocast():
             self.schedule.step(*args, return_outputs=False, **kwargs)
