@@ -19,6 +19,8 @@
 #             (<= 25.05, with apex.amp) is installed; otherwise one line says it is not
 # Results: results/reference/<gpu>-<date>/<part>/ (runs.csv, report.md, plots).
 # Data: $PARABENCH_DATA_ROOT, else ../shared/data, else .data (copy MNIST there to carry it).
+# Shorter, for a machine lent by the minute: GPU_CHECK_REPEATS (MNIST repeats, default 2),
+# GPU_CHECK_OVERHEAD_MINUTES (each overhead comparison's limit, default 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -55,6 +57,8 @@ else
     DEVICE=cuda PLAN=()
     GPU=$("$PY" -c 'import re, torch; print(re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-"))')
 fi
+REPEATS=${GPU_CHECK_REPEATS:-2}
+OVERHEAD_MINUTES=${GPU_CHECK_OVERHEAD_MINUTES:-3}
 OUT=${GPU_CHECK_OUT:-results/reference/$GPU-$(date +%Y%m%d)}
 [ "$DRY" = 1 ] || mkdir -p "$OUT"
 
@@ -128,11 +132,11 @@ for part in "${PARTS[@]}"; do
             PARABENCH_TEST_DATA=$DATA logged "$OUT/test_gpu.log" \
                 "$PY" -m pytest -q -ra tests/test_gpu.py -p no:cacheprovider ;;
         mnist)
-            run --run-id mnist-device --dataset mnist --world-sizes 1,2 --repeats 2 --data-path device \
+            run --run-id mnist-device --dataset mnist --world-sizes 1,2 --repeats "$REPEATS" --data-path device \
                 --oversubscribe
-            run --run-id mnist-loader --dataset mnist --world-sizes 1 --repeats 2 --data-path loader \
+            run --run-id mnist-loader --dataset mnist --world-sizes 1 --repeats "$REPEATS" --data-path loader \
                 --strategies single,ddp_torchrun
-            run --run-id mnist-events --dataset mnist --world-sizes 1 --repeats 2 --data-path device \
+            run --run-id mnist-events --dataset mnist --world-sizes 1 --repeats "$REPEATS" --data-path device \
                 --strategies single,ddp_torchrun --step-timing events
             logged "$OUT/compare-loader-device.txt" compare "$OUT/mnist-loader" "$OUT/mnist-device"
             logged "$OUT/compare-sync-events.txt" compare "$OUT/mnist-device" "$OUT/mnist-events" ;;
@@ -147,13 +151,13 @@ for part in "${PARTS[@]}"; do
         overhead)
             for timing in sync events; do
                 logged "$OUT/overhead/$timing.txt" "$PY" benchmarks/overhead.py --device cuda \
-                    --data-root "$DATA" --max-minutes 3 --step-timing "$timing" \
+                    --data-root "$DATA" --max-minutes "$OVERHEAD_MINUTES" --step-timing "$timing" \
                     --csv "$OUT/overhead/$timing-rounds.csv"
             done ;;
         horovod)
             # a failed build leaves the rows unavailable with its reason; they still run
             logged "$OUT/horovod/build.log" scripts/build_horovod.sh "$PY"
-            run --run-id horovod --dataset mnist --world-sizes 1 --repeats 2 \
+            run --run-id horovod --dataset mnist --world-sizes 1 --repeats "$REPEATS" \
                 --strategies single,horovod,horovod_fp16
             verify --run-id horovod-verify --world-sizes 1 --strategies horovod,horovod_fp16 ;;
         apex)
@@ -163,7 +167,7 @@ for part in "${PARTS[@]}"; do
                 continue
             fi
             UNPLANNED=1
-            run --run-id apex --dataset mnist --world-sizes 1 --repeats 2 \
+            run --run-id apex --dataset mnist --world-sizes 1 --repeats "$REPEATS" \
                 --strategies single,apex_amp_ddp --set opt_level=O1,O2
             verify --run-id apex-verify --world-sizes 1 --strategies apex_amp_ddp \
                 --set opt_level=O1,O2 ;;
