@@ -160,9 +160,9 @@ fi
 : >"$LOG"
 log "no cached wheel; building horovod $HVD_VERSION ($VARIANT) from source, log: $LOG"
 fail() {
-    if grep -qE 'CMake Error|error:|Error [0-9]+' "$LOG" 2>/dev/null; then
+    if grep -qE 'CMake Error|error:|Error [0-9]+|ERROR: (No matching|Could not)' "$LOG" 2>/dev/null; then
         echo "$PREFIX ---- first error lines in $LOG ----" >&2
-        grep -E -m 15 -A 3 'CMake Error|error:|Error [0-9]+' "$LOG" | cut -c1-400 >&2 || true
+        grep -E -m 15 -A 3 'CMake Error|error:|Error [0-9]+|ERROR: (No matching|Could not)' "$LOG" | cut -c1-400 >&2 || true
     fi
     echo "$PREFIX ---- last 40 lines of $LOG ----" >&2
     tail -n 40 "$LOG" | cut -c1-400 >&2
@@ -222,6 +222,13 @@ sed -i "s/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD $CXX_STD)/" \
     "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
 grep -q "set(CMAKE_CXX_STANDARD $CXX_STD)" "$SRC/horovod/torch/CMakeLists.txt" \
     || fail "patching the C++ standard in horovod/torch/CMakeLists.txt failed"
+
+# setup.py has setuptools fetch cffi while it builds (setup_requires), a leftover of the old
+# cffi-based torch extension: 0.28.1's is C++ and imports no cffi. With no registry (a GPU
+# machine lent offline) that fetch fails the whole build, so the requirement is dropped.
+sed -i "s/^\( *\)require_list.append('cffi>=1.4.0')$/\1pass  # cffi: not needed (parabench)/" "$SRC/setup.py"
+grep -q "require_list.append('cffi" "$SRC/setup.py" \
+    && fail "dropping cffi from horovod's setup.py (setup_requires) failed"
 
 BUILD_ENV=(
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
