@@ -154,12 +154,13 @@ def model_shape(cfg: Any, num_classes: int | None):
     params = [p for p in model.parameters() if p.requires_grad]
 
     def layout(low: bool) -> tuple[int, int, int]:
-        """(units, the root's bytes, the BatchNorm units' bytes) as FSDP shards the model."""
+        """(units, the root's bytes, the BatchNorm unit's bytes) as FSDP shards the model
+        (in bf16/fp16 the BatchNorm layers are one unit together)."""
         norms, rest = units(model, low)
         inside = {id(p) for u in (*norms, *rest) for p in u.parameters()}
         norm_params = {id(p) for m in norms for p in m.parameters()}
         return (
-            len(norms) + len(rest),
+            len(rest) + (1 if norms else 0),
             sum(p.numel() * 4 for p in params if id(p) not in inside),
             sum(p.numel() * 4 for p in params if id(p) in norm_params),
         )

@@ -106,8 +106,8 @@ class ModelShape:
     units: int
     #: bytes of the parameters outside those units (FSDP's root keeps them gathered)
     root_bytes: int = 0
-    #: the same in bf16/fp16, where FSDP shards each BatchNorm as a unit of its own, in fp32
-    #: (0: not recorded, as the fp32 layout), and those BatchNorm units' bytes
+    #: the same in bf16/fp16, where FSDP shards the BatchNorm layers as one more unit, in
+    #: fp32 (0: not recorded, as the fp32 layout), and that unit's bytes
     low_units: int = 0
     low_root_bytes: int = 0
     norm_bytes: int = 0

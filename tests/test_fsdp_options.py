@@ -86,4 +86,4 @@ def test_fsdp_low_precision_keeps_batchnorm_in_fp32_and_the_loss_in_fp32(one_ran
     if precision == "bf16":  # (fp16's first step is skipped: the scale overflows this
         # model's fp16 gradients deeper in, as under autocast, until it has come down)
         assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
-    assert any("20 BatchNorm units in fp32" in n for n in fsdp.notes)
+    assert any("20 BatchNorm layers as one fp32 unit" in n for n in fsdp.notes)
