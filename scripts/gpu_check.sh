@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path, run for real on a machine with a CUDA GPU and no network:
 #   scripts/gpu_check.sh [PART ...]      (make gpu-check runs every part)
-# Parts, each well under 10 minutes on one H100:
+# Parts (minutes on one H100, 2026-11-24, GPU_CHECK_REPEATS=1: tests 6, resnet50 5, mnist 7,
+# apex 2, compile about 4; results/reference/nvidia-h100-80gb-hbm3-20261124/README.md):
 #   install   the project from this working tree into the machine's Python; fetches nothing
 #   tests     pytest tests/test_gpu.py (its log beside the results)
 #   mnist     every strategy on MNIST at world sizes 1 and 2 (2: ranks sharing the GPU over
