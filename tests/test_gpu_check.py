@@ -46,8 +46,8 @@ def test_an_unknown_part_is_refused_before_anything(tmp_path):
     done = _check(tmp_path, sys.executable, "mnist", "resnet")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "gpu-check: unknown part 'resnet'; parts: install tests mnist resnet50 compile "
-        "overhead horovod apex"
+        "gpu-check: unknown part 'resnet'; parts: install tests mnist resnet50 resnet50-all "
+        "compile overhead horovod apex"
     ]
     assert not (tmp_path / "out").exists()
 
