@@ -153,20 +153,21 @@ def model_shape(cfg: Any, num_classes: int | None):
     model = models.meta_model(cfg, num_classes)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def layout(low: bool) -> tuple[int, int, int]:
-        """(units, the root's bytes, the BatchNorm unit's bytes) as FSDP shards the model
-        (in bf16/fp16 the BatchNorm layers are one unit together)."""
+    def layout(low: bool) -> tuple[int, int, int, int]:
+        """(units with a unit per BatchNorm, the root's bytes, the BatchNorm layers' bytes,
+        how many BatchNorm layers) as FSDP shards the model."""
         norms, rest = units(model, low)
         inside = {id(p) for u in (*norms, *rest) for p in u.parameters()}
         norm_params = {id(p) for m in norms for p in m.parameters()}
         return (
-            len(rest) + (1 if norms else 0),
+            len(norms) + len(rest),
             sum(p.numel() * 4 for p in params if id(p) not in inside),
             sum(p.numel() * 4 for p in params if id(p) in norm_params),
+            len(norms),
         )
 
-    n, root, _ = layout(low=False)
-    n_low, root_low, norm_bytes = layout(low=True)
+    n, root, _, _ = layout(low=False)
+    n_low, root_low, norm_bytes, n_norms = layout(low=True)
     return ModelShape(
         param_bytes=sum(p.numel() * 4 for p in params),
         tensors=len(params),
@@ -175,6 +176,7 @@ def model_shape(cfg: Any, num_classes: int | None):
         low_units=n_low,
         low_root_bytes=root_low,
         norm_bytes=norm_bytes,
+        norm_layers=n_norms,
     )
 
 

@@ -106,11 +106,13 @@ class ModelShape:
     units: int
     #: bytes of the parameters outside those units (FSDP's root keeps them gathered)
     root_bytes: int = 0
-    #: the same in bf16/fp16, where FSDP shards the BatchNorm layers as one more unit, in
-    #: fp32 (0: not recorded, as the fp32 layout), and that unit's bytes
+    #: the same in bf16/fp16 with a unit per BatchNorm layer (FSDP's `norm_units=layer`;
+    #: 0: not recorded, as the fp32 layout), those layers' bytes, and how many they are
+    #: (0 in a model.json written before FSDP could group them: read as a unit each)
     low_units: int = 0
     low_root_bytes: int = 0
     norm_bytes: int = 0
+    norm_layers: int = 0
 
 
 #: one step's collectives per rank: (op, bytes of the whole buffer, calls it is split into)

@@ -9,7 +9,8 @@ and its gradients reduce-scattered.
 
 Precision: bf16/fp16 use FSDP's own `MixedPrecisionPolicy` (parameters cast for compute,
 gradients reduced in fp32, BatchNorm layers and the model's output in fp32), not
-autocast; fp16 keeps the GradScaler. The BatchNorm layers are one fp32 unit together. Under --channels-last only the inputs are NHWC:
+autocast; fp16 keeps the GradScaler. The BatchNorm layers are one fp32 unit together
+(`--set norm_units=layer`: a unit each; see `FSDP2.shard`). Under --channels-last only the inputs are NHWC:
 fully_shard refuses non-contiguous parameters. Accumulation uses
 `set_requires_gradient_sync(False)` on all micro-batches but the last.
 """
@@ -40,8 +41,8 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 
 def units(model: nn.Module, low: bool) -> tuple[list[nn.Module], list[nn.Module]]:
     """What fully_shard is applied to before the root, in that order: in bf16/fp16 (`low`)
-    the BatchNorm layers with parameters, one unit together kept in fp32 (`FSDP2.shard`);
-    then the blocks (`blocks`) that hold parameters besides those."""
+    the BatchNorm layers with parameters, kept in fp32 (one unit together, or a unit each:
+    `FSDP2.shard`); then the blocks (`blocks`) that hold parameters besides those."""
     norms = [m for m in norm_layers(model) if any(True for _ in m.parameters())] if low else []
     taken = {id(p) for m in norms for p in m.parameters()}
     rest = [b for b in blocks(model) if any(id(p) not in taken for p in b.parameters())]
@@ -64,7 +65,7 @@ class FSDP2(TorchDistributed):
             {"reshard_after_forward": "false"},
         ),
     }
-    accepts = {"reshard_after_forward": bool}
+    accepts = {"reshard_after_forward": bool, "norm_units": ("group", "layer")}
     collective_eval = True
     contiguous_params = "fully_shard refuses non-contiguous parameters"
 
@@ -73,21 +74,28 @@ class FSDP2(TorchDistributed):
         # per unit: an all-gather of its parameters for forward, again for backward when it
         # was resharded after forward, and a reduce-scatter of its gradients (reduced in fp32)
         # (the root keeps its parameters gathered from forward to backward: once). In
-        # bf16/fp16 the BatchNorm layers are one more unit, in fp32, gathered once (`shard`).
+        # bf16/fp16 the BatchNorm layers stay fp32: one unit gathered once (`shard`), or a
+        # unit each (`norm_units=layer`, and a model.json that does not count them).
         low = precision in ("bf16", "fp16")
         half = 0.5 if low else 1.0
         if low and shape.low_units:
             n, root, norm_bytes = shape.low_units, shape.low_root_bytes, shape.norm_bytes
         else:
             n, root, norm_bytes = shape.units, shape.root_bytes, 0
-        norm_units = 1 if norm_bytes else 0
         blocks = shape.param_bytes - root - norm_bytes
         gathers = 2 if flag(options.get("reshard_after_forward", "true")) else 1
+        norms = shape.norm_layers if low else 0
+        if norms and options.get("norm_units", "group") == "group":
+            n -= norms  # the blocks; then the BatchNorm unit, gathered once, and the root
+            return [
+                ("all_gather", half * (gathers * blocks + root) + norm_bytes, gathers * n + 2),
+                ("reduce_scatter", float(shape.param_bytes), n + 2),
+            ]
         return [
             (
                 "all_gather",
-                half * (gathers * blocks + root) + norm_bytes,
-                gathers * (n - norm_units) + norm_units + 1,
+                half * (gathers * blocks + root) + gathers * norm_bytes,
+                gathers * n + 1,
             ),
             ("reduce_scatter", float(shape.param_bytes), n + 1),
         ]
@@ -114,17 +122,24 @@ class FSDP2(TorchDistributed):
     def shard(self, model: nn.Module, optimizer: torch.optim.Optimizer, mesh):
         """fully_shard each block, then the root, over `mesh` (1-D: the ranks it shards over).
 
-        In bf16/fp16, the BatchNorm layers are sharded first, together as one unit that keeps
-        fp32 parameters (batch norm takes low-precision inputs with fp32 weights and
-        running statistics, not low-precision weights with fp32 statistics) and stays
-        gathered from forward to backward (their weights are a few KiB a layer). A unit per
-        layer costs each its collectives and hooks: on one H100, resnet50's 53 such units
-        took bf16 + channels-last to 2,145 images/s against single's 3,928, its forward and
-        backward each about 1.8x single's; on this project's CPU, grouping resnet18's 20
-        took back 14 of the 16 ms a step they added. The root
-        returns fp32 outputs, so the loss is computed in fp32: the gradient of an fp16 loss
-        is the GradScaler's scale (65536 at first) in fp16, past its largest value (65504),
-        so every step would be skipped until the scale came down."""
+        In bf16/fp16 the BatchNorm layers are sharded first, with fp32 parameters (batch norm
+        takes low-precision inputs with fp32 weights and running statistics, not
+        low-precision weights with fp32 statistics). `norm_units=group` (the default): one
+        unit together, kept gathered from forward to backward (a few KiB of weights a
+        layer). Its gradients are reduced once, when backward reaches the input of the first
+        BatchNorm that ran, so it assumes that one comes before all the others and that each
+        runs once a forward: true of a CNN whose stem has a BatchNorm, as in every
+        torchvision one; for a model where it is not, `norm_units=layer` gives each layer a
+        unit of its own. Why group: with a unit each, on one H100, resnet50 (53 BatchNorm
+        units, 59 in all against 7 in fp32) trained at 2,145 images/s in bf16 +
+        channels-last against single's 3,928, forward and backward each about 1.8x
+        single's, while in fp32 it matched single; each unit's hooks and collectives are the
+        likely cost (not yet measured on a GPU with the group). On the project's 2-core CPU,
+        resnet18's 20 units added 16 ms a step, one group 1.5 ms.
+
+        The root returns fp32 outputs, so the loss is computed in fp32: the gradient of an
+        fp16 loss is the GradScaler's scale (65536 at first) in fp16, past its largest value
+        (65504), so every step would be skipped until the scale came down."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         dtype = self.precision_plugin.dtype
@@ -137,8 +152,11 @@ class FSDP2(TorchDistributed):
                 param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32
             )
         norms, rest = units(model, low=dtype is not None)
-        if norms:
+        grouped = self.options.get("norm_units", "group") == "group"
+        if norms and grouped:
             fully_shard(norms, mesh=mesh, reshard_after_forward=False, mp_policy=fp32)
+        for norm in [] if grouped else norms:
+            fully_shard(norm, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=fp32)
         for block in rest:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=policy)
         # The root's parameters are needed again at once by backward: keep them gathered.
@@ -147,7 +165,12 @@ class FSDP2(TorchDistributed):
             f"fully_shard on {len(rest)} blocks + root, reshard_after_forward={self.reshard}"
             + (
                 f", MixedPrecisionPolicy(param_dtype={self.precision}, fp32 outputs)"
-                + (f", {len(norms)} BatchNorm layers as one fp32 unit" if norms else "")
+                + (
+                    f", {len(norms)} BatchNorm layers as "
+                    + ("one fp32 unit" if grouped else "fp32 units, one each")
+                    if norms
+                    else ""
+                )
                 if dtype
                 else ""
             )

@@ -3,6 +3,7 @@ cases with known answers, and one real run with the probes, traces and the scali
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -176,13 +177,19 @@ def test_traffic_of_each_strategy_family() -> None:
     assert reg["fsdp"].cls.traffic({}, 2, rooted, "fp32")[0] == ("all_gather", 160 * 2**20, 9)
     zero2 = reg["fsdp_zero2"].cls.traffic({"reshard_after_forward": "false"}, 2, shape, "bf16")
     assert zero2[0] == ("all_gather", 50 * 2**20, 5)
-    # in bf16 the BatchNorm layers are one more unit (of the 6), in fp32, gathered once
+    # in bf16 the BatchNorm layers stay fp32: a unit each (6 units: 4 blocks, 2 BatchNorms),
+    # as a model.json that does not count them (written before they could be grouped) ...
     normed = ModelShape(
         param_bytes=100 * 2**20, tensors=10, units=4, low_units=6, norm_bytes=4 * 2**20
     )
-    assert reg["fsdp"].cls.traffic({}, 2, normed, "bf16") == [
-        ("all_gather", (96 + 4) * 2**20, 2 * 5 + 1 + 1),
-        ("reduce_scatter", 100 * 2**20, 7),
+    each = [("all_gather", (96 + 8) * 2**20, 2 * 6 + 1), ("reduce_scatter", 100 * 2**20, 7)]
+    assert reg["fsdp"].cls.traffic({}, 2, normed, "bf16") == each
+    counted = dataclasses.replace(normed, norm_layers=2)
+    assert reg["fsdp"].cls.traffic({"norm_units": "layer"}, 2, counted, "bf16") == each
+    # ... or, by default, one unit of both, gathered once: 4 blocks, that unit, the root
+    assert reg["fsdp"].cls.traffic({}, 2, counted, "bf16") == [
+        ("all_gather", (96 + 4) * 2**20, 2 * 4 + 2),
+        ("reduce_scatter", 100 * 2**20, 4 + 2),
     ]
     assert reg["fsdp"].cls.traffic({}, 2, normed, "fp32") == fsdp
     assert isinstance(reg["fsdp_tp"].cls.traffic({}, 4, shape, "fp32"), str)

@@ -87,3 +87,45 @@ def test_fsdp_low_precision_keeps_batchnorm_in_fp32_and_the_loss_in_fp32(one_ran
         # model's fp16 gradients deeper in, as under autocast, until it has come down)
         assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
     assert any("20 BatchNorm layers as one fp32 unit" in n for n in fsdp.notes)
+
+
+def train(strategy: FSDP2, steps: int = 2) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`steps` training steps of a small resnet18 with an evaluation forward after each;
+    the evaluation outputs and the weights at the end."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    g = torch.Generator().manual_seed(1)
+    outs, weights = [], []
+    for _ in range(steps):
+        x, y = torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)
+        strategy.zero_grad(strategy.optimizer)
+        strategy.backward(nn.functional.cross_entropy(strategy.model(x), y))
+        strategy.optimizer_step(strategy.optimizer)
+        # (sharded now; an evaluation forward leaves the units kept gathered unsharded)
+        weights = [p.detach().full_tensor().clone() for p in strategy.fsdp_module().parameters()]
+        strategy.model.eval()
+        with torch.no_grad():
+            outs.append(strategy.model(x).detach().clone())
+        strategy.model.train()
+    return outs, weights
+
+
+def test_batchnorm_layers_as_one_unit_train_as_a_unit_each_does(one_rank):
+    """bf16's fp32 BatchNorm layers grouped in one FSDP unit (the default) and one unit per
+    layer (`norm_units=layer`) are the same arithmetic: the same evaluation outputs and the
+    same weights after two steps, bit for bit; only the number of units differs."""
+    grouped = FSDP2(one_rank, {}, Setting(precision="bf16"))
+    outs_g, weights_g = train(grouped)
+    each = FSDP2(one_rank, {"norm_units": "layer"}, Setting(precision="bf16"))
+    outs_e, weights_e = train(each)
+    assert any("20 BatchNorm layers as one fp32 unit" in n for n in grouped.notes)
+    assert any("20 BatchNorm layers as fp32 units, one each" in n for n in each.notes)
+    for a, b in zip(outs_g, outs_e, strict=True):
+        assert torch.equal(a, b)
+    assert len(weights_g) == len(weights_e)
+    assert all(torch.equal(a, b) for a, b in zip(weights_g, weights_e, strict=True))
+    # and the steps did train: the weights moved
+    torch.manual_seed(0)
+    start = list(torchvision.models.resnet18(num_classes=10).parameters())
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(weights_g, start, strict=True))

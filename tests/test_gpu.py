@@ -61,6 +61,35 @@ def test_resnet50_synthetic(tmp_path):
         assert math.isfinite(float(_ok(rows, name)["train_loss_final"]))
 
 
+def test_fsdp_bf16_channels_last_batchnorm_units(tmp_path):
+    """FSDP2 in bf16 + channels-last on a BatchNorm CNN over nccl, its BatchNorm layers as one
+    fp32 unit (the default) and a unit each: both train (the H100 reference run measured only
+    a unit each, at 2,145 images/s on resnet50 against single's 3,928)."""
+    cfg = small_config(
+        tmp_path,
+        tmp_path,
+        device="cuda",
+        dataset="synthetic",
+        model="resnet18",
+        strategies=("fsdp",),
+        world_sizes=(1,),
+        precisions=("bf16",),
+        channels_last=(True,),
+        options={"norm_units": "group,layer"},
+        global_batch=64,
+        limit=None,
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    assert len(rows) == 2
+    notes = set()
+    for r in rows:
+        assert r["status"] == "ok", r["reason"]
+        assert math.isfinite(float(r["train_loss_final"]))
+        notes.add(r["notes"])
+    assert any("as one fp32 unit" in n for n in notes)
+    assert any("fp32 units, one each" in n for n in notes)
+
+
 def test_apex_amp_ddp_when_installed(tmp_path, data_root):
     skip_unless_usable("apex_amp_ddp")
     cfg = small_config(
