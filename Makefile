@@ -78,8 +78,9 @@ microbench: install
 		--benchmark-sort=name $(MICROBENCH_ARGS)
 
 # On a machine with a CUDA GPU and no network: uses that machine's Python and torch, fetches
-# nothing; GPU_CHECK_PARTS picks parts (install tests mnist resnet50 compile overhead horovod
-# apex), each < 10 min; GPU_CHECK_DRY_RUN=1 plans them on a CPU.
+# nothing; GPU_CHECK_PARTS picks parts (install tests mnist resnet50 resnet50-all compile
+# overhead horovod apex; minutes each on one H100: scripts/gpu_check.sh); GPU_CHECK_DRY_RUN=1
+# plans them on a CPU.
 GPU_CHECK_PARTS ?=
 gpu-check:
 	PYTHON=$(PYTHON) scripts/gpu_check.sh $(GPU_CHECK_PARTS)
