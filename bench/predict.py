@@ -148,14 +148,15 @@ def model_shape(cfg: Any, num_classes: int | None):
     built on the meta device (no memory, no weights)."""
     from bench import models
     from strategies.base import ModelShape
-    from strategies.fsdp import units
+    from strategies.fsdp import ungroupable, units
 
     model = models.meta_model(cfg, num_classes)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def layout(low: bool) -> tuple[int, int, int, int]:
         """(units with a unit per BatchNorm, the root's bytes, the BatchNorm layers' bytes,
-        how many BatchNorm layers) as FSDP shards the model."""
+        how many BatchNorm layers FSDP can group in one unit: 0 where it cannot) as FSDP
+        shards the model."""
         norms, rest = units(model, low)
         inside = {id(p) for u in (*norms, *rest) for p in u.parameters()}
         norm_params = {id(p) for m in norms for p in m.parameters()}
@@ -163,7 +164,7 @@ def model_shape(cfg: Any, num_classes: int | None):
             len(norms) + len(rest),
             sum(p.numel() * 4 for p in params if id(p) not in inside),
             sum(p.numel() * 4 for p in params if id(p) in norm_params),
-            len(norms),
+            len(norms) if len(norms) > 1 and not ungroupable(model, norms) else 0,
         )
 
     n, root, _, _ = layout(low=False)

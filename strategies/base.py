@@ -107,8 +107,9 @@ class ModelShape:
     #: bytes of the parameters outside those units (FSDP's root keeps them gathered)
     root_bytes: int = 0
     #: the same in bf16/fp16 with a unit per BatchNorm layer (FSDP's `norm_units=layer`;
-    #: 0: not recorded, as the fp32 layout), those layers' bytes, and how many they are
-    #: (0 in a model.json written before FSDP could group them: read as a unit each)
+    #: 0: not recorded, as the fp32 layout), those layers' bytes, and how many of them FSDP
+    #: shards as one unit by default (0: a unit each, as where `fsdp.ungroupable` says they
+    #: cannot be one, and in a model.json written before FSDP grouped them)
     low_units: int = 0
     low_root_bytes: int = 0
     norm_bytes: int = 0

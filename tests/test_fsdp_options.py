@@ -129,3 +129,54 @@ def test_batchnorm_layers_as_one_unit_train_as_a_unit_each_does(one_rank):
     torch.manual_seed(0)
     start = list(torchvision.models.resnet18(num_classes=10).parameters())
     assert any(not torch.equal(a, b.detach()) for a, b in zip(weights_g, start, strict=True))
+
+
+class TwoBranches(nn.Module):
+    """Two BatchNorm branches side by side from the input: the second does not take the
+    first's output, so one unit's single gradient reduction could come before its gradients."""
+
+    def __init__(self, twice: bool = False, branch: bool = False) -> None:
+        super().__init__()
+        self.conv_a, self.conv_b = nn.Conv2d(3, 4, 3), nn.Conv2d(3, 4, 3)
+        self.bn_a, self.bn_b = nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+        self.twice, self.branch = twice, branch
+
+    def forward(self, x):
+        a = self.bn_a(self.conv_a(x))
+        if self.twice:
+            return self.bn_a(a)
+        if self.branch and x.sum() > 0:  # control flow on a value: fx cannot trace it
+            return a
+        return a + self.bn_b(self.conv_b(x))
+
+
+def test_batchnorm_layers_are_grouped_only_where_the_traced_forward_shows_it_safe():
+    from strategies.fsdp import ungroupable, units
+
+    for model in (torchvision.models.resnet18(), torchvision.models.mobilenet_v2()):
+        assert ungroupable(model, units(model, low=True)[0]) is None
+    side = TwoBranches()
+    assert ungroupable(side, units(side, low=True)[0]) == (
+        "bn_b does not take the first BatchNorm's (bn_a) output"
+    )
+    twice = TwoBranches(twice=True)
+    assert ungroupable(twice, [twice.bn_a, twice.bn_b]) == (
+        "not every BatchNorm runs exactly once a forward"
+    )
+    branchy = TwoBranches(branch=True)
+    assert ungroupable(branchy, units(branchy, low=True)[0]).startswith(
+        "its forward cannot be traced ("
+    )
+
+
+def test_where_grouping_is_not_safe_each_batchnorm_gets_its_own_unit(one_rank):
+    fsdp = FSDP2(one_rank, {}, Setting(precision="bf16"))
+    model = TwoBranches()
+    fsdp.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    out = fsdp.model(torch.randn(2, 3, 8, 8))
+    fsdp.backward(out.float().mean())
+    fsdp.optimizer_step(fsdp.optimizer)
+    assert any(
+        "2 BatchNorm layers as fp32 units, one each (not one unit: bn_b does not take" in n
+        for n in fsdp.notes
+    )
