@@ -10,8 +10,8 @@ and its gradients reduce-scattered.
 Precision: bf16/fp16 use FSDP's own `MixedPrecisionPolicy` (parameters cast for compute,
 gradients reduced in fp32, BatchNorm layers and the model's output in fp32), not
 autocast; fp16 keeps the GradScaler. The BatchNorm layers are one fp32 unit together
-(`--set norm_units=layer`: a unit each; see `FSDP2.shard`). Under --channels-last only the inputs are NHWC:
-fully_shard refuses non-contiguous parameters. Accumulation uses
+(`--set norm_units=layer`: a unit each; see `FSDP2.shard`). Under --channels-last only the
+inputs are NHWC: fully_shard refuses non-contiguous parameters. Accumulation uses
 `set_requires_gradient_sync(False)` on all micro-batches but the last.
 """
 
@@ -157,12 +157,14 @@ class FSDP2(TorchDistributed):
         BatchNorm that ran, so it assumes that one comes before all the others and that each
         runs once a forward: true of a CNN whose stem has a BatchNorm, as in every
         torchvision one; `ungroupable` checks it on the traced forward and, where it fails,
-        each layer gets a unit of its own, as under `norm_units=layer`. Why group: with a unit each, on one H100, resnet50 (53 BatchNorm
-        units, 59 in all against 7 in fp32) trained at 2,145 images/s in bf16 +
-        channels-last against single's 3,928, forward and backward each about 1.8x
-        single's, while in fp32 it matched single; each unit's hooks and collectives are the
-        likely cost (not yet measured on a GPU with the group). On the project's 2-core CPU,
-        resnet18's 20 units added 16 ms a step, one group 1.5 ms.
+        each layer gets a unit of its own, as under `norm_units=layer`.
+
+        Why group: with a unit each, on one H100, resnet50 (53 BatchNorm units, 59 in all
+        against 7 in fp32) trained at 2,145 images/s in bf16 + channels-last against single's
+        3,928, forward and backward each about 1.8x single's, while in fp32 it matched
+        single; each unit's hooks and per-unit work are the likely cost (not yet measured on
+        a GPU with the group). On the project's 2-core CPU, resnet18's 20 units added 16 ms
+        a step, one group 1.5 ms.
 
         The root returns fp32 outputs, so the loss is computed in fp32: the gradient of an
         fp16 loss is the GradScaler's scale (65536 at first) in fp16, past its largest value
