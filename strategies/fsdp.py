@@ -53,12 +53,20 @@ def ungroupable(model: nn.Module, norms: list[nn.Module]) -> str | None:
     """Why `norms` (BatchNorm layers) cannot be one FSDP unit together, or None. A group's
     gradients are reduced once, when backward reaches the input of the first of them that
     ran: every other must have had its gradients by then, so each must run once a forward
-    and depend on the first one's output. Read off the forward's traced graph (torch.fx);
-    a forward that cannot be traced cannot be shown safe."""
+    and depend on the first one's output. Read off the forward's traced graph (torch.fx,
+    the BatchNorm layers kept whole, subclasses too); a forward that cannot be traced
+    cannot be shown safe. Conservative: a rejection costs speed (a unit each), not
+    correctness. Tracing runs the forward's Python once, on proxies, not on data."""
     import torch.fx
 
+    leaves = {id(m) for m in norms}
+
+    class Tracer(torch.fx.Tracer):
+        def is_leaf_module(self, m: nn.Module, name: str) -> bool:
+            return id(m) in leaves or super().is_leaf_module(m, name)
+
     try:
-        graph = torch.fx.symbolic_trace(model).graph
+        graph = Tracer().trace(model)
     except Exception as exc:  # control flow on values, unsupported ops: fx's many errors
         return f"its forward cannot be traced ({type(exc).__name__})"
     names = {id(m): name for name, m in model.named_modules()}
@@ -112,19 +120,24 @@ class FSDP2(TorchDistributed):
         blocks = shape.param_bytes - root - norm_bytes
         gathers = 2 if flag(options.get("reshard_after_forward", "true")) else 1
         norms = shape.norm_layers if low else 0
+        rooted = 1 if root else 0  # a root without parameters of its own issues nothing
         if norms and options.get("norm_units", "group") == "group":
             n -= norms  # the blocks; then the BatchNorm unit, gathered once, and the root
             return [
-                ("all_gather", half * (gathers * blocks + root) + norm_bytes, gathers * n + 2),
-                ("reduce_scatter", float(shape.param_bytes), n + 2),
+                (
+                    "all_gather",
+                    half * (gathers * blocks + root) + norm_bytes,
+                    gathers * n + 1 + rooted,
+                ),
+                ("reduce_scatter", float(shape.param_bytes), n + 1 + rooted),
             ]
         return [
             (
                 "all_gather",
                 half * (gathers * blocks + root) + gathers * norm_bytes,
-                gathers * n + 1,
+                gathers * n + rooted,
             ),
-            ("reduce_scatter", float(shape.param_bytes), n + 1),
+            ("reduce_scatter", float(shape.param_bytes), n + rooted),
         ]
 
     def make_precision(self, name: str) -> prec.Precision:

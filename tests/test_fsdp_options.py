@@ -153,8 +153,18 @@ class TwoBranches(nn.Module):
 def test_batchnorm_layers_are_grouped_only_where_the_traced_forward_shows_it_safe():
     from strategies.fsdp import ungroupable, units
 
-    for model in (torchvision.models.resnet18(), torchvision.models.mobilenet_v2()):
-        assert ungroupable(model, units(model, low=True)[0]) is None
+    class MyNorm(nn.BatchNorm2d):  # a subclass (fx would trace into it): kept whole
+        pass
+
+    for model in (
+        torchvision.models.resnet18(),
+        torchvision.models.mobilenet_v2(),
+        torchvision.models.resnet18(norm_layer=MyNorm),
+    ):
+        norms = units(model, low=True)[0]
+        assert len(norms) >= 20
+        assert ungroupable(model, norms) is None
+    assert all(isinstance(m, MyNorm) for m in norms)  # (the last model's)
     side = TwoBranches()
     assert ungroupable(side, units(side, low=True)[0]) == (
         "bn_b does not take the first BatchNorm's (bn_a) output"
