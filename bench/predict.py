@@ -164,7 +164,7 @@ def model_shape(cfg: Any, num_classes: int | None):
             len(norms) + len(rest),
             sum(p.numel() * 4 for p in params if id(p) not in inside),
             sum(p.numel() * 4 for p in params if id(p) in norm_params),
-            len(norms) if len(norms) == 1 or norms and not ungroupable(model, norms) else 0,
+            0 if ungroupable(model, norms) else len(norms),
         )
 
     n, root, _, _ = layout(low=False)

@@ -57,6 +57,8 @@ def ungroupable(model: nn.Module, norms: list[nn.Module]) -> str | None:
     the BatchNorm layers kept whole, subclasses too); a forward that cannot be traced
     cannot be shown safe. Conservative: a rejection costs speed (a unit each), not
     correctness. Tracing runs the forward's Python once, on proxies, not on data."""
+    if len(norms) < 2:  # none, or one: a unit of its own either way
+        return None
     import torch.fx
 
     leaves = {id(m) for m in norms}
@@ -195,12 +197,13 @@ class FSDP2(TorchDistributed):
             )
         norms, rest = units(model, low=dtype is not None)
         grouped = self.options.get("norm_units", "group") == "group"
-        why = ungroupable(model, norms) if grouped and len(norms) > 1 else None
+        why = ungroupable(model, norms) if grouped else None
         grouped = grouped and not why
         if norms and grouped:
             fully_shard(norms, mesh=mesh, reshard_after_forward=False, mp_policy=fp32)
-        for norm in [] if grouped else norms:
-            fully_shard(norm, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=fp32)
+        elif norms:
+            for norm in norms:
+                fully_shard(norm, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=fp32)
         for block in rest:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=policy)
         # The root's parameters are needed again at once by backward: keep them gathered.
