@@ -3,12 +3,15 @@ K steps match the single-process baseline within the precision's stated toleranc
 
 from __future__ import annotations
 
+import csv
 import os
 
 import pytest
 
 import strategies
-from bench.verify import RECIPES, table, verify
+from bench import verify as verify_mod
+from bench.config import RunConfig
+from bench.verify import AMPLIFIED, RECIPES, REFERENCE_FACTOR, REFERENCE_LIMIT, table, verify
 from tests.conftest import faulty_strategies, small_config
 
 pytestmark = pytest.mark.slow
@@ -55,6 +58,9 @@ def test_amp_matches_at_its_looser_tolerance(parity):
     p = parity[("amp_ddp", 2)]
     assert p.numerics == "autocast_bf16" and p.status == "pass", p
     assert p.param_rel > 0  # bf16 really changes the numbers; the check is not vacuous
+    assert p.tol == RECIPES["autocast_bf16"]  # MNIST does not amplify rounding: not widened
+    ref = parity[("single", 1)]  # single in bf16 (no cell at world size 1: run apart)
+    assert ref.reference and ref.setting == "bf16" and ref.status == "pass", ref
 
 
 def test_a_strategy_that_skips_gradient_sync_fails_parity(parity):
@@ -107,3 +113,63 @@ def test_verification_turns_off_every_dropout_layer():
     assert without_dropout(cnn) == 0  # all off now
     assert all(m.p == 0 for m in cnn.modules() if isinstance(m, torch.nn.Dropout))
     assert attn[0].dropout == 0
+
+
+@pytest.fixture(scope="module")
+def amplified(tmp_path_factory):
+    """resnet18 at 32 px in bf16 at world size 2: one step, where bf16 alone moves the
+    weights 0.38 of an update from fp32 (past the recipe's 0.1), with a strategy that
+    forgets the all-reduce."""
+    cfg = RunConfig(
+        dataset="synthetic",
+        model="resnet18",
+        image_size=32,
+        strategies=("ddp_spawn", "test_nosync"),
+        world_sizes=(2,),
+        precisions=("bf16",),
+        global_batch=32,
+        limit=256,
+        device="cpu",
+        out_dir=str(tmp_path_factory.mktemp("amplified")),
+        timeout_s=240,
+    )
+    with faulty_strategies():
+        run_dir, parity = verify(cfg, steps=4, echo=lambda m: None)
+    print(table(parity))
+    return run_dir, {(p.strategy, p.setting): p for p in parity}
+
+
+def test_a_precision_reference_tells_rounding_from_a_wrong_strategy(amplified):
+    """single in bf16 on the cells' layout shows what bf16 alone moves; on a model whose
+    conditioning shows it amplifies rounding, bf16 cells are held to 1.5x that gap, and a
+    strategy that skips the all-reduce still fails."""
+    run_dir, by = amplified
+    ref = by[("single", "bf16,shares=2")]
+    assert ref.reference and ref.status == AMPLIFIED, ref
+    assert RECIPES["autocast_bf16"].param_rel < ref.param_rel <= REFERENCE_LIMIT
+    good, bad = by[("ddp_spawn", "bf16")], by[("test_nosync", "bf16")]
+    assert good.status == "pass" and good.tol.basis, good
+    assert good.tol.param_rel == pytest.approx(REFERENCE_FACTOR * ref.param_rel)
+    assert good.param_rel > RECIPES["autocast_bf16"].param_rel  # the recipe alone would fail it
+    assert bad.status == "FAIL" and bad.param_rel > good.tol.param_rel, bad
+    assert by[("ddp_spawn", "fp32")].status == "pass"  # fp32 cells keep the exact tolerance
+    assert by[("ddp_spawn", "fp32")].tol == RECIPES["exact"]
+    with open(run_dir / "verify.csv") as f:
+        rows = {(r["strategy"], r["setting"]): r for r in csv.DictReader(f)}
+    assert rows[("single", "bf16,shares=2")]["precision_reference"] == "1"
+    assert rows[("ddp_spawn", "bf16")]["tolerance_basis"].startswith("1.5x single [bf16")
+
+
+def test_a_reference_past_its_recipe_fails_where_rounding_is_not_amplified(amplified, monkeypatch):
+    """The same run, read as if conditioning had found a well-conditioned model: bf16's gap
+    is then a fault of the precision, not rounding, and no cell is widened; a reference
+    further than a whole update makes its precision's cells not comparable."""
+    run_dir, _ = amplified
+    monkeypatch.setattr(verify_mod, "amplifies_rounding", lambda path: False)
+    by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
+    assert by[("single", "bf16,shares=2")].status == "FAIL"
+    assert by[("ddp_spawn", "bf16")].status == "FAIL" and not by[("ddp_spawn", "bf16")].tol.basis
+    monkeypatch.setattr(verify_mod, "REFERENCE_LIMIT", 0.2)
+    by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
+    assert by[("ddp_spawn", "bf16")].status == "not comparable"
+    assert "more than the update itself" in by[("ddp_spawn", "bf16")].reason
