@@ -182,6 +182,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="torch.compile the model: --compile, or off,on for both",
     )
     axes.add_argument(
+        "--compile-mode",
+        default=d.compile_mode,
+        help="torch.compile's mode for the compiled cells: default, reduce-overhead (CUDA "
+        "graphs: fewer kernel launches for small steps), max-autotune, "
+        "max-autotune-no-cudagraphs",
+    )
+    axes.add_argument(
         "--accumulate",
         type=_csv(int),
         default=d.accumulate,
@@ -358,6 +365,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         options=dict(a.options),
         precisions=a.precisions,
         compile=a.compile,
+        compile_mode=a.compile_mode,
         accumulate=a.accumulate,
         sync_bn=a.sync_bn,
         channels_last=a.channels_last,

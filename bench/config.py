@@ -12,6 +12,9 @@ from typing import Any
 #: built-in data sets; `--dataset` also takes a user's (bench.plugins)
 DATASETS = ("mnist", "imagenet-subset", "synthetic", "python-source")
 PRECISIONS = ("fp32", "bf16", "fp16")  # the precision axis (strategies/precision.py)
+#: torch.compile's modes (--compile-mode), and those that capture CUDA graphs
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DEFAULT_MODEL = {
     "mnist": "mnist_cnn",
@@ -63,6 +66,8 @@ class RunConfig:
     # Matrix axes applied around every strategy that supports them (strategies.base.Setting).
     precisions: tuple[str, ...] = ()  # empty: each strategy's own default (fp32 for most)
     compile: tuple[bool, ...] = (False,)
+    #: torch.compile's mode for the cells compiled (strategies.base.COMPILE_MODES)
+    compile_mode: str = "default"
     accumulate: tuple[int, ...] = (1,)  # micro-batches per optimizer step
     sync_bn: tuple[bool, ...] = (False,)
     channels_last: tuple[bool, ...] = (False,)
@@ -170,6 +175,14 @@ class RunConfig:
         need(
             self.data_feed in ("auto", "device", "loader"),
             f"--data-path takes auto, device or loader, got {self.data_feed!r}",
+        )
+        need(
+            self.compile_mode in COMPILE_MODES,
+            f"--compile-mode takes {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}",
+        )
+        need(
+            self.compile_mode == "default" or True in self.compile,
+            f"--compile-mode {self.compile_mode} is torch.compile's mode: it needs --compile",
         )
         need(
             self.step_timing in ("sync", "events"),

@@ -154,6 +154,7 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
 def plan_text(cfg: RunConfig, cells: list, est: Estimate) -> str:
     """The matrix as `--dry-run` prints it."""
     run = [c for c in cells if not c.status]
+    sw = max([24, *(len(c.label) + 2 for c in cells)])  # the setting column's width
     lines = [
         f"plan: {len(run)} cell(s) to run, {len(cells) - len(run)} skipped or unavailable; "
         f"device {resolve_device(cfg.device)}",
@@ -161,18 +162,20 @@ def plan_text(cfg: RunConfig, cells: list, est: Estimate) -> str:
         f"model: {cfg.model}; global batch {cfg.global_batch}, {est.steps} step(s) per epoch "
         f"x {cfg.epochs} epoch(s) ({cfg.warmup_steps} warm-up), {cfg.repeats} repeat(s)",
         "",
-        f"{'strategy':<22}{'ws':>3}  {'setting':<24}{'launcher':<12}{'processes':>9}",
+        f"{'strategy':<22}{'ws':>3}  {'setting':<{sw}}{'launcher':<12}{'processes':>9}",
     ]
     for c in cells:
         if c.repeat:  # one line per cell of the matrix, not per repeat
             continue
         if c.status:
-            lines.append(f"{c.strategy:<22}{c.world_size:>3}  {c.label:<24}{c.status}: {c.reason}")
+            lines.append(
+                f"{c.strategy:<22}{c.world_size:>3}  {c.label:<{sw}}{c.status}: {c.reason}"
+            )
             continue
         spec = strategies.get(c.strategy)
         procs = spec.cls.processes(c.world_size)
         lines.append(
-            f"{c.strategy:<22}{c.world_size:>3}  {c.label:<24}{spec.launcher:<12}{procs:>9}"
+            f"{c.strategy:<22}{c.world_size:>3}  {c.label:<{sw}}{spec.launcher:<12}{procs:>9}"
         )
     lines += ["", est.line()]
     return "\n".join(lines)

@@ -81,6 +81,7 @@ PARAMS = [
     "precision",
     "numerics",
     "compile",
+    "compile_mode",
     "accumulate",
     "sync_bn",
     "channels_last",

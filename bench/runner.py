@@ -330,7 +330,15 @@ def _settings(
             cfg.sync_bn,
             cfg.channels_last,
         ):
-            setting = Setting(precision=p, compile=c, accumulate=k, sync_bn=bn, channels_last=cl)
+            mode = cfg.compile_mode if c else "default"
+            setting = Setting(
+                precision=p,
+                compile=c,
+                compile_mode=mode,
+                accumulate=k,
+                sync_bn=bn,
+                channels_last=cl,
+            )
             out.append((setting, opts))
     return out
 
@@ -487,6 +495,7 @@ class Runner:
             "options": json.dumps(self._options(cell)),
             "precision": cell.setting.precision,
             "compile": int(cell.setting.compile),
+            "compile_mode": cell.setting.compile_mode if cell.setting.compile else "",
             "accumulate": cell.setting.accumulate,
             "sync_bn": int(cell.setting.sync_bn),
             "channels_last": int(cell.setting.channels_last),

@@ -12,7 +12,8 @@
 #             (--step-timing events: what synchronising around each step costs)
 #   resnet50  resnet50 on synthetic data, batch 256: fp32 and bf16, NCHW and channels-last
 #   resnet50-all  every strategy on resnet50 at world size 1, bf16 and channels-last
-#   compile   resnet50 with and without torch.compile, bf16 and channels-last
+#   compile   resnet50 with and without torch.compile, bf16 and channels-last; MNIST eager,
+#             compiled, and compiled with CUDA graphs (--compile-mode reduce-overhead)
 #   overhead  the harness against a hand-written loop on the GPU (benchmarks/overhead.py),
 #             the harness timing steps by synchronising, then by CUDA events
 #   horovod   build Horovod with NCCL (scripts/build_horovod.sh; from .whl/horovod-0.28.1.tar.gz
@@ -156,7 +157,13 @@ for part in "${PARTS[@]}"; do
         compile)
             run --run-id resnet50-compile --dataset synthetic --model resnet50 --image-size 224 \
                 --global-batch 256 --world-sizes 1 --max-steps 40 --warmup-steps 10 \
-                --strategies single,ddp_torchrun --precision bf16 --channels-last --compile off,on ;;
+                --strategies single,ddp_torchrun --precision bf16 --channels-last --compile off,on
+            # MNIST's 1.7 ms step is kernel launches: compiled, then captured as CUDA graphs
+            run --run-id mnist-compile --dataset mnist --world-sizes 1 --repeats "$REPEATS" \
+                --data-path device --strategies single,ddp_torchrun --compile off,on
+            run --run-id mnist-cudagraphs --dataset mnist --world-sizes 1 --repeats "$REPEATS" \
+                --data-path device --strategies single,ddp_torchrun --compile \
+                --compile-mode reduce-overhead ;;
         overhead)
             for timing in sync events; do
                 logged "$OUT/overhead/$timing.txt" "$PY" benchmarks/overhead.py --device cuda \

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
+from bench.config import CUDA_GRAPH_MODES
 from bench.models import cross_entropy, norm_layers
 from bench.probes import PHASES, PhaseClock, StepRecord, StepTimer, memory_snapshot, model_state_mib
 from strategies import precision as prec
@@ -42,6 +43,9 @@ class Setting:
 
     precision: str = "fp32"
     compile: bool = False
+    #: torch.compile's mode where compile is on (`--compile-mode`): "default",
+    #: "reduce-overhead" (CUDA graphs), "max-autotune", "max-autotune-no-cudagraphs"
+    compile_mode: str = "default"
     accumulate: int = 1
     sync_bn: bool = False
     #: NHWC memory format for the model and its 4-D inputs (what tensor cores prefer)
@@ -49,10 +53,12 @@ class Setting:
 
     @property
     def label(self) -> str:
-        """Compact and unique, e.g. `bf16,compile,acc2,syncbn,cl`; used in cell names and rows."""
+        """Compact and unique, e.g. `bf16,compile,acc2,syncbn,cl` (`compile-reduce-overhead`
+        in another mode); used in cell names and rows."""
         parts = [self.precision]
         if self.compile:
-            parts.append("compile")
+            default = self.compile_mode == "default"
+            parts.append("compile" if default else f"compile-{self.compile_mode}")
         if self.accumulate > 1:
             parts.append(f"acc{self.accumulate}")
         if self.sync_bn:
@@ -536,8 +542,12 @@ class Strategy:
             self.notes.append(f"SyncBatchNorm: {n} layers" if n else "no BatchNorm layers to sync")
         model, optimizer = self.setup(model, optimizer)
         if self.setting.compile:
-            model = torch.compile(model)
-            self.notes.append("torch.compile (its time is in the first, warm-up steps)")
+            mode = self.setting.compile_mode
+            model = torch.compile(model, mode=None if mode == "default" else mode)
+            how = "" if mode == "default" else f", mode={mode}"
+            if mode in CUDA_GRAPH_MODES and self.ctx.device.type != "cuda":
+                how += " (its CUDA graphs need a CUDA device: none here)"
+            self.notes.append(f"torch.compile{how} (its time is in the first, warm-up steps)")
         self.model, self.optimizer = model, optimizer
 
     def micro_batch(self, global_batch: int) -> int:
@@ -547,6 +557,9 @@ class Strategy:
         """One optimizer step's forward and backward passes over `accumulate` micro-batches;
         returns the loss of the whole batch (the mean of the micro-batches')."""
         k = self.setting.accumulate
+        if self.setting.compile and self.setting.compile_mode in CUDA_GRAPH_MODES:
+            # a new iteration: the graphs may reuse the memory of the last one's outputs
+            torch.compiler.cudagraph_mark_step_begin()
         if k == 1:
             loss = self.forward_loss(x, y)
             self.clock.lap("forward")

@@ -23,6 +23,48 @@ def test_setting_labels_are_compact_and_distinct():
         "bf16,compile,acc4,syncbn"
     )
     assert Setting(channels_last=True).label == "fp32,cl"
+    mode = Setting(compile=True, compile_mode="reduce-overhead")
+    assert mode.label == "fp32,compile-reduce-overhead"
+
+
+def test_compile_mode_applies_to_the_compiled_cells_only(tmp_path, data_root):
+    planned = cells(
+        tmp_path,
+        data_root,
+        strategies=("single",),
+        world_sizes=(1,),
+        compile=(False, True),
+        compile_mode="max-autotune-no-cudagraphs",
+    )
+    got = {c.label: c.setting.compile_mode for c in planned}
+    assert got == {
+        "fp32": "default",
+        "fp32,compile-max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs",
+    }
+
+
+@pytest.mark.parametrize(
+    "mode, passed", [("default", None), ("reduce-overhead", "reduce-overhead")]
+)
+def test_the_compile_mode_reaches_torch_compile(monkeypatch, mode, passed):
+    """attach() compiles after the strategy's own wrapping, in the mode asked for (None:
+    torch's default), and the row's notes say which; a CUDA-graph mode on a CPU says it
+    captures none."""
+    import torch
+
+    from strategies.base import RankContext
+    from strategies.single import Single
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: seen.append(mode) or model)
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    strategy = Single(ctx, {}, Setting(compile=True, compile_mode=mode))
+    model = torch.nn.Linear(4, 2)
+    strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert seen == [passed]
+    (note,) = [n for n in strategy.notes if n.startswith("torch.compile")]
+    assert ("mode=reduce-overhead" in note) == (mode == "reduce-overhead")
+    assert ("need a CUDA device" in note) == (mode == "reduce-overhead")
 
 
 def test_channels_last_is_an_axis_named_in_case_labels(tmp_path, data_root):

@@ -115,6 +115,13 @@ CASES = [
     case(RUN, ["--accumulate", "two"], "comma-separated list of int", id="accumulate-text"),
     case(RUN, ["--sync-bn", "yes"], "expected on, off or off,on", id="sync-bn-word"),
     case(RUN, ["--compile", ""], "expected on, off or off,on", id="compile-empty"),
+    case(RUN, ["--compile", "--compile-mode", "fast"], "--compile-mode takes", id="compile-mode"),
+    case(
+        RUN,
+        ["--compile-mode", "reduce-overhead"],
+        "--compile-mode reduce-overhead is torch.compile's mode: it needs --compile",
+        id="compile-mode-without-compile",
+    ),
     case(RUN, ["--set", "opt_level"], "expected key=value", id="set-no-equals"),
     case(RUN, ["--dataset-arg", "n"], "expected key=value", id="dataset-arg-no-equals"),
     case(RUN, ["--bogus"], "unrecognized arguments: --bogus", id="unknown-option"),
