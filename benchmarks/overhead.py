@@ -23,6 +23,11 @@ distribution-free interval (order statistics, bench.stats.median_interval; at le
 rounds). Rounds go on until every interval is no wider than --width (0.02: two points of
 ratio) or --max-minutes have passed; a line then says the interval this machine reached.
 Each side runs in a fresh process; only the timed steps after warm-up are counted.
+
+Last, in one process, what the harness's loop adds to every step: its loop and a bare one on
+a model too small to hide either (microseconds a step, per step timing on CUDA, and as a
+share of the hand-written MNIST step). `--loop-cost-only` prints just that, in seconds. On a
+GPU a launch-bound step shows the harness's host work one for one.
 """
 
 from __future__ import annotations
@@ -154,6 +159,77 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
     return float(row["samples_per_s"])
 
 
+# ------------------------------------------------------- the loop's own cost, per step
+def loop_cost(device: str, timing: str, steps: int = 400, rounds: int = 7) -> tuple[float, float]:
+    """Microseconds a step: as the harness's loop reports it (`Strategy.train_epoch` of
+    `single`, its timer and phase laps included; the timed steps' sum over their count, the
+    figure its samples/s come from) and as a bare loop doing the same work takes on the wall
+    clock, in this process, on a model too small to hide either (Linear(8, 2), batch 4, the
+    batch already on the device): the difference is what the harness adds to every step,
+    free of the between-process drift that the paired rounds must average out. Medians over
+    `rounds`, the two loops alternating."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+
+    from strategies.base import RankContext, Setting
+    from strategies.single import Single
+
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    batches = [(torch.randn(4, 8, device=dev), torch.randint(0, 2, (4,), device=dev))] * steps
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def harness() -> float:
+        ctx = RankContext(rank=0, local_rank=0, world_size=1, device=dev, seed=0)
+        strategy = Single(ctx, {}, Setting())
+        model = torch.nn.Linear(8, 2).to(dev)
+        strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.01))
+        stats = strategy.train_epoch(batches, 0, warmup_steps=1, step_timing=timing)
+        return stats.timed_s / (stats.steps - stats.warmup_steps)
+
+    def bare() -> float:
+        model = torch.nn.Linear(8, 2).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i, (x, y) in enumerate(batches):
+            if i == 1:  # as the harness: the first step is warm-up
+                sync()
+                t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        sync()
+        return (time.perf_counter() - t0) / (steps - 1)
+
+    harness(), bare()  # warm: the first of each pays for lazy initialisation
+    times: dict[str, list[float]] = {"harness": [], "bare": []}
+    for r in range(rounds):
+        for name, fn in (("harness", harness), ("bare", bare))[:: 1 if r % 2 == 0 else -1]:
+            times[name].append(fn() * 1e6)
+    return statistics.median(times["harness"]), statistics.median(times["bare"])
+
+
+def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float | None) -> None:
+    """One line per step timing: what the harness's loop adds to each step (loop_cost)."""
+    for timing in timings:
+        mine, bare = loop_cost(device, timing)
+        share = (
+            f", {100 * (mine - bare) / hand_step_us:.1f} % of the hand-written MNIST step "
+            f"above ({hand_step_us:.0f} us)"
+            if hand_step_us
+            else ""
+        )
+        print(
+            f"loop cost ({device}, step timing {timing}): harness {mine:.0f} us a step, bare loop "
+            f"{bare:.0f} us, so the harness adds {mine - bare:.0f} us a step{share}",
+            flush=True,
+        )
+
+
 def pairs(device: str) -> tuple[tuple[str, int], ...]:
     """The (strategy, world size) pairs timed: ddp_spawn at world size 2 on a CPU and
     where there are two GPUs; on one GPU at world size 1 (nccl refuses two ranks on one)."""
@@ -202,6 +278,11 @@ def main() -> None:
         default="sync",
         help="the harness's --step-timing (on CUDA, events leaves out its per-step syncs)",
     )
+    p.add_argument(
+        "--loop-cost-only",
+        action="store_true",
+        help="only what the harness's loop adds to each step, in one process (seconds)",
+    )
     a = p.parse_args()
     if a.min_rounds < 1 or a.max_rounds < a.min_rounds or a.steps < 1 or a.width <= 0:
         p.error("need 1 <= --min-rounds <= --max-rounds, --steps >= 1 and --width > 0")
@@ -210,6 +291,11 @@ def main() -> None:
 
         if not torch.cuda.is_available():
             p.error("--device cuda: torch sees no CUDA device here")
+    # on a CPU both timings read the host clock: one line says it all
+    timings = ("sync", "events") if a.device == "cuda" else ("sync",)
+    if a.loop_cost_only:
+        print_loop_cost(a.device, timings, None)
+        return
     timed = pairs(a.device)
     args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
     args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}
@@ -278,6 +364,10 @@ def main() -> None:
         f"{a.warmup} warm-up, global batch {a.batch}, MNIST CNN, {a.device}, data path {a.feed}, "
         f"harness step timing {a.step_timing})"
     )
+    hand_single = [row["hand_samples_per_s"] for row in rows if row["strategy"] == "single"]
+    per = a.batch  # single: the whole global batch a step
+    hand_step_us = 1e6 * per / sorted(hand_single)[len(hand_single) // 2] if hand_single else None
+    print_loop_cost(a.device, timings, hand_step_us)
 
 
 if __name__ == "__main__":
