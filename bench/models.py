@@ -504,7 +504,9 @@ def loss_of(model: nn.Module):
 def cross_entropy(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over every score vector: (batch, classes) against (batch,) labels,
     or (batch, seq, vocab) against (batch, seq) next tokens."""
-    return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), target.reshape(-1))
+    if out.dim() > 2:  # (a classifier's scores go as they are: a reshape is a step's cost)
+        out, target = out.reshape(-1, out.shape[-1]), target.reshape(-1)
+    return F.cross_entropy(out if out.dtype == torch.float32 else out.float(), target)
 
 
 def without_dropout(model: nn.Module) -> int:

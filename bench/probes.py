@@ -36,12 +36,14 @@ class PhaseClock:
 
     On a CPU a lap is the host clock: the work is done when the call returns. On CUDA a lap
     is an event recorded on the current stream (no synchronisation inside the step); the
-    events are read once, after the epoch, by `steps()`."""
+    events are read once, after the epoch, by `steps()`. A lap is a mark and a phase
+    appended to the step's list: the clock runs inside every timed step, so it does as
+    little as it can (benchmarks/overhead.py --loop-cost-only measures what the loop adds)."""
 
     def __init__(self, device: torch.device) -> None:
         self._cuda = device.type == "cuda"
-        self._steps: list[list[tuple[str, Any]]] = []
-        self._last: Any = None
+        self._steps: list[list[Any]] = []  # per step: mark, phase, mark, phase, mark, ...
+        self._open: list[Any] | None = None  # the step being lapped
 
     def _now(self) -> Any:
         if self._cuda:
@@ -51,27 +53,32 @@ class PhaseClock:
         return time.perf_counter()
 
     def begin(self) -> None:
-        self._steps.append([])
-        self._last = self._now()
+        self._open = [self._now()]
+        self._steps.append(self._open)
 
     def lap(self, phase: str) -> None:
-        if self._last is None:  # a lap outside a step (evaluation, a probe): not counted
+        if self._open is None:  # a lap outside a step (evaluation, a probe): not counted
             return
-        now = self._now()
-        self._steps[-1].append((phase, (self._last, now)))
-        self._last = now
+        self._open += (phase, self._now())
+
+    def close(self, phase: str) -> None:
+        """Lap `phase` unless the step's last lap was that phase already (a forward_backward
+        that lapped its own backward): one mark fewer a step where it did."""
+        if self._open is not None and (len(self._open) < 2 or self._open[-2] != phase):
+            self.lap(phase)
 
     def end(self) -> None:
-        self._last = None
+        self._open = None
 
     def steps(self) -> list[dict[str, float]]:
         """Per step, milliseconds per phase (every phase present, 0 where none ran)."""
         if self._cuda:
             torch.cuda.synchronize()
         out = []
-        for laps in self._steps:
+        for marks in self._steps:
             ms = dict.fromkeys(PHASES, 0.0)
-            for phase, (a, b) in laps:
+            for i in range(1, len(marks), 2):
+                a, phase, b = marks[i - 1], marks[i], marks[i + 1]
                 ms[phase] += a.elapsed_time(b) if self._cuda else (b - a) * 1e3
             out.append(ms)
         return out

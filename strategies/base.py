@@ -479,7 +479,7 @@ class Strategy:
         self.zero_grad(self.optimizer)
         self.clock.lap("optimizer")
         loss = self.forward_backward(x, y)
-        self.clock.lap("backward")  # what a one-schedule forward_backward (pipelines) did
+        self.clock.close("backward")  # what a one-schedule forward_backward (pipelines) did
         if step:
             self.optimizer_step(self.optimizer)
         self.clock.lap("optimizer")
