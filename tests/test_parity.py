@@ -169,7 +169,30 @@ def test_a_reference_past_its_recipe_fails_where_rounding_is_not_amplified(ampli
     by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
     assert by[("single", "bf16,shares=2")].status == "FAIL"
     assert by[("ddp_spawn", "bf16")].status == "FAIL" and not by[("ddp_spawn", "bf16")].tol.basis
-    monkeypatch.setattr(verify_mod, "REFERENCE_LIMIT", 0.2)
+    monkeypatch.setattr(verify_mod, "REFERENCE_LIMIT", 0.2)  # (a reference past the limit)
     by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
     assert by[("ddp_spawn", "bf16")].status == "not comparable"
     assert "more than the update itself" in by[("ddp_spawn", "bf16")].reason
+
+
+def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, tmp_path):
+    """The reference run apart ended in error: its row says so (and fails verify), and the
+    bf16 cells are held to their recipe's tolerance, not widened by a figure never taken."""
+    import shutil
+
+    from bench.runner import RunDir
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(amplified[0], run_dir)
+    ref_runs = RunDir(run_dir / "baselines" / "shares2-acc1-bf16").runs
+    rows = ref_runs.read()
+    for r in rows:
+        r.update(status="error", reason="worker exited with code 1")
+    ref_runs.path.unlink()
+    ref_runs.append(rows)
+    by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
+    ref = by[("single", "bf16,shares=2")]
+    assert ref.reference and ref.status == "error" and not ref.ok, ref
+    assert "did not run (error: worker exited with code 1)" in ref.reason
+    good = by[("ddp_spawn", "bf16")]
+    assert good.tol == RECIPES["autocast_bf16"] and good.status == "FAIL", good
