@@ -505,7 +505,9 @@ def cross_entropy(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over every score vector: (batch, classes) against (batch,) labels,
     or (batch, seq, vocab) against (batch, seq) next tokens."""
     if out.dim() > 2:  # (a classifier's scores go as they are: a reshape is a step's cost)
-        out, target = out.reshape(-1, out.shape[-1]), target.reshape(-1)
+        out = out.reshape(-1, out.shape[-1])
+    if target.dim() > 1:
+        target = target.reshape(-1)
     return F.cross_entropy(out if out.dtype == torch.float32 else out.float(), target)
 
 

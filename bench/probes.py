@@ -61,12 +61,6 @@ class PhaseClock:
             return
         self._open += (phase, self._now())
 
-    def close(self, phase: str) -> None:
-        """Lap `phase` unless the step's last lap was that phase already (a forward_backward
-        that lapped its own backward): one mark fewer a step where it did."""
-        if self._open is not None and (len(self._open) < 2 or self._open[-2] != phase):
-            self.lap(phase)
-
     def end(self) -> None:
         self._open = None
 

@@ -459,7 +459,7 @@ def _setting_parts(setting: str) -> dict[str, str]:
     parts = {"precision": tokens[0] if tokens else "fp32"}
     parts |= {"compile": "eager", "accumulate": "acc1", "sync_bn": "bn", "channels_last": "nchw"}
     for t in tokens[1:]:
-        if t == "compile":
+        if t == "compile" or t.startswith("compile-"):  # compile-<mode>: --compile-mode
             parts["compile"] = t
         elif t == "syncbn":
             parts["sync_bn"] = t

@@ -26,7 +26,7 @@ Each side runs in a fresh process; only the timed steps after warm-up are counte
 
 Last, in one process, what the harness's loop adds to every step: its loop and a bare one on
 a model too small to hide either (microseconds a step, per step timing on CUDA, and as a
-share of the hand-written MNIST step). `--loop-cost-only` prints just that, in seconds. On a
+share of the hand-written MNIST step). `--loop-cost-only` prints only that (a few seconds). On a
 GPU a launch-bound step shows the harness's host work one for one.
 """
 
@@ -160,14 +160,17 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
 
 
 # ------------------------------------------------------- the loop's own cost, per step
-def loop_cost(device: str, timing: str, steps: int = 400, rounds: int = 7) -> tuple[float, float]:
+def loop_cost(
+    device: str, timing: str, steps: int = 400, rounds: int = 15
+) -> tuple[float, float, float]:
     """Microseconds a step: as the harness's loop reports it (`Strategy.train_epoch` of
     `single`, its timer and phase laps included; the timed steps' sum over their count, the
     figure its samples/s come from) and as a bare loop doing the same work takes on the wall
     clock, in this process, on a model too small to hide either (Linear(8, 2), batch 4, the
     batch already on the device): the difference is what the harness adds to every step,
     free of the between-process drift that the paired rounds must average out. Medians over
-    `rounds`, the two loops alternating."""
+    `rounds`, the two loops back to back in each (which goes first alternating): harness,
+    bare, and the median of the rounds' differences."""
     import statistics
 
     import torch
@@ -210,22 +213,24 @@ def loop_cost(device: str, timing: str, steps: int = 400, rounds: int = 7) -> tu
     for r in range(rounds):
         for name, fn in (("harness", harness), ("bare", bare))[:: 1 if r % 2 == 0 else -1]:
             times[name].append(fn() * 1e6)
-    return statistics.median(times["harness"]), statistics.median(times["bare"])
+    added = statistics.median(a - b for a, b in zip(times["harness"], times["bare"], strict=True))
+    return statistics.median(times["harness"]), statistics.median(times["bare"]), added
 
 
 def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float | None) -> None:
     """One line per step timing: what the harness's loop adds to each step (loop_cost)."""
     for timing in timings:
-        mine, bare = loop_cost(device, timing)
+        mine, bare, added = loop_cost(device, timing)
         share = (
-            f", {100 * (mine - bare) / hand_step_us:.1f} % of the hand-written MNIST step "
+            f", {100 * added / hand_step_us:.1f} % of the hand-written MNIST step "
             f"above ({hand_step_us:.0f} us)"
             if hand_step_us
             else ""
         )
         print(
             f"loop cost ({device}, step timing {timing}): harness {mine:.0f} us a step, bare loop "
-            f"{bare:.0f} us, so the harness adds {mine - bare:.0f} us a step{share}",
+            f"{bare:.0f} us; the harness adds {added:.0f} us a step (median of paired "
+            f"rounds){share}",
             flush=True,
         )
 

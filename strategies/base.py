@@ -475,11 +475,16 @@ class Strategy:
         backward, the optimizer step (`step=False`: none); the loss of the batch. The loop
         and the probes run the same code."""
         assert self.optimizer is not None
+        if self.setting.compile and self.setting.compile_mode in CUDA_GRAPH_MODES:
+            # a new iteration: the graphs may reuse the memory of the last one's outputs
+            torch.compiler.cudagraph_mark_step_begin()
         self.clock.begin()
         self.zero_grad(self.optimizer)
         self.clock.lap("optimizer")
         loss = self.forward_backward(x, y)
-        self.clock.close("backward")  # what a one-schedule forward_backward (pipelines) did
+        # up to here is backward: all of a one-schedule forward_backward (the pipelines), the
+        # backward of one micro-batch (forward_backward leaves that lap to this one)
+        self.clock.lap("backward")
         if step:
             self.optimizer_step(self.optimizer)
         self.clock.lap("optimizer")
@@ -557,14 +562,10 @@ class Strategy:
         """One optimizer step's forward and backward passes over `accumulate` micro-batches;
         returns the loss of the whole batch (the mean of the micro-batches')."""
         k = self.setting.accumulate
-        if self.setting.compile and self.setting.compile_mode in CUDA_GRAPH_MODES:
-            # a new iteration: the graphs may reuse the memory of the last one's outputs
-            torch.compiler.cudagraph_mark_step_begin()
-        if k == 1:
+        if k == 1:  # the common step: its backward lap is _step's, one mark fewer a step
             loss = self.forward_loss(x, y)
             self.clock.lap("forward")
             self.backward(loss)
-            self.clock.lap("backward")
             return loss.detach()
         total = torch.zeros((), device=x.device)
         for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):

@@ -27,6 +27,24 @@ def test_setting_labels_are_compact_and_distinct():
     assert mode.label == "fp32,compile-reduce-overhead"
 
 
+def test_compile_modes_are_cases_of_their_own_in_reports():
+    labels = case_labels(
+        [("single", "fp32"), ("single", "fp32,compile"), ("single", "fp32,compile-reduce-overhead")]
+    )
+    assert labels[("single", "fp32")] == "single [eager]"
+    assert labels[("single", "fp32,compile")] == "single [compile]"
+    assert labels[("single", "fp32,compile-reduce-overhead")] == "single [compile-reduce-overhead]"
+
+
+def test_verify_baselines_run_eager_whatever_the_compile_mode(tmp_path, data_root):
+    """verify's baselines (single at fp32, eager) are valid runs of a compiled matrix."""
+    from bench.verify import baseline_config, parity_config
+
+    cfg = small_config(tmp_path, data_root, compile=(True,), compile_mode="reduce-overhead")
+    base = baseline_config(parity_config(cfg, 2), tmp_path, "baseline")
+    assert base.compile == (False,) and base.compile_mode == "default"
+
+
 def test_compile_mode_applies_to_the_compiled_cells_only(tmp_path, data_root):
     planned = cells(
         tmp_path,

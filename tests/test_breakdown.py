@@ -103,27 +103,6 @@ def test_phase_clock_laps_add_up_per_step() -> None:
     assert set(step) == {"forward", "backward", "optimizer"} and step["optimizer"] == 0.0
 
 
-def test_phase_clock_close_laps_only_a_phase_not_lapped_last(monkeypatch) -> None:
-    """_step closes "backward" after forward_backward: a lap where the strategy did not lap
-    its own (the pipelines' one schedule), no extra mark where it did."""
-    ticks = iter(range(100))
-    monkeypatch.setattr("bench.probes.time.perf_counter", lambda: next(ticks))
-    clock = PhaseClock(torch.device("cpu"))
-    clock.begin()  # 0
-    clock.lap("forward")  # 1
-    clock.lap("backward")  # 2
-    clock.close("backward")  # lapped already: no mark
-    clock.lap("optimizer")  # 3
-    clock.end()
-    clock.begin()  # 4
-    clock.close("backward")  # 5: a one-schedule step, all of it backward
-    clock.lap("optimizer")  # 6
-    clock.end()
-    first, second = clock.steps()
-    assert first == {"forward": 1000.0, "backward": 1000.0, "optimizer": 1000.0}
-    assert second == {"forward": 0.0, "backward": 1000.0, "optimizer": 1000.0}
-
-
 # ---------------------------------------------------------------- the predictor
 
 

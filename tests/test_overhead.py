@@ -22,10 +22,10 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one():
     ).stdout
     (line,) = out.strip().splitlines()
     m = re.fullmatch(
-        r"loop cost \(cpu, step timing sync\): harness (\d+) us a step, bare loop (\d+) us, "
-        r"so the harness adds (-?\d+) us a step",
+        r"loop cost \(cpu, step timing sync\): harness (\d+) us a step, bare loop (\d+) us; "
+        r"the harness adds (-?\d+) us a step \(median of paired rounds\)",
         line,
     )
     assert m, line
     mine, bare, added = map(int, m.groups())
-    assert mine > 0 and bare > 0 and abs(mine - bare - added) <= 1
+    assert mine > 0 and bare > 0 and abs(added) < max(mine, bare)
