@@ -2,8 +2,9 @@
 # The GPU path, run for real on a machine with a CUDA GPU and no network:
 #   scripts/gpu_check.sh [PART ...]      (make gpu-check runs every part)
 # Parts (minutes on one H100, 2026-11-24, GPU_CHECK_REPEATS=1: tests 6, resnet50 5, mnist 7,
-# apex 2, compile about 4, overhead about 4 per timing mode (its 6 paired rounds at least);
-# not yet timed: resnet50-all, horovod's build; results/reference/nvidia-h100-80gb-hbm3-20261124):
+# apex 2, compile about 4 (resnet50 alone), overhead about 4 per timing mode (its 6 paired
+# rounds at least); not yet timed: resnet50-all, horovod's build, compile's MNIST runs;
+# results/reference/nvidia-h100-80gb-hbm3-20261124):
 #   install   the project from this working tree into the machine's Python; fetches nothing
 #   tests     pytest tests/test_gpu.py (its log beside the results)
 #   mnist     every strategy on MNIST at world sizes 1 and 2 (2: ranks sharing the GPU over
