@@ -350,7 +350,10 @@ class Strategy:
 
     def run_notes(self) -> list[str]:
         """What the rows' `notes` say about this cell (called after training)."""
-        return list(self.notes)
+        notes = list(self.notes)
+        if self.setting.compile and self.setting.compile_mode in CUDA_GRAPH_MODES:
+            notes.append(cuda_graph_note())
+        return notes
 
     def optimizer_states(self) -> Iterable[Mapping[str, Any]]:
         """The optimizer state this rank holds, per parameter (ZeRO overrides: its shard)."""
@@ -666,6 +669,20 @@ class Strategy:
             model_state=dict(self.model_state),
             phase_ms=tuple(phases or ()),
         )
+
+
+def cuda_graph_note() -> str:
+    """Whether a CUDA-graph compile mode got its graphs: inductor counts each compiled graph
+    it had to run without them (a CPU tensor, dynamic shapes, mutated inputs, ...)."""
+    from torch._dynamo.utils import counters
+
+    skips = counters["inductor"]["cudagraph_skips"]
+    if not skips:
+        return "CUDA graphs: captured (no compiled graph skipped them)"
+    return (
+        f"CUDA graphs: {skips} compiled graph(s) ran without them (on a GPU, "
+        "TORCH_LOGS=cudagraphs prints inductor's reason)"
+    )
 
 
 @contextlib.contextmanager

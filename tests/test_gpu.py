@@ -226,3 +226,26 @@ def test_step_timing_by_events_counts_the_stream_not_the_queue(tmp_path, data_ro
     _, rows = run_matrix(cfg, echo=lambda m: None)
     r = _ok(rows, "single")
     assert r["step_timing"] == "events" and float(r["samples_per_s"]) > 0
+
+
+def test_cuda_graphs_through_compile_reduce_overhead(tmp_path, data_root):
+    """--compile-mode reduce-overhead on MNIST: the cell runs, its compile time is apart from
+    the timed steps, and single's row says inductor captured its CUDA graphs."""
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        device="cuda",
+        world_sizes=(1,),
+        strategies=("single", "ddp_torchrun"),
+        compile=(True,),
+        compile_mode="reduce-overhead",
+        max_steps=20,
+        warmup_steps=5,
+        timeout_s=600,
+    )
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    single = _ok(rows, "single")
+    assert single["setting"] == "fp32,compile-reduce-overhead"
+    assert "CUDA graphs: captured" in single["notes"], single["notes"]
+    assert float(single["first_step_ms"]) > 5 * float(single["step_time_ms_p50"])
+    assert "CUDA graphs:" in _ok(rows, "ddp_torchrun")["notes"]  # captured or why not
