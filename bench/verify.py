@@ -115,6 +115,11 @@ REFERENCE_LIMIT = 1.0
 #: REFERENCE_LIMIT): the model, optimizer or steps carry rounding further than the recipes'
 #: calibration (SGD on MNIST); reported, not a failure
 AMPLIFIED = "amplified"
+#: where conditioning does not show the model amplifying rounding (or none ran: no
+#: BatchNorm), a reference is AMPLIFIED only within this multiple of its recipe, and FAILs
+#: past it (the recipes are calibrated with SGD: Adam in bf16 on MNIST is already
+#: 0.092-0.094 against the recipe's 0.1)
+UNSHOWN_FACTOR = 2.0
 
 
 def widened(tol: Tolerance, ref: Parity) -> Tolerance:
@@ -411,9 +416,10 @@ def _reference(
     """The row of `single` in a reduced precision on `layout` against fp32 on the same
     layout: what rounding in that precision alone moves (None: it did not run). Within the
     recipe's tolerance it passes; beyond it, it is AMPLIFIED (reported, not a failure: this
-    run carries rounding further than the recipe's calibration, and its reason says whether
-    conditioning showed the model amplifying it), and FAIL past REFERENCE_LIMIT or where it
-    did not start or run as the baseline did. A reference run apart that did not end ok is
+    run carries rounding further than the recipe's calibration), up to REFERENCE_LIMIT where
+    conditioning showed the model amplifying rounding and up to UNSHOWN_FACTOR times the
+    recipe where it did not; past that, or where it did not start or run as the baseline
+    did, it FAILs. A reference run apart that did not end ok is
     a row with its status and reason; its cells keep their recipe's tolerance."""
     ref = _baseline(rd, layout, buffers, precision)
     if ref is None:
@@ -432,6 +438,14 @@ def _reference(
         )
     tol = tolerance(ref.numerics) or UNKNOWN
     g = _gaps(ref, base, norms)
+    amplifies = amplifies_rounding(rd.path)
+    unshown = dataclasses.replace(
+        tol, loss_abs=UNSHOWN_FACTOR * tol.loss_abs, param_rel=UNSHOWN_FACTOR * tol.param_rel
+    )
+    # what is past the recipe: the weights, the loss or both
+    past = [f"the weights {g.param_rel:.3g} of an update"] if g.param_rel > tol.param_rel else []
+    past += [f"the loss by {g.loss_abs:.3g}"] if g.loss_abs > tol.loss_abs else []
+    moves = f"{precision} alone moves {' and '.join(past)} from fp32, past {tol.describe()}"
     reason = ""
     if g.within(tol):
         status = "pass"
@@ -440,7 +454,8 @@ def _reference(
         reason = (
             f"single in {precision} did not start from the baseline's weights"
             if g.same_steps
-            else f"single in {precision} ran {len(ref.losses)} step(s), the baseline {len(base.losses)}"
+            else f"single in {precision} ran {len(ref.losses)} step(s), "
+            f"the baseline {len(base.losses)}"
         )
     elif not g.param_rel <= REFERENCE_LIMIT:
         status = "FAIL"
@@ -448,18 +463,23 @@ def _reference(
             f"{precision} alone moves the weights {g.param_rel:.3g} of an update from fp32: more "
             "than the update itself, so no cell in it can be told from rounding"
         )
+    elif not amplifies and not g.within(unshown):
+        status = "FAIL"
+        reason = (
+            f"{moves}, and past {UNSHOWN_FACTOR:g}x it on a model whose conditioning does not "
+            "show it amplifying rounding: the precision itself is suspect"
+        )
     else:
         status = AMPLIFIED
         why = (
             "this model amplifies rounding (see conditioning)"
-            if amplifies_rounding(rd.path)
-            else "the recipe's figure is calibrated with SGD on MNIST, and this model, "
-            "optimizer or step count carries rounding further"
+            if amplifies
+            else f"within {UNSHOWN_FACTOR:g}x the recipe, which is calibrated with SGD on "
+            "MNIST: this optimizer or step count carries rounding a little further"
         )
         reason = (
-            f"{precision} alone moves the weights {g.param_rel:.3g} of an update from fp32, "
-            f"past its recipe's {tol.param_rel:g}: {why}; cells in {precision} on this layout "
-            f"are held to {REFERENCE_FACTOR:g}x this gap"
+            f"{moves}: {why}; cells in {precision} on this layout are held to "
+            f"{REFERENCE_FACTOR:g}x this gap"
         )
     measured = (g.loss_abs, g.param_abs, g.param_rel, tol, status)
     case = ("single", 1, ref.setting)

@@ -672,16 +672,22 @@ class Strategy:
 
 
 def cuda_graph_note() -> str:
-    """Whether a CUDA-graph compile mode got its graphs: inductor counts each compiled graph
-    it had to run without them (a CPU tensor, dynamic shapes, mutated inputs, ...)."""
+    """Whether a CUDA-graph compile mode got its graphs, from torch's counters in this
+    process (the cell's own: each cell is a process): the graphs dynamo compiled, and the
+    times inductor had to run one without CUDA graphs (a CPU tensor, dynamic shapes, mutated
+    inputs, ...). They cover the training steps and whatever ran the compiled model after
+    them on this rank (the communication probe, with the same shapes)."""
     from torch._dynamo.utils import counters
 
+    graphs = counters["stats"]["unique_graphs"]
     skips = counters["inductor"]["cudagraph_skips"]
+    if not graphs:
+        return "CUDA graphs: none (torch.compile compiled no graph)"
     if not skips:
-        return "CUDA graphs: captured (no compiled graph skipped them)"
+        return f"CUDA graphs: captured ({graphs} compiled graph(s), no skip counted)"
     return (
-        f"CUDA graphs: {skips} compiled graph(s) ran without them (on a GPU, "
-        "TORCH_LOGS=cudagraphs prints inductor's reason)"
+        f"CUDA graphs: {skips} skip(s) over {graphs} compiled graph(s), run without them "
+        "(on a GPU, TORCH_LOGS=cudagraphs prints inductor's reason)"
     )
 
 

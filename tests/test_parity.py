@@ -160,15 +160,21 @@ def test_a_precision_reference_tells_rounding_from_a_wrong_strategy(amplified):
     assert rows[("ddp_spawn", "bf16")]["tolerance_basis"].startswith("1.5x single [bf16")
 
 
-def test_a_reference_past_its_recipe_widens_whatever_carried_the_rounding(amplified, monkeypatch):
-    """The same run, read as if conditioning had found the model well-conditioned (as for
-    Adam on a model without BatchNorm, which carries bf16's rounding further than the SGD
-    the recipes were calibrated with): the reference is still what bf16 alone moves here, so
-    the cells are still held to it, and its reason no longer blames the model. A reference
-    further than a whole update fails and makes its precision's cells not comparable."""
+def test_how_far_a_reference_may_be_amplified_depends_on_conditioning(amplified, monkeypatch):
+    """The same run, read as if conditioning had found the model well-conditioned: bf16's
+    0.6 is past twice its recipe, so the precision itself is suspect (FAIL) and no cell is
+    widened. Within the bound (Adam in bf16 on MNIST already comes to 0.094 of 0.1) the
+    reference is amplified with a reason that does not blame the model, and the cells are
+    held to it. A
+    reference further than a whole update fails and makes its cells not comparable."""
     run_dir, by = amplified
     assert "this model amplifies rounding" in by[("single", "bf16,shares=2")].reason
     monkeypatch.setattr(verify_mod, "amplifies_rounding", lambda path: False)
+    by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
+    ref = by[("single", "bf16,shares=2")]
+    assert ref.status == "FAIL" and "the precision itself is suspect" in ref.reason, ref
+    assert by[("ddp_spawn", "bf16")].status == "FAIL" and not by[("ddp_spawn", "bf16")].tol.basis
+    monkeypatch.setattr(verify_mod, "UNSHOWN_FACTOR", 10.0)  # the gap within the bound
     by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
     ref = by[("single", "bf16,shares=2")]
     assert ref.status == AMPLIFIED and "calibrated with SGD on MNIST" in ref.reason, ref
@@ -179,6 +185,25 @@ def test_a_reference_past_its_recipe_widens_whatever_carried_the_rounding(amplif
     assert by[("single", "bf16,shares=2")].status == "FAIL"
     assert by[("ddp_spawn", "bf16")].status == "not comparable"
     assert "more than the update itself" in by[("ddp_spawn", "bf16")].reason
+
+
+def test_a_reference_from_other_weights_fails_and_leaves_the_recipe(amplified, tmp_path):
+    """A reference whose initial weights are not the baseline's says so and widens nothing."""
+    import shutil
+
+    import torch
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(amplified[0], run_dir)
+    (init,) = (run_dir / "baselines" / "shares2-acc1-bf16" / "cells").glob("*/params_init.pt")
+    weights = torch.load(init, weights_only=True)
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1e-2
+    torch.save(weights, init)
+    by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
+    ref = by[("single", "bf16,shares=2")]
+    assert ref.status == "FAIL" and "did not start from the baseline's weights" in ref.reason
+    assert by[("ddp_spawn", "bf16")].tol == RECIPES["autocast_bf16"]
 
 
 def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, tmp_path):
