@@ -66,7 +66,7 @@ class RunConfig:
     # Matrix axes applied around every strategy that supports them (strategies.base.Setting).
     precisions: tuple[str, ...] = ()  # empty: each strategy's own default (fp32 for most)
     compile: tuple[bool, ...] = (False,)
-    #: torch.compile's mode for the cells compiled (strategies.base.COMPILE_MODES)
+    #: torch.compile's mode for the cells compiled (COMPILE_MODES above)
     compile_mode: str = "default"
     accumulate: tuple[int, ...] = (1,)  # micro-batches per optimizer step
     sync_bn: tuple[bool, ...] = (False,)
