@@ -331,24 +331,30 @@ def _baseline(
     run."""
     brd, case = rd, ("single", 1, precision)
     if layout != (1, 1) or not _single_ran(rd, precision):
-        path = baselines_dir(rd.path) / _baseline_id(layout, precision)
-        if not (path / "runs.csv").exists():
-            return None
-        brd = RunDir(path)
-        row = next((r for r in brd.runs.read() if r["repeat"] == "0"), None)
+        row = _apart_row(rd, layout, precision)
         if row is None or row["status"] != results.OK:
             return None
+        brd = RunDir(baselines_dir(rd.path) / _baseline_id(layout, precision))
         case = (row["strategy"], int(row["world_size"]), row.get("setting") or "fp32")
     else:
         row = _single_row(rd, precision)
     return _load(brd, case, buffers, baseline_label(layout), row.get("numerics") or "exact")
 
 
-def _load(rd: RunDir, case: Case, buffers: set[str], label: str, numerics: str) -> _Baseline:
-    """One cell's losses and weights (initial, final, buffers apart)."""
+def _load(
+    rd: RunDir,
+    case: Case,
+    buffers: set[str],
+    label: str,
+    numerics: str,
+    losses: dict[Case, list[float]] | None = None,
+) -> _Baseline:
+    """One cell's losses and weights (initial, final, buffers apart); `losses`: the run's,
+    where the caller has read them already."""
     params, buffered = _split_buffers(_params(rd, case), buffers)
     init = _params(rd, case, "params_init")
-    return _Baseline(label, _losses(rd)[case], init, params, buffered, case[2], numerics)
+    losses = losses if losses is not None else _losses(rd)
+    return _Baseline(label, losses[case], init, params, buffered, case[2], numerics)
 
 
 @dataclass(frozen=True)
@@ -495,6 +501,7 @@ def compare(run_dir: Path) -> list[Parity]:
     cfg = rd.config()
     norms = batch_norms(cfg)
     buffers = {name for name, _ in meta_model(cfg).named_buffers()}
+    losses = _losses(rd)  # every cell's, read once
     bases: dict[Layout, _Baseline | None] = {(1, 1): _baseline(rd, (1, 1), buffers)}
     if bases[(1, 1)] is None:
         raise ConfigError("the single baseline (fp32) did not run; parity needs it")
@@ -516,8 +523,9 @@ def compare(run_dir: Path) -> list[Parity]:
             continue
         numerics = r.get("numerics") or ""
         tol = tolerance(numerics) if numerics else None
+        # single in a reduced precision with no other option: a precision reference itself
+        itself = case == ("single", 1, precision) and precision in REDUCED
         if r["status"] != results.OK:
-            itself = case == ("single", 1, precision) and precision in REDUCED
             if not (itself and _apart_row(rd, (1, 1), precision)):  # (else: the one run apart)
                 out.append(_unmeasured(case, numerics, tol or UNKNOWN, r["status"]))
             continue
@@ -530,8 +538,8 @@ def compare(run_dir: Path) -> list[Parity]:
             why = why or f"its baseline ({baseline_label(layout)}) did not run"
             out.append(_unmeasured(case, numerics, UNKNOWN, NOT_COMPARABLE, reason=why))
             continue
-        if case == ("single", 1, precision) and precision in REDUCED:
-            reference(layout, precision)  # itself the reference: its row comes with them
+        if itself:
+            reference(layout, precision)  # its row comes with the references
             continue
         if tol is None:
             out.append(_unmeasured(case, numerics, UNKNOWN, "no tolerance", baseline=base.label))
@@ -544,7 +552,7 @@ def compare(run_dir: Path) -> list[Parity]:
                 continue
             if ref.status == AMPLIFIED:
                 tol = widened(tol, ref)
-        g = _gaps(_load(rd, case, buffers, "", numerics), base, norms)
+        g = _gaps(_load(rd, case, buffers, "", numerics, losses), base, norms)
         measured = (g.late if tol.approximate else g.loss_abs, g.param_abs, g.param_rel, tol)
         status = "pass" if g.within(tol) else "FAIL"
         out.append(

@@ -52,6 +52,11 @@ class Setting:
     channels_last: bool = False
 
     @property
+    def cuda_graphs(self) -> bool:
+        """Compiled in a mode that captures CUDA graphs (on a CUDA device)."""
+        return self.compile and self.compile_mode in CUDA_GRAPH_MODES
+
+    @property
     def label(self) -> str:
         """Compact and unique, e.g. `bf16,compile,acc2,syncbn,cl` (`compile-reduce-overhead`
         in another mode); used in cell names and rows."""
@@ -351,7 +356,7 @@ class Strategy:
     def run_notes(self) -> list[str]:
         """What the rows' `notes` say about this cell (called after training)."""
         notes = list(self.notes)
-        if self.setting.compile and self.setting.compile_mode in CUDA_GRAPH_MODES:
+        if self.setting.cuda_graphs:
             notes.append(cuda_graph_note())
         return notes
 
@@ -478,7 +483,7 @@ class Strategy:
         backward, the optimizer step (`step=False`: none); the loss of the batch. The loop
         and the probes run the same code."""
         assert self.optimizer is not None
-        if self.setting.compile and self.setting.compile_mode in CUDA_GRAPH_MODES:
+        if self.setting.cuda_graphs:
             # a new iteration: the graphs may reuse the memory of the last one's outputs
             torch.compiler.cudagraph_mark_step_begin()
         self.clock.begin()
@@ -553,7 +558,7 @@ class Strategy:
             mode = self.setting.compile_mode
             model = torch.compile(model, mode=None if mode == "default" else mode)
             how = "" if mode == "default" else f", mode={mode}"
-            if mode in CUDA_GRAPH_MODES and self.ctx.device.type != "cuda":
+            if self.setting.cuda_graphs and self.ctx.device.type != "cuda":
                 how += " (its CUDA graphs need a CUDA device: none here)"
             self.notes.append(f"torch.compile{how} (its time is in the first, warm-up steps)")
         self.model, self.optimizer = model, optimizer
