@@ -78,13 +78,14 @@ do_() {
         FAILED+=("$part: $*")
     fi
 }
-# the matrices are planned for real in a dry run, except those only CUDA can plan (UNPLANNED)
-UNPLANNED=0
+# the matrices are planned for real in a dry run, except those this machine cannot plan
+# (UNPLANNED says why: only CUDA can, or what they need is built by the part itself)
+UNPLANNED=
 parabench() {  # parabench run|verify ARGS...
     local cmd=$1
     shift
-    if [ "$DRY" = 1 ] && [ "$UNPLANNED" = 1 ]; then
-        echo "gpu-check: would run: parabench $cmd $* (not planned: it needs CUDA)"
+    if [ "$DRY" = 1 ] && [ -n "$UNPLANNED" ]; then
+        echo "gpu-check: would run: parabench $cmd $* (not planned: $UNPLANNED)"
         return
     fi
     "$PY" -m bench.cli "$cmd" --device "$DEVICE" --data-root "$DATA" --out-dir "$OUT" "${PLAN[@]}" "$@" \
@@ -129,7 +130,7 @@ compare() { "$PY" -m bench.cli compare "$@" || [ $? = 1 ]; }
 
 for part in "${PARTS[@]}"; do
     echo "== gpu-check: $part -> $OUT" >&2
-    UNPLANNED=0
+    UNPLANNED=
     case $part in
         install)
             "$PY" -c 'import importlib.metadata as m; m.version("parabench")' 2>/dev/null \
@@ -172,8 +173,11 @@ for part in "${PARTS[@]}"; do
                     --csv "$OUT/overhead/$timing-rounds.csv"
             done ;;
         horovod)
-            # a failed build leaves the rows unavailable with its reason; they still run
+            # after a failed build, run and verify each say in one line why horovod is
+            # unavailable, and all three are named among the failed commands
             logged "$OUT/horovod/build.log" scripts/build_horovod.sh "$PY"
+            "$PY" -c 'import horovod.torch' 2>/dev/null \
+                || UNPLANNED="Horovod is not built for $PY here; the part builds it first"
             run --run-id horovod --dataset mnist --world-sizes 1 --repeats "$REPEATS" \
                 --strategies single,horovod,horovod_fp16
             verify --run-id horovod-verify --world-sizes 1 --strategies horovod,horovod_fp16 ;;
@@ -183,7 +187,7 @@ for part in "${PARTS[@]}"; do
                      "installed for $PY; apex_amp_ddp not run" >&2
                 continue
             fi
-            UNPLANNED=1
+            UNPLANNED="it needs CUDA"
             run --run-id apex --dataset mnist --world-sizes 1 --repeats "$REPEATS" \
                 --strategies single,apex_amp_ddp --set opt_level=O1,O2
             verify --run-id apex-verify --world-sizes 1 --strategies apex_amp_ddp \
