@@ -128,105 +128,120 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
     strategy.setup_distributed()
     marks["rendezvous"] = time.time()
     try:
-        bundle = data.load(cfg)
-        seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
-        fed = bundle.spec or models.spec(cfg)  # what one sample of input is
-        model = models.build(cfg, bundle.num_classes, fed)
-        strategy.loss_fn = models.loss_of(model)
-        if cfg.no_dropout:
-            without_dropout(model)
-        model = model.to(ctx.device)
-        optimizer = OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
-        strategy.attach(model, optimizer)
-        if cfg.save_params:
-            _save_params(strategy, cell_dir / "params_init.pt")
-        per_rank = strategy.per_rank_batch(cfg.global_batch)
-        take = data.on_device(bundle.train, ctx.device) if cfg.data_feed != "loader" else None
-        workers = 0 if take else spec["workers_per_device"] * len(strategy.devices())
-        loader: Any
-        if take is not None:  # in memory: on the device once, batches indexed there
-            loader = data.DeviceBatches(take, strategy.sampler(bundle.train), per_rank, ctx.device)
-        else:
-            loader = DataLoader(
-                bundle.train,
-                batch_size=per_rank,
-                sampler=strategy.sampler(bundle.train),
-                num_workers=workers,
-                pin_memory=ctx.device.type == "cuda",
-                drop_last=True,
-                persistent_workers=workers > 0,
-            )
-        if len(loader) == 0:
-            raise ValueError(
-                f"global batch {cfg.global_batch} is larger than the {len(bundle.train)} training samples"
-            )
-        steps = min(len(loader), cfg.max_steps or len(loader))
-        report = StepReporter(cell_dir, cfg.epochs, steps) if ctx.rank == 0 else None
-        marks["ready"] = time.time()
-        for epoch in range(cfg.epochs):
-            reset_peaks(strategy.devices())
-            if report is not None:
-                report.start_epoch(epoch)
-            stats = strategy.train_epoch(
-                loader,
-                epoch,
-                max_steps=cfg.max_steps,
-                warmup_steps=cfg.warmup_steps,
-                on_step=report.step if report is not None else None,
-                precision=cfg.target_precision,
-                step_timing=cfg.step_timing,
-            )
-            extra = strategy.cell_metrics(stats.warmup_steps)  # of the timed steps only
-            probe = _probe(strategy, cfg, cell_dir) if epoch == cfg.epochs - 1 else {}
-            evaluates = ctx.rank == 0 or strategy.collective_eval
-            metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
-            ranks = strategy.gather(
-                {
-                    "rank": ctx.rank,
-                    "host": _host(),
-                    "devices": [str(d) for d in strategy.devices()],
-                    "samples": stats.samples,
-                    "timed_s": stats.timed_s,
-                    "step_ms_p50": _median(stats.step_times_ms[stats.warmup_steps :]),
-                    **stats.memory,
-                    **stats.model_state,
-                }
-            )
-            if ctx.rank == 0:
-                record = {
-                    "epoch": epoch,
-                    "steps": stats.steps,
-                    "warmup_steps": stats.warmup_steps,
-                    "step_times_ms": stats.step_times_ms,
-                    "data_wait_ms": stats.data_wait_ms,
-                    "phase_ms": stats.phase_ms,
-                    "probe": probe,
-                    "losses": stats.losses,
-                    "ranks": ranks,
-                    "per_rank_batch": per_rank,
-                    "tokens_per_sample": fed.tokens,
-                    "micro_batch": strategy.micro_batch(cfg.global_batch),
-                    "data_ranks": strategy.data_ranks()[0],
-                    "extra": extra,
-                    "numerics": "+".join(strategy.numerics()) or "exact",
-                    "loader_workers": workers,
-                    "threads_per_rank": threads,
-                    "backend": getattr(strategy, "backend", ""),
-                    "precision": strategy.precision,
-                    "notes": "; ".join(strategy.run_notes()),
-                    "data": bundle.description,
-                    "data_path": "device" if take is not None else "loader",
-                    "startup": marks,
-                    "written": time.time(),
-                    **metrics,
-                }
-                with open(cell_dir / "epochs.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\n")
-        if cfg.save_params:
-            _save_params(strategy, cell_dir / "params.pt")
-        strategy.barrier()
+        _train(cfg, spec, ctx, cell_dir, strategy, marks)
     finally:
+        # once _train has returned, its model, optimizer and loader are gone, and release
+        # drops the strategy's: what holds the process group goes before the group does
+        strategy.release()
         strategy.teardown()
+
+
+def _train(
+    cfg: RunConfig,
+    spec: dict[str, Any],
+    ctx: RankContext,
+    cell_dir: Path,
+    strategy: Strategy,
+    marks: dict[str, float],
+) -> None:
+    threads = spec["threads"]
+    bundle = data.load(cfg)
+    seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
+    fed = bundle.spec or models.spec(cfg)  # what one sample of input is
+    model = models.build(cfg, bundle.num_classes, fed)
+    strategy.loss_fn = models.loss_of(model)
+    if cfg.no_dropout:
+        without_dropout(model)
+    model = model.to(ctx.device)
+    optimizer = OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
+    strategy.attach(model, optimizer)
+    if cfg.save_params:
+        _save_params(strategy, cell_dir / "params_init.pt")
+    per_rank = strategy.per_rank_batch(cfg.global_batch)
+    take = data.on_device(bundle.train, ctx.device) if cfg.data_feed != "loader" else None
+    workers = 0 if take else spec["workers_per_device"] * len(strategy.devices())
+    loader: Any
+    if take is not None:  # in memory: on the device once, batches indexed there
+        loader = data.DeviceBatches(take, strategy.sampler(bundle.train), per_rank, ctx.device)
+    else:
+        loader = DataLoader(
+            bundle.train,
+            batch_size=per_rank,
+            sampler=strategy.sampler(bundle.train),
+            num_workers=workers,
+            pin_memory=ctx.device.type == "cuda",
+            drop_last=True,
+            persistent_workers=workers > 0,
+        )
+    if len(loader) == 0:
+        raise ValueError(
+            f"global batch {cfg.global_batch} is larger than the {len(bundle.train)} training samples"
+        )
+    steps = min(len(loader), cfg.max_steps or len(loader))
+    report = StepReporter(cell_dir, cfg.epochs, steps) if ctx.rank == 0 else None
+    marks["ready"] = time.time()
+    for epoch in range(cfg.epochs):
+        reset_peaks(strategy.devices())
+        if report is not None:
+            report.start_epoch(epoch)
+        stats = strategy.train_epoch(
+            loader,
+            epoch,
+            max_steps=cfg.max_steps,
+            warmup_steps=cfg.warmup_steps,
+            on_step=report.step if report is not None else None,
+            precision=cfg.target_precision,
+            step_timing=cfg.step_timing,
+        )
+        extra = strategy.cell_metrics(stats.warmup_steps)  # of the timed steps only
+        probe = _probe(strategy, cfg, cell_dir) if epoch == cfg.epochs - 1 else {}
+        evaluates = ctx.rank == 0 or strategy.collective_eval
+        metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
+        ranks = strategy.gather(
+            {
+                "rank": ctx.rank,
+                "host": _host(),
+                "devices": [str(d) for d in strategy.devices()],
+                "samples": stats.samples,
+                "timed_s": stats.timed_s,
+                "step_ms_p50": _median(stats.step_times_ms[stats.warmup_steps :]),
+                **stats.memory,
+                **stats.model_state,
+            }
+        )
+        if ctx.rank == 0:
+            record = {
+                "epoch": epoch,
+                "steps": stats.steps,
+                "warmup_steps": stats.warmup_steps,
+                "step_times_ms": stats.step_times_ms,
+                "data_wait_ms": stats.data_wait_ms,
+                "phase_ms": stats.phase_ms,
+                "probe": probe,
+                "losses": stats.losses,
+                "ranks": ranks,
+                "per_rank_batch": per_rank,
+                "tokens_per_sample": fed.tokens,
+                "micro_batch": strategy.micro_batch(cfg.global_batch),
+                "data_ranks": strategy.data_ranks()[0],
+                "extra": extra,
+                "numerics": "+".join(strategy.numerics()) or "exact",
+                "loader_workers": workers,
+                "threads_per_rank": threads,
+                "backend": getattr(strategy, "backend", ""),
+                "precision": strategy.precision,
+                "notes": "; ".join(strategy.run_notes()),
+                "data": bundle.description,
+                "data_path": "device" if take is not None else "loader",
+                "startup": marks,
+                "written": time.time(),
+                **metrics,
+            }
+            with open(cell_dir / "epochs.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+    if cfg.save_params:
+        _save_params(strategy, cell_dir / "params.pt")
+    strategy.barrier()
 
 
 def _median(values: Any) -> float:

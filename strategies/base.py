@@ -9,6 +9,7 @@ strategy, not from its loop.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -395,7 +396,18 @@ class Strategy:
         """Wait for every rank (outside timed regions only)."""
 
     def teardown(self) -> None:
-        """Leave the process group."""
+        """Leave the process group (the worker calls `release` first)."""
+
+    def release(self) -> None:
+        """Drop the model, the optimizer and the last batch, and collect them, so that what
+        of them holds the process group (DDP's reducer, FSDP's mesh, ZeRO's optimizer) is
+        freed before the group is. A group whose last reference is DDP's reducer is
+        destroyed with the GIL held, joining gloo's threads, while one of them may be
+        waiting for that GIL to free a finished collective's tensors: a rank that never
+        exits (seen with torch 2.8; the group's own binding lets the GIL go)."""
+        self.model = self.optimizer = None
+        self.last_batch = None
+        gc.collect()
 
     # ---- the probe after the timed steps ----
     def probe(self, pairs: int, profile_steps: int, trace: Path | None) -> dict[str, Any]:

@@ -30,6 +30,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs {m.args[0]} GPUs, found {gpus}"))
 
 
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank gloo group in this process (a FileStore, no network); its RankContext."""
+    import torch.distributed as dist
+
+    from strategies.base import RankContext
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", rank=0, world_size=1, store=store)
+    try:
+        yield RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     if not (DATA / "mnist").is_dir():

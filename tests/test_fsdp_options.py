@@ -7,22 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torchvision
 from torch import nn
 
-from strategies.base import RankContext, Setting
+from strategies.base import Setting
 from strategies.fsdp import FSDP2
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", rank=0, world_size=1, store=store)
-    try:
-        yield RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
-    finally:
-        dist.destroy_process_group()
 
 
 def step(strategy: FSDP2, channels_last: bool) -> tuple[torch.Tensor, dict[str, set]]:
