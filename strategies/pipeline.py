@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench import torch_before
 from bench.models import meta_model, sequence
 from bench.probes import PhaseClock
 from strategies.base import Variant
@@ -103,6 +104,11 @@ class Pipeline(TorchDistributed):
         kind = options.get("schedule", "gpipe")
         if kind == "1f1b" and m < world_size:
             return f"1F1B needs at least as many micro-batches as stages ({world_size}), got {m}"
+        if kind == "gpipe" and m < world_size and torch_before((2, 11), torch.__version__):
+            return (
+                f"torch {torch.__version__}'s GPipe schedule needs at least as many "
+                f"micro-batches as stages ({world_size}), got {m}; torch 2.11 lifted that"
+            )
         if kind == "interleaved" and m % max(1, m // world_size):
             return (
                 f"interleaved 1F1B runs micro-batches in rounds of {world_size}: {m} is not "
