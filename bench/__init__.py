@@ -1,1 +1,41 @@
 """parabench harness: config -> launcher -> worker (per rank) -> strategy -> probes -> CSV."""
+
+# The oldest torch the whole suite has passed on (scripts/test_torch.sh; README, "Which
+# torch"); pyproject.toml asks for it. Older ones fail in ways the suite has seen: FSDP2's
+# parity with accumulation and 2-D FSDP x TP on 2.7 and 2.8, FSDP2 on CPU at all on 2.6.
+OLDEST_TESTED_TORCH = (2, 10)
+
+
+def torch_before(release: tuple[int, int], version: str | None = None) -> bool:
+    """Whether the installed torch (or `version`) is older than `release` (major, minor).
+    It reads the version from the package's metadata: `parabench --help` imports no torch.
+    A version that does not say (a source build's) or no torch at all: False."""
+    if version is None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            return False  # the commands that need torch say so themselves
+    try:
+        major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) < release
+
+
+def torch_too_old(version: str | None = None) -> str | None:
+    """One line where the installed torch (or `version`) is older than OLDEST_TESTED_TORCH,
+    else None. An install made without dependencies (`pip install --no-deps` beside a GPU
+    machine's own torch) is not held to pyproject's bound, hence the check."""
+    if not torch_before(OLDEST_TESTED_TORCH, version):
+        return None
+    if version is None:
+        from importlib import metadata
+
+        version = metadata.version("torch")
+    oldest = ".".join(map(str, OLDEST_TESTED_TORCH))
+    return (
+        f"torch {version} is older than the oldest parabench is tested with ({oldest}); "
+        "strategies may fail or hang on it"
+    )

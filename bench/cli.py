@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import torch_too_old
 from bench.config import DATASETS, OPTIMIZERS, PRECISIONS, ConfigError, RunConfig
 
 EXIT_BAD_INPUT = 2
@@ -568,6 +569,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
+    old = torch_too_old()
+    if old:
+        print(f"parabench: warning: {old}", file=sys.stderr)
     try:
         return args.func(args)
     except ConfigError as exc:

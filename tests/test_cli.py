@@ -204,3 +204,61 @@ def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(tmp_path, ca
     longer = capsys.readouterr().out.split("estimated wall time ")[1]
     value, unit = longer.split(" (")[0].split()
     assert (float(value) * (60 if unit == "min" else 1)) > short  # more steps: longer
+
+
+@pytest.mark.parametrize(
+    "version, old",
+    [
+        ("2.6.0+cu124", True),  # FSDP2 fails on CPU there
+        ("2.8.0+cu128", True),  # FSDP2 with accumulation and FSDP x TP fail parity there
+        ("1.13.1", True),
+        ("2.10.0+cu128", False),  # the oldest the suite passed on (scripts/test_torch.sh)
+        ("2.11.0a0+git1234", False),
+        ("2.15.0", False),
+        ("3.0.0", False),
+        ("not-a-version", False),
+    ],
+)
+def test_a_torch_older_than_any_tested_is_named(version, old):
+    from bench import OLDEST_TESTED_TORCH, torch_too_old
+
+    said = torch_too_old(version)
+    assert (said is not None) == old
+    if old:
+        assert said.startswith(f"torch {version} is older than the oldest parabench is tested")
+        assert ".".join(map(str, OLDEST_TESTED_TORCH)) in said
+
+
+def test_the_cli_warns_in_one_line_on_an_untested_torch_and_still_runs(monkeypatch, capsys):
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(
+        metadata, "version", lambda dist: "2.6.0" if dist == "torch" else real(dist)
+    )
+    assert main(["list"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "parabench: warning: torch 2.6.0 is older than the oldest parabench is tested with "
+        "(2.10); strategies may fail or hang on it"
+    ]
+    monkeypatch.setattr(metadata, "version", real)
+    assert main(["list"]) == 0
+    assert capsys.readouterr().err == ""  # this venv's torch: nothing to say
+
+
+@pytest.mark.parametrize("args", [[], ["latest"], ["2.7.1;rm"]])
+def test_test_torch_wants_a_version_before_it_makes_anything(args, tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "test_torch.sh"
+    venvs = set(script.parent.parent.glob(".venv-torch-*"))
+    done = subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"usage: {script} TORCH_VERSION [PYTEST ARGS ...]   (e.g. {script} 2.11.0)"
+    ]
+    assert set(script.parent.parent.glob(".venv-torch-*")) == venvs
