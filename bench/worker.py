@@ -129,11 +129,18 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
     marks["rendezvous"] = time.time()
     try:
         _train(cfg, spec, ctx, cell_dir, strategy, marks)
+    except BaseException as exc:
+        # its traceback would keep _train's model alive through teardown: the frames' locals
+        # go (the message and the traceback's lines stay)
+        traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
-        # once _train has returned, its model, optimizer and loader are gone, and release
-        # drops the strategy's: what holds the process group goes before the group does
-        strategy.release()
-        strategy.teardown()
+        # _train's model, optimizer and loader are gone, and release drops the strategy's:
+        # what holds the process group goes before the group does
+        try:
+            strategy.release()
+        finally:
+            strategy.teardown()
 
 
 def _train(

@@ -88,7 +88,7 @@ parabench() {  # parabench run|verify ARGS...
         echo "gpu-check: would run: parabench $cmd $* (not planned: $UNPLANNED)"
         return
     fi
-    "$PY" -m bench.cli "$cmd" --device "$DEVICE" --data-root "$DATA" --out-dir "$OUT" "${PLAN[@]}" "$@" \
+    "$PY" -m bench.cli "$cmd" --device "$DEVICE" --data-root "$DATA" --out-dir "$OUT" ${PLAN[@]+"${PLAN[@]}"} "$@" \
         || FAILED+=("$part: parabench $cmd $*")
 }
 # A part cut off (a command limit, `timeout`) leaves its run directory: run again, the
@@ -176,8 +176,8 @@ for part in "${PARTS[@]}"; do
             # after a failed build, run and verify each say in one line why horovod is
             # unavailable, and all three are named among the failed commands
             logged "$OUT/horovod/build.log" scripts/build_horovod.sh "$PY"
-            "$PY" -c 'import horovod.torch' 2>/dev/null \
-                || UNPLANNED="Horovod is not built for $PY here; the part builds it first"
+            [ "$DRY" != 1 ] || "$PY" -c 'import horovod.torch' 2>/dev/null \
+                || UNPLANNED="Horovod does not import for $PY here; the part builds it first"
             run --run-id horovod --dataset mnist --world-sizes 1 --repeats "$REPEATS" \
                 --strategies single,horovod,horovod_fp16
             verify --run-id horovod-verify --world-sizes 1 --strategies horovod,horovod_fp16 ;;

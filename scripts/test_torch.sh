@@ -7,7 +7,7 @@
 # is not built in it, so its tests skip. README's "Which torch" says what this found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ $# -ge 1 && $1 =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?$ ]] || {
+[[ $# -ge 1 && $1 =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?(\+[A-Za-z0-9.]+)?$ ]] || {
     echo "usage: $0 TORCH_VERSION [PYTEST ARGS ...]   (e.g. $0 2.11.0)" >&2
     exit 2
 }

@@ -399,14 +399,17 @@ class Strategy:
         """Leave the process group (the worker calls `release` first)."""
 
     def release(self) -> None:
-        """Drop the model, the optimizer and the last batch, and collect them, so that what
-        of them holds the process group (DDP's reducer, FSDP's mesh, ZeRO's optimizer) is
-        freed before the group is. A group whose last reference is DDP's reducer is
-        destroyed with the GIL held, joining gloo's threads, while one of them may be
-        waiting for that GIL to free a finished collective's tensors: a rank that never
-        exits (seen with torch 2.8; the group's own binding lets the GIL go)."""
+        """Drop the model, the optimizer, the last batch and the loss (a model's own `loss`
+        is bound to it), and collect them, so that what of them holds the process group
+        (DDP's reducer, FSDP's mesh, ZeRO's optimizer) is freed before the group is. A
+        group whose last reference is DDP's reducer is destroyed with the GIL held, joining
+        gloo's threads, while one of them may be waiting for that GIL to free a finished
+        collective's tensors: a rank that never exits (seen with torch 2.8; the group's own
+        binding lets the GIL go). A strategy that keeps more (a pipeline's stages, which
+        hold the group but no reducer) may drop it here too."""
         self.model = self.optimizer = None
         self.last_batch = None
+        self.loss_fn = cross_entropy
         gc.collect()
 
     # ---- the probe after the timed steps ----

@@ -106,7 +106,7 @@ def test_a_dry_run_without_horovod_says_its_matrix_waits_for_the_build(tmp_path)
     assert "would run: scripts/build_horovod.sh" in done.stdout
     assert (
         "would run: parabench verify --run-id horovod-verify --world-sizes 1 --strategies "
-        "horovod,horovod_fp16 (not planned: Horovod is not built for"
+        "horovod,horovod_fp16 (not planned: Horovod does not import for"
     ) in done.stdout
     assert "(not planned: it needs CUDA)" in done.stdout  # apex's, as before
     assert not (tmp_path / "out").exists()

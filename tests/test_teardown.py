@@ -36,3 +36,79 @@ def test_release_frees_what_holds_the_group_while_the_group_lives(name, one_rank
     assert [ref() for ref in held] == [None, None]
     assert strategy.model is None and strategy.optimizer is None and strategy.last_batch is None
     assert dist.is_initialized()  # the group outlives them: teardown leaves it afterwards
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_worker_frees_the_ddp_model_before_it_leaves_the_group(
+    fails, tmp_path, data_root, monkeypatch
+):
+    """A one-rank DDP cell run by the worker in this process (loopback rendezvous): when the
+    group is left, the DDP module is already gone, whether training returned or raised (the
+    traceback's frames would otherwise keep it)."""
+    import dataclasses
+    import json
+
+    from bench import worker
+    from strategies.base import Strategy
+    from strategies.ddp import TorchDistributed
+    from tests.conftest import small_config
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    wrapped: list[weakref.ref] = []
+    at_teardown: list[bool] = []
+    attach, teardown = Strategy.attach, TorchDistributed.teardown
+
+    def attach_(self, model, optimizer):
+        attach(self, model, optimizer)
+        wrapped.append(weakref.ref(self.model))
+
+    def train_epoch_(self, loader, epoch, **kw):
+        ddp = self.model  # a local of a frame the traceback holds
+        ddp(next(iter(loader))[0])
+        raise RuntimeError("training failed (test)")
+
+    def teardown_(self):
+        gc.collect()
+        at_teardown.append(wrapped[0]() is None)
+        teardown(self)
+
+    monkeypatch.setattr(Strategy, "attach", attach_)
+    monkeypatch.setattr(TorchDistributed, "teardown", teardown_)
+    if fails:
+        monkeypatch.setattr(Strategy, "train_epoch", train_epoch_)
+    cfg = small_config(tmp_path, data_root, max_steps=2, warmup_steps=0, eval_samples=0)
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    spec = {
+        "config": cfg.to_dict(),
+        "strategy": "ddp_torchrun",
+        "world_size": 1,
+        "setting": dataclasses.asdict(Setting()),
+        "options": {},
+        "repeat": 0,
+        "device": "cpu",
+        "dir": str(cell),
+        "workers_per_device": 0,
+        "threads": torch.get_num_threads(),
+        "shares_gpu": False,
+    }
+    if fails:
+        with pytest.raises(RuntimeError, match="training failed"):
+            worker.run(spec)
+        error = json.loads((cell / "error-rank0.json").read_text())
+        assert "train_epoch_" in error["traceback"]  # the lines stay, the locals go
+    else:
+        worker.run(spec)
+        assert (cell / "epochs.jsonl").exists()
+    assert at_teardown == [True]
