@@ -6,17 +6,23 @@
 OLDEST_TESTED_TORCH = (2, 10)
 
 
+def _installed_torch() -> str | None:
+    """The installed torch's version, from the package's metadata (`parabench --help`
+    imports no torch); None where there is none (the commands that need it say so)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def torch_before(release: tuple[int, int], version: str | None = None) -> bool:
     """Whether the installed torch (or `version`) is older than `release` (major, minor).
-    It reads the version from the package's metadata: `parabench --help` imports no torch.
     A version that does not say (a source build's) or no torch at all: False."""
+    version = version or _installed_torch()
     if version is None:
-        from importlib import metadata
-
-        try:
-            version = metadata.version("torch")
-        except metadata.PackageNotFoundError:
-            return False  # the commands that need torch say so themselves
+        return False
     try:
         major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
     except ValueError:
@@ -28,12 +34,9 @@ def torch_too_old(version: str | None = None) -> str | None:
     """One line where the installed torch (or `version`) is older than OLDEST_TESTED_TORCH,
     else None. An install made without dependencies (`pip install --no-deps` beside a GPU
     machine's own torch) is not held to pyproject's bound, hence the check."""
-    if not torch_before(OLDEST_TESTED_TORCH, version):
+    version = version or _installed_torch()
+    if version is None or not torch_before(OLDEST_TESTED_TORCH, version):
         return None
-    if version is None:
-        from importlib import metadata
-
-        version = metadata.version("torch")
     oldest = ".".join(map(str, OLDEST_TESTED_TORCH))
     return (
         f"torch {version} is older than the oldest parabench is tested with ({oldest}); "

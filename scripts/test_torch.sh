@@ -2,8 +2,8 @@
 # The test suite against another torch than constraints.txt's:
 #   scripts/test_torch.sh VERSION [PYTEST ARGS ...]      (make test-torch TORCH=VERSION)
 # Makes .venv-torch-VERSION once: torch==VERSION with the torchvision pip resolves for it,
-# every other package at constraints.txt's version, this project editable without its
-# dependencies. Then runs pytest there: by default the fast suite (-m "not slow"). Horovod
+# the packages constraints.txt pins at their versions, the test tools, this project
+# editable without its dependencies. Then runs pytest there: by default the fast suite (-m "not slow"). Horovod
 # is not built in it, so its tests skip. README's "Which torch" says what this found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
