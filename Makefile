@@ -8,7 +8,7 @@ PB     := $(VENV)/bin/parabench
 # downloaded there on first use when the machine has internet).
 DATA_ROOT ?= $(or $(PARABENCH_DATA_ROOT),$(wildcard ../shared/data),data)
 # Three repeats, interleaved round by round: the fewest that give every figure a 95 %
-# interval (bench/stats.py); BENCH_ARGS may override.
+# interval (bench/harness/stats.py); BENCH_ARGS may override.
 BENCH_ARGS ?=
 export PARABENCH_TEST_DATA ?= $(abspath $(DATA_ROOT))
 

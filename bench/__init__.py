@@ -1,4 +1,18 @@
-"""parabench harness: config -> launcher -> worker (per rank) -> strategy -> probes -> CSV."""
+"""parabench: three rooms, and the CLI and the run's config on top of them.
+
+- workload/  what is trained: data sets, models, your own factories, a step's FLOPs
+- harness/   how it runs and is measured: the matrix, launchers, the per-rank worker, probes,
+             and the records and CSVs it writes
+- analysis/  what a run's CSVs say: summary, report, plots, compare, verify, predict
+
+Imports go one way, workload <- harness <- analysis, every room reading config; the
+analysis reads only what the harness wrote, so it works on a run from another machine.
+"""
+
+from pathlib import Path
+
+#: the folder holding bench/ and strategies/: what a rank's PYTHONPATH starts with
+ROOT = Path(__file__).resolve().parent.parent
 
 # The oldest torch the whole suite has passed on (scripts/test_torch.sh; README, "Which
 # torch"); pyproject.toml asks for it. Older ones fail in ways the suite has seen: FSDP2's

@@ -334,7 +334,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         launcher=a.launcher,
     )
     if a.launcher == "slurm":  # the nodes are the allocation's
-        from bench import slurm
+        from bench.harness import slurm
 
         nodes |= slurm.describe(a.nodes, a.procs_per_node)
         nodes["master_addr"] = nodes.pop("master")
@@ -388,11 +388,12 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from bench import runner, summary
+    from bench.analysis import summary
+    from bench.harness import runner
 
     cfg = config_from_args(a)
     if not a.resume:
-        from bench import estimate
+        from bench.harness import estimate
 
         runner.check_new_run(cfg)
         cells = runner.plan(cfg)  # bad input: one line before anything runs
@@ -413,7 +414,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     print(f"results: {run_dir}")
     if not a.no_report:
         try:
-            from bench import report
+            from bench.analysis import report
         except ImportError:
             pass
         else:
@@ -427,8 +428,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_list(a: argparse.Namespace) -> int:
     import strategies
-    from bench.env import resolve_device
-    from bench.models import model_names
+    from bench.harness.env import resolve_device
+    from bench.workload.models import model_names
 
     device = resolve_device(a.device)
     print(f"strategies (device: {device}):")
@@ -440,8 +441,8 @@ def cmd_list(a: argparse.Namespace) -> int:
             print(f"  {'':<16} -> {why}")
     import torch
 
-    from bench import plugins
-    from bench.models import LM_SIZES, LanguageModel
+    from bench.workload import plugins
+    from bench.workload.models import LM_SIZES, LanguageModel
 
     mine = plugins.registered(plugins.DATASET_GROUP)
     print(f"datasets: {', '.join([*DATASETS, *mine])}, or package.module:factory / file.py:factory")
@@ -496,11 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="a submitted run: its job's state and the rows so far")
     st.add_argument("run_dir")
     st.set_defaults(func=cmd_status)
-    for mod in ("verify", "report", "compare", "predict"):
-        try:
-            module = __import__(f"bench.{mod}", fromlist=["add_parser"])
-        except ImportError:
-            continue
+    # the analysis commands own their options (an import error here is a bug: it shows)
+    from bench.analysis import compare, predict, report, verify
+
+    for module in (verify, report, compare, predict):
         module.add_parser(sub)
     return p
 
@@ -519,8 +519,8 @@ def _forwarded(argv: Sequence[str]) -> list[str]:
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
-    from bench import slurm
-    from bench.runner import _new_run_id, plan
+    from bench.harness import slurm
+    from bench.harness.runner import _new_run_id, plan
 
     if a.launcher or a.host_exec or a.hosts:
         raise ConfigError(
@@ -558,7 +558,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    from bench import slurm
+    from bench.harness import slurm
 
     print(slurm.status(Path(a.run_dir)))
     return 0

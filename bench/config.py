@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: built-in data sets; `--dataset` also takes a user's (bench.plugins)
+#: built-in data sets; `--dataset` also takes a user's (bench.workload.plugins)
 DATASETS = ("mnist", "imagenet-subset", "synthetic", "python-source")
 PRECISIONS = ("fp32", "bf16", "fp16")  # the precision axis (strategies/precision.py)
 #: torch.compile's modes (--compile-mode), and those that capture CUDA graphs
@@ -79,7 +79,7 @@ class RunConfig:
     #: where the data set is in memory: mnist, synthetic; else loader)
     data_feed: str = "auto"
     #: how steps are timed on CUDA: "sync" (synchronise around each step, host clock) or
-    #: "events" (CUDA events, no synchronisation inside the loop); bench.probes.StepTimer
+    #: "events" (CUDA events, no synchronisation inside the loop); bench.harness.probes.StepTimer
     step_timing: str = "sync"
     #: a loss above this many times the first step's (or non-finite) marks the row diverged
     diverge_factor: float = 10.0
@@ -91,10 +91,10 @@ class RunConfig:
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     #: after the timed steps of a multi-process cell: this many steps with gradient sync and
     #: as many without (the communication ablation; 0: none), then `profile_steps` under
-    #: torch.profiler (bench.breakdown)
+    #: torch.profiler (bench.harness.breakdown)
     probe_pairs: int = 4
     #: choose each epoch's timed steps by precision: stop once the mean step time is known
-    #: to within this many % (95 % interval over blocks of steps, bench.stats), at the
+    #: to within this many % (95 % interval over blocks of steps, bench.harness.stats), at the
     #: earliest after 5 blocks, at the latest at --max-steps or the epoch's end; None: all
     target_precision: float | None = None
     profile_steps: int = 2
@@ -104,7 +104,7 @@ class RunConfig:
     #: at the run's world sizes (collectives.json), each one-process cell's compute at smaller
     #: batches, the model's FLOPs and the device's peak (model.json)
     scaling_model: bool = True
-    #: several nodes (bench.nodes): world size nodes x procs_per_node, one torchrun agent per
+    #: several nodes (bench.harness.nodes): world size nodes x procs_per_node, one torchrun agent per
     #: host, started through host_exec ("ssh {host}"; empty: on this machine)
     nodes: int = 1
     procs_per_node: int = 0  # 0: one node, world sizes as given
@@ -115,7 +115,7 @@ class RunConfig:
     ifname: str = ""  # the nodes' network interface for gloo / NCCL (GLOO_SOCKET_IFNAME)
     #: a node's CPU cores, shared by its ranks' threads (0: as many as this machine has)
     cores_per_node: int = 0
-    #: "" (each strategy's own launcher) or "slurm": every cell one srun step (bench.slurm),
+    #: "" (each strategy's own launcher) or "slurm": every cell one srun step (bench.harness.slurm),
     #: hosts the allocation's node names and master_addr its first node's address
     launcher: str = ""
     master_addr: str = ""
@@ -125,7 +125,7 @@ class RunConfig:
             if not cond:
                 raise ConfigError(msg)
 
-        from bench import plugins
+        from bench.workload import plugins
 
         need(
             self.dataset in DATASETS or plugins.is_plugin(self.dataset, plugins.DATASET_GROUP),
@@ -208,7 +208,7 @@ class RunConfig:
             self.target_precision is None or 0 < self.target_precision < 100,
             f"--target-precision takes a % above 0 and below 100, got {self.target_precision}",
         )
-        from bench.stats import PRECISION_MIN_STEPS
+        from bench.harness.stats import PRECISION_MIN_STEPS
 
         need(
             self.target_precision is None
@@ -343,7 +343,7 @@ class RunConfig:
     def _default_image_size(self) -> int:
         if self.dataset != "synthetic":
             return 224
-        from bench.env import resolve_device
+        from bench.harness.env import resolve_device
 
         return CPU_SYNTHETIC_IMAGE_SIZE if resolve_device(self.device) == "cpu" else 224
 

@@ -19,7 +19,7 @@ Paired rounds: in each round, for each strategy, the hand-written loop and the h
 back to back (which goes first alternates by round), and the round's ratio harness / hand
 is one sample: a machine that drifts over minutes moves both sides of a pair alike, which
 unpaired medians cannot cancel. The figure is the median ratio over rounds with its 95 %
-distribution-free interval (order statistics, bench.stats.median_interval; at least 6
+distribution-free interval (order statistics, bench.harness.stats.median_interval; at least 6
 rounds). Rounds go on until every interval is no wider than --width (0.02: two points of
 ratio) or --max-minutes have passed; a line then says the interval this machine reached.
 Each side runs in a fresh process; only the timed steps after warm-up are counted.
@@ -52,8 +52,8 @@ def _hand_rank(rank: int, world: int, args: dict, port: int, out: str) -> None:
     from torch.utils.data import DataLoader, DistributedSampler
 
     from bench.config import RunConfig
-    from bench.data import load
-    from bench.models import MnistCNN
+    from bench.workload.data import load
+    from bench.workload.models import MnistCNN
 
     cuda = args["device"] == "cuda"
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if cuda else "cpu")
@@ -118,7 +118,7 @@ def _hand_rank(rank: int, world: int, args: dict, port: int, out: str) -> None:
 def hand(strategy: str, world: int, args: dict) -> float:
     import torch.multiprocessing as mp
 
-    from bench.proc import free_port
+    from bench.harness.proc import free_port
 
     args = args | {"ddp": strategy != "single"}
     with tempfile.TemporaryDirectory() as d:
@@ -131,7 +131,7 @@ def hand(strategy: str, world: int, args: dict) -> float:
 # ------------------------------------------------------------------ the harness side
 def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> float:
     from bench.config import RunConfig
-    from bench.runner import run_matrix
+    from bench.harness.runner import run_matrix
 
     cfg = RunConfig(
         strategies=(strategy,),
@@ -247,14 +247,14 @@ def pairs(device: str) -> tuple[tuple[str, int], ...]:
 
 def wide(ratios: list[float], width: float) -> bool:
     """Whether the interval is not there yet or wider than `width`."""
-    from bench.stats import median_interval
+    from bench.harness.stats import median_interval
 
     _, low, high = median_interval(ratios)
     return not high - low <= width  # nan: not yet
 
 
 def main() -> None:
-    from bench.stats import median_interval
+    from bench.harness.stats import median_interval
 
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

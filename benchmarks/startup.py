@@ -50,7 +50,7 @@ if __name__ == "__main__":
 
 
 def bare(launcher: str, world: int, script: Path) -> float:
-    from bench import launchers, proc
+    from bench.harness import launchers, proc
 
     py = sys.executable
     argv = {
@@ -78,7 +78,7 @@ STRATEGY = {
 
 def harness(launcher: str, world: int, out: Path, repeats: int) -> pd.DataFrame:
     from bench.config import RunConfig
-    from bench.runner import run_matrix
+    from bench.harness.runner import run_matrix
 
     cfg = RunConfig(
         strategies=(STRATEGY[launcher],),

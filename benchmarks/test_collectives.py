@@ -13,7 +13,7 @@ gathered output of all_gather, the input of reduce_scatter (each rank's chunk is
 Bus bandwidth as nccl-tests define it: algbw = n / time, busbw = algbw * bus factor, with
 2(p-1)/p for all_reduce and (p-1)/p for all_gather and reduce_scatter, which makes the
 numbers comparable with the link's peak whatever the op and world size (see
-bench/collectives.py, which also fits a latency + bandwidth model to such times). Both go
+bench/harness/collectives.py, which also fits a latency + bandwidth model to such times). Both go
 into `benchmark.extra_info` (stored with --benchmark-autosave) and are printed at the end
 of the session (see conftest.py).
 
@@ -36,7 +36,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.collectives import OPS, bus_factor
+from bench.harness.collectives import OPS, bus_factor
 
 WORLD_SIZE = 2
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]  # bytes: 4 KiB .. 16 MiB

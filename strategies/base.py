@@ -21,8 +21,15 @@ from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
 from bench.config import CUDA_GRAPH_MODES
-from bench.models import cross_entropy, norm_layers
-from bench.probes import PHASES, PhaseClock, StepRecord, StepTimer, memory_snapshot, model_state_mib
+from bench.harness.probes import (
+    PHASES,
+    PhaseClock,
+    StepRecord,
+    StepTimer,
+    memory_snapshot,
+    model_state_mib,
+)
+from bench.workload.models import cross_entropy, norm_layers
 from strategies import precision as prec
 
 
@@ -177,7 +184,7 @@ class Strategy:
         #: what the precision column says (e.g. bf16, apex_O2)
         self.precision = self.setting.precision
         self.model: nn.Module | None = None
-        #: (output, target) -> loss; the worker sets the model's (bench.models.loss_of)
+        #: (output, target) -> loss; the worker sets the model's (bench.workload.models.loss_of)
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy
         self.optimizer: torch.optim.Optimizer | None = None
         self.notes: list[str] = []
@@ -198,7 +205,7 @@ class Strategy:
         cls, options: Mapping[str, str], world_size: int, shape: ModelShape, precision: str
     ) -> Traffic | str:
         """The collectives one optimizer step issues on each rank at `world_size`, for the
-        scaling predictor (bench.predict); or why they are not modelled."""
+        scaling predictor (bench.analysis.predict); or why they are not modelled."""
         if not cls.multiprocess:
             return "one process: no collectives between ranks"
         return f"{cls.__name__}'s communication is not modelled"
@@ -307,7 +314,7 @@ class Strategy:
         return prec.make(name, self.ctx.device.type)
 
     def numerics(self) -> tuple[str, ...]:
-        """The numeric recipe, as parts that each carry a parity tolerance (bench.verify):
+        """The numeric recipe, as parts that each carry a parity tolerance (bench.analysis.verify):
         `autocast_bf16`, `grad_fp16` (compressed gradients), `powersgd`, ...; () is exact fp32."""
         p = self.precision_plugin
         return () if p.dtype is None else (f"autocast_{p.name}",)
@@ -421,7 +428,7 @@ class Strategy:
         temporary file when None). The weights and buffers are left as the timed steps left
         them (`_frozen`); the optimizer's own state (momentum, step counts) is not, and
         nothing reads it after the last epoch."""
-        from bench import breakdown
+        from bench.harness import breakdown
 
         assert self.model is not None and self.optimizer is not None and self.last_batch
         x, y = self.last_batch
@@ -472,7 +479,7 @@ class Strategy:
         """A one-process cell's step time at the per-rank batch of N ranks (the global batch
         split N ways, N = 1, 2, 4, ... up to `max_ranks`, at least 2 samples per
         micro-batch), with this process's threads: what the scaling predictor
-        (bench.predict) builds a rank's compute from where each rank has a device like this
+        (bench.analysis.predict) builds a rank's compute from where each rank has a device like this
         one. Median of `steps` steps after one warm-up step per batch size, frozen."""
         assert self.optimizer is not None and self.last_batch is not None
         x, y = self.last_batch
@@ -534,7 +541,7 @@ class Strategy:
 
         from torch.profiler import ProfilerActivity, profile
 
-        from bench import breakdown
+        from bench.harness import breakdown
 
         activities = [ProfilerActivity.CPU]
         if self.ctx.device.type == "cuda":
@@ -614,7 +621,7 @@ class Strategy:
         """One epoch of the loop every strategy shares. `on_step(step_ms)` is called after
         each step, outside its timing (rank 0's progress report). With `precision` (a %),
         the epoch ends early once every rank's mean step time is known to within it
-        (`precise_enough`). `step_timing`: how steps are timed (bench.probes.StepTimer)."""
+        (`precise_enough`). `step_timing`: how steps are timed (bench.harness.probes.StepTimer)."""
         assert self.model is not None and self.optimizer is not None, "call attach() first"
         sampler = getattr(loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
@@ -651,10 +658,10 @@ class Strategy:
 
     def precise_enough(self, timer: StepTimer, warmup: int, target: float) -> bool:
         """Whether the timed steps so far fix the mean step time to within `target` % on every
-        rank (bench.stats.step_precision_pct over blocks of STEP_BLOCK steps). Asked only
+        rank (bench.harness.stats.step_precision_pct over blocks of STEP_BLOCK steps). Asked only
         where a block ends, the same step on every rank, outside the steps' timing: the
         ranks agree through one small collective (all_mean), so all stop at the same step."""
-        from bench.stats import PRECISION_MIN_STEPS, STEP_BLOCK, step_precision_pct
+        from bench.harness.stats import PRECISION_MIN_STEPS, STEP_BLOCK, step_precision_pct
 
         timed = timer.steps - warmup
         if timed < PRECISION_MIN_STEPS or timed % STEP_BLOCK:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from bench.models import norm_layers
+from bench.workload.models import norm_layers
 from strategies import precision as prec
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed, flag

@@ -56,7 +56,7 @@ class Horovod(Strategy):
                 else ""
             )
             return f"Horovod is not installed{detail}; {INSTALL}"
-        from bench.launchers import horovodrun_path
+        from bench.harness.launchers import horovodrun_path
 
         if horovodrun_path() is None:
             return f"horovodrun is not on PATH; {INSTALL}"

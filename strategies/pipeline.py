@@ -36,8 +36,8 @@ import torch.distributed as dist
 from torch import nn
 
 from bench import torch_before
-from bench.models import meta_model, sequence
-from bench.probes import PhaseClock
+from bench.harness.probes import PhaseClock
+from bench.workload.models import meta_model, sequence
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed
 from strategies.fsdp import rebuild

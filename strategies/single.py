@@ -12,7 +12,7 @@ micro-batches, as it does on each rank.
 `--set perturb=N` (N = 1..4; 0: none) starts from the same weights each moved by one unit in the last
 place (fp32), in directions drawn with seed N: a twin of the baseline that differs only
 by rounding, which `parabench verify` uses to measure how far rounding alone carries a
-model within its steps (see bench.verify.conditioning).
+model within its steps (see bench.analysis.verify.conditioning).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.models import MLP, Attention, meta_model
+from bench.workload.models import MLP, Attention, meta_model
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed
 from strategies.fsdp import FSDP2, rebuild

@@ -12,7 +12,7 @@ import torch
 
 import strategies
 from bench.config import RunConfig
-from bench.runner import run_matrix
+from bench.harness.runner import run_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PARABENCH_TEST_DATA", ROOT.parent / "shared" / "data"))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from bench.config import ConfigError
-from bench.results import case_labels
-from bench.runner import plan
+from bench.harness.results import case_labels
+from bench.harness.runner import plan
 from strategies.base import Setting
 from tests.conftest import small_config
 
@@ -38,7 +38,7 @@ def test_compile_modes_are_cases_of_their_own_in_reports():
 
 def test_verify_baselines_run_eager_whatever_the_compile_mode(tmp_path, data_root):
     """verify's baselines (single at fp32, eager) are valid runs of a compiled matrix."""
-    from bench.verify import baseline_config, parity_config
+    from bench.analysis.verify import baseline_config, parity_config
 
     cfg = small_config(tmp_path, data_root, compile=(True,), compile_mode="reduce-overhead")
     base = baseline_config(parity_config(cfg, 2), tmp_path, "baseline")

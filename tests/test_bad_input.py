@@ -1,7 +1,7 @@
 """A sweep of bad input to every option of run, verify, report and compare.
 
 Each case: exit code 2, one line on stderr starting `parabench: error:` (no traceback),
-and nothing created or changed on disk. No case may start a run: `bench.runner.open_run`
+and nothing created or changed on disk. No case may start a run: `bench.harness.runner.open_run`
 is guarded, so input that validation lets through fails the case instead of training.
 Cases already in test_cli.py, test_config.py, test_compare.py and test_report.py are not
 repeated here.
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import strategies
-from bench import results, runner
 from bench.cli import main
+from bench.harness import results, runner
 
 # ---------------------------------------------------------------- fixtures on disk
 

@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
-from bench import breakdown, predict
+from bench.analysis import predict
 from bench.config import ConfigError
-from bench.probes import PhaseClock
-from bench.runner import run_matrix
+from bench.harness import breakdown
+from bench.harness.probes import PhaseClock
+from bench.harness.runner import run_matrix
 from strategies.base import ModelShape
 from tests.conftest import faulty_strategies, small_config
 
@@ -260,7 +261,7 @@ def test_predict_from_the_run(probed_run) -> None:
     assert ws2["measured_samples_per_s"] > 0 and math.isfinite(ws2["error_pct"])
     assert {r["world_size"] for r in rows} == {2, 16}
     assert next(r for r in rows if r["world_size"] == 16)["comm_ms"] > ws2["comm_ms"]
-    from bench import report
+    from bench.analysis import report
 
     text = (report.render(run)).read_text()
     assert "## Where the time goes" in text and "## Scaling: predicted and measured" in text

@@ -1,4 +1,4 @@
-"""bench.collectives: the alpha-beta fit and the ring model on synthetic times, then one
+"""bench.harness.collectives: the alpha-beta fit and the ring model on synthetic times, then one
 real 2-rank gloo measurement."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import collectives as C
+from bench.harness import collectives as C
 
 SIZES = [4096 * 4**k for k in range(6)]
 ALPHA_US, BUSBW_GBPS = 25.0, 3.0

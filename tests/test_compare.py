@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench import compare, report
+from bench.analysis import compare, report
 from bench.cli import main
 
 STEP_TIMES = ("step_time_ms_p50", "step_time_ms_p90", "step_time_ms_mean", "timed_s")

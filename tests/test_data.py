@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from bench import data
 from bench.config import ConfigError, RunConfig
+from bench.workload import data
 
 
 def test_mnist_uses_the_split_present_and_says_which(data_root):

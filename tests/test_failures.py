@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from bench.runner import run_matrix
+from bench.harness.runner import run_matrix
 from tests.conftest import faulty_strategies, small_config
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
 
 
 def test_missing_launcher_executable_is_a_failed_row(tmp_path, data_root, faulty, monkeypatch):
-    import bench.launchers as launchers
+    import bench.harness.launchers as launchers
 
     monkeypatch.setattr(launchers, "horovodrun_path", lambda: None)
     monkeypatch.setitem(launchers.LAUNCHERS, "spawn", launchers.horovodrun)
@@ -82,7 +82,8 @@ def test_missing_launcher_executable_is_a_failed_row(tmp_path, data_root, faulty
 
 
 def test_a_diverged_run_is_a_row_of_its_own_kept_out_of_the_rankings(tmp_path, data_root):
-    from bench import report, results
+    from bench.analysis import report
+    from bench.harness import results
 
     cfg = small_config(
         tmp_path, data_root, strategies=("single",), world_sizes=(1,), lr=1e6, warmup_steps=1

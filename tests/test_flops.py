@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import flops, models
 from bench.config import RunConfig
+from bench.workload import flops, models
 
 MLP = """
 class MLP(nn.Module):
@@ -184,7 +184,7 @@ def test_mfu():
 
 
 def test_cpu_units_read_from_the_flags() -> None:
-    from bench.flops import cpu_has_units
+    from bench.workload.flops import cpu_has_units
 
     assert cpu_has_units("bf16", "flags : fpu avx2 avx512_bf16 fma")
     assert not cpu_has_units("bf16", "flags : fpu avx2 fma")

@@ -8,7 +8,7 @@ import math
 import pytest
 
 import strategies
-from bench.runner import run_matrix
+from bench.harness.runner import run_matrix
 from tests.conftest import small_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.requires_cuda]
@@ -111,7 +111,7 @@ def test_ddp_two_gpus(tmp_path, data_root):
 
 def test_apex_o2_and_parity_when_installed(tmp_path, data_root):
     skip_unless_usable("apex_amp_ddp")
-    from bench.verify import verify
+    from bench.analysis.verify import verify
 
     cfg = small_config(
         tmp_path,
@@ -138,7 +138,7 @@ def test_horovod_nccl_when_built(tmp_path, data_root):
 def test_modern_strategies_and_run_options_on_one_gpu(tmp_path, data_root):
     """FSDP2, ZeRO-1 and the compression hooks over nccl, fp16 with loss scaling as an axis,
     and their parity with single at fp32."""
-    from bench.verify import verify
+    from bench.analysis.verify import verify
 
     cfg = small_config(
         tmp_path,
@@ -205,7 +205,7 @@ def test_two_ranks_share_one_gpu_over_gloo(tmp_path, data_root):
 def test_step_timing_by_events_counts_the_stream_not_the_queue(tmp_path, data_root):
     import torch
 
-    from bench.probes import StepTimer
+    from bench.harness.probes import StepTimer
 
     t = StepTimer(torch.device("cuda:0"), "events")
     for _ in range(3):

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from bench import results
-from bench.runner import RunDir, run_matrix
+from bench.harness import results
+from bench.harness.runner import RunDir, run_matrix
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.slow
@@ -60,7 +60,7 @@ def test_rows_are_complete_and_plausible(four, strategy, ws):
     assert int(r["steps"]) == 6 and int(r["timed_steps"]) == 4
     assert int(r["samples"]) == 4 * 32  # timed steps x global batch, summed over ranks
     assert int(r["per_rank_batch"]) == (32 if strategy == "dp" else 32 // ws)
-    from bench.env import cpu_cores
+    from bench.harness.env import cpu_cores
 
     processes = ws if strategy.startswith("ddp") else 1
     assert int(r["threads_per_rank"]) == max(1, cpu_cores() // processes)

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 import strategies
-from bench import results, torch_before
+from bench import torch_before
+from bench.analysis.verify import RECIPES, verify
 from bench.config import ConfigError
-from bench.env import cpu_cores
-from bench.models import Transformer, build_model, sequence
-from bench.runner import RunDir, plan
-from bench.verify import RECIPES, verify
+from bench.harness import results
+from bench.harness.env import cpu_cores
+from bench.harness.runner import RunDir, plan
+from bench.workload.models import Transformer, build_model, sequence
 from strategies.pipeline import balanced_cuts
 from strategies.tensor_parallel import tp_plan
 from tests.conftest import faulty_strategies, small_config

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from bench import results
-from bench.runner import RunDir, run_matrix
-from bench.verify import RECIPES, verify
+from bench.analysis.verify import RECIPES, verify
+from bench.harness import results
+from bench.harness.runner import RunDir, run_matrix
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.slow

@@ -89,10 +89,10 @@ def test_a_node_command_is_quoted_for_a_remote_shell_only() -> None:
     import shlex
     from types import SimpleNamespace
 
-    from bench.nodes import _on_node
+    from bench.harness.nodes import _on_node
 
     env = {"PARABENCH_X": "a b", "HOME": "/root"}
-    command = ["/opt/my python/bin/python", "-m", "bench.worker", "/tmp/run 1/spec.json"]
+    command = ["/opt/my python/bin/python", "-m", "bench.harness.worker", "/tmp/run 1/spec.json"]
     want = ["env", "PARABENCH_NODE=h1", "PARABENCH_X=a b", *command]
     ssh = SimpleNamespace(host_exec="ssh -p 22 {host}", hosts=["h0", "h1"], timeout_s=90.5)
     argv = _on_node(ssh, 1, env, command, PARABENCH_NODE="h1")
@@ -124,7 +124,7 @@ def test_a_command_through_ssh_ends_at_the_cells_deadline_on_its_own() -> None:
     import time
     from types import SimpleNamespace
 
-    from bench.nodes import _on_node
+    from bench.harness.nodes import _on_node
 
     cfg = SimpleNamespace(host_exec="ssh {host}", hosts=["h0"], timeout_s=1)
     argv = _on_node(cfg, 0, {}, [sys.executable, "-c", "import time; time.sleep(60)"])
@@ -170,7 +170,7 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
 
 def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) -> None:
     from bench.config import ConfigError
-    from bench.runner import plan
+    from bench.harness.runner import plan
     from tests.conftest import small_config
 
     cfg = small_config(tmp_path, data_root, world_sizes=(), nodes=2, procs_per_node=1, hosts=HOSTS)
@@ -201,7 +201,7 @@ def test_a_nodes_cores_are_shared_by_its_own_ranks(data_root, tmp_path) -> None:
     start; a cell is oversubscribed (a skipped row, or with --oversubscribe one thread a
     rank) when M exceeds C, whatever this machine's core count."""
     from bench.config import ConfigError
-    from bench.runner import Cell, plan, rank_threads
+    from bench.harness.runner import Cell, plan, rank_threads
     from tests.conftest import small_config
 
     base = small_config(

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import compare, report, stats
+from bench.analysis import compare, report
 from bench.cli import main
-from bench.runner import plan, run_matrix
+from bench.harness import stats
+from bench.harness.runner import plan, run_matrix
 from tests.conftest import faulty_strategies, small_config
 
 # ---------------------------------------------------------------- statistics
@@ -280,7 +281,7 @@ def test_cpu_share_counts_what_the_cell_did_not_use(monkeypatch) -> None:
     the hypervisor's (fields of /proc/stat: user nice system idle iowait irq softirq steal)."""
     import os
 
-    from bench.runner import CpuShare
+    from bench.harness.runner import CpuShare
 
     tick = os.sysconf("SC_CLK_TCK")
     reads = iter(

@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
-from bench import data, models, plugins
+from bench.analysis.verify import table, verify
 from bench.cli import main
 from bench.config import ConfigError, RunConfig
-from bench.runner import run_matrix
-from bench.verify import table, verify
+from bench.harness.runner import run_matrix
+from bench.workload import data, models, plugins
 from tests.conftest import faulty_strategies
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,16 @@ import os
 import pytest
 
 import strategies
-from bench import verify as verify_mod
+from bench.analysis import verify as verify_mod
+from bench.analysis.verify import (
+    AMPLIFIED,
+    RECIPES,
+    REFERENCE_FACTOR,
+    REFERENCE_LIMIT,
+    table,
+    verify,
+)
 from bench.config import RunConfig
-from bench.verify import AMPLIFIED, RECIPES, REFERENCE_FACTOR, REFERENCE_LIMIT, table, verify
 from tests.conftest import faulty_strategies, small_config
 
 pytestmark = pytest.mark.slow
@@ -83,7 +90,7 @@ def _row(**kw):
 
 
 def test_batch_norm_cells_are_checked_against_the_baseline_cut_into_their_shares():
-    from bench.verify import baseline_label, batch_norm_layout, batch_norm_reason
+    from bench.analysis.verify import baseline_label, batch_norm_layout, batch_norm_reason
 
     ddp = _row(per_rank_batch="8", data_ranks="2")
     assert batch_norm_layout(ddp, norms=20) == (2, 1)
@@ -105,7 +112,7 @@ def test_batch_norm_cells_are_checked_against_the_baseline_cut_into_their_shares
 def test_verification_turns_off_every_dropout_layer():
     import torch
 
-    from bench.models import build_model, without_dropout
+    from bench.workload.models import build_model, without_dropout
 
     cnn = build_model("mnist_cnn", 10)
     attn = torch.nn.Sequential(torch.nn.MultiheadAttention(8, 2, dropout=0.1), torch.nn.Dropout2d())
@@ -211,7 +218,7 @@ def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, 
     bf16 cells are held to their recipe's tolerance, not widened by a figure never taken."""
     import shutil
 
-    from bench.runner import RunDir
+    from bench.harness.runner import RunDir
 
     run_dir = tmp_path / "run"
     shutil.copytree(amplified[0], run_dir)

@@ -11,7 +11,7 @@ from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from bench import plots
+from bench.analysis import plots
 
 PARTS = ["param_mib", "grad_mib", "optim_mib"]
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from bench import progress
-from bench.progress import Display, StepReporter
+from bench.harness import progress
+from bench.harness.progress import Display, StepReporter
 
 
 def test_rank_zero_reports_steps_through_a_file(tmp_path):
@@ -104,7 +104,7 @@ def test_durations_read_naturally():
 
 @pytest.mark.slow
 def test_a_real_cell_reports_every_step(tmp_path, data_root):
-    from bench.runner import run_matrix
+    from bench.harness.runner import run_matrix
     from tests.conftest import small_config
 
     cfg = small_config(tmp_path, data_root, strategies=("ddp_spawn",), world_sizes=(2,))

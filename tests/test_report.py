@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 
-from bench import plots, report
+from bench.analysis import plots, report
 from bench.cli import main
 
 REP = ["strategy", "world_size", "repeat"]

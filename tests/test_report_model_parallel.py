@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from bench import plots, report, summary
+from bench.analysis import plots, report, summary
 
 NAN = math.nan
 

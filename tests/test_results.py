@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from bench import results
-from bench.probes import StepTimer, memory_snapshot
+from bench.harness import results
+from bench.harness.probes import StepTimer, memory_snapshot
 
 
 def _record(**kw):
@@ -114,7 +114,7 @@ def test_memory_snapshot_on_cpu_reads_rss():
 
 
 def test_divergence_names_the_first_bad_step():
-    from bench.results import divergence
+    from bench.harness.results import divergence
 
     assert divergence([2.3, 1.9, 1.2], 10) is None
     assert divergence([2.3, float("nan"), 1.0], 10) == "loss is nan at step 1"

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bench.runner import RunDir, run_matrix
+from bench.harness.runner import RunDir, run_matrix
 from tests.conftest import ROOT, small_config
 from tests.test_failures import leftover_processes
 

@@ -56,7 +56,7 @@ def test_the_worker_frees_the_ddp_model_before_it_leaves_the_group(
     import dataclasses
     import json
 
-    from bench import worker
+    from bench.harness import worker
     from strategies.base import Strategy
     from strategies.ddp import TorchDistributed
     from tests.conftest import small_config

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from bench import stats
-from bench.breakdown import PARTS, hidden, stacked
-from bench.probes import PHASES
+from bench.harness import stats
+from bench.harness.breakdown import PARTS, hidden, stacked
+from bench.harness.probes import PHASES
 
 #: measurements a strategy may report through Strategy.cell_metrics, model parallelism's:
 #: pipeline stages and micro-batches, the measured bubble (share of the pipeline's step a
@@ -35,7 +35,7 @@ EXTRA = (
     "p2p_mib_per_step",
     "collective_mib_per_step",
 )
-#: where a step's time goes (bench.breakdown): the phases' means over timed steps, the
+#: where a step's time goes (bench.harness.breakdown): the phases' means over timed steps, the
 #: communication probe's figures, the stacked parts that add up to the mean step, the
 #: slowest and fastest rank's median step (a straggler shows), and model FLOPs / MFU
 BREAKDOWN = (
@@ -125,7 +125,7 @@ MEASUREMENTS = [
     "step_time_ms_p90",
     "step_time_ms_iqr",
     "step_time_ms_mean",
-    # the mean step time's 95 % half-width over blocks of 10 timed steps, % (bench.stats)
+    # the mean step time's 95 % half-width over blocks of 10 timed steps, % (bench.harness.stats)
     "step_precision_pct",
     "first_step_ms",
     "data_wait_ms_p50",
@@ -161,9 +161,9 @@ MEASUREMENTS = [
 ]
 PROVENANCE = [
     "timestamp",
-    "load_avg_1m",  # the machine as the cell started (bench.runner.machine_state)
+    "load_avg_1m",  # the machine as the cell started (bench.harness.runner.machine_state)
     "cpu_mhz",
-    "other_cpu_pct",  # while the cell ran: CPU time of anything else (bench.runner.CpuShare)
+    "other_cpu_pct",  # while the cell ran: CPU time of anything else (bench.harness.runner.CpuShare)
     "cpu_steal_pct",  # ... and what a hypervisor gave to other guests
     "host",
     "cpu_model",
@@ -205,7 +205,7 @@ RANK_COLUMNS = ID + [
     "grad_mib",
     "optim_mib",
 ]
-#: what each rank holds of the model's training state (bench.probes.model_state_mib)
+#: what each rank holds of the model's training state (bench.harness.probes.model_state_mib)
 MODEL_STATE = ("param_mib", "grad_mib", "optim_mib")
 
 #: statuses a cell can end with
@@ -238,7 +238,7 @@ def divergence(losses: Sequence[float], factor: float) -> str | None:
 
 
 def startup(marks: Mapping[str, float], last: Mapping[str, Any], ended: float) -> dict[str, float]:
-    """A cell's start-up and teardown from rank 0's wall-clock marks (bench.worker): launch
+    """A cell's start-up and teardown from rank 0's wall-clock marks (bench.harness.worker): launch
     (launcher, interpreter, imports: harness start to the worker's entry), rendezvous
     (joining the process group), setup (data, model, wrapping), their sum to the first
     step, and teardown (the last record written to the cell's end: saving, leaving the

@@ -2,9 +2,9 @@
 outside one.
 
 Inside an allocation (`salloc`, or the batch script `parabench submit` writes), `--launcher
-slurm` runs each cell as `srun --nodes N --ntasks-per-node M python -m bench.worker SPEC`:
+slurm` runs each cell as `srun --nodes N --ntasks-per-node M python -m bench.harness.worker SPEC`:
 SLURM starts the ranks itself and each reads its rank, world size and local rank from
-SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID (bench.worker), meeting at MASTER_ADDR, the
+SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID (bench.harness.worker), meeting at MASTER_ADDR, the
 address of the allocation's first node (`scontrol show hostnames`, then its NodeAddr).
 `--kill-on-bad-exit` ends the step when one rank fails, `--wait` bounds how long the others
 may run on after one exits, and after every cell, whatever its end, the step is cancelled
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import ROOT
 from bench.config import ConfigError
 
 #: after one rank of a step exits, the others get this long before SLURM kills them
@@ -101,7 +102,7 @@ def step_argv(cfg: Any, spec: Path, name: str) -> list[str]:
         "--quiet",
         sys.executable,
         "-m",
-        "bench.worker",
+        "bench.harness.worker",
         str(spec),
     ]
 
@@ -154,7 +155,6 @@ def ranks_from_slurm() -> None:
 def batch_script(
     run_dir: Path, argv: Sequence[str], nodes: int, procs: int, extra: Sequence[str]
 ) -> str:
-    root = Path(__file__).resolve().parent.parent
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=parabench-{run_dir.name}",
@@ -164,7 +164,7 @@ def batch_script(
         *(f"#SBATCH {a}" for a in extra),
         "# written by `parabench submit`: the matrix, each cell one srun step of this job",
         f"cd {shlex.quote(os.getcwd())}",
-        f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        f"export PYTHONPATH={shlex.quote(str(ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "exec "
         + shlex.join([sys.executable, "-m", "bench.cli", "run", "--launcher", "slurm", *argv]),
     ]

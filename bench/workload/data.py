@@ -1,6 +1,6 @@
 """Datasets: MNIST from its idx files, an ImageNet subset as an ImageFolder tree, synthetic
 images or tokens, the Python standard library's source as byte-level text
-(`python-source`), and a user's own data set from a factory (bench.plugins).
+(`python-source`), and a user's own data set from a factory (bench.workload.plugins).
 
 Each loader returns a `DataBundle`: a training set, a held-out set and a sentence that
 says exactly what was used (which split, how the held-out part was made), which lands
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 
-from bench import models, plugins
 from bench.config import CPU_SYNTHETIC_IMAGE_SIZE, ConfigError, RunConfig
-from bench.models import InputSpec, input_shape
+from bench.workload import models, plugins
+from bench.workload.models import InputSpec, input_shape
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -26,12 +26,20 @@ from typing import Any
 import torch
 
 import strategies
-from bench import data, nodes, proc, results, slurm
+from bench import ROOT
 from bench.config import ConfigError, RunConfig
-from bench.env import cpu_cores, device_count, provenance, resolve_device, threads_per_process
-from bench.launchers import LAUNCHERS
-from bench.models import check_model, check_model_args
-from bench.progress import Display
+from bench.harness import nodes, proc, results, slurm
+from bench.harness.env import (
+    cpu_cores,
+    device_count,
+    provenance,
+    resolve_device,
+    threads_per_process,
+)
+from bench.harness.launchers import LAUNCHERS
+from bench.harness.progress import Display
+from bench.workload import data
+from bench.workload.models import check_model, check_model_args
 from strategies.base import Setting
 
 Echo = Callable[[str], None]
@@ -168,7 +176,7 @@ def plan(cfg: RunConfig) -> list[Cell]:
 
 def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
     """Why a strategy's cells cannot run on several nodes, if they cannot."""
-    from bench.nodes import MULTI_NODE_LAUNCHERS
+    from bench.harness.nodes import MULTI_NODE_LAUNCHERS
 
     if cfg.launcher == "slurm" and spec.launcher != "torchrun":
         mpi = " (Horovod under SLURM: srun --mpi with an MPI build, README)"
@@ -550,7 +558,7 @@ class Runner:
 
     def _env(self, cell: Cell, cell_dir: Path) -> dict[str, str]:
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(ROOT)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         env["PARABENCH_CELL"] = str(cell_dir)
         env["OMP_NUM_THREADS"] = str(self._threads(cell))
@@ -580,7 +588,7 @@ class Runner:
         self.state[cell.key] = machine_state()
         share = CpuShare()
         # the cell's start on the wall clock every process shares: rank 0 reports its
-        # start-up phases against it (bench.worker)
+        # start-up phases against it (bench.harness.worker)
         started = time.time()
         env["PARABENCH_CELL_T0"] = repr(started)
         try:
@@ -594,7 +602,7 @@ class Runner:
             elif self.cfg.nodes > 1 and spec.launcher == "horovodrun":  # -H every node
                 commands = [nodes.horovod_command(self.cfg, spec_path, env)]
                 argv = nodes.launch_argv(commands, cell_dir / "nodes.json")
-            elif self.cfg.nodes > 1:  # one torchrun agent per node (bench.nodes)
+            elif self.cfg.nodes > 1:  # one torchrun agent per node (bench.harness.nodes)
                 rdzv_id = f"{self.dir.path.name}-{cell.dirname}"
                 commands = nodes.node_commands(self.cfg, spec_path, rdzv_id, env, port)
                 argv = nodes.launch_argv(commands, cell_dir / "nodes.json")
@@ -703,7 +711,7 @@ class Runner:
 
     def _mfu(self, cell: Cell, row: Mapping[str, Any]) -> dict[str, Any]:
         """Model FLOPs per sample, achieved TFLOP/s per device and MFU against the peak."""
-        from bench import flops
+        from bench.workload import flops
 
         info = self.model_info
         fps = info.get("flops_per_sample")
@@ -845,7 +853,7 @@ def run_matrix(
     cfg: RunConfig, *, resume: Path | None = None, echo: Echo = print, progress: bool = False
 ) -> tuple[Path, list[dict]]:
     """Plan, then run every cell not yet done. `progress`: show the running cell's steps,
-    speed and the ETAs (bench.progress) on stderr."""
+    speed and the ETAs (bench.harness.progress) on stderr."""
     cfg, run_dir, cells = open_run(cfg, resume)
     (run_dir.path / "environment.json").write_text(
         json.dumps(provenance(resolve_device(cfg.device)), indent=1)
@@ -888,7 +896,7 @@ def measure_collectives(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: 
     """The collectives' latency and bandwidth at the run's world sizes, fitted and saved as
     collectives.json (for `parabench predict`), before the cells. A measurement that fails
     is one line; the run goes on without it."""
-    from bench import collectives
+    from bench.harness import collectives
 
     path = run_dir / "collectives.json"
     sizes = collective_sizes(cfg, cells)
@@ -933,8 +941,8 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
     parameters (for `parabench predict`) and the peak of the device in each precision the
     run trains in (a GPU: its datasheet; a CPU: a matrix product timed here, at each thread
     count a rank gets), saved as model.json for the rows' MFU."""
-    from bench import flops, models
-    from bench.estimate import DTYPES
+    from bench.harness.estimate import DTYPES
+    from bench.workload import flops, models
 
     path = run_dir / "model.json"
     if not cfg.scaling_model or path.exists():
@@ -942,12 +950,10 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
     device = resolve_device(cfg.device)
     bundle = data.load(cfg)
     fps = flops.train_flops_per_sample(cfg, bundle.num_classes, bundle.spec or models.spec(cfg))
-    from bench.predict import model_shape
-
     info: dict[str, Any] = {
         "flops_per_sample": fps,
         "flops_note": "" if fps else "FLOPs not countable for this model",
-        "shape": dataclasses.asdict(model_shape(cfg, bundle.num_classes)),
+        "shape": dataclasses.asdict(flops.model_shape(cfg, bundle.num_classes)),
         "peaks": {},
     }
     names = (

@@ -11,7 +11,7 @@ size or another link with the ring model (see its docstring). "bytes" is always 
 buffer n, as in nccl-tests: the reduced buffer for all_reduce, the gathered output for
 all_gather and the input of reduce_scatter; each rank's chunk is n / p.
 
-    python -m bench.collectives --world-size 2 --backend gloo --out collectives.json
+    python -m bench.harness.collectives --world-size 2 --backend gloo --out collectives.json
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench import ROOT
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -155,7 +157,7 @@ def _run_ranks(spec: dict[str, Any], tmp: Path, timeout_s: float) -> list[dict[s
     if "lo" in {name for _, name in socket.if_nameindex()}:
         # gloo picks the interface of the host name, which may not route on a sandboxed host
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(ROOT)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     procs: list[subprocess.Popen] = []
     errs = []
@@ -163,7 +165,7 @@ def _run_ranks(spec: dict[str, Any], tmp: Path, timeout_s: float) -> list[dict[s
         for rank in range(p):
             err = open(tmp / f"rank{rank}.err", "wb")  # noqa: SIM115 - closed below
             errs.append(err)
-            cmd = [sys.executable, "-m", "bench.collectives", "--worker", json.dumps(spec)]
+            cmd = [sys.executable, "-m", "bench.harness.collectives", "--worker", json.dumps(spec)]
             cmd += ["--rank", str(rank), "--port", str(store.port), "--result", str(tmp)]
             procs.append(
                 subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
@@ -209,7 +211,7 @@ def _last_line(path: Path) -> str:
 
 def _worker(spec: dict[str, Any], rank: int, port: int, result_dir: Path) -> None:
     """One rank: time every (op, size) and write the per-call times to rank<r>.json."""
-    from bench.proc import die_with_parent
+    from bench.harness.proc import die_with_parent
 
     die_with_parent()  # a parent killed with SIGKILL leaves no rank behind
     import torch
@@ -406,7 +408,7 @@ def _table(rows: list[dict], fits: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(
-        prog="python -m bench.collectives",
+        prog="python -m bench.harness.collectives",
         description="time collectives on fresh ranks and fit latency + bus bandwidth",
     )
     cli.add_argument("--world-size", type=int, default=2)

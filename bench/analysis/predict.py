@@ -13,7 +13,7 @@ The model, per strategy and run option, from its one-process (world size 1) cell
 - data(N): the one-process cell's data wait, split N ways.
 - comm(N): the collectives the strategy issues per step (`Strategy.traffic`: DDP's bucketed
   all-reduce, ZeRO-1's parameter broadcast, FSDP's all-gathers and reduce-scatter, Horovod's
-  fused all-reduce), each timed with the run's measured latency-bandwidth fit (bench.collectives,
+  fused all-reduce), each timed with the run's measured latency-bandwidth fit (bench.harness.collectives,
   ring model extrapolated to N), or with a named link's stated bandwidth and latency.
 - f: the exposed share of communication, exposed / total as the probe measured it at another
   world size of the same strategy (never the one predicted); without one, 1 (no overlap, the
@@ -75,7 +75,7 @@ def comm_ms(
     with the op's fit, or where the run has none with a bandwidth for it (not measured, or
     latency-bound on a noisy machine), another op's: all-reduce's first, then any. Bus
     bandwidth is defined so that it is one figure of the link across ops (nccl-tests)."""
-    from bench import collectives
+    from bench.harness import collectives
 
     total = 0.0
     for op, nbytes, calls in traffic:
@@ -129,7 +129,7 @@ def compute_at(curve: Sequence[Mapping[str, float]], batch: int) -> tuple[float,
 
 
 def _records(run_dir: Path, row: Mapping[str, Any]) -> dict[str, Any]:
-    from bench.runner import cell_dirname
+    from bench.harness.runner import cell_dirname
 
     path = (
         run_dir
@@ -141,44 +141,6 @@ def _records(run_dir: Path, row: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
     return json.loads(lines[-1]) if lines else {}
-
-
-def model_shape(cfg: Any, num_classes: int | None):
-    """Parameter bytes, tensors, FSDP units and the root's own bytes of the run's model,
-    built on the meta device (no memory, no weights)."""
-    from bench import models
-    from strategies.base import ModelShape
-    from strategies.fsdp import ungroupable, units
-
-    model = models.meta_model(cfg, num_classes)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def layout(low: bool) -> tuple[int, int, int, int]:
-        """(units with a unit per BatchNorm, the root's bytes, the BatchNorm layers' bytes,
-        how many BatchNorm layers FSDP can group in one unit: 0 where it cannot) as FSDP
-        shards the model."""
-        norms, rest = units(model, low)
-        inside = {id(p) for u in (*norms, *rest) for p in u.parameters()}
-        norm_params = {id(p) for m in norms for p in m.parameters()}
-        return (
-            len(norms) + len(rest),
-            sum(p.numel() * 4 for p in params if id(p) not in inside),
-            sum(p.numel() * 4 for p in params if id(p) in norm_params),
-            0 if ungroupable(model, norms) else len(norms),
-        )
-
-    n, root, _, _ = layout(low=False)
-    n_low, root_low, norm_bytes, n_norms = layout(low=True)
-    return ModelShape(
-        param_bytes=sum(p.numel() * 4 for p in params),
-        tensors=len(params),
-        units=n,
-        root_bytes=root,
-        low_units=n_low,
-        low_root_bytes=root_low,
-        norm_bytes=norm_bytes,
-        norm_layers=n_norms,
-    )
 
 
 def _shape(run_dir: Path):
@@ -197,7 +159,7 @@ def _shape(run_dir: Path):
 
 def _fits(run_dir: Path) -> dict[str, dict]:
     """The collectives' fit per op at the largest world size measured (collectives.json)."""
-    from bench import collectives
+    from bench.harness import collectives
 
     path = run_dir / "collectives.json"
     if not path.exists():
@@ -238,9 +200,9 @@ def predict_run(
     import pandas as pd
 
     import strategies
-    from bench.probes import PHASES
-    from bench.report import counted_rows
-    from bench.runner import RunDir
+    from bench.analysis.report import counted_rows
+    from bench.harness.probes import PHASES
+    from bench.harness.runner import RunDir
 
     rd = RunDir(run_dir)
     if not rd.config_path.exists() or not rd.runs.path.exists():
@@ -431,6 +393,6 @@ def add_parser(sub: Any) -> None:
         "--link",
         default=None,
         choices=list(LINKS),
-        help="what-if link (its bandwidth and latency are stated assumptions: bench/predict.py)",
+        help="what-if link (its bandwidth and latency are stated assumptions: bench/analysis/predict.py)",
     )
     p.set_defaults(func=cmd_predict)

@@ -22,7 +22,7 @@ def _counted(rows: list[Mapping[str, str]]) -> set[tuple[str, str, str, str]]:
     """The rows the report counts: the last epoch of every repeat whose rows are all ok."""
     import pandas as pd
 
-    from bench.report import counted_rows
+    from bench.analysis.report import counted_rows
 
     if not rows:
         return set()
@@ -34,7 +34,7 @@ def _counted(rows: list[Mapping[str, str]]) -> set[tuple[str, str, str, str]]:
 
 def _labelled(rows: list[Mapping[str, str]]) -> list[dict[str, str]]:
     """`strategy` as the case's display name (the strategy plus the run options that vary)."""
-    from bench.results import case_labels
+    from bench.harness.results import case_labels
 
     labels = case_labels((r["strategy"], r.get("setting") or "") for r in rows)
     return [

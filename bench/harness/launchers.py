@@ -1,7 +1,7 @@
 """Launchers: how a cell's processes are started. One signature for all of them.
 
 A launcher turns (cell spec path, world size, device) into the command line of the
-cell's top process; that process starts the ranks, each of which runs bench.worker.
+cell's top process; that process starts the ranks, each of which runs bench.harness.worker.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ Launcher = Callable[[Path, int, str], list[str]]
 
 
 def inprocess(spec: Path, world_size: int, device: str) -> list[str]:
-    return [sys.executable, "-m", "bench.worker", str(spec)]
+    return [sys.executable, "-m", "bench.harness.worker", str(spec)]
 
 
 def spawn(spec: Path, world_size: int, device: str) -> list[str]:
-    return [sys.executable, "-m", "bench.worker", "--spawn", str(spec)]
+    return [sys.executable, "-m", "bench.harness.worker", "--spawn", str(spec)]
 
 
 def torchrun(spec: Path, world_size: int, device: str) -> list[str]:
@@ -33,7 +33,7 @@ def torchrun(spec: Path, world_size: int, device: str) -> list[str]:
         f"--nproc-per-node={world_size}",
         "--max-restarts=0",
         "-m",
-        "bench.worker",
+        "bench.harness.worker",
         str(spec),
     ]
 
@@ -50,7 +50,7 @@ def horovodrun_argv(spec: Path, ranks: int, slots: str, *options: str) -> list[s
     if exe is None:
         raise RuntimeError("horovodrun not found: run `make horovod`")
     gloo = [exe, "--gloo", "-np", str(ranks), "-H", slots, *options]
-    return [*gloo, sys.executable, "-m", "bench.worker", str(spec)]
+    return [*gloo, sys.executable, "-m", "bench.harness.worker", str(spec)]
 
 
 def horovodrun(spec: Path, world_size: int, device: str) -> list[str]:

@@ -117,7 +117,7 @@ def _note_left_out(ax: Axes, left_out: list[str]) -> None:
 
 def _error_bars(rows: pd.DataFrame, metric: str, med: np.ndarray) -> np.ndarray:
     """Below and above each median: its 95 % interval over repeats where the summary has
-    one (3 repeats or more, bench.stats), else min to max; never negative (a t-interval is
+    one (3 repeats or more, bench.harness.stats), else min to max; never negative (a t-interval is
     centred on the mean, which a skewed set of repeats puts beside the median)."""
     low, high = rows[f"{metric}_min"].to_numpy(float), rows[f"{metric}_max"].to_numpy(float)
     if f"{metric}_ci_low" in rows:
@@ -752,7 +752,7 @@ def legend_labels(fig: Figure) -> list[str]:
     return [t.get_text() for legend in legends for t in legend.get_texts()]
 
 
-#: the stacked parts of a step (bench.breakdown.PARTS) as drawn: label, alpha, hatch
+#: the stacked parts of a step (bench.harness.breakdown.PARTS) as drawn: label, alpha, hatch
 STEP_PARTS = {
     "part_forward_ms": ("forward", 1.0, ""),
     "part_backward_ms": ("backward", 0.75, ""),
@@ -769,7 +769,7 @@ def time_parts(
     bubbles: Mapping[tuple[str, int], float] | None = None,
 ) -> Figure:
     """A mean step per strategy and world size, stacked: forward, backward and optimizer
-    compute, exposed communication (bench.breakdown), data wait and what the laps miss;
+    compute, exposed communication (bench.harness.breakdown), data wait and what the laps miss;
     medians over repeats, so the bar's height is the cell's mean step time. A pipeline's
     measured bubble is said in words over its bar (it lies inside its backward bar: the
     schedule runs forward and backward as one)."""

@@ -1,4 +1,4 @@
-"""Per-rank entry point: `python -m bench.worker [--spawn] CELL_SPEC.json`.
+"""Per-rank entry point: `python -m bench.harness.worker [--spawn] CELL_SPEC.json`.
 
 Every launcher (in-process, mp.spawn, torchrun, horovodrun) ends up here, so a rank's
 work is the same whoever started it: read the cell spec, build data, model and
@@ -24,11 +24,12 @@ import torch
 from torch.utils.data import DataLoader
 
 import strategies
-from bench import data, models, proc, slurm
 from bench.config import RunConfig
-from bench.models import without_dropout
-from bench.probes import reset_peaks
-from bench.progress import StepReporter
+from bench.harness import proc, slurm
+from bench.harness.probes import reset_peaks
+from bench.harness.progress import StepReporter
+from bench.workload import data, models
+from bench.workload.models import without_dropout
 from strategies.base import ModelShape, RankContext, Setting, Strategy
 
 OPTIMIZERS = {
@@ -256,7 +257,7 @@ def _median(values: Any) -> float:
 
 
 def _probe(strategy: Strategy, cfg: RunConfig, cell_dir: Path) -> dict[str, Any]:
-    """The communication probe after the last epoch's timed steps (bench.breakdown): where
+    """The communication probe after the last epoch's timed steps (bench.harness.breakdown): where
     ranks synchronise (more than one process), or where a trace was asked for."""
     ranks = strategy.processes(strategy.ctx.world_size)
     if strategy.last_batch is None:

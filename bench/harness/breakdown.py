@@ -1,6 +1,6 @@
 """Where a step's time goes: the arithmetic of the breakdown, and reading a profiler trace.
 
-A timed step is split inline (bench.probes.PhaseClock) into data wait, forward, backward and
+A timed step is split inline (bench.harness.probes.PhaseClock) into data wait, forward, backward and
 optimizer. Communication hides inside those phases, so a probe after the timed steps
 (`Strategy.probe`) measures it two ways, each said in the row's `comm_method`:
 
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.probes import PHASES
+from bench.harness.probes import PHASES
 
 #: a collective op as torch.profiler names it: c10d's backends record `gloo:all_reduce`,
 #: `nccl:all_gather`..., and NCCL's kernels on the GPU are `ncclDevKernel_...`/`ncclKernel_...`

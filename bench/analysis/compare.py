@@ -3,14 +3,14 @@
 For every (strategy, world size) with an ok result in both runs: the ratio B/A of the
 medians over repeats of samples/s, step time p50 and peak memory per device. The metric
 chosen with --metric decides the verdict: a change for the worse by more than --factor
-that is also significant over the repeats (one-sided Mann-Whitney U at 5 %, bench.stats)
+that is also significant over the repeats (one-sided Mann-Whitney U at 5 %, bench.harness.stats)
 is flagged (exit code 1); one beyond the factor but not significant is "within noise",
 and with fewer than 3 repeats a side "too few repeats to tell": neither is flagged.
 `--no-stats` flags on the factor alone (the behaviour before). A change for the better
 is noted the same way. Cells with
 a result in only one run are listed as such; one that was ok in A and failed, ran out of
 memory or timed out in B is flagged too (exit code 1). Medians come from the same selection as the
-report (bench.report.summarise), so the two never disagree.
+report (bench.analysis.report.summarise), so the two never disagree.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import Any
 
 import pandas as pd
 
-from bench import report, stats
+from bench.analysis import report
 from bench.config import ConfigError
+from bench.harness import stats
 
 #: metric -> True where higher is better
 METRICS = {

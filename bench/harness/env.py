@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from bench import ROOT
+
 
 def cpu_cores() -> int:
     try:
@@ -58,17 +60,16 @@ def cpu_model() -> str:
 
 @functools.cache
 def git_commit() -> str:
-    root = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
             capture_output=True,
             text=True,
             timeout=5,
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True,
             text=True,
             timeout=5,

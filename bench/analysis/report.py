@@ -22,8 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from bench import results, stats
 from bench.config import ConfigError
+from bench.harness import results, stats
 
 #: the per-repeat measurements that summary.csv gives a median and spread for
 SUMMARY_METRICS = (
@@ -46,7 +46,7 @@ SPREAD = ("median", "iqr", "min", "max")
 KEY = ["strategy", "world_size"]
 BASELINE = ("single", 1)
 
-#: image file in the run directory -> the function of bench.plots that draws it
+#: image file in the run directory -> the function of bench.analysis.plots that draws it
 PLOTS = {
     "throughput.png": "throughput",
     "scaling_efficiency.png": "scaling_efficiency",
@@ -279,7 +279,7 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     return table[cols]
 
 
-#: 95 % intervals over repeats (bench.stats; nan with fewer than 3), the coefficient of
+#: 95 % intervals over repeats (bench.harness.stats; nan with fewer than 3), the coefficient of
 #: variation of samples/s over repeats and whether it marks the cell unstable
 INTERVAL_COLUMNS = [
     "samples_per_s_ci_low",
@@ -292,7 +292,7 @@ INTERVAL_COLUMNS = [
     "scaling_efficiency_ci_high",
     "samples_per_s_cv_pct",
     "unstable",
-    # the most any repeat's machine gave to others while it ran (bench.runner.CpuShare)
+    # the most any repeat's machine gave to others while it ran (bench.harness.runner.CpuShare)
     "other_cpu_pct_max",
     "cpu_steal_pct_max",
 ]
@@ -855,7 +855,7 @@ def scaling_markdown(run: Run) -> str:
     """Predicted against measured at the world sizes run (each predicted from the
     one-process cell and the collectives' fit alone), and what-if world sizes on named links;
     "" where the run has no collectives' fit."""
-    from bench import predict
+    from bench.analysis import predict
 
     if not (run.path / "collectives.json").exists():
         return ""
@@ -887,7 +887,7 @@ def scaling_markdown(run: Run) -> str:
         for r in checked
     ]
     text = (
-        "`parabench predict` (bench/predict.py: the model and its assumptions) from each "
+        "`parabench predict` (bench/analysis/predict.py: the model and its assumptions) from each "
         "strategy's one-process cell (its compute, measured again at smaller batches after "
         "its timed steps), the collectives' latency and bandwidth measured at the start of "
         "the run (collectives.json) and the bytes each strategy moves per step. Checked "
@@ -992,7 +992,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
 
 def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
     """The report's figures by file name (matplotlib Figure objects, not yet saved)."""
-    from bench import plots  # here, so `parabench compare` does not pay for matplotlib
+    from bench.analysis import plots  # here, so `parabench compare` does not pay for matplotlib
 
     counted = counted_rows(run.runs)
     colours = plots.colour_map(run.runs["strategy"])

@@ -20,9 +20,9 @@ import torch
 from torch.utils.data import default_collate
 
 import strategies
-from bench import data, models
 from bench.config import RunConfig
-from bench.env import device_count, resolve_device
+from bench.harness.env import device_count, resolve_device
+from bench.workload import data, models
 from strategies import precision as prec
 
 #: start-up to the first step plus teardown, seconds per cell, by launcher: medians over
@@ -100,7 +100,7 @@ SCALING_MODEL_S = 8.0
 
 
 def probe_steps(cfg: RunConfig, cls: Any, world_size: int) -> float:
-    """Steps' worth of time the probes after a cell's timed steps take (bench.breakdown):
+    """Steps' worth of time the probes after a cell's timed steps take (bench.harness.breakdown):
     the ablation's pairs and the profiled steps where ranks synchronise (plus about a step
     for the profiler to start), the compute curve of a one-process cell (4 steps at each
     halved batch: about 8 full steps)."""

@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from bench import results
 from bench.config import ConfigError, RunConfig
-from bench.models import batch_norms, meta_model
-from bench.runner import RunDir, cell_dirname, plan, run_matrix
+from bench.harness import results
+from bench.harness.runner import RunDir, cell_dirname, plan, run_matrix
+from bench.workload.models import batch_norms, meta_model
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Tolerance:
     #: half of the steps must be within `loss_abs` of the baseline's, *relative* to it
     approximate: bool = False
     #: where the figures come from: "" (the recipe's), else what they were widened to (a
-    #: multiple of a precision reference's own gap, bench.verify.widened)
+    #: multiple of a precision reference's own gap, bench.analysis.verify.widened)
     basis: str = ""
 
     def describe(self) -> str:
@@ -100,7 +100,7 @@ UNKNOWN = Tolerance(loss_abs=math.nan, param_rel=math.nan)
 NOT_COMPARABLE = "not comparable"
 
 #: precisions of the axis that `single` runs as a precision reference: what rounding in that
-#: precision alone does to the baseline, on the same layout (bench.verify.compare)
+#: precision alone does to the baseline, on the same layout (bench.analysis.verify.compare)
 REDUCED = ("bf16", "fp16")
 #: where a precision reference is past its recipe (AMPLIFIED), a cell in that precision is
 #: held to this multiple of the reference's gap from fp32 where that is wider: its own
@@ -191,13 +191,13 @@ class Parity:
 
     #: why the cell cannot be compared with the single baseline (not a pass, not a FAIL)
     reason: str = ""
-    #: which baseline it was checked against (bench.verify.baseline_label)
+    #: which baseline it was checked against (bench.analysis.verify.baseline_label)
     baseline: str = "single"
     #: running statistics (BatchNorm buffers): max |difference| from the baseline's, which
     #: follows rank 0's rule (NaN: the model has none)
     buffer_abs: float = math.nan
     #: a precision reference (single in bf16/fp16 against fp32 on the same layout), not a
-    #: strategy's cell: what rounding alone moves (bench.verify.compare)
+    #: strategy's cell: what rounding alone moves (bench.analysis.verify.compare)
     reference: bool = False
 
     @property
@@ -275,7 +275,7 @@ def late_loss_gap(mine: list[float], base: list[float]) -> float:
 
 
 def baselines_dir(run_dir: Path) -> Path:
-    """Where verify puts the share baselines of a run (one run each, bench.verify.Layout)."""
+    """Where verify puts the share baselines of a run (one run each, bench.analysis.verify.Layout)."""
     return run_dir / "baselines"
 
 
@@ -359,7 +359,7 @@ def _load(
 
 @dataclass(frozen=True)
 class _Gaps:
-    """How far a run is from a baseline (bench.verify.compare's columns)."""
+    """How far a run is from a baseline (bench.analysis.verify.compare's columns)."""
 
     loss_abs: float  # max over steps of |loss - baseline's|
     late: float  # relative gap of the mean loss over the second half (approximate recipes)
@@ -657,7 +657,7 @@ def write_csv(parity: list[Parity], path: Path) -> None:
 def parity_config(base: RunConfig, steps: int) -> RunConfig:
     strategies = base.strategies
     # where no cell of the run is at world size 1 (across nodes, or --world-sizes without 1)
-    # the baseline runs apart, on this machine (bench.verify.run_share_baselines)
+    # the baseline runs apart, on this machine (bench.analysis.verify.run_share_baselines)
     in_run = not base.multi_host and (not base.world_sizes or 1 in base.world_sizes)
     if strategies and "single" not in strategies and in_run:
         strategies = ("single", *strategies)
@@ -767,7 +767,7 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
         run_matrix(layout_cfg.replace(accumulate=(k,)), echo=echo)
 
 
-#: twins of the baseline run to measure a model's conditioning (bench.verify.conditioning)
+#: twins of the baseline run to measure a model's conditioning (bench.analysis.verify.conditioning)
 TWINS = (1, 2)
 
 
@@ -878,7 +878,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
         path = Path(cfg.out_dir) / cfg.run_id
         raise ConfigError(f"{path} already holds a run; use another --run-id")
     if a.dry_run:
-        from bench import estimate
+        from bench.harness import estimate
 
         pcfg = parity_config(cfg, a.steps)
         cells = plan(pcfg)

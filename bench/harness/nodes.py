@@ -9,7 +9,7 @@ host (the default; node ranks are assigned there, `--node-rank` does not apply) 
 results arrive where the driver reads them when the nodes share its file system, as cluster
 home directories and this machine's namespaces do.
 
-`python -m bench.nodes COMMANDS.json` is the cell's top process: it starts the node
+`python -m bench.harness.nodes COMMANDS.json` is the cell's top process: it starts the node
 commands, waits for all, and when one fails gives the others `grace_s` to fail on their
 own (a peer that lost its node sees the broken connection within seconds) before it kills
 them, so a lost node becomes a failed row and no agent waits out torchrun's exit barrier.
@@ -100,7 +100,7 @@ def horovod_command(cfg: Any, spec: Path, env: Mapping[str, str]) -> list[str]:
     """horovodrun on the first node, every node in its host list with --procs-per-node slots.
     horovodrun reaches the other nodes itself, over ssh (passwordless, as horovodrun always
     needs), and passes them its environment; --ifname is its --network-interface."""
-    from bench.launchers import horovodrun_argv
+    from bench.harness.launchers import horovodrun_argv
 
     slots = ",".join(f"{h}:{cfg.procs_per_node}" for h in cfg.hosts)
     nic = ["--network-interface", cfg.ifname] if cfg.ifname else []
@@ -142,7 +142,7 @@ def node_commands(
             f"--local-addr={host}",
             *meet,
             "-m",
-            "bench.worker",
+            "bench.harness.worker",
             str(spec),
         ]
         out.append(_on_node(cfg, i, env, command, PARABENCH_NODE=host))
@@ -152,13 +152,13 @@ def node_commands(
 def launch_argv(commands: Sequence[Sequence[str]], path: Path) -> list[str]:
     """The cell's top process: this module, fanning out to the node commands saved at `path`."""
     path.write_text(json.dumps({"commands": [list(c) for c in commands], "grace_s": GRACE_S}))
-    return [sys.executable, "-m", "bench.nodes", str(path)]
+    return [sys.executable, "-m", "bench.harness.nodes", str(path)]
 
 
 def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
     """SIGTERM the node commands still running, SIGKILL what is left after `grace_s`. Each
     leads its own process group: its agent and ranks go with it."""
-    from bench.proc import signal_group
+    from bench.harness.proc import signal_group
 
     for p in procs:
         if p.poll() is None:
@@ -211,7 +211,7 @@ def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench import proc
+    from bench.harness import proc
 
     proc.die_with_parent()
     args = list(sys.argv[1:] if argv is None else argv)

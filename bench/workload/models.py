@@ -1,6 +1,6 @@
 """Models: the classic MNIST CNN, a small vision transformer built for model parallelism,
 a decoder-only language model (`lm`) in several sizes, any torchvision classification
-model by name, and a user's own model from a factory (bench.plugins).
+model by name, and a user's own model from a factory (bench.workload.plugins).
 
 What a model is fed is an `InputSpec`: per-sample shape and dtype, and for token models
 the vocabulary (targets are then the next tokens, and rows count tokens/s)."""
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench import plugins
 from bench.config import ConfigError, RunConfig
+from bench.workload import plugins
 
 
 class MnistCNN(nn.Module):
@@ -330,7 +330,7 @@ def default_classes(cfg: RunConfig) -> int | None:
     """Classes (or vocabulary) of the run where no data set states them (synthetic data):
     the language model's vocabulary, 10 for mnist_cnn, else ImageNet's 1000; None for a
     user's model, which is built with its factory's own default and says with its
-    `num_classes` or `vocab_size` attribute, or its output (bench.data)."""
+    `num_classes` or `vocab_size` attribute, or its output (bench.workload.data)."""
     if is_plugin(cfg.model):
         return None
     if cfg.model == "lm":
