@@ -1,0 +1,61 @@
+"""The rooms of bench/ keep their one-way imports (bench/__init__.py, README "Layout"):
+workload <- harness <- analysis, and the strategies sit with the harness. Lazy imports
+inside functions count too: they are the ones that creep back."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: what a package's modules may not import (the CLI sits on top of everything)
+FORBIDDEN = {
+    "bench/workload": ("bench.harness", "bench.analysis", "bench.cli"),
+    "bench/harness": ("bench.analysis", "bench.cli"),
+    "strategies": ("bench.analysis", "bench.cli"),
+    "bench/config.py": ("bench.analysis", "bench.cli"),
+}
+
+
+def imported(path: Path) -> set[str]:
+    """Every module a file imports, anywhere in it; `from bench import x` counts as
+    bench.x (x may be a module)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def breaches(where: str) -> list[str]:
+    base = ROOT / where
+    files = [base] if base.suffix == ".py" else sorted(base.rglob("*.py"))
+    assert files, f"nothing to check under {where}"
+    return [
+        f"{f.relative_to(ROOT)} imports {name}"
+        for f in files
+        for name in sorted(imported(f))
+        if any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[where])
+    ]
+
+
+@pytest.mark.parametrize("where", sorted(FORBIDDEN))
+def test_imports_go_one_way(where: str) -> None:
+    assert breaches(where) == []
+
+
+def test_a_lazy_backward_import_is_caught(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from bench import report\n    import bench.cli\n")
+    assert {"bench.report", "bench.cli"} <= imported(module)
+
+
+def test_every_module_is_in_a_room() -> None:
+    top = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+    assert top == ["__init__.py", "cli.py", "config.py"], top
