@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -573,10 +574,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if old:
         print(f"parabench: warning: {old}", file=sys.stderr)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, so a reader gone shows as the error below
+        return code
     except ConfigError as exc:
         print(f"parabench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # the reader left (`parabench list | head`): no traceback, and stdout now goes
+        # nowhere, so the flush at exit does not raise again; 128 + SIGPIPE, as a shell's
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

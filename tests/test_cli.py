@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bench.cli import main
@@ -173,6 +175,29 @@ def test_list_shows_every_strategy_with_reasons(capsys):
         assert f"  {name} " in out
     assert "  tp " in out and "  fsdp_tp " in out and "transformer" in out
     assert "apex.amp needs CUDA" in out
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`parabench list | head -1`: the pipe closes under the listing (here before it
+    starts, so the test does not race the reader); parabench stops quietly with
+    128 + SIGPIPE instead of a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.cli", "list", "--device", "cpu"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    err = proc.stderr.decode()
+    assert proc.returncode == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 def test_resume_with_a_corrupt_config(run, tmp_path):
