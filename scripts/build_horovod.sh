@@ -182,6 +182,14 @@ install_missing "${BUILD_REQS[@]}" "${RUNTIME_REQS[@]}" \
 
 command -v cmake >/dev/null 2>&1 || fail "cmake not found in PATH (need cmake >= 3.13)"
 command -v "${CXX:-g++}" >/dev/null 2>&1 || fail "C++ compiler '${CXX:-g++}' not found"
+if [[ "$VARIANT" == nccl && ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; then
+    # horovod's CMake compiles its CUDA kernels with $HOROVOD_CUDA_HOME/bin/nvcc (torch's
+    # wheels carry no nvcc): take the toolkit of the nvcc on PATH, or say there is none
+    NVCC=$(command -v nvcc) || die "nccl variant: no nvcc in ${CUDA_HOME:-/usr/local/cuda}/bin" \
+        "or on PATH; install the CUDA toolkit or set CUDA_HOME to it"
+    CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+    log "CUDA toolkit: $CUDA_HOME (from the nvcc on PATH)"
+fi
 
 SDIST=${PARABENCH_HOROVOD_SDIST:-}
 CARRIED="$(cd "$(dirname "$0")/.." && pwd)/.whl/horovod-$HVD_VERSION.tar.gz"

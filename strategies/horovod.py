@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ class Horovod(Strategy):
         "torch's SyncBatchNorm needs a torch.distributed process group, which horovodrun "
         "does not create (horovod.torch.SyncBatchNorm is not wired here)"
     )
+    contiguous_params = "Horovod's collectives refuse non-contiguous tensors"
     comm_unseen = (
         "Horovod runs its collectives in its own C++ background thread, which torch.profiler "
         "does not record (Horovod's own timeline does: HOROVOD_TIMELINE)"
@@ -92,12 +94,13 @@ class Horovod(Strategy):
             hvd.Compression.fp16 if self.compression_name == "fp16" else hvd.Compression.none
         )
         # Accumulation: Horovod counts backward passes and all-reduces after the last one.
-        optimizer = hvd.DistributedOptimizer(
-            optimizer,
-            named_parameters=model.named_parameters(),
-            compression=compression,
-            backward_passes_per_step=self.setting.accumulate,
-        )
+        with _hooks_at_any_size():
+            optimizer = hvd.DistributedOptimizer(
+                optimizer,
+                named_parameters=model.named_parameters(),
+                compression=compression,
+                backward_passes_per_step=self.setting.accumulate,
+            )
         return model, optimizer
 
     local = False  # inside sync_off: no all-reduce in backward or step
@@ -160,3 +163,20 @@ class Horovod(Strategy):
         import horovod.torch as hvd
 
         hvd.shutdown()
+
+
+@contextlib.contextmanager
+def _hooks_at_any_size() -> Iterator[None]:
+    """hvd.DistributedOptimizer registers its all-reduce hooks only past one rank, or where
+    HOROVOD_ELASTIC=1 (horovod/torch/optimizer.py): a one-rank cell would be `single` with no
+    all-reduce and no compression, as DDP's one-rank cell is not. The variable is set while
+    the optimizer is built only (elsewhere it switches Horovod to its elastic mode)."""
+    old = os.environ.get("HOROVOD_ELASTIC")
+    os.environ["HOROVOD_ELASTIC"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["HOROVOD_ELASTIC"]
+        else:
+            os.environ["HOROVOD_ELASTIC"] = old

@@ -45,6 +45,18 @@ def one_rank(tmp_path):
         dist.destroy_process_group()
 
 
+def need_horovod() -> None:
+    """Skip where Horovod is not built here; under `make test` (PARABENCH_REQUIRE_HOROVOD=1),
+    which builds it first, fail instead."""
+    import strategies
+
+    why = strategies.get("horovod").unavailable("cpu")
+    if why:
+        if os.environ.get("PARABENCH_REQUIRE_HOROVOD") == "1":
+            pytest.fail(f"Horovod should have been built by `make horovod`: {why}")
+        pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     if not (DATA / "mnist").is_dir():

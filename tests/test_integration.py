@@ -135,16 +135,10 @@ def test_imagenet_subset_resnet18(tmp_path, data_root):
 
 
 def test_horovod_and_fp16_compression_through_horovodrun(tmp_path, data_root):
-    import os
-
-    import strategies
+    from tests.conftest import need_horovod
     from tests.test_failures import leftover_processes
 
-    why = strategies.get("horovod").unavailable("cpu")
-    if why:
-        if os.environ.get("PARABENCH_REQUIRE_HOROVOD") == "1":
-            pytest.fail(f"Horovod should have been built by `make horovod`: {why}")
-        pytest.skip(why)
+    need_horovod()
     cfg = small_config(
         tmp_path, data_root, strategies=("horovod", "horovod_fp16"), world_sizes=(2,)
     )

@@ -1,0 +1,88 @@
+"""Horovod in one rank, where the GPU reference run uses it: its all-reduce and fp16
+compression still run (hvd.DistributedOptimizer skips its hooks at size 1 unless told),
+and under --channels-last its parameters stay contiguous (its collectives refuse others).
+Each check runs in its own process: Horovod's background thread lives as long as it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, need_horovod
+
+pytestmark = pytest.mark.slow
+
+ONE_RANK = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    import strategies
+    from strategies.base import RankContext, Setting
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    s = strategies.get("horovod_fp16").create(ctx, {}, Setting(channels_last=True))
+    s.setup_distributed()
+    torch.manual_seed(0)
+    # two input channels: a one-channel weight is contiguous in either memory format
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 3))
+    s.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(5, 2, 8, 8).contiguous(memory_format=torch.channels_last)
+    s.backward(nn.functional.cross_entropy(s.model(x), torch.randint(0, 3, (5,))))
+    raw = [p.grad.clone() for p in s.model.parameters()]
+    s.optimizer.synchronize()  # waits for the hooks' all-reduces and writes their results
+    after = [p.grad for p in s.model.parameters()]
+    print("contiguous", all(p.is_contiguous() for p in s.model.parameters()))
+    print("fp16", all(torch.equal(a, r.half().float()) for a, r in zip(after, raw)))
+    print("changed", any(not torch.equal(a, r) for a, r in zip(after, raw)))
+    """
+)
+
+
+def test_one_rank_horovod_reduces_in_fp16_with_nchw_parameters() -> None:
+    need_horovod()
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_RANK], capture_output=True, text=True, timeout=180, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split() for line in proc.stdout.splitlines() if line.count(" ") == 1)
+    # --channels-last: NHWC inputs, NCHW parameters (broadcast_parameters raised otherwise)
+    assert lines["contiguous"] == "True"
+    # the gradients went through Horovod's fp16 compression and back: rounded to fp16
+    assert lines["fp16"] == "True" and lines["changed"] == "True", proc.stdout
+
+
+def test_an_nccl_build_without_nvcc_says_so_before_building(tmp_path: Path) -> None:
+    """The GPU machine's build (the nccl variant) needs the CUDA toolkit's nvcc, which
+    torch's wheels do not carry: where there is none, one line says so, not a CMake error
+    minutes in."""
+    if any(Path(d, "nvcc").exists() for d in ("/usr/bin", "/bin")):
+        pytest.skip("nvcc is in /usr/bin here: this test hides it by PATH")
+    env = {
+        **os.environ,
+        "PATH": "/usr/bin:/bin",  # cmake and g++, not the toolkit's nvcc
+        "CUDA_HOME": str(tmp_path / "no-cuda"),
+        "PARABENCH_HOROVOD_VARIANT": "nccl",
+        "PARABENCH_CACHE": str(tmp_path / "cache"),  # no cached wheel to reuse
+    }
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "build_horovod.sh"), sys.executable],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"ERROR: nccl variant: no nvcc in {tmp_path / 'no-cuda'}/bin or on PATH; install the "
+            "CUDA toolkit or set CUDA_HOME to it"
+        )
+    ), proc.stderr
