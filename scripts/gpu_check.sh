@@ -12,7 +12,8 @@
 #             DataLoader (the loader's cost, same machine), and timed by CUDA events
 #             (--step-timing events: what synchronising around each step costs)
 #   resnet50  resnet50 on synthetic data, batch 256: fp32 and bf16, NCHW and channels-last
-#   resnet50-all  every strategy on resnet50 at world size 1, bf16 and channels-last
+#   resnet50-all  every strategy on resnet50, bf16 and channels-last, at world size 1, then 2
+#             (ranks sharing the GPU over gloo where a strategy can)
 #   compile   resnet50 with and without torch.compile, bf16 and channels-last; MNIST eager,
 #             compiled, and compiled with CUDA graphs (--compile-mode reduce-overhead)
 #   overhead  the harness against a hand-written loop on the GPU (benchmarks/overhead.py),
@@ -121,8 +122,11 @@ logged() {  # logged FILE CMD...: the command's output to the terminal and to FI
         return
     fi
     mkdir -p "$(dirname "$file")"
-    "$@" 2>&1 | tee "$file"
-    [ "${PIPESTATUS[0]}" = 0 ] || FAILED+=("$part: $* (log: $file)")
+    # in an `if`, so set -e does not end the script with the part (pipefail: the
+    # pipeline fails with the command)
+    if ! "$@" 2>&1 | tee "$file"; then
+        FAILED+=("$part: $* (log: $file)")
+    fi
 }
 
 # parabench compare A B: exit 1 says B is slower, a finding here, not a failure
@@ -152,10 +156,15 @@ for part in "${PARTS[@]}"; do
                 --global-batch 256 --world-sizes 1 --max-steps 40 --warmup-steps 10 \
                 --strategies single,ddp_torchrun,fsdp --precision fp32,bf16 --channels-last off,on ;;
         resnet50-all)
-            # (apex, which trains in its own precision only, is a skipped row saying so)
-            run --run-id resnet50-strategies --dataset synthetic --model resnet50 --image-size 224 \
-                --global-batch 256 --world-sizes 1 --max-steps 40 --warmup-steps 10 \
-                --precision bf16 --channels-last ;;
+            # (apex, which trains in its own precision only, is a skipped row saying so);
+            # then two ranks sharing the GPU over gloo, in a run of their own so the first's
+            # figures are whole if the part is cut off (those that cannot share it: skipped
+            # rows saying why)
+            for ws in 1 2; do
+                run --run-id "resnet50-strategies$([ $ws = 1 ] || echo -ws$ws)" --dataset synthetic \
+                    --model resnet50 --image-size 224 --global-batch 256 --world-sizes $ws \
+                    --max-steps 40 --warmup-steps 10 --precision bf16 --channels-last --oversubscribe
+            done ;;
         compile)
             run --run-id resnet50-compile --dataset synthetic --model resnet50 --image-size 224 \
                 --global-batch 256 --world-sizes 1 --max-steps 40 --warmup-steps 10 \

@@ -110,3 +110,29 @@ def test_a_dry_run_without_horovod_says_its_matrix_waits_for_the_build(tmp_path)
     ) in done.stdout
     assert "(not planned: it needs CUDA)" in done.stdout  # apex's, as before
     assert not (tmp_path / "out").exists()
+
+
+def test_a_logged_command_that_fails_is_named_and_the_parts_after_it_run(tmp_path):
+    """The script's own `logged` (a command's output teed to a file), under the script's
+    set -euo pipefail: a failing command is one of the failed commands at the end, not the
+    end of the script (a failed Horovod build once cut off its part's runs)."""
+    import re
+
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    logged = re.search(r"^logged\(\) \{.*?^\}$", script, re.S | re.M)
+    assert logged, "no logged() in gpu_check.sh"
+    body = "\n".join(
+        [
+            "set -euo pipefail",
+            "DRY=0",
+            "FAILED=()",
+            logged.group(0),
+            f"part=tests; logged {tmp_path}/a.log false",
+            f"part=overhead; logged {tmp_path}/b/b.log echo ran",
+            'printf "failed: %s\\n" "${FAILED[@]}"',
+        ]
+    )
+    done = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["ran", f"failed: tests: false (log: {tmp_path}/a.log)"]
+    assert (tmp_path / "b" / "b.log").read_text() == "ran\n"
