@@ -144,6 +144,7 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
         eval_samples=0,
         device=args["device"],
         data_feed=args["feed"],
+        workers=0,  # as the hand-written loop's DataLoader (the CUDA default is 4)
         step_timing=args["step_timing"],
         out_dir=out_dir,
         run_id=tag,
