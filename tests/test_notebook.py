@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -10,9 +11,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from bench import ROOT
 from tests.test_compare import scaled_copy
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "compare.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "compare.ipynb"
 
 
 def test_committed_notebook_has_no_outputs() -> None:
@@ -29,7 +31,9 @@ def _outputs(nb) -> list[dict]:
 def test_notebook_runs_on_two_runs(small_run: Path, tmp_path: Path, monkeypatch) -> None:
     a = Path(shutil.copytree(small_run, tmp_path / "a"))
     b = scaled_copy(a, tmp_path / "b", speed=0.5)  # B: every cell half as fast
-    monkeypatch.setenv("PARABENCH_RUNS", f"{a},{b}")
+    # A relative run is read from the repository's root: the notebook must find that root.
+    a_relative = os.path.relpath(a, ROOT)
+    monkeypatch.setenv("PARABENCH_RUNS", f"{a_relative},{b}")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(
         nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
@@ -46,7 +50,7 @@ def test_notebook_runs_on_two_runs(small_run: Path, tmp_path: Path, monkeypatch)
     assert all(name in markdown for name in ok)
     # the env var, not the default, chose the runs
     first = nb.cells[1].outputs[0]["data"]["text/plain"]
-    assert str(a) in first and str(b) in first
+    assert a_relative in first and str(b) in first
 
 
 def test_notebook_fails_clearly_without_runs(tmp_path: Path, monkeypatch) -> None:
