@@ -5,8 +5,9 @@
              and the records and CSVs it writes
 - analysis/  what a run's CSVs say: summary, report, plots, compare, verify, predict
 
-Imports go one way, workload <- harness <- analysis, every room reading config; the
-analysis reads only what the harness wrote, so it works on a run from another machine.
+Imports go one way, workload <- harness <- analysis, every room reading config, the
+strategies beside the harness (the workload imports none); the analysis reads only what
+the harness wrote, so it works on a run from another machine.
 """
 
 from pathlib import Path

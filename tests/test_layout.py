@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: what a package's modules may not import (the CLI sits on top of everything)
 FORBIDDEN = {
-    "bench/workload": ("bench.harness", "bench.analysis", "bench.cli"),
+    "bench/workload": ("bench.harness", "bench.analysis", "bench.cli", "strategies"),
     "bench/harness": ("bench.analysis", "bench.cli"),
     "strategies": ("bench.analysis", "bench.cli"),
     "bench/config.py": ("bench.analysis", "bench.cli"),

@@ -942,6 +942,7 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
     run trains in (a GPU: its datasheet; a CPU: a matrix product timed here, at each thread
     count a rank gets), saved as model.json for the rows' MFU."""
     from bench.harness.estimate import DTYPES
+    from bench.harness.shape import model_shape
     from bench.workload import flops, models
 
     path = run_dir / "model.json"
@@ -953,7 +954,7 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
     info: dict[str, Any] = {
         "flops_per_sample": fps,
         "flops_note": "" if fps else "FLOPs not countable for this model",
-        "shape": dataclasses.asdict(flops.model_shape(cfg, bundle.num_classes)),
+        "shape": dataclasses.asdict(model_shape(cfg, bundle.num_classes)),
         "peaks": {},
     }
     names = (

@@ -12,10 +12,7 @@ collectives, pipeline bubbles) are excluded, so MFU is comparable across strateg
 
 The peak is a datasheet figure per GPU and precision (`PEAK_TFLOPS`, `peak_for`), dense
 (without structured sparsity, whose 2x NVIDIA's headline figures include), or on a CPU a
-figure measured with a square matrix product (`measured_cpu_peak`).
-
-Beside the FLOPs, `model_shape`: what a step moves rather than computes (parameter bytes,
-tensors, FSDP units), the input of `parabench predict`'s traffic model."""
+figure measured with a square matrix product (`measured_cpu_peak`)."""
 
 from __future__ import annotations
 
@@ -369,40 +366,3 @@ def mfu(
         return math.nan
     flops, rate, peak = values
     return flops * rate / (peak * 1e12)
-
-
-def model_shape(cfg: Any, num_classes: int | None):
-    """Parameter bytes, tensors, FSDP units and the root's own bytes of the run's model,
-    built on the meta device (no memory, no weights)."""
-    from strategies.base import ModelShape
-    from strategies.fsdp import ungroupable, units
-
-    model = models.meta_model(cfg, num_classes)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def layout(low: bool) -> tuple[int, int, int, int]:
-        """(units with a unit per BatchNorm, the root's bytes, the BatchNorm layers' bytes,
-        how many BatchNorm layers FSDP can group in one unit: 0 where it cannot) as FSDP
-        shards the model."""
-        norms, rest = units(model, low)
-        inside = {id(p) for u in (*norms, *rest) for p in u.parameters()}
-        norm_params = {id(p) for m in norms for p in m.parameters()}
-        return (
-            len(norms) + len(rest),
-            sum(p.numel() * 4 for p in params if id(p) not in inside),
-            sum(p.numel() * 4 for p in params if id(p) in norm_params),
-            0 if ungroupable(model, norms) else len(norms),
-        )
-
-    n, root, _, _ = layout(low=False)
-    n_low, root_low, norm_bytes, n_norms = layout(low=True)
-    return ModelShape(
-        param_bytes=sum(p.numel() * 4 for p in params),
-        tensors=len(params),
-        units=n,
-        root_bytes=root,
-        low_units=n_low,
-        low_root_bytes=root_low,
-        norm_bytes=norm_bytes,
-        norm_layers=n_norms,
-    )
