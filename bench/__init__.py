@@ -10,10 +10,63 @@ strategies beside the harness (the workload imports none); the analysis reads on
 the harness wrote, so it works on a run from another machine.
 """
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 from pathlib import Path
 
 #: the folder holding bench/ and strategies/: what a rank's PYTHONPATH starts with
 ROOT = Path(__file__).resolve().parent.parent
+
+#: bench's modules before the rooms (they sat at its top), and where each is now
+MOVED = {
+    name: room
+    for room, names in {
+        "workload": "data models plugins flops",
+        "harness": "runner launchers worker proc probes progress env nodes slurm estimate "
+        "results breakdown stats collectives",
+        "analysis": "report summary plots compare verify predict",
+    }.items()
+    for name in names.split()
+}
+
+
+class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`import bench.models` (a user's own model file, a notebook) still works, with a
+    DeprecationWarning naming the new module. The old name is the same module object as
+    the new one, so nothing is loaded twice."""
+
+    def find_spec(self, fullname, path, target=None):
+        old = fullname.removeprefix("bench.")
+        if fullname.startswith("bench.") and old in MOVED:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return None  # a placeholder: exec_module puts the real module in its place
+
+    @staticmethod
+    def new_name(old: str) -> str:
+        name = old.removeprefix("bench.")
+        return f"bench.{MOVED[name]}.{name}"
+
+    def get_code(self, fullname):
+        """`python -m bench.collectives`: runpy prints this one line."""
+        new = self.new_name(fullname)
+        raise ImportError(f"{fullname} is now {new}: python -m {new}")
+
+    def exec_module(self, module) -> None:
+        old, new = module.__name__, self.new_name(module.__name__)
+        # stacklevel 2 names the line that imported: warnings skips importlib's frames
+        warnings.warn(f"{old} is now {new}", DeprecationWarning, stacklevel=2)
+        # importlib returns what sys.modules holds under the name once this returns
+        sys.modules[old] = importlib.import_module(new)
+
+
+if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
+    sys.meta_path.append(_Moved())
 
 # The oldest torch the whole suite has passed on (scripts/test_torch.sh; README, "Which
 # torch"); pyproject.toml asks for it. Older ones fail in ways the suite has seen: FSDP2's

@@ -59,3 +59,54 @@ def test_a_lazy_backward_import_is_caught(tmp_path: Path) -> None:
 def test_every_module_is_in_a_room() -> None:
     top = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
     assert top == ["__init__.py", "cli.py", "config.py"], top
+
+
+@pytest.mark.parametrize("name", ["models", "report", "collectives"])
+def test_an_old_module_name_is_the_new_module_with_a_warning(name: str, monkeypatch) -> None:
+    import importlib
+    import sys
+
+    import bench
+
+    new = importlib.import_module(f"bench.{bench.MOVED[name]}.{name}")
+    monkeypatch.delitem(sys.modules, f"bench.{name}", raising=False)
+    with pytest.warns(DeprecationWarning, match=f"bench.{name} is now {new.__name__}"):
+        old = importlib.import_module(f"bench.{name}")
+    assert old is new  # one module: its state (registries, caches) is not loaded twice
+
+
+def test_every_old_name_has_its_new_module() -> None:
+    import bench
+
+    for name, room in bench.MOVED.items():
+        assert (ROOT / "bench" / room / f"{name}.py").is_file(), name
+        assert not (ROOT / "bench" / f"{name}.py").exists(), name
+
+
+def test_an_old_module_run_with_dash_m_says_where_it_went() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.collectives", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "bench.collectives is now bench.harness.collectives" in done.stderr, done.stderr
+
+
+def test_nothing_here_imports_an_old_name() -> None:
+    import bench
+
+    old = {f"bench.{name}" for name in bench.MOVED}
+    files = [
+        p
+        for d in ("bench", "strategies", "tests", "examples", "benchmarks", "scripts")
+        for p in sorted((ROOT / d).rglob("*.py"))
+    ]
+    assert len(files) > 50
+    found = [f"{f.relative_to(ROOT)}: {n}" for f in files for n in imported(f) if n in old]
+    assert found == []
