@@ -581,10 +581,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"parabench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
+        if not _stdout_gone():
+            raise  # another pipe broke (a rank's, a socket): a bug to show, not to hide
         # the reader left (`parabench list | head`): no traceback, and stdout now goes
         # nowhere, so the flush at exit does not raise again; 128 + SIGPIPE, as a shell's
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe or socket nobody reads any more (poll says POLLERR or
+    POLLHUP for it); False where stdout has no file descriptor."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 if __name__ == "__main__":

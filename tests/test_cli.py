@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -198,6 +199,26 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     err = proc.stderr.decode()
     assert proc.returncode == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(monkeypatch):
+    """Only stdout's reader leaving is quiet: a pipe to a rank or a socket that breaks
+    is a failure with its traceback."""
+    from bench import cli
+
+    def broke(_args):
+        raise BrokenPipeError("a rank's pipe")
+
+    monkeypatch.setattr(cli, "cmd_list", broke)
+    read, write = os.pipe()  # stdout: a pipe someone still reads
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write, "w"))
+    try:
+        with pytest.raises(BrokenPipeError, match="a rank's pipe"):
+            cli.main(["list"])
+        os.close(read)  # now stdout's reader is gone: the same error is the quiet one
+        assert cli.main(["list"]) == 141
+    finally:
+        sys.stdout.close()
 
 
 def test_resume_with_a_corrupt_config(run, tmp_path):

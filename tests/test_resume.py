@@ -115,6 +115,30 @@ def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root):
     assert leftover_processes(run_dir) == []
 
 
+def test_a_reader_that_leaves_mid_run_stops_it_saying_how_to_resume(tmp_path, data_root):
+    """`parabench run ... | head`: once head has its lines the run stops as if interrupted
+    (its rows kept, no rank left) and says on stderr how to go on, then exits 141."""
+    err_path = tmp_path / "stderr"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            _cli(tmp_path, data_root, "--run-id", "r3"),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+        rd = RunDir(tmp_path / "r3")
+        _wait_rows(rd, 3, proc)
+        proc.stdout.close()  # the reader leaves
+        code = proc.wait(timeout=120)
+    err = err_path.read_text()
+    assert code == 141, err
+    assert "stdout closed, the run stopped" in err, err
+    assert f"continue with: parabench run --resume {rd.path}" in err
+    assert "Traceback" not in err
+    assert 3 <= len(rd.runs.read()) < 6
+    assert leftover_processes(rd.path) == []
+
+
 def test_two_runs_at_once_both_complete(tmp_path, data_root):
     # Both runs rendezvous (torchrun's and mp.spawn's) at once: each needs its own free port.
     matrix = ["--strategies", "ddp_spawn,ddp_torchrun", "--world-sizes", "2"]

@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -868,13 +869,17 @@ def run_matrix(
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         rows = runner.run(cells)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BrokenPipeError) as stop:
         runner.interrupt()
         n = len(run_dir.runs.read())
-        echo(
-            f"interrupted: {n} finished rows kept in {run_dir.runs.path}; "
+        line = (
+            f"{n} finished rows kept in {run_dir.runs.path}; "
             f"continue with: parabench run --resume {run_dir.path}"
         )
+        if isinstance(stop, BrokenPipeError):  # stdout's reader left (`| head`): stderr
+            print(f"parabench: stdout closed, the run stopped: {line}", file=sys.stderr)
+        else:
+            echo(f"interrupted: {line}")
         raise
     finally:
         signal.signal(signal.SIGTERM, old)
