@@ -414,12 +414,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     print(summary.table(rows))
     print(f"results: {run_dir}")
     if not a.no_report:
-        try:
-            from bench.analysis import report
-        except ImportError:
-            pass
-        else:
-            print(f"report: {report.render(run_dir)}")
+        from bench.analysis import report
+
+        print(f"report: {report.render(run_dir)}")
     broken = [r for r in rows if r["status"] in ("failed", "oom", "timeout", "diverged")]
     if broken:
         print(f"{len(broken)} cell(s) failed, ran out of memory, timed out or diverged (see above)")

@@ -17,30 +17,35 @@ FORBIDDEN = {
     "bench/harness": ("bench.analysis", "bench.cli"),
     "strategies": ("bench.analysis", "bench.cli"),
     "bench/config.py": ("bench.analysis", "bench.cli"),
+    # `import bench` (every rank, every command) loads no room
+    "bench/__init__.py": ("bench.workload", "bench.harness", "bench.analysis", "bench.cli"),
 }
 
 
-def imported(path: Path) -> set[str]:
-    """Every module a file imports, anywhere in it; `from bench import x` counts as
-    bench.x (x may be a module)."""
+def imported(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module a file under `root` imports, anywhere in it; `from bench import x`
+    counts as bench.x (x may be a module), and a relative import as its absolute name."""
+    package = list(path.relative_to(root).parent.parts)  # an __init__.py's own, too
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 
-def breaches(where: str) -> list[str]:
-    base = ROOT / where
+def breaches(where: str, root: Path = ROOT) -> list[str]:
+    base = root / where
     files = [base] if base.suffix == ".py" else sorted(base.rglob("*.py"))
     assert files, f"nothing to check under {where}"
     return [
-        f"{f.relative_to(ROOT)} imports {name}"
+        f"{f.relative_to(root)} imports {name}"
         for f in files
-        for name in sorted(imported(f))
+        for name in sorted(imported(f, root))
         if any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[where])
     ]
 
@@ -50,10 +55,24 @@ def test_imports_go_one_way(where: str) -> None:
     assert breaches(where) == []
 
 
-def test_a_lazy_backward_import_is_caught(tmp_path: Path) -> None:
-    module = tmp_path / "m.py"
-    module.write_text("def f():\n    from bench import report\n    import bench.cli\n")
-    assert {"bench.report", "bench.cli"} <= imported(module)
+def test_a_lazy_or_relative_backward_import_is_caught(tmp_path: Path) -> None:
+    module = tmp_path / "bench" / "workload" / "m.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "from . import models\n"
+        "def f():\n"
+        "    from bench.analysis import report\n"
+        "    from ..harness import runner\n"
+        "    import bench.cli\n"
+    )
+    assert breaches("bench/workload", tmp_path) == [
+        "bench/workload/m.py imports bench.analysis",
+        "bench/workload/m.py imports bench.analysis.report",
+        "bench/workload/m.py imports bench.cli",
+        "bench/workload/m.py imports bench.harness",
+        "bench/workload/m.py imports bench.harness.runner",
+    ]
+    assert "bench.workload.models" in imported(module, tmp_path)
 
 
 def test_every_module_is_in_a_room() -> None:
