@@ -177,9 +177,6 @@ else
     trap 'rm -rf "$WORK"' EXIT
 fi
 
-install_missing "${BUILD_REQS[@]}" "${RUNTIME_REQS[@]}" \
-    || fail "pip install of build requirements failed"
-
 command -v cmake >/dev/null 2>&1 || fail "cmake not found in PATH (need cmake >= 3.13)"
 command -v "${CXX:-g++}" >/dev/null 2>&1 || fail "C++ compiler '${CXX:-g++}' not found"
 if [[ "$VARIANT" == nccl && ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; then
@@ -190,6 +187,9 @@ if [[ "$VARIANT" == nccl && ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; th
     CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
     log "CUDA toolkit: $CUDA_HOME (from the nvcc on PATH)"
 fi
+# the tools first: a machine that cannot build gets its one line before pip installs anything
+install_missing "${BUILD_REQS[@]}" "${RUNTIME_REQS[@]}" \
+    || fail "pip install of build requirements failed"
 
 SDIST=${PARABENCH_HOROVOD_SDIST:-}
 CARRIED="$(cd "$(dirname "$0")/.." && pwd)/.whl/horovod-$HVD_VERSION.tar.gz"
