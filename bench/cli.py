@@ -405,18 +405,25 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(est.line(), flush=True)
     elif a.dry_run:
         raise ConfigError("--dry-run plans a new run; it does not go with --resume")
+    # a line at a time, also into a pipe: `| tee` shows the cells as they end, and a
+    # reader that leaves (`| head`) stops the run then, not at its end
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         run_dir, rows = runner.run_matrix(
             cfg, resume=Path(a.resume) if a.resume else None, progress=True
         )
     except KeyboardInterrupt:
         return 130
-    print(summary.table(rows))
-    print(f"results: {run_dir}")
-    if not a.no_report:
+    rendered = None
+    if not a.no_report:  # before the table, so a reader gone by then does not lose it
         from bench.analysis import report
 
-        print(f"report: {report.render(run_dir)}")
+        rendered = report.render(run_dir)
+    print(summary.table(rows))
+    print(f"results: {run_dir}")
+    if rendered:
+        print(f"report: {rendered}")
     broken = [r for r in rows if r["status"] in ("failed", "oom", "timeout", "diverged")]
     if broken:
         print(f"{len(broken)} cell(s) failed, ran out of memory, timed out or diverged (see above)")
@@ -578,26 +585,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"parabench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:
-        if not _stdout_gone():
+        from bench.harness.proc import stdout_gone
+
+        if not stdout_gone():
             raise  # another pipe broke (a rank's, a socket): a bug to show, not to hide
         # the reader left (`parabench list | head`): no traceback, and stdout now goes
         # nowhere, so the flush at exit does not raise again; 128 + SIGPIPE, as a shell's
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-
-
-def _stdout_gone() -> bool:
-    """Whether stdout is a pipe or socket nobody reads any more (poll says POLLERR or
-    POLLHUP for it); False where stdout has no file descriptor."""
-    import select
-
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        return False
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ process, and `--resume` finishes the rest. Plus concurrent runs and determinism.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -125,6 +126,9 @@ def test_a_reader_that_leaves_mid_run_stops_it_saying_how_to_resume(tmp_path, da
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=err,
+            # stdout into a pipe as Python buffers it by default (block-wise): this machine
+            # sets PYTHONUNBUFFERED, which would hide a run that says nothing until its end
+            env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
         )
         rd = RunDir(tmp_path / "r3")
         _wait_rows(rd, 3, proc)

@@ -45,6 +45,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stdout_gone() -> bool:
+    """Whether stdout is a pipe or socket nobody reads any more (`parabench ... | head`
+    after head left): poll says POLLERR or POLLHUP for it. False where stdout has no file
+    descriptor or the platform has no poll."""
+    import select
+    import sys
+
+    poll = getattr(select, "poll", None)
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    if poll is None:
+        return False
+    poller = poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message, or its type's name where it has none."""
     text = str(exc).strip()

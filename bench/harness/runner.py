@@ -860,26 +860,30 @@ def run_matrix(
         json.dumps(provenance(resolve_device(cfg.device)), indent=1)
     )
     proc.become_subreaper()
-    measure_collectives(cfg, cells, run_dir.path, echo)
-    measure_flops(cfg, cells, run_dir.path, echo)
-    runner = Runner(cfg, run_dir, echo)
-    if progress:
-        done = run_dir.done()
-        runner.progress = Display(sum(1 for c in cells if not c.status and c.key not in done))
+    runner: Runner | None = None
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    try:  # the measurements too: a run stopped in them resumes, and says so
+        measure_collectives(cfg, cells, run_dir.path, echo)
+        measure_flops(cfg, cells, run_dir.path, echo)
+        runner = Runner(cfg, run_dir, echo)  # after measure_flops: it reads model.json
+        if progress:
+            done = run_dir.done()
+            runner.progress = Display(sum(1 for c in cells if not c.status and c.key not in done))
         rows = runner.run(cells)
     except (KeyboardInterrupt, BrokenPipeError) as stop:
-        runner.interrupt()
+        if runner is not None:
+            runner.interrupt()
         n = len(run_dir.runs.read())
         line = (
             f"{n} finished rows kept in {run_dir.runs.path}; "
             f"continue with: parabench run --resume {run_dir.path}"
         )
-        if isinstance(stop, BrokenPipeError):  # stdout's reader left (`| head`): stderr
-            print(f"parabench: stdout closed, the run stopped: {line}", file=sys.stderr)
-        else:
+        if isinstance(stop, KeyboardInterrupt):
             echo(f"interrupted: {line}")
+        elif proc.stdout_gone():  # `| head` left: say it where it is read
+            print(f"parabench: stdout closed, the run stopped: {line}", file=sys.stderr)
+        else:  # another pipe: the CLI shows its traceback
+            print(f"parabench: a broken pipe stopped the run: {line}", file=sys.stderr)
         raise
     finally:
         signal.signal(signal.SIGTERM, old)
