@@ -34,9 +34,11 @@ MOVED = {
 
 
 class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """`import bench.models` (a user's own model file, a notebook) still works, with a
-    DeprecationWarning naming the new module. The old name is the same module object as
-    the new one, so nothing is loaded twice."""
+    """`import bench.models` and `from bench import models` (a user's own model file, a
+    notebook) still work, with a DeprecationWarning naming the new module. The old name is
+    the same module object as the new one, so nothing is loaded twice. Import statements
+    only: loading the old name's spec by hand (module_from_spec, LazyLoader) gets an empty
+    placeholder."""
 
     def find_spec(self, fullname, path, target=None):
         old = fullname.removeprefix("bench.")
@@ -65,8 +67,11 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         sys.modules[old] = importlib.import_module(new)
 
 
-if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
-    sys.meta_path.append(_Moved())
+# once, also after importlib.reload(bench) (whose _Moved is a new class)
+sys.meta_path[:] = [
+    f for f in sys.meta_path if (type(f).__module__, type(f).__qualname__) != (__name__, "_Moved")
+]
+sys.meta_path.append(_Moved())
 
 # The oldest torch the whole suite has passed on (scripts/test_torch.sh; README, "Which
 # torch"); pyproject.toml asks for it. Older ones fail in ways the suite has seen: FSDP2's

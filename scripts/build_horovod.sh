@@ -177,8 +177,8 @@ else
     trap 'rm -rf "$WORK"' EXIT
 fi
 
-command -v cmake >/dev/null 2>&1 || fail "cmake not found in PATH (need cmake >= 3.13)"
-command -v "${CXX:-g++}" >/dev/null 2>&1 || fail "C++ compiler '${CXX:-g++}' not found"
+command -v cmake >/dev/null 2>&1 || die "cmake not found in PATH (need cmake >= 3.13)"
+command -v "${CXX:-g++}" >/dev/null 2>&1 || die "C++ compiler '${CXX:-g++}' not found"
 if [[ "$VARIANT" == nccl && ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; then
     # horovod's CMake compiles its CUDA kernels with $HOROVOD_CUDA_HOME/bin/nvcc (torch's
     # wheels carry no nvcc): take the toolkit of the nvcc on PATH, or say there is none

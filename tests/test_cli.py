@@ -244,12 +244,15 @@ def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(tmp_path, ca
         line.split() == ["ddp_spawn", "2", "fp32", "spawn", "2"] for line in text.splitlines()
     )
     assert "mnist" in text and "10 step(s) per epoch" in text
-    short = float(text.split("estimated wall time ")[1].split(" s ")[0])
+
+    def seconds(plan: str) -> float:  # "estimated wall time 42 s (..." or "6.6 min (..."
+        value, unit = plan.split("estimated wall time ")[1].split(" (")[0].split()
+        return float(value) * (60 if unit == "min" else 1)
+
+    short = seconds(text)
     assert not out.exists()  # nothing ran, nothing written
     assert main([*args, "--max-steps", "16", "--epochs", "3"]) == 0
-    longer = capsys.readouterr().out.split("estimated wall time ")[1]
-    value, unit = longer.split(" (")[0].split()
-    assert (float(value) * (60 if unit == "min" else 1)) > short  # more steps: longer
+    assert seconds(capsys.readouterr().out) > short  # more steps: longer
 
 
 @pytest.mark.parametrize(

@@ -129,3 +129,14 @@ def test_nothing_here_imports_an_old_name() -> None:
     assert len(files) > 50
     found = [f"{f.relative_to(ROOT)}: {n}" for f in files for n in imported(f) if n in old]
     assert found == []
+
+
+def test_the_old_names_finder_is_installed_once_also_after_a_reload() -> None:
+    import importlib
+    import sys
+
+    import bench
+
+    importlib.reload(bench)
+    finders = [f for f in sys.meta_path if type(f).__qualname__ == "_Moved"]
+    assert len(finders) == 1
