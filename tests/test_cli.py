@@ -105,7 +105,19 @@ CASES = [
     ),
     (
         ["--strategies", "single", "--model", "transformer", "--model-arg", "width=3"],
-        "--model-arg width=3: transformer does not take it",
+        "--model-arg width: transformer takes dim, depth, heads, mlp_ratio, patch, dropout",
+    ),
+    (  # a name it takes with a value of another type: which type, not a TypeError's words
+        ["--strategies", "single", "--model", "transformer", "--model-arg", "depth=abc"],
+        "--model-arg depth='abc': transformer's depth takes an int (default 4)",
+    ),
+    (
+        ["--strategies", "single", "--model", "lm", "--model-arg", "dropout=true"],
+        "--model-arg dropout='true': lm's dropout takes a number (default 0.0)",
+    ),
+    (
+        ["--strategies", "single", "--model", "transformer", "--model-arg", "shape=(3,8,8)"],
+        "--model-arg shape: transformer's shape is the data's, not an argument",
     ),
     (
         ["--strategies", "single", "--model", "transformer", "--model-arg", "heads=3"],

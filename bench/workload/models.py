@@ -7,6 +7,7 @@ the vocabulary (targets are then the next tokens, and rows count tokens/s)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -422,11 +423,44 @@ def meta_model(cfg: RunConfig, num_classes: int | None = None) -> nn.Module:
         return build(cfg, num_classes if num_classes is not None else default_classes(cfg))
 
 
+#: constructor arguments of the built-in models that the run sets (from the data)
+SET_BY_RUN = {"mnist_cnn": ("num_classes",), "transformer": ("num_classes", "shape")}
+
+
+def _check_own_args(model: str, kwargs: dict[str, Any]) -> None:
+    """A built-in model's --model-arg against its constructor: a name it does not take, or
+    a value of another type than its default's, is a ConfigError naming what it takes."""
+    params = inspect.signature(OWN_MODELS[model].__init__).parameters
+    takes = [n for n in params if n != "self" and n not in SET_BY_RUN.get(model, ())]
+    for key, value in kwargs.items():
+        if key in SET_BY_RUN.get(model, ()):
+            raise ConfigError(f"--model-arg {key}: {model}'s {key} is the data's, not an argument")
+        if key not in params or key == "self":
+            if model == "lm" and key == "seq_len":
+                continue  # build_model says where the context comes from
+            raise ConfigError(f"--model-arg {key}: {model} takes {', '.join(takes)}")
+        default = params[key].default
+        kind = type(default)
+        fits = (
+            isinstance(value, (int, float)) and not isinstance(value, bool)
+            if kind is float
+            else isinstance(value, kind) and isinstance(value, bool) == isinstance(default, bool)
+        )
+        if kind in (int, float, str, bool) and not fits:
+            what = {int: "an int", float: "a number", str: "a string", bool: "True or False"}
+            raise ConfigError(
+                f"--model-arg {key}={value!r}: {model}'s {key} takes {what[kind]} "
+                f"(default {default!r})"
+            )
+
+
 def check_model_args(cfg: RunConfig) -> None:
     """Build the model on the meta device with the run's constructor arguments, so a wrong
     --model-arg (or a user's factory that fails) is one line before anything starts."""
     if not cfg.model_kwargs and not is_plugin(cfg.model):
         return
+    if cfg.model in OWN_MODELS:
+        _check_own_args(cfg.model, dict(cfg.model_kwargs))
     try:
         meta_model(cfg)
     except ConfigError:
