@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import torch_too_old
-from bench.config import DATASETS, OPTIMIZERS, PRECISIONS, ConfigError, RunConfig
+from bench.config import (
+    DATASETS,
+    DEVICES,
+    OPTIMIZERS,
+    PRECISIONS,
+    ConfigError,
+    RunConfig,
+    unknown_device,
+)
 
 EXIT_BAD_INPUT = 2
 
@@ -142,7 +150,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--image-size",
         type=int,
-        default=0,
+        default=None,
         help="image side in pixels (default 224; synthetic data on a CPU: 64, as 224 takes "
         "many minutes per cell there)",
     )
@@ -360,7 +368,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         limit=a.limit,
         max_classes=a.max_classes,
         eval_samples=a.eval_samples,
-        image_size=a.image_size,
+        image_size=_image_size(a.image_size),
         timeout_s=a.timeout,
         out_dir=a.out_dir,
         run_id=a.run_id,
@@ -431,11 +439,21 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _image_size(given: int | None) -> int:
+    """--image-size, or 0 for the config's default (224; 64 for synthetic data on a CPU);
+    an explicit 0 or less is no way to ask for that default."""
+    if given is not None and given < 16:
+        raise ConfigError(f"--image-size must be at least 16, got {given}")
+    return given or 0
+
+
 def cmd_list(a: argparse.Namespace) -> int:
     import strategies
     from bench.harness.env import resolve_device
     from bench.workload.models import model_names
 
+    if a.device not in DEVICES:
+        raise ConfigError(unknown_device(a.device))
     device = resolve_device(a.device)
     print(f"strategies (device: {device}):")
     for name, spec in strategies.registry().items():

@@ -16,6 +16,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")  # the precision axis (strategies/precisio
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_MODEL = {
     "mnist": "mnist_cnn",
     "imagenet-subset": "resnet18",
@@ -30,6 +31,10 @@ CPU_SYNTHETIC_IMAGE_SIZE = 64
 
 class ConfigError(ValueError):
     """Bad input: the CLI prints the message on one line and exits with code 2."""
+
+
+def unknown_device(device: str) -> str:
+    return f"unknown device {device!r}; choose auto, cpu or cuda"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,10 +144,7 @@ class RunConfig:
         )
         for name in ("dataset", "model"):  # a file named relative to here: ranks start elsewhere
             object.__setattr__(self, name, plugins.absolute(getattr(self, name)))
-        need(
-            self.device in ("auto", "cpu", "cuda"),
-            f"unknown device {self.device!r}; choose auto, cpu or cuda",
-        )
+        need(self.device in DEVICES, unknown_device(self.device))
         need(
             self.global_batch >= 1,
             f"--global-batch must be a positive integer, got {self.global_batch}",

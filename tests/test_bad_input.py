@@ -139,6 +139,11 @@ CASES = [
     case(RUN, ["--eval-samples", "-1"], "--eval-samples cannot be negative", id="eval-negative"),
     case(RUN, ["--image-size", "3"], "--image-size must be at least 16", id="image-size-3"),
     case(RUN, ["--image-size", "15"], "--image-size must be at least 16", id="image-size-15"),
+    # 0 is the config's "not given": typed, it is no way to ask for the default
+    case(RUN, ["--image-size", "0"], "--image-size must be at least 16, got 0", id="image-size-0"),
+    case(RUN, ["--image-size", "-1"], "--image-size must be at least 16", id="image-size-neg"),
+    case("list", ["--device", "tpu"], "unknown device 'tpu'", id="list-device-tpu"),
+    case("status", ["{in}/nope"], "nope: no such run directory", id="status-no-run-dir"),
     case(RUN, ["--seq-len", "1"], "--seq-len must be at least 2", id="seq-len-1"),
     case(RUN, ["--seq-len", "-5"], "--seq-len must be at least 2", id="seq-len-negative"),
     case(RUN, ["--timeout", "-1"], "--timeout must be positive", id="timeout-negative"),

@@ -183,6 +183,8 @@ def submit(run_dir: Path, script: str) -> str:
 def status(run_dir: Path) -> str:
     """One line: the job's state in the queue (or that it left it) and the rows written."""
     job_file = run_dir / "job.id"
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: no such run directory")
     if not job_file.exists():
         raise ConfigError(f"{run_dir} has no job.id: it was not made by `parabench submit`")
     job = job_file.read_text().strip()
