@@ -138,14 +138,39 @@ def test_bad_input_is_one_line_and_exit_2(run_a: Path, tmp_path: Path, capsys, b
     assert err.startswith("parabench: error:") and err.count("\n") == 1
 
 
-def test_a_cell_that_newly_fails_is_flagged(run_a: Path, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(
+    "status, reason",
+    [
+        ("oom", "rank 0: OutOfMemoryError: CUDA out of memory"),
+        ("diverged", "loss is nan at step 3"),  # not a result to rank: as broken as a crash
+    ],
+)
+def test_a_cell_that_newly_fails_is_flagged(
+    run_a: Path, tmp_path: Path, capsys, status: str, reason: str
+) -> None:
     run_b = scaled_copy(run_a, tmp_path / "b", speed=1.0)
     runs = pd.read_csv(run_b / "runs.csv", dtype=str, keep_default_na=False)
     hit = (runs["strategy"] == "ddp_spawn") & (runs["world_size"] == "2")
-    runs.loc[hit, "status"] = "oom"
-    runs.loc[hit, "reason"] = "rank 0: OutOfMemoryError: CUDA out of memory"
+    runs.loc[hit, "status"] = status
+    runs.loc[hit, "reason"] = reason
     runs.to_csv(run_b / "runs.csv", index=False)
     cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
     assert [(n, w) for n, w, _ in cmp.broken] == [("ddp_spawn", 2)]
     assert main(["compare", "--no-stats", str(run_a), str(run_b)]) == 1
-    assert "ok in A, oom in B: ddp_spawn ws=2" in capsys.readouterr().out
+    assert f"ok in A, {status} in B: ddp_spawn ws=2" in capsys.readouterr().out
+
+
+def test_rows_written_twice_by_a_resumed_cell_count_once(run_a: Path, tmp_path: Path) -> None:
+    """A cell killed between writing its steps and its row runs again on --resume: its
+    steps (and, had it got that far, its row) are in the files twice; the last write counts."""
+    twice = Path(shutil.copytree(run_a, tmp_path / "twice"))
+    for name in ("runs.csv", "steps.csv", "ranks.csv"):
+        table = pd.read_csv(twice / name, dtype=str, keep_default_na=False)
+        pd.concat([table, table]).to_csv(twice / name, index=False)
+    once, again = report.load_run(run_a), report.load_run(twice)
+    for name in ("runs", "steps", "ranks"):
+        assert len(getattr(again, name)) == len(getattr(once, name)) > 0, name
+    pd.testing.assert_frame_equal(
+        report.summarise(again.runs).reset_index(drop=True),
+        report.summarise(once.runs).reset_index(drop=True),
+    )

@@ -42,7 +42,9 @@ LABELS = {
     "peak_mem_mib": "peak mem/device (MiB)",
 }
 EXIT_SAME, EXIT_WORSE = 0, 1
-BROKEN = ("failed", "oom", "timeout")
+#: a cell ok in A and one of these in B is the worst regression (diverged: its loss went
+#: non-finite or blew up, not a result to rank)
+BROKEN = ("failed", "oom", "timeout", "diverged")
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,8 @@ class Comparison:
 
     @property
     def broken(self) -> list[tuple[str, int, str]]:
-        """Cells ok in A that crashed, ran out of memory or hung in B: the worst regression.
+        """Cells ok in A that crashed, ran out of memory, hung or diverged in B: the worst
+        regression.
         (Skipped or unavailable in B is a different machine, not a regression.)"""
         return [c for c in self.only_a if c[2].split(":")[0] in BROKEN]
 

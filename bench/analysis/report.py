@@ -151,6 +151,12 @@ def load_run(run_dir: str | Path) -> Run:
     _check_whole_numbers(runs, path / "runs.csv", ["world_size", "repeat"])
     tables = [runs, _read_csv(path / "steps.csv", results.STEP_COLUMNS)]
     tables.append(_read_csv(path / "ranks.csv", results.RANK_COLUMNS))
+    # a cell killed between writing its steps and its row runs again on --resume and
+    # writes its steps (and ranks) again: the last write of each counts, once
+    tables = [
+        t.drop_duplicates(subset=[c for c in [*results.ID, *extra] if c in t], keep="last")
+        for t, extra in zip(tables, ([], ["step", "rank"], ["rank"]), strict=True)
+    ]
     labelled = _labelled(tables)
     return Run(
         path=path,
