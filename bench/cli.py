@@ -398,7 +398,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
 
 def cmd_run(a: argparse.Namespace) -> int:
     from bench.analysis import summary
-    from bench.harness import runner
+    from bench.harness import results, runner
 
     cfg = config_from_args(a)
     if not a.resume:
@@ -432,7 +432,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     print(f"results: {run_dir}")
     if rendered:
         print(f"report: {rendered}")
-    broken = [r for r in rows if r["status"] in ("failed", "oom", "timeout", "diverged")]
+    broken = [r for r in rows if r["status"] in results.BROKEN]
     if broken:
         print(f"{len(broken)} cell(s) failed, ran out of memory, timed out or diverged (see above)")
         return 1

@@ -24,7 +24,7 @@ import pandas as pd
 
 from bench.analysis import report
 from bench.config import ConfigError
-from bench.harness import stats
+from bench.harness import results, stats
 
 #: metric -> True where higher is better
 METRICS = {
@@ -42,9 +42,8 @@ LABELS = {
     "peak_mem_mib": "peak mem/device (MiB)",
 }
 EXIT_SAME, EXIT_WORSE = 0, 1
-#: a cell ok in A and one of these in B is the worst regression (diverged: its loss went
-#: non-finite or blew up, not a result to rank)
-BROKEN = ("failed", "oom", "timeout", "diverged")
+#: a cell ok in A and broken in B (failed, oom, timeout, diverged) is the worst regression
+BROKEN = results.BROKEN
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,9 @@ OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE, DIVERGED = (
     "diverged",  # it ran, but its loss became non-finite or exploded: not a result to rank
 )
 STATUSES = (OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE, DIVERGED)
+#: statuses of a cell that was asked to run here and gave no result to rank (skipped and
+#: unavailable are this machine's limits, said before anything ran)
+BROKEN = (FAILED, OOM, TIMEOUT, DIVERGED)
 
 
 def divergence(losses: Sequence[float], factor: float) -> str | None:
