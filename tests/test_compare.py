@@ -4,6 +4,7 @@ has 2 repeats, too few for the test over repeats: these tests judge the factor a
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from bench.analysis import compare, report
 from bench.cli import main
+from bench.config import ConfigError
 
 STEP_TIMES = ("step_time_ms_p50", "step_time_ms_p90", "step_time_ms_mean", "timed_s")
 
@@ -174,3 +176,56 @@ def test_rows_written_twice_by_a_resumed_cell_count_once(run_a: Path, tmp_path: 
         report.summarise(again.runs).reset_index(drop=True),
         report.summarise(once.runs).reset_index(drop=True),
     )
+
+
+def test_nan_written_as_text_reads_as_a_number(run_a: Path, tmp_path: Path) -> None:
+    """A tool that writes Python's float('nan') puts `nan` text in a numeric column: the
+    column stays numeric (the report used to raise on text in it), other text stays text."""
+    odd = Path(shutil.copytree(run_a, tmp_path / "odd"))
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    first_ok = runs.index[runs["status"] == "ok"][0]
+    runs.loc[first_ok, ["peak_mem_mib", "step_time_ms_p90"]] = ["nan", "NaN"]
+    runs.to_csv(odd / "runs.csv", index=False)
+    steps = pd.read_csv(odd / "steps.csv", dtype=str, keep_default_na=False)
+    steps.loc[0, "loss"] = "nan"
+    steps.to_csv(odd / "steps.csv", index=False)
+    run = report.load_run(odd)
+    for col in ("peak_mem_mib", "step_time_ms_p90", "samples_per_s"):
+        assert pd.api.types.is_float_dtype(run.runs[col]), col
+    assert math.isnan(run.runs.loc[first_ok, "peak_mem_mib"])
+    assert pd.api.types.is_float_dtype(run.steps["loss"]) and math.isnan(run.steps["loss"].iloc[0])
+    assert not pd.api.types.is_numeric_dtype(run.runs["precision"])  # text is left alone
+    assert "## Summary" in report.render(odd).read_text()
+
+
+@pytest.mark.parametrize(
+    "column, value, said",
+    [("world_size", "0", "less than 1"), ("repeat", "-1", "less than 0")],
+)
+def test_a_world_size_below_one_is_refused(
+    run_a: Path, tmp_path: Path, capsys, column: str, value: str, said: str
+) -> None:
+    odd = Path(shutil.copytree(run_a, tmp_path / "odd"))
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    runs.loc[0, column] = value
+    runs.to_csv(odd / "runs.csv", index=False)
+    with pytest.raises(ConfigError, match=f"column {column} holds {value}, {said} \\(row 2\\)"):
+        report.load_run(odd)
+    assert main(["compare", "--no-stats", str(run_a), str(odd)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("parabench: error:") and err.count("\n") == 1
+
+
+def test_an_empty_file_is_a_missing_table_but_an_empty_runs_csv_is_an_error(
+    run_a: Path, tmp_path: Path
+) -> None:
+    """A run killed as it opened steps.csv or ranks.csv leaves it empty: read as not there."""
+    odd = Path(shutil.copytree(run_a, tmp_path / "odd"))
+    for name in ("steps.csv", "ranks.csv"):
+        (odd / name).write_text("")
+    run = report.load_run(odd)
+    assert run.steps.empty and run.ranks.empty and len(run.runs) == len(report.load_run(run_a).runs)
+    assert "## Summary" in report.render(odd).read_text()
+    (odd / "runs.csv").write_text("\n")
+    with pytest.raises(ConfigError, match="runs.csv is empty: the run wrote no row"):
+        report.load_run(odd)

@@ -82,8 +82,11 @@ class Run:
 def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) -> pd.DataFrame:
     """A run's table; ConfigError if it is unreadable or lacks a `required` column. A
     column of `columns` it lacks is added, empty."""
-    # A table with no rows is never written (e.g. steps.csv when every cell was skipped).
-    if not path.exists():
+    # A table with no rows is never written (e.g. steps.csv when every cell was skipped);
+    # one left empty (the run killed as it opened the file) holds no more than a missing one
+    if not path.exists() or (path.is_file() and not _head(path).strip()):
+        if required and path.exists():
+            raise ConfigError(f"{path} is empty: the run wrote no row")
         return pd.DataFrame(columns=list(columns))
     try:
         df = pd.read_csv(path, keep_default_na=False, na_values=[""])
@@ -98,11 +101,35 @@ def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) 
     absent = [col for col in columns if col not in df]
     if absent:
         df = pd.concat([df, pd.DataFrame(math.nan, index=df.index, columns=absent)], axis=1)
+    for col in df.columns:
+        if col in TEXT_COLUMNS or pd.api.types.is_numeric_dtype(df[col]):
+            continue
+        # `nan` or `inf` written as text (keep_default_na leaves them text) makes a numeric
+        # column a text one: numbers again when every other value is a number
+        as_numbers = pd.to_numeric(df[col], errors="coerce")
+        if as_numbers.notna().sum() + df[col].isna().sum() + _nan_text(df[col]) == len(df):
+            df[col] = as_numbers
     for col in ("status", "reason", "notes", "strategy"):
         if col in df:
             # object first: an all-empty column reads as float, which "" cannot fill
             df[col] = df[col].astype(object).fillna("").astype(str)
     return df
+
+
+#: columns that hold names, not numbers, even when every value of a run looks like one
+TEXT_COLUMNS = frozenset({"run_id", "strategy", "setting", "status", "reason", "notes", "host"})
+
+
+def _nan_text(values: pd.Series) -> int:
+    """How many of `values` are text that means not-a-number (pandas' `nan`, Python's `nan`,
+    `NaN`), which to_numeric leaves NaN."""
+    text = values.dropna().astype(str).str.strip().str.lower()
+    return int(text.isin({"nan", "-nan", "+nan"}).sum())
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4096)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -123,15 +150,22 @@ def _read_json(path: Path) -> dict[str, Any]:
     return got
 
 
-def _check_whole_numbers(df: pd.DataFrame, path: Path, columns: Sequence[str]) -> None:
-    """Every value of `columns` a whole number (the keys the summary groups and sorts by)."""
-    for col in columns:
+def _check_whole_numbers(df: pd.DataFrame, path: Path, least: Mapping[str, int]) -> None:
+    """Every value of each column of `least` a whole number no less than its least (the
+    keys the summary groups, sorts and divides by)."""
+    for col, lowest in least.items():
         values = df[col].astype(str).str.strip()
         bad = values[~values.str.fullmatch(r"-?\d+(\.0*)?")]
         if len(bad):
             raise ConfigError(
                 f"{path}: column {col} holds {bad.iloc[0]!r}, not a whole number "
                 f"(row {bad.index[0] + 2})"
+            )
+        small = values[pd.to_numeric(values) < lowest]
+        if len(small):
+            raise ConfigError(
+                f"{path}: column {col} holds {small.iloc[0]}, less than {lowest} "
+                f"(row {small.index[0] + 2})"
             )
 
 
@@ -148,7 +182,7 @@ def load_run(run_dir: str | Path) -> Run:
         raise ConfigError(f"{path}: no runs.csv there; is it a parabench run directory?")
     required = ("strategy", "world_size", "repeat", "status")
     runs = _read_csv(path / "runs.csv", results.RUN_COLUMNS, required)
-    _check_whole_numbers(runs, path / "runs.csv", ["world_size", "repeat"])
+    _check_whole_numbers(runs, path / "runs.csv", {"world_size": 1, "repeat": 0})
     tables = [runs, _read_csv(path / "steps.csv", results.STEP_COLUMNS)]
     tables.append(_read_csv(path / "ranks.csv", results.RANK_COLUMNS))
     # a cell killed between writing its steps and its row runs again on --resume and
@@ -896,16 +930,25 @@ def scaling_markdown(run: Run) -> str:
         "`parabench predict` (bench/analysis/predict.py: the model and its assumptions) from each "
         "strategy's one-process cell (its compute, measured again at smaller batches after "
         "its timed steps), the collectives' latency and bandwidth measured at the start of "
-        "the run (collectives.json) and the bytes each strategy moves per step. Checked "
-        "against the cells measured here, each predicted without its own measurement:\n\n"
-        + md_table(
-            [*head, "measured", "error"],
-            [
-                [*b, _num(r["measured_samples_per_s"]), f"{r['error_pct']:+.1f}%"]
-                for b, r in zip(body, checked, strict=True)
-            ],
-        )
+        "the run (collectives.json) and the bytes each strategy moves per step. "
     )
+    if checked:
+        text += (
+            "Checked against the cells measured here, each predicted without its own "
+            "measurement:\n\n"
+            + md_table(
+                [*head, "measured", "error"],
+                [
+                    [*b, _num(r["measured_samples_per_s"]), f"{r['error_pct']:+.1f}%"]
+                    for b, r in zip(body, checked, strict=True)
+                ],
+            )
+        )
+    else:
+        text += (
+            "No cell of a modelled strategy above one process finished ok here, so nothing "
+            "checks the predictions: read them as the model's word alone."
+        )
     if what_if:
         links = ", ".join(
             f"{k}: {predict.LINKS[k][0]:g} GB/s bus bandwidth, {predict.LINKS[k][1]:g} µs per hop"
