@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -352,3 +354,56 @@ def test_fsdp_no_sync_nests() -> None:
             pass
         assert Module.calls == [False, False, False]  # still off after the inner one
     assert Module.calls[-1] is True
+
+
+def test_predict_reads_the_run_as_the_report_does(probed_run, tmp_path, capsys) -> None:
+    """A runs.csv written by another tool or an older parabench (whole numbers as `2.0`, a
+    column missing) predicts as the original; a run with no compute curve says so."""
+    from bench.cli import main
+
+    run, _ = probed_run
+    odd = Path(shutil.copytree(run, tmp_path / "odd"))
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    runs["world_size"] = runs["world_size"].map(lambda w: f"{float(w):.1f}")
+    runs.drop(columns=["comm_exposed_ms", "threads_per_rank"]).to_csv(odd / "runs.csv", index=False)
+    want = predict.predict_run(run, [2, 16], holdout=True)
+    got = predict.predict_run(odd, [2, 16], holdout=True)
+    assert [r["world_size"] for r in got] == [r["world_size"] for r in want] == [2, 16]
+    for a, b in zip(got, want, strict=True):
+        assert a["comm_ms"] == pytest.approx(b["comm_ms"])
+        assert a["measured_samples_per_s"] == pytest.approx(
+            b["measured_samples_per_s"], nan_ok=True
+        )
+    for cell in (odd / "cells").iterdir():
+        (cell / "epochs.jsonl").unlink(missing_ok=True)
+    assert main(["predict", str(odd)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("nothing to predict:")
+    assert "ddp_spawn: its world-size-1 cell kept no compute curve" in out
+
+
+def test_predict_table_shows_a_dash_for_an_unknown_efficiency() -> None:
+    row = dict.fromkeys(predict.COLUMNS, 1.0) | {
+        "strategy": "ddp",
+        "world_size": 2,
+        "link": "measured",
+        "efficiency": float("nan"),
+        "error_pct": 0.0,
+    }
+    last = predict.table([row]).splitlines()[-1].split()
+    assert "nan" not in last and last[-3:] == ["–", "1.0", "+0.0%"]
+
+
+def test_report_without_a_multi_process_cell_to_check_says_so(probed_run, tmp_path) -> None:
+    """Every cell above one process failed: the what-if table stands alone, no empty
+    "checked against" table before it."""
+    from bench.analysis import report
+
+    run, _ = probed_run
+    odd = Path(shutil.copytree(run, tmp_path / "odd"))
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    runs.loc[runs["world_size"] != "1", "status"] = "failed"
+    runs.to_csv(odd / "runs.csv", index=False)
+    text = report.scaling_markdown(report.load_run(odd))
+    assert "Checked against" not in text and "nothing checks the predictions" in text
+    assert "What if" in text and text.count("| strategy |") == 1

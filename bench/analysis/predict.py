@@ -191,16 +191,18 @@ def predict_run(
     busbw_GBps: float | None = None,
     link: str | None = None,
     holdout: bool = True,
+    why: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Predictions for every modelled strategy of the run at `world_sizes` (rows). World
     sizes that do not divide the global batch are left out. `holdout` (the default): the
     exposed share at world size N is never taken from the cell measured at N, so the
     measured figure checks the prediction. Efficiency: predicted samples/s over N times the
-    same strategy's one-process samples/s."""
+    same strategy's one-process samples/s. `why`, if given, gets a line for each case or
+    world size left out and the reason."""
     import pandas as pd
 
     import strategies
-    from bench.analysis.report import counted_rows
+    from bench.analysis import report
     from bench.harness.probes import PHASES
     from bench.harness.runner import RunDir
 
@@ -211,19 +213,19 @@ def predict_run(
         raise ConfigError(f"unknown link {link!r}; choose one of {', '.join(LINKS)}")
     try:
         cfg = rd.config()
-        runs = pd.DataFrame(rd.runs.read())
     except (OSError, ValueError, TypeError) as exc:
         raise ConfigError(f"{run_dir}: unreadable run ({type(exc).__name__}: {exc})") from None
+    # read as the report reads it: numbers as numbers, columns an older run lacks empty
+    runs = report.load_run(run_dir).runs
     fits = _fits(run_dir)
     shape = _shape(run_dir)
     alpha = None
     if link is not None:
         busbw_GBps, alpha = LINKS[link]
     what_if = busbw_GBps is not None
-    if runs.empty:
-        return []
-    runs["epoch"] = pd.to_numeric(runs["epoch"], errors="coerce")
-    counted = counted_rows(runs)
+    counted = report.counted_rows(runs)  # by case: strategy and setting
+    counted["label"] = counted["strategy"]  # as the report names the case
+    counted["strategy"] = counted["strategy_name"]  # the registry's name from here on
     num = ["world_size", "samples_per_s", "comm_exposed_ms", "comm_total_ms", "data_wait_ms_mean"]
     num += [f"{p}_ms" for p in PHASES]
     for col in num:
@@ -232,21 +234,34 @@ def predict_run(
     for (name, setting), group in counted.groupby(["strategy", "setting"]):
         spec = strategies.registry().get(name)
         one = group[group["world_size"] == 1]
-        if spec is None or spec.cls is None or one.empty:
+        case = group["label"].iloc[0]
+        if spec is None or spec.cls is None:
+            _say(why, f"{case}: not a strategy this parabench has")
+            continue
+        if one.empty:
+            _say(why, f"{case}: no world-size-1 cell finished ok to predict from")
             continue
         first = one.iloc[0]
         cpu = first["device"] != "cuda"  # where the run ran, not where this runs
-        options = json.loads(first["options"] or "{}")
+        options = json.loads(_text(first["options"]) or "{}")
         curves = [
             _records(run_dir, r).get("probe", {}).get("compute_curve") for _, r in one.iterrows()
         ]
         curves = [c for c in curves if c]
         measured1 = one["samples_per_s"].median()
-        cores = int(float(first["threads_per_rank"] or 1))  # one process had them all
+        threads = pd.to_numeric(first["threads_per_rank"], errors="coerce")
+        cores = int(threads) if threads >= 1 else 1  # one process had them all (NaN: not said)
         compute1 = float(sum(one[f"{p}_ms"].median() for p in PHASES))
         for n in world_sizes:
-            traffic = spec.cls.traffic(options, n, shape, first["precision"])
-            if isinstance(traffic, str) or not curves or cfg.global_batch % n:
+            traffic = spec.cls.traffic(options, n, shape, _text(first["precision"]))
+            if isinstance(traffic, str):
+                _say(why, f"{case}: {traffic}")
+                continue
+            if not curves:
+                _say(why, f"{case}: {_no_curve(run_dir)}")
+                continue
+            if cfg.global_batch % n:
+                _say(why, f"world size {n} does not divide the global batch {cfg.global_batch}")
                 continue
             if cpu and n <= cores:
                 # N ranks on cores/N threads each share this machine's cores: together they
@@ -304,6 +319,22 @@ def predict_run(
     return out
 
 
+def _no_curve(run_dir: Path) -> str:
+    if not (run_dir / "cells").is_dir():
+        return "no cells/ folder here to read its compute curve from (references leave it out)"
+    return "its world-size-1 cell kept no compute curve (cells/*/epochs.jsonl)"
+
+
+def _say(why: list[str] | None, line: str) -> None:
+    if why is not None and line not in why:
+        why.append(line)
+
+
+def _text(value: Any) -> str:
+    """A text cell of runs.csv: "" where it was left empty (pandas reads that as NaN)."""
+    return "" if value is None or value != value else str(value)
+
+
 COLUMNS = [
     "strategy",
     "setting",
@@ -340,7 +371,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         lines.append(
             f"{r['strategy']:<18}{r['world_size']:>4}{r['link']:>13}{r['compute_ms']:>11.2f}"
             f"{r['comm_ms']:>9.2f}{r['exposed_fraction']:>6.2f}{r['samples_per_s']:>11.1f}"
-            f"{band:>19}{r['efficiency']:>6.2f}"
+            f"{band:>19}"
+            + (f"{r['efficiency']:>6.2f}" if r["efficiency"] == r["efficiency"] else f"{'–':>6}")
             + (f"{meas:>10.1f}{err:>+7.1f}%" if meas == meas else f"{'–':>10}{'':>8}")
         )
     return "\n".join(lines)
@@ -362,12 +394,12 @@ def cmd_predict(a: argparse.Namespace) -> int:
     run_dir = Path(a.run_dir)
     if a.busbw is not None and not (a.busbw > 0 and math.isfinite(a.busbw)):
         raise ConfigError(f"--busbw must be a positive number of GB/s, got {a.busbw}")
-    rows = predict_run(run_dir, a.world_sizes, busbw_GBps=a.busbw, link=a.link)
+    why: list[str] = []
+    rows = predict_run(run_dir, a.world_sizes, busbw_GBps=a.busbw, link=a.link, why=why)
     if not rows:
-        print(
-            "nothing to predict: no multi-process strategy with a world-size-1 cell whose "
-            "communication is modelled"
-        )
+        print("nothing to predict:")
+        for line in why or ["the run has no cell that finished ok"]:
+            print(f"  {line}")
         return 1
     print(table(rows))
     path = run_dir / "predict.csv"
