@@ -4,6 +4,7 @@ K steps match the single-process baseline within the precision's stated toleranc
 from __future__ import annotations
 
 import csv
+import math
 import os
 
 import pytest
@@ -19,7 +20,8 @@ from bench.analysis.verify import (
     verify,
 )
 from bench.config import RunConfig
-from tests.conftest import faulty_strategies, small_config
+from bench.harness.runner import RunDir
+from tests.conftest import faulty_strategies, need_horovod, small_config
 
 pytestmark = pytest.mark.slow
 FP32 = ("ddp_spawn", "ddp_torchrun")
@@ -31,8 +33,9 @@ def _horovod_required() -> bool:
 
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory, data_root):
-    """The multi-process strategies at world size 2 (their baseline, single, runs apart)."""
+def parity_run(tmp_path_factory, data_root):
+    """The multi-process strategies at world size 2 (their baseline, single, runs apart):
+    the run's directory, its rows by (strategy, world size) and their parity."""
     names = (*FP32, "amp_ddp", "test_nosync")
     if strategies.get("horovod").unavailable("cpu") is None:
         names += HOROVOD
@@ -42,7 +45,13 @@ def parity(tmp_path_factory, data_root):
     with faulty_strategies():
         run_dir, result = verify(cfg, steps=8, echo=lambda m: None)
     print(table(result))
-    return {(p.strategy, p.world_size): p for p in result}
+    rows = {(r["strategy"], int(r["world_size"])): r for r in RunDir(run_dir).runs.read()}
+    return run_dir, rows, {(p.strategy, p.world_size): p for p in result}
+
+
+@pytest.fixture(scope="module")
+def parity(parity_run):
+    return parity_run[2]
 
 
 @pytest.mark.parametrize("name", FP32)
@@ -68,6 +77,33 @@ def test_amp_matches_at_its_looser_tolerance(parity):
     assert p.tol == RECIPES["autocast_bf16"]  # MNIST does not amplify rounding: not widened
     ref = parity[("single", 1)]  # single in bf16 (no cell at world size 1: run apart)
     assert ref.reference and ref.setting == "bf16" and ref.status == "pass", ref
+
+
+def test_amp_ddp_rows_say_bf16_autocast_and_device_data(parity_run):
+    _, rows, _ = parity_run
+    r = rows[("amp_ddp", 2)]
+    assert r["status"] == "ok", r["reason"]
+    assert r["precision"] == "bf16" and r["numerics"] == "autocast_bf16"
+    assert r["data_path"] == "device"  # MNIST is in memory: moved to the device once
+    assert float(r["samples_per_s"]) > 0 and math.isfinite(float(r["train_loss_final"]))
+
+
+def test_horovod_and_fp16_compression_run_through_horovodrun(parity_run):
+    from tests.test_failures import leftover_processes
+
+    need_horovod()
+    run_dir, rows, _ = parity_run
+    plain, fp16 = rows[("horovod", 2)], rows[("horovod_fp16", 2)]
+    for r in (plain, fp16):
+        assert r["status"] == "ok", r["reason"]
+        assert r["launcher"] == "horovodrun" and r["backend"] == "gloo"
+        assert float(r["samples_per_s"]) > 0 and math.isfinite(float(r["train_loss_final"]))
+        assert int(r["samples"]) == int(r["steps"]) * 32 and r["horovod_version"] == "0.28.1"
+    assert plain["precision"] == fp16["precision"] == "fp32"
+    assert plain["numerics"] == "exact" and fp16["numerics"] == "grad_fp16"
+    ranks = [r for r in RunDir(run_dir).ranks.read() if r["strategy"] == "horovod"]
+    assert sorted(r["rank"] for r in ranks) == ["0", "1"]
+    assert leftover_processes(run_dir) == []
 
 
 def test_a_strategy_that_skips_gradient_sync_fails_parity(parity):
