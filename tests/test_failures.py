@@ -41,7 +41,9 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
         data_root,
         world_sizes=(1, 2),
         timeout_s=20,
-        strategies=("single", "test_crash", "test_hang", "test_oom", "ddp_spawn"),
+        # the seeded order runs test_crash and test_hang at 2 (they fail) before each at 1,
+        # where they are plain DDP (by mp.spawn, by torchrun) and must end ok
+        strategies=("test_crash", "test_hang", "test_oom"),
     )
     t0 = time.monotonic()
     run_dir, rows = run_matrix(cfg, echo=lambda m: None)
@@ -59,14 +61,13 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
     assert oom["status"] == "oom" and "allocate" in oom["reason"]
 
     # the rest of the matrix ran, after the failures
-    for key in [
-        ("single", 1),
-        ("ddp_spawn", 1),
-        ("ddp_spawn", 2),
-        ("test_crash", 1),
-        ("test_hang", 1),
-    ]:
+    order = [(r["strategy"], int(r["world_size"])) for r in rows]
+    for key, after in (
+        (("test_crash", 1), ("test_crash", 2)),
+        (("test_hang", 1), ("test_hang", 2)),
+    ):
         assert by[key]["status"] == "ok", (key, by[key]["reason"])
+        assert order.index(key) > order.index(after), order
     assert time.monotonic() - t0 < 600
     assert leftover_processes(run_dir) == []
 
