@@ -231,7 +231,7 @@ def test_a_users_model_and_data_run_and_verify_against_the_share_baseline(tmp_pa
         model=MODEL,
         dataset=DATASET,
         strategies=("ddp_spawn", "test_nosync"),
-        world_sizes=(1, 2),
+        world_sizes=(2,),  # the baselines (single, whole and in 2 shares) run apart
         device="cpu",
         global_batch=16,
         limit=512,
@@ -246,7 +246,6 @@ def test_a_users_model_and_data_run_and_verify_against_the_share_baseline(tmp_pa
     assert good.status == "pass" and good.baseline == "single, 2 shares", good
     assert good.buffer_abs <= 1e-5  # running statistics follow rank 0's rule
     assert bad.status == "FAIL" and bad.baseline == "single, 2 shares", bad
-    assert by[("ddp_spawn", 1)].status == "pass" and by[("ddp_spawn", 1)].baseline == "single"
     assert (run_dir / "conditioning.txt").read_text().startswith("conditioning: the baseline")
     rows = pd.read_csv(run_dir / "runs.csv")
     ran = rows[rows["status"] == "ok"]
