@@ -229,3 +229,13 @@ def test_an_empty_file_is_a_missing_table_but_an_empty_runs_csv_is_an_error(
     (odd / "runs.csv").write_text("\n")
     with pytest.raises(ConfigError, match="runs.csv is empty: the run wrote no row"):
         report.load_run(odd)
+
+
+def test_a_table_that_cannot_be_read_is_one_line(run_a: Path, tmp_path: Path) -> None:
+    """A file whose read fails (here a link to /proc/self/mem, which gives an I/O error at
+    offset 0) is one line naming it, as pandas' own read errors are, not a traceback."""
+    odd = Path(shutil.copytree(run_a, tmp_path / "odd"))
+    (odd / "steps.csv").unlink()
+    (odd / "steps.csv").symlink_to("/proc/self/mem")
+    with pytest.raises(ConfigError, match=r"steps.csv is unreadable \(.*Input/output error"):
+        report.load_run(odd)

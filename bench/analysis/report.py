@@ -128,8 +128,11 @@ def _nan_text(values: pd.Series) -> int:
 
 
 def _head(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(4096)
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096)
+    except OSError as exc:  # as pandas' own read of it would: one line, not a traceback
+        raise ConfigError(f"{path} is unreadable ({_first_line(exc)})") from None
 
 
 def _first_line(exc: BaseException) -> str:
