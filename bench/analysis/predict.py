@@ -321,7 +321,9 @@ def predict_run(
 
 def _no_curve(run_dir: Path) -> str:
     if not (run_dir / "cells").is_dir():
-        return "no cells/ folder here to read its compute curve from (references leave it out)"
+        return (
+            "no cells/ folder here to read its compute curve from (the CPU references leave it out)"
+        )
     return "its world-size-1 cell kept no compute curve (cells/*/epochs.jsonl)"
 
 
