@@ -17,10 +17,15 @@ from tests.test_failures import leftover_processes
 
 pytestmark = pytest.mark.slow
 
-#: four cells; the seeded order (bench.harness.runner.plan) runs ddp_spawn at world size 2,
-#: single at 1, single at 2 (a skipped row) and ddp_spawn at 1: the SIGKILL test stops the
-#: run in the last, which --resume redoes; the others stop it in the second, a real cell too
-MATRIX = ["--strategies", "single,ddp_spawn", "--world-sizes", "1,2"]
+#: four cells; the seeded order (bench.harness.runner.plan) runs ddp_torchrun at world size
+#: 2, single at 1, single at 2 (a skipped row) and ddp_torchrun at 1: the SIGKILL test stops
+#: the run in the last (torchrun's agent and its rank: a tree the harness's death must take
+#: down), which --resume redoes; the others stop it in the second, a real cell too
+STRATEGIES = ("single", "ddp_torchrun")
+MATRIX = ["--strategies", ",".join(STRATEGIES), "--world-sizes", "1,2"]
+#: for the tests about stopping, not resuming: no probes, profile or scaling model (the
+#: SIGKILL test keeps them, so --resume finds their files already written)
+CELLS_ONLY = ("--probe-steps=0", "--profile-steps=0", "--no-scaling-model")
 
 
 def _cli(out, data_root, *extra, matrix=MATRIX):
@@ -49,10 +54,6 @@ def _cli(out, data_root, *extra, matrix=MATRIX):
         "--out-dir",
         str(out),
         "--no-report",
-        # what these tests are about is the cells: no probes, profile or scaling model
-        "--probe-steps=0",
-        "--profile-steps=0",
-        "--no-scaling-model",
         *extra,
     ]
 
@@ -73,11 +74,11 @@ def _wait_gone(run_dir, timeout: float = 20) -> list:
 
 
 def _interrupt_mid_matrix(
-    tmp_path, data_root, run_id: str, sig: int, rows: int
+    tmp_path, data_root, run_id: str, sig: int, rows: int, *extra: str
 ) -> tuple[RunDir, str, int]:
     """Start the harness, let `rows` cells finish and the next start, send `sig`."""
     proc = subprocess.Popen(
-        _cli(tmp_path, data_root, "--run-id", run_id),
+        _cli(tmp_path, data_root, "--run-id", run_id, *extra),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -117,7 +118,7 @@ def test_sigkilled_harness_loses_nothing_and_resumes(tmp_path, data_root):
 
 
 def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root):
-    rd, out, code = _interrupt_mid_matrix(tmp_path, data_root, "r2", signal.SIGTERM, rows=1)
+    rd, out, code = _interrupt_mid_matrix(tmp_path, data_root, "r2", signal.SIGTERM, 1, *CELLS_ONLY)
     run_dir = rd.path
     assert code == 130
     assert f"continue with: parabench run --resume {run_dir}" in out
@@ -133,7 +134,7 @@ def test_a_reader_that_leaves_mid_run_stops_it_saying_how_to_resume(tmp_path, da
         proc = subprocess.Popen(
             # cells after the one running when the reader leaves: the run notices at that
             # cell's line, and must stop there, not finish the matrix
-            _cli(tmp_path, data_root, "--run-id", "r3"),
+            _cli(tmp_path, data_root, "--run-id", "r3", *CELLS_ONLY),
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=err,
@@ -161,7 +162,7 @@ def test_two_runs_at_once_both_complete_with_the_same_loss_curves(tmp_path, data
     matrix = ["--strategies", "ddp_spawn,ddp_torchrun", "--world-sizes", "2"]
     procs = [
         subprocess.Popen(
-            _cli(tmp_path, data_root, "--run-id", f"c{i}", matrix=matrix),
+            _cli(tmp_path, data_root, "--run-id", f"c{i}", *CELLS_ONLY, matrix=matrix),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -189,6 +190,7 @@ def test_the_interrupted_matrix_ends_in_a_cell_that_runs(data_root, tmp_path):
     rows in, a cell is running (a skipped row last would end the run before the signal)."""
     from bench.harness.runner import plan
 
-    cfg = small_config(tmp_path, data_root, strategies=("single", "ddp_spawn"), world_sizes=(1, 2))
+    cfg = small_config(tmp_path, data_root, strategies=STRATEGIES, world_sizes=(1, 2))
     cells = plan(cfg)
-    assert len(cells) == 4 and cells[-1].status == ""
+    assert len(cells) == 4 and cells[-1].status == "" and cells[1].status == ""
+    assert (cells[-1].strategy, cells[-1].world_size) == ("ddp_torchrun", 1)
