@@ -84,11 +84,13 @@ def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) 
     column of `columns` it lacks is added, empty."""
     # A table with no rows is never written (e.g. steps.csv when every cell was skipped);
     # one left empty (the run killed as it opened the file) holds no more than a missing one
-    if not path.exists() or (path.is_file() and not _head(path).strip()):
-        if required and path.exists():
-            raise ConfigError(f"{path} is empty: the run wrote no row")
+    if not path.exists():
         return pd.DataFrame(columns=list(columns))
-    try:
+    try:  # the first read of it (its head) fails as pandas' would: one line, not a traceback
+        if path.is_file() and not _head(path).strip():
+            if required:
+                raise ConfigError(f"{path} is empty: the run wrote no row")
+            return pd.DataFrame(columns=list(columns))
         df = pd.read_csv(path, keep_default_na=False, na_values=[""])
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise ConfigError(f"{path} is unreadable ({_first_line(exc)})") from None
@@ -128,11 +130,8 @@ def _nan_text(values: pd.Series) -> int:
 
 
 def _head(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4096)
-    except OSError as exc:  # as pandas' own read of it would: one line, not a traceback
-        raise ConfigError(f"{path} is unreadable ({_first_line(exc)})") from None
+    with open(path, "rb") as f:
+        return f.read(4096)
 
 
 def _first_line(exc: BaseException) -> str:
