@@ -371,6 +371,8 @@ def test_predict_reads_the_run_as_the_report_does(probed_run, tmp_path, capsys) 
     assert [r["world_size"] for r in got] == [r["world_size"] for r in want] == [2, 16]
     for a, b in zip(got, want, strict=True):
         assert a["comm_ms"] == pytest.approx(b["comm_ms"])
+        # without threads_per_rank the cores come from environment.json: the same basis
+        assert a["basis"] == b["basis"] and a["compute_ms"] == pytest.approx(b["compute_ms"])
         assert a["measured_samples_per_s"] == pytest.approx(
             b["measured_samples_per_s"], nan_ok=True
         )
@@ -380,6 +382,16 @@ def test_predict_reads_the_run_as_the_report_does(probed_run, tmp_path, capsys) 
     out = capsys.readouterr().out
     assert out.startswith("nothing to predict:")
     assert "ddp_spawn: its world-size-1 cell kept no compute curve" in out
+
+
+def test_predict_takes_the_cores_from_the_row_then_the_host() -> None:
+    host = {"cpu_cores": 8}
+    assert predict._cores(2, host) == 2  # the row says
+    assert predict._cores("2.0", host) == 2
+    for unsaid in (float("nan"), "", "inf", float("-inf"), 0, "many", None):
+        assert predict._cores(unsaid, host) == 8, unsaid
+        assert predict._cores(unsaid, {}) == 1
+        assert predict._cores(unsaid, {"cpu_cores": "inf"}) == 1
 
 
 def test_predict_table_shows_a_dash_for_an_unknown_efficiency() -> None:

@@ -192,13 +192,15 @@ def predict_run(
     link: str | None = None,
     holdout: bool = True,
     why: list[str] | None = None,
+    run: Any = None,
 ) -> list[dict[str, Any]]:
     """Predictions for every modelled strategy of the run at `world_sizes` (rows). World
     sizes that do not divide the global batch are left out. `holdout` (the default): the
     exposed share at world size N is never taken from the cell measured at N, so the
     measured figure checks the prediction. Efficiency: predicted samples/s over N times the
     same strategy's one-process samples/s. `why`, if given, gets a line for each case or
-    world size left out and the reason."""
+    world size left out and the reason. `run`: the run as `report.load_run` read it, so a
+    caller that has it (the report) does not have it read again."""
     import pandas as pd
 
     import strategies
@@ -216,7 +218,9 @@ def predict_run(
     except (OSError, ValueError, TypeError) as exc:
         raise ConfigError(f"{run_dir}: unreadable run ({type(exc).__name__}: {exc})") from None
     # read as the report reads it: numbers as numbers, columns an older run lacks empty
-    runs = report.load_run(run_dir).runs
+    if run is None:
+        run = report.load_run(run_dir)
+    runs = run.runs
     fits = _fits(run_dir)
     shape = _shape(run_dir)
     alpha = None
@@ -249,8 +253,7 @@ def predict_run(
         ]
         curves = [c for c in curves if c]
         measured1 = one["samples_per_s"].median()
-        threads = pd.to_numeric(first["threads_per_rank"], errors="coerce")
-        cores = int(threads) if threads >= 1 else 1  # one process had them all (NaN: not said)
+        cores = _cores(first["threads_per_rank"], run.environment)
         compute1 = float(sum(one[f"{p}_ms"].median() for p in PHASES))
         for n in world_sizes:
             traffic = spec.cls.traffic(options, n, shape, _text(first["precision"]))
@@ -317,6 +320,20 @@ def predict_run(
                 }
             )
     return out
+
+
+def _cores(threads: Any, environment: Mapping[str, Any]) -> int:
+    """The cores the one-process cell had: its row's threads_per_rank (it had them all);
+    where the row does not say (a run older than that column, or edited), the cores the
+    run's host had (environment.json); 1 where neither says."""
+    for value in (threads, environment.get("cpu_cores")):
+        try:
+            n = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(n) and n >= 1:
+            return int(n)
+    return 1
 
 
 def _no_curve(run_dir: Path) -> str:

@@ -905,11 +905,11 @@ def scaling_markdown(run: Run) -> str:
         measured_sizes = sorted(
             {int(w) for w in pd.to_numeric(run.runs["world_size"], errors="coerce").dropna()} - {1}
         )
-        checked = predict.predict_run(run.path, measured_sizes, holdout=True)
+        checked = predict.predict_run(run.path, measured_sizes, holdout=True, run=run)
         what_if = [
             r
             for link in predict.WHAT_IF_LINKS
-            for r in predict.predict_run(run.path, predict.WHAT_IF_SIZES, link=link)
+            for r in predict.predict_run(run.path, predict.WHAT_IF_SIZES, link=link, run=run)
         ]
     except (ConfigError, ValueError, KeyError) as exc:
         return f"No prediction: {_first_line(exc)}"
