@@ -1,6 +1,6 @@
-"""`parabench`: run, list, verify, report, compare.
-
-Bad input is one line on stderr and exit code 2, before anything starts.
+"""`parabench`: which way to parallelise PyTorch training, measured on this machine: how
+fast each strategy trains, its memory, where its time goes, how it scales, and whether it
+trains the same model. Bad input is one line on stderr and exit code 2, before anything starts.
 """
 
 from __future__ import annotations
