@@ -41,9 +41,11 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
         data_root,
         world_sizes=(1, 2),
         timeout_s=20,
-        # the seeded order runs test_crash and test_hang at 2 (they fail) before each at 1,
-        # where they are plain DDP (by mp.spawn, by torchrun) and must end ok
+        # seed 34's order runs test_crash and test_hang at 2 (they fail) and test_oom at 1
+        # before test_crash and test_hang at 1, where they are plain DDP (by mp.spawn, by
+        # torchrun) and must end ok: the matrix goes on after each kind of failure
         strategies=("test_crash", "test_hang", "test_oom"),
+        seed=34,
     )
     t0 = time.monotonic()
     run_dir, rows = run_matrix(cfg, echo=lambda m: None)
@@ -65,6 +67,8 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
     for key, after in (
         (("test_crash", 1), ("test_crash", 2)),
         (("test_hang", 1), ("test_hang", 2)),
+        (("test_crash", 1), ("test_oom", 1)),
+        (("test_hang", 1), ("test_oom", 1)),
     ):
         assert by[key]["status"] == "ok", (key, by[key]["reason"])
         assert order.index(key) > order.index(after), order

@@ -136,6 +136,9 @@ def test_batch_norm_cells_are_checked_against_the_baseline_cut_into_their_shares
     acc = _row(per_rank_batch="8", micro_batch="4", data_ranks="2")
     assert batch_norm_layout(acc, norms=1) == (2, 2)
     assert baseline_label((2, 2)) == "single, 2 shares x 2 micro-batches"
+    one = _row(world_size="1", per_rank_batch="16", micro_batch="16", data_ranks="1")
+    assert batch_norm_layout(one, norms=20) == (1, 1)  # one rank, whole batch: plain single
+    assert baseline_label(batch_norm_layout(one, norms=20)) == "single"
     pipe = _row(per_rank_batch="16", micro_batch="4", data_ranks="1")
     assert batch_norm_layout(pipe, norms=1) == (1, 4)
     assert batch_norm_reason(ddp, norms=20) == ""  # comparable, against its own baseline
