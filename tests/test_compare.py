@@ -239,3 +239,107 @@ def test_a_table_that_cannot_be_read_is_one_line(run_a: Path, tmp_path: Path) ->
     (odd / "steps.csv").symlink_to("/proc/self/mem")
     with pytest.raises(ConfigError, match=r"steps.csv is unreadable \(.*Input/output error"):
         report.load_run(odd)
+
+
+def _edit(run: Path, change) -> Path:
+    """Apply `change` to the run's runs.csv (read as text, written back)."""
+    runs = pd.read_csv(run / "runs.csv", dtype=str, keep_default_na=False)
+    runs = change(runs)
+    runs.to_csv(run / "runs.csv", index=False)
+    return run
+
+
+def test_runs_of_other_work_are_refused_unless_unlike(run_a: Path, tmp_path: Path, capsys) -> None:
+    def resnet(runs):
+        runs["model"] = "resnet18"
+        return runs
+
+    run_b = _edit(scaled_copy(run_a, tmp_path / "b", speed=0.5), resnet)
+    assert main(["compare", str(run_a), str(run_b)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model mnist_cnn -> resnet18" in err and "--unlike" in err
+    assert main(["compare", "--no-stats", "--unlike", str(run_a), str(run_b)]) == 0
+    out = capsys.readouterr().out
+    assert "UNLIKE RUNS, no verdicts" in out and "SLOW-DOWN" not in out
+    assert "0.50" in out  # the ratios are still shown
+
+
+def test_other_machines_are_named_and_still_judged(run_a: Path, tmp_path: Path, capsys) -> None:
+    def elsewhere(runs):
+        runs["cpu_model"] = "a faster CPU"
+        return runs
+
+    run_b = _edit(scaled_copy(run_a, tmp_path / "b", speed=0.5), elsewhere)
+    assert main(["compare", "--no-stats", str(run_a), str(run_b)]) == 1
+    out = capsys.readouterr().out
+    assert "other machines" in out and "-> a faster CPU" in out
+
+
+def test_cells_are_matched_by_strategy_setting_and_world_size(run_a: Path, tmp_path: Path) -> None:
+    """Labels depend on what varies within a run: B also ran ddp_spawn in bf16, so its report
+    names the fp32 cells `ddp_spawn [fp32]` where A's says `ddp_spawn`. They are still the
+    same cells, and B's bf16 ones are B's alone."""
+
+    def also_bf16(runs):
+        more = runs[runs["strategy"] == "ddp_spawn"].copy()
+        more["setting"], more["precision"] = "bf16", "bf16"
+        return pd.concat([runs, more])
+
+    run_b = _edit(scaled_copy(run_a, tmp_path / "b", speed=0.5), also_bf16)
+    assert "ddp_spawn [fp32]" in set(report.load_run(run_b).runs["strategy"])
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
+    assert set(zip(cmp.table["strategy_name"], cmp.table["world_size"], strict=True)) == (
+        _ok_cells(run_a)
+    )
+    assert set(cmp.table["verdict"]) == {"SLOW-DOWN"}
+    assert {s for s, _, _ in cmp.only_b} == {"ddp_spawn [bf16]"} and cmp.only_a == []
+    # every cell's setting changed: nothing matches, and each side says what the other has
+    run_c = _edit(Path(shutil.copytree(run_a, tmp_path / "c")), lambda r: r.assign(setting="bf16"))
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_c), use_stats=False)
+    assert cmp.table.empty and len(cmp.only_a) == len(cmp.only_b) == len(_ok_cells(run_a))
+    assert all("; it has " in other and "[bf16]" in other for _, _, other in cmp.only_a)
+
+
+def test_a_cell_broken_in_some_repeats_is_flagged(run_a: Path, tmp_path: Path, capsys) -> None:
+    def second_fails(runs):
+        hit = (runs["strategy"] == "ddp_spawn") & (runs["world_size"] == "2")
+        hit &= runs["repeat"] == "1"
+        runs.loc[hit, ["status", "reason"]] = ["failed", "rank 1: exit code 1"]
+        return runs
+
+    run_b = _edit(scaled_copy(run_a, tmp_path / "b", speed=1.0), second_fails)
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
+    assert not cmp.table[cmp.table["strategy"] == "ddp_spawn"].empty  # its other repeat counts
+    assert [(n, w) for n, w, _ in cmp.broken] == [("ddp_spawn", 2)]
+    assert "failed in 1 of 2 repeats (failed: rank 1: exit code 1)" == cmp.broken[0][2]
+    assert main(["compare", "--no-stats", str(run_a), str(run_b)]) == 1
+    assert "ok in A, failed in 1 of 2 repeats in B: ddp_spawn ws=2" in capsys.readouterr().out
+    # as broken in A as in B: no regression
+    cmp = compare.compare(report.load_run(run_b), report.load_run(run_b), use_stats=False)
+    assert cmp.broken == []
+
+
+def test_oversubscribed_cells_and_memory_measured_otherwise_get_no_verdict(
+    run_a: Path, tmp_path: Path, capsys
+) -> None:
+    def crowded(runs):
+        runs.loc[runs["world_size"] == "2", "oversubscribed"] = "1"
+        runs.loc[runs["status"] == "ok", "mem_source"] = "cuda_allocator"
+        runs.loc[runs["status"] == "ok", "peak_mem_mib"] = "1e6"
+        return runs
+
+    run_b = _edit(scaled_copy(run_a, tmp_path / "b", speed=0.5), crowded)
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
+    by_ws = dict(zip(cmp.table["world_size"], cmp.table["verdict"], strict=False))
+    assert set(cmp.table[cmp.table["world_size"] == 2]["verdict"]) == {
+        "oversubscribed: no speed verdict"
+    }
+    assert by_ws[1] == "SLOW-DOWN"
+    assert cmp.table["peak_mem_mib_ratio"].isna().all()  # host RSS against the CUDA allocator
+    assert main(["compare", "--no-stats", str(run_a), str(run_b)]) == 1  # ws 1 alone
+    out = capsys.readouterr().out
+    assert "slow-down beyond x1.1" in out and "ws=2" not in out.split("slow-down beyond")[1]
+    assert "(oversubscribed)" in out
+    mem = ["compare", "--no-stats", str(run_a), str(run_b), "--metric", "peak_mem_mib"]
+    assert main(mem) == 0
+    assert "memory measured differently" in capsys.readouterr().out

@@ -1,6 +1,13 @@
 """`parabench compare A B`: how run B differs from run A, cell by cell.
 
-For every (strategy, world size) with an ok result in both runs: the ratio B/A of the
+A cell is a strategy, its setting (precision, accumulation, swept options) and a world
+size; a cell of A is matched with the same cell of B, whatever names the two reports give
+them. Two runs that did not train the same work (data set, model, global batch, optimizer)
+are refused (exit 2) unless --unlike is given, which shows the ratios without verdicts;
+runs on different machines (device, CPU, GPUs, torch) are compared as asked, with the
+differences named above the table.
+
+For every cell with an ok result in both runs: the ratio B/A of the
 medians over repeats of samples/s, step time p50 and peak memory per device. The metric
 chosen with --metric decides the verdict: a change for the worse by more than --factor
 that is also significant over the repeats (one-sided Mann-Whitney U at 5 %, bench.harness.stats)
@@ -9,15 +16,18 @@ and with fewer than 3 repeats a side "too few repeats to tell": neither is flagg
 `--no-stats` flags on the factor alone (the behaviour before). A change for the better
 is noted the same way. Cells with
 a result in only one run are listed as such; one that was ok in A and failed, ran out of
-memory or timed out in B is flagged too (exit code 1). Medians come from the same selection as the
-report (bench.analysis.report.summarise), so the two never disagree.
+memory or timed out in B is flagged too (exit code 1), and so is a cell with more broken
+repeats in B than in A. A cell oversubscribed in either run (more CPU ranks than cores) has
+no speed verdict, and peak memory measured two different ways (host RSS, the CUDA
+allocator) no memory ratio. Medians come from the same selection as the report
+(bench.analysis.report.summarise), so the two never disagree.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -42,18 +52,50 @@ LABELS = {
     "peak_mem_mib": "peak mem/device (MiB)",
 }
 EXIT_SAME, EXIT_WORSE = 0, 1
+#: a cell: the registry's strategy, its setting, the world size
+CELL = ["strategy_name", "setting", "world_size"]
+#: what one sample and one step are: runs differing in one of these did not measure the
+#: same work, and a ratio of their speeds is no verdict on either
+WORK = {
+    "dataset": "data set",
+    "model": "model",
+    "global_batch": "global batch",
+    "optimizer": "optimizer",
+}
+#: the machine and how it was measured: a comparison across them is what a user asks for
+#: ("my machine against the reference"), named so that no one reads it as a regression
+MACHINE = {
+    "device_type": "device",
+    "device_names": "devices",
+    "cpu_model": "CPU",
+    "cpu_cores": "CPU cores",
+    "torch_version": "torch",
+}
+HOW = {
+    "data_path": "data path",
+    "epochs": "epochs",
+    "max_steps": "max steps",
+    "warmup_steps": "warm-up steps",
+    "lr": "learning rate",
+}
 #: a cell ok in A and broken in B (failed, oom, timeout, diverged) is the worst regression
 BROKEN = results.BROKEN
 
 
 @dataclass(frozen=True)
 class Comparison:
-    table: pd.DataFrame  # one row per cell present in both runs
-    only_a: list[tuple[str, int, str]]  # (strategy, world size, what B has instead)
+    table: pd.DataFrame  # one row per cell present in both runs; `strategy`: its label
+    only_a: list[tuple[str, int, str]]  # (label, world size, what B has instead)
     only_b: list[tuple[str, int, str]]
     metric: str
     factor: float
     stats: bool = True
+    #: cells in both whose B broke in more repeats than A's: (label, world size, what)
+    partly: list[tuple[str, int, str]] = field(default_factory=list)
+    #: (what, A's value, B's value) for each condition that differs, by kind
+    unlike: list[tuple[str, str, str]] = field(default_factory=list)
+    machine: list[tuple[str, str, str]] = field(default_factory=list)
+    how: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def regressions(self) -> pd.DataFrame:
@@ -61,10 +103,13 @@ class Comparison:
 
     @property
     def broken(self) -> list[tuple[str, int, str]]:
-        """Cells ok in A that crashed, ran out of memory, hung or diverged in B: the worst
-        regression.
-        (Skipped or unavailable in B is a different machine, not a regression.)"""
-        return [c for c in self.only_a if c[2].split(":")[0] in BROKEN]
+        """Cells ok in A that crashed, ran out of memory, hung or diverged in B (in every
+        repeat, or in more repeats than in A): the worst regression. (Skipped or unavailable
+        in B is a different machine, not a regression.) None between unlike runs."""
+        if self.unlike:
+            return []
+        gone = [c for c in self.only_a if c[2].split(":")[0] in BROKEN]
+        return gone + self.partly
 
 
 def worse_word(metric: str) -> str:
@@ -87,27 +132,90 @@ def verdict(ratio: float, metric: str, factor: float) -> str:
     return ""
 
 
-def _status(run: report.Run, name: str, ws: int) -> str:
+def _cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` with the cell's key columns as the matching needs them."""
+    out = runs.copy()
+    if "strategy_name" not in out:
+        out["strategy_name"] = out["strategy"]
+    out["setting"] = (
+        out["setting"].astype(object).fillna("").astype(str) if "setting" in out else ""
+    )
+    out["world_size"] = pd.to_numeric(out["world_size"], errors="coerce")
+    return out
+
+
+def _status(runs: pd.DataFrame, key: tuple[str, str, int]) -> str:
     """What a run has for a cell without an ok result: its status and reason, or nothing."""
-    rows = run.runs[
-        (run.runs["strategy"] == name)
-        & (run.runs["world_size"] == ws)
-        & (run.runs["status"] != "ok")
+    name, setting, ws = key
+    rows = runs[
+        (runs["strategy_name"] == name)
+        & (runs["setting"] == setting)
+        & (runs["world_size"] == ws)
+        & (runs["status"] != "ok")
     ]
     if rows.empty:
         return "not run"
-    first = rows.iloc[0]
-    return f"{first['status']}: {first['reason']}" if first["reason"] else str(first["status"])
+    return _said_status(rows.iloc[0])
 
 
-def _repeats(run: report.Run, metric: str) -> dict[tuple[str, int], list[float]]:
-    """Per cell, the metric of every counted repeat (the report's selection)."""
-    counted = report.counted_rows(run.runs)
-    out: dict[tuple[str, int], list[float]] = {}
-    for (name, ws), grp in counted.groupby(report.KEY):
-        values = pd.to_numeric(grp[metric], errors="coerce").dropna()
-        out[(str(name), int(ws))] = [float(v) for v in values]
+def _said_status(row: pd.Series) -> str:
+    """`status: reason`, or the status alone where the row gives no reason."""
+    reason = row.get("reason")
+    reason = "" if reason is None or reason != reason else str(reason)
+    return f"{row['status']}: {reason}" if reason else str(row["status"])
+
+
+def _broken_repeats(runs: pd.DataFrame) -> dict[tuple[str, str, int], tuple[int, int, str]]:
+    """Per cell: (repeats that broke, repeats in all, the first broken one's status and
+    reason)."""
+    out = {}
+    for (name, setting, ws), grp in runs.groupby(CELL):
+        bad = grp[grp["status"].isin(BROKEN)]
+        what = _said_status(bad.iloc[0]) if len(bad) else ""
+        out[(str(name), str(setting), int(ws))] = (
+            bad["repeat"].nunique(),
+            grp["repeat"].nunique(),
+            what,
+        )
     return out
+
+
+def _repeats(runs: pd.DataFrame, metric: str) -> dict[tuple[str, str, int], list[float]]:
+    """Per cell, the metric of every counted repeat (the report's selection)."""
+    counted = report.counted_rows(runs)
+    out: dict[tuple[str, str, int], list[float]] = {}
+    for (name, setting, ws), grp in counted.groupby(CELL):
+        values = pd.to_numeric(grp[metric], errors="coerce").dropna()
+        out[(str(name), str(setting), int(ws))] = [float(v) for v in values]
+    return out
+
+
+def _values(run: report.Run, col: str, source: dict[str, Any]) -> str:
+    """A run's value of a condition: the distinct values of its rows that ran (all rows if
+    none ran), else `source`'s (environment.json, config.json); "" where nothing says."""
+    ran = run.runs[run.runs["status"] == "ok"]
+    found = report._distinct(ran, col) or report._distinct(run.runs, col)
+    value = source.get(col)
+    return found or ("" if value is None else report._plain(value))
+
+
+def conditions(a: report.Run, b: report.Run) -> dict[str, list[tuple[str, str, str]]]:
+    """The conditions on which A and B differ, by kind (`work`, `machine`, `how`): each as
+    (what, A's value, B's value). A condition neither run states is not a difference."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for kind, names in (("work", WORK), ("machine", MACHINE), ("how", HOW)):
+        found = []
+        for col, what in names.items():
+            va = _values(a, col, a.environment if kind == "machine" else a.config)
+            vb = _values(b, col, b.environment if kind == "machine" else b.config)
+            if va and vb and va != vb:
+                found.append((what, va, vb))
+        out[kind] = found
+    return out
+
+
+def _said(diffs: list[tuple[str, str, str]]) -> str:
+    return "; ".join(f"{what} {va} -> {vb}" for what, va, vb in diffs)
 
 
 def noise_verdict(flag: str, before: list[float], after: list[float], metric: str) -> str:
@@ -129,7 +237,10 @@ def compare(
     metric: str = "samples_per_s",
     factor: float = 1.1,
     use_stats: bool = True,
+    unlike: bool = False,
 ) -> Comparison:
+    """B against A, cell by cell. ConfigError where A and B trained different work (see
+    WORK) unless `unlike`, which compares them without verdicts."""
     if metric not in METRICS:
         raise ConfigError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     if not (factor >= 1 and math.isfinite(factor)):  # NaN fails both; inf would flag nothing
@@ -137,48 +248,118 @@ def compare(
             f"--factor must be a finite number of at least 1 (1.1 flags changes over 10%), "
             f"got {factor}"
         )
-    sa, sb = report.summarise(a.runs), report.summarise(b.runs)
-    cols = report.KEY + [f"{m}_median" for m in METRICS]
-    both = sa[cols].merge(
-        sb[cols], on=report.KEY, suffixes=("_a", "_b"), how="outer", indicator=True
+    differ = conditions(a, b)
+    if differ["work"] and not unlike:
+        raise ConfigError(
+            f"{a.path} and {b.path} did not measure the same work ({_said(differ['work'])}); "
+            "--unlike shows their ratios anyway, without verdicts"
+        )
+    runs_a, runs_b = _cells(a.runs), _cells(b.runs)
+    sa, sb = _cells(report.summarise(a.runs)), _cells(report.summarise(b.runs))
+    cols = CELL + ["oversubscribed", "mem_source"] + [f"{m}_median" for m in METRICS]
+    both = sa[cols].merge(sb[cols], on=CELL, suffixes=("_a", "_b"), how="outer", indicator=True)
+    # one name per cell for both runs: a strategy's name, with the axes on which its
+    # settings differ across the two
+    labels = results.case_labels(
+        zip(both["strategy_name"], both["setting"], strict=True), per_strategy=True
     )
+    both["strategy"] = [
+        labels[(n, s)] for n, s in zip(both["strategy_name"], both["setting"], strict=True)
+    ]
     table = both[both["_merge"] == "both"].copy()
     for m in METRICS:
         table[f"{m}_ratio"] = table[f"{m}_median_b"] / table[f"{m}_median_a"]
-    table["verdict"] = [verdict(r, metric, factor) for r in table[f"{metric}_ratio"]]
-    if use_stats:
-        ra, rb = _repeats(a, metric), _repeats(b, metric)
-        table["verdict"] = [
-            noise_verdict(v, ra.get((s, int(w)), []), rb.get((s, int(w)), []), metric)
-            for v, s, w in zip(
-                table["verdict"], table["strategy"], table["world_size"], strict=True
+    # memory measured two ways (host RSS, the CUDA allocator) is no ratio
+    other_mem = table["mem_source_a"].fillna("") != table["mem_source_b"].fillna("")
+    table.loc[other_mem, "peak_mem_mib_ratio"] = math.nan
+    over = (table["oversubscribed_a"].fillna(0) > 0) | (table["oversubscribed_b"].fillna(0) > 0)
+    table["oversubscribed"] = over.astype(int)
+    ra, rb = (_repeats(r, metric) for r in (runs_a, runs_b)) if use_stats else ({}, {})
+    verdicts = []
+    for _, r in table.iterrows():
+        key = (r["strategy_name"], r["setting"], int(r["world_size"]))
+        if differ["work"]:
+            verdicts.append("")  # unlike runs: ratios only
+        elif r["oversubscribed"] and metric != "peak_mem_mib":
+            verdicts.append("oversubscribed: no speed verdict")
+        elif metric == "peak_mem_mib" and math.isnan(r["peak_mem_mib_ratio"]):
+            verdicts.append("memory measured differently" if other_mem[r.name] else "")
+        else:
+            flag = verdict(r[f"{metric}_ratio"], metric, factor)
+            verdicts.append(
+                noise_verdict(flag, ra.get(key, []), rb.get(key, []), metric) if use_stats else flag
             )
-        ]
-    table = table.drop(columns="_merge").sort_values(report.KEY).reset_index(drop=True)
+    table["verdict"] = verdicts
+    table = table.drop(columns="_merge").sort_values(["strategy", "world_size"])
+    table = table.reset_index(drop=True)
 
-    def only(side: str, other: report.Run) -> list[tuple[str, int, str]]:
-        rows = both[both["_merge"] == side].sort_values(report.KEY)
-        return [
-            (s, int(w), _status(other, s, int(w)))
-            for s, w in rows[report.KEY].itertuples(index=False)
-        ]
+    def only(side: str, other: pd.DataFrame) -> list[tuple[str, int, str]]:
+        rows = both[both["_merge"] == side].sort_values(["strategy", "world_size"])
+        out = []
+        for label, n, s, w in rows[["strategy", *CELL]].itertuples(index=False):
+            said = _status(other, (n, s, int(w)))
+            # the same strategy at the same world size in another setting, in the other run
+            there = both[
+                (both["_merge"] == ("right_only" if side == "left_only" else "left_only"))
+                & (both["strategy_name"] == n)
+                & (both["world_size"] == w)
+            ]
+            if len(there):
+                said += f"; it has {', '.join(sorted(there['strategy']))}"
+            out.append((label, int(w), said))
+        return out
 
-    return Comparison(table, only("left_only", b), only("right_only", a), metric, factor, use_stats)
+    bad_a, bad_b = _broken_repeats(runs_a), _broken_repeats(runs_b)
+    partly = []
+    for _, r in table.iterrows():
+        key = (r["strategy_name"], r["setting"], int(r["world_size"]))
+        na, nb = bad_a.get(key, (0, 0, ""))[0], bad_b.get(key, (0, 0, ""))
+        if nb[0] > na:
+            what = f"{nb[2].split(':')[0]} in {nb[0]} of {nb[1]} repeats ({nb[2]})"
+            partly.append((r["strategy"], int(r["world_size"]), what))
+    return Comparison(
+        table,
+        only("left_only", runs_b),
+        only("right_only", runs_a),
+        metric,
+        factor,
+        use_stats,
+        partly=partly,
+        unlike=differ["work"],
+        machine=differ["machine"],
+        how=differ["how"],
+    )
 
 
 def _fmt(v: float, digits: int) -> str:
     return "–" if math.isnan(v) else f"{v:.{digits}f}"
 
 
+def _name(row: pd.Series) -> str:
+    return f"{row['strategy']} (oversubscribed)" if row["oversubscribed"] else str(row["strategy"])
+
+
 def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
     """A fixed-width text table for the terminal: per metric A, B and B/A."""
-    group = f"{'':<19}" + "".join(f"  {LABELS[m]:^25}" for m in SHOWN)
-    head = f"{'strategy':<16}{'ws':>3}" + f"  {'A':>9}{'B':>9}{'B/A':>7}" * len(SHOWN)
+    names = [_name(r) for _, r in cmp.table.iterrows()]
+    names += [c[0] for c in (*cmp.only_a, *cmp.only_b, *cmp.partly)]
+    wide = max([16, *(len(n) + 1 for n in names)])
+    group = f"{'':<{wide + 3}}" + "".join(f"  {LABELS[m]:^25}" for m in SHOWN)
+    head = f"{'strategy':<{wide}}{'ws':>3}" + f"  {'A':>9}{'B':>9}{'B/A':>7}" * len(SHOWN)
     test = ", U test at 5 %" if cmp.stats else ", factor alone"
     head += f"  verdict ({cmp.metric}, factor {cmp.factor:g}{test})"
-    lines = [f"A: {a_name}", f"B: {b_name}", group, head, "-" * len(head)]
+    lines = [f"A: {a_name}", f"B: {b_name}"]
+    if cmp.unlike:
+        lines.append(f"UNLIKE RUNS, no verdicts: they measured other work: {_said(cmp.unlike)}")
+    if cmp.machine:
+        lines.append(
+            f"other machines, so B/A is the machine's as much as the code's: {_said(cmp.machine)}"
+        )
+    if cmp.how:
+        lines.append(f"measured otherwise: {_said(cmp.how)}")
+    lines += [group, head, "-" * len(head)]
     for _, r in cmp.table.iterrows():
-        line = f"{r['strategy']:<16}{int(r['world_size']):>3}"
+        line = f"{_name(r):<{wide}}{int(r['world_size']):>3}"
         for m in SHOWN:
             line += (
                 f"  {_fmt(r[f'{m}_median_a'], 1):>9}{_fmt(r[f'{m}_median_b'], 1):>9}"
@@ -189,20 +370,22 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
         lines.append("(no strategy and world size has an ok result in both runs)")
     for label, cells in (("only in A", cmp.only_a), ("only in B", cmp.only_b)):
         for name, ws, other in cells:
-            lines.append(f"{name:<16}{ws:>3}  {label} (the other run: {other})")
+            lines.append(f"{name:<{wide}}{ws:>3}  {label} (the other run: {other})")
+    for name, ws, what in cmp.partly:
+        lines.append(f"{name:<{wide}}{ws:>3}  broke in B: {what}")
     return "\n".join(line.rstrip() for line in lines)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     a, b = report.load_run(args.a), report.load_run(args.b)
-    cmp = compare(a, b, args.metric, args.factor, use_stats=not args.no_stats)
+    cmp = compare(a, b, args.metric, args.factor, use_stats=not args.no_stats, unlike=args.unlike)
     print(format_table(cmp, str(a.path), str(b.path)))
     worse = cmp.regressions
     if len(worse):
         cells = ", ".join(f"{s} ws={w}" for s, w in worse[report.KEY].itertuples(index=False))
         print(f"{worse_word(cmp.metric).lower()} beyond x{cmp.factor:g} in {cmp.metric}: {cells}")
     for name, ws, what in cmp.broken:
-        print(f"ok in A, {what.split(':')[0]} in B: {name} ws={ws}")
+        print(f"ok in A, {what.split(' (')[0].split(':')[0]} in B: {name} ws={ws}")
     return EXIT_WORSE if len(worse) or cmp.broken else EXIT_SAME
 
 
@@ -231,5 +414,11 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="flag on --factor alone, without asking the repeats whether the change is "
         "beyond noise (the behaviour before; for runs of fewer than 3 repeats)",
+    )
+    p.add_argument(
+        "--unlike",
+        action="store_true",
+        help="compare runs that trained other work (data set, model, global batch, "
+        "optimizer): ratios only, no verdicts, exit 0",
     )
     p.set_defaults(func=cmd_compare)

@@ -475,11 +475,15 @@ def _setting_parts(setting: str) -> dict[str, str]:
     return parts
 
 
-def case_labels(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+def case_labels(
+    pairs: Iterable[tuple[str, str]], *, per_strategy: bool = False
+) -> dict[tuple[str, str], str]:
     """A display name for every (strategy, setting): the strategy's name, plus in brackets
     the axes on which some strategy of the run has more than one value (`ddp_torchrun
     [bf16]`, `ddp_torchrun [bucket_cap_mb=25]`). A run that varies nothing shows bare names,
-    and amp_ddp's own bf16 beside everyone's fp32 is not an axis."""
+    and amp_ddp's own bf16 beside everyone's fp32 is not an axis. `per_strategy`: only the
+    axes on which that strategy varies (two runs compared, where one strategy's setting
+    changed between them and the others' did not)."""
     pairs = sorted(set(pairs))
     seen: dict[tuple[str, str], set[str]] = {}
     for strategy, setting in pairs:
@@ -489,6 +493,8 @@ def case_labels(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     labels = {}
     for strategy, setting in pairs:
         parts = _setting_parts(setting)
+        if per_strategy:
+            varying = {axis for axis in parts if len(seen[(strategy, axis)]) > 1}
         shown = [v for axis, v in parts.items() if axis in varying]
         labels[(strategy, setting)] = f"{strategy} [{', '.join(shown)}]" if shown else strategy
     return labels
