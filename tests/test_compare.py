@@ -343,3 +343,18 @@ def test_oversubscribed_cells_and_memory_measured_otherwise_get_no_verdict(
     mem = ["compare", "--no-stats", str(run_a), str(run_b), "--metric", "peak_mem_mib"]
     assert main(mem) == 0
     assert "memory measured differently" in capsys.readouterr().out
+
+
+def test_rows_that_ran_must_say_their_epoch(run_a: Path, tmp_path: Path) -> None:
+    """The report counts each repeat's last epoch: without one, every ok row was silently
+    dropped ("No strategy produced an ok result")."""
+    odd = Path(shutil.copytree(run_a, tmp_path / "odd"))
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    runs.drop(columns="epoch").to_csv(odd / "runs.csv", index=False)
+    with pytest.raises(ConfigError, match="epoch"):
+        report.load_run(odd)
+    first_ok = runs.index[runs["status"] == "ok"][0]
+    runs.loc[first_ok, "epoch"] = ""
+    runs.to_csv(odd / "runs.csv", index=False)
+    with pytest.raises(ConfigError, match=f"column epoch is empty \\(row {first_ok + 2}\\)"):
+        report.load_run(odd)

@@ -73,6 +73,7 @@ MACHINE = {
 }
 HOW = {
     "data_path": "data path",
+    "step_timing": "step timing",
     "epochs": "epochs",
     "max_steps": "max steps",
     "warmup_steps": "warm-up steps",

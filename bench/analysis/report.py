@@ -157,6 +157,9 @@ def _check_whole_numbers(df: pd.DataFrame, path: Path, least: Mapping[str, int])
     keys the summary groups, sorts and divides by)."""
     for col, lowest in least.items():
         values = df[col].astype(str).str.strip()
+        empty = values[df[col].isna() | (values == "")]
+        if len(empty):
+            raise ConfigError(f"{path}: column {col} is empty (row {empty.index[0] + 2})")
         bad = values[~values.str.fullmatch(r"-?\d+(\.0*)?")]
         if len(bad):
             raise ConfigError(
@@ -182,9 +185,11 @@ def load_run(run_dir: str | Path) -> Run:
         raise ConfigError(f"{path}: no such run directory")
     if not (path / "runs.csv").is_file():
         raise ConfigError(f"{path}: no runs.csv there; is it a parabench run directory?")
-    required = ("strategy", "world_size", "repeat", "status")
+    required = ("strategy", "world_size", "repeat", "status", "epoch")
     runs = _read_csv(path / "runs.csv", results.RUN_COLUMNS, required)
     _check_whole_numbers(runs, path / "runs.csv", {"world_size": 1, "repeat": 0})
+    # a row that ran says its epoch: the report counts each repeat's last (a skipped row has none)
+    _check_whole_numbers(runs[runs["status"] == results.OK], path / "runs.csv", {"epoch": 0})
     tables = [runs, _read_csv(path / "steps.csv", results.STEP_COLUMNS)]
     tables.append(_read_csv(path / "ranks.csv", results.RANK_COLUMNS))
     # a cell killed between writing its steps and its row runs again on --resume and
