@@ -419,3 +419,40 @@ def test_report_without_a_multi_process_cell_to_check_says_so(probed_run, tmp_pa
     text = report.scaling_markdown(report.load_run(odd))
     assert "Checked against" not in text and "nothing checks the predictions" in text
     assert "What if" in text and text.count("| strategy |") == 1
+
+
+def test_predictions_name_each_setting_and_check_nothing_at_one_process(
+    probed_run, tmp_path, capsys
+) -> None:
+    """A run of two settings of one strategy: each prediction says which (the report's
+    `ddp_spawn [bf16]`, not `ddp_spawn` twice); at world size 1 the prediction is the
+    measured cell's own, so it has no error to show."""
+    from bench.cli import main
+    from bench.harness.runner import cell_dirname
+
+    run, _ = probed_run
+    two = Path(shutil.copytree(run, tmp_path / "two"))
+    runs = pd.read_csv(two / "runs.csv", dtype=str, keep_default_na=False)
+    more = runs[runs["strategy"] == "ddp_spawn"].copy()
+    more["setting"], more["precision"] = "bf16", "bf16"
+    for _, r in more.iterrows():
+        ws, rep = int(r["world_size"]), int(r["repeat"])
+        src = two / "cells" / cell_dirname("ddp_spawn", ws, "fp32", rep)
+        shutil.copytree(src, two / "cells" / cell_dirname("ddp_spawn", ws, "bf16", rep))
+    pd.concat([runs, more]).to_csv(two / "runs.csv", index=False)
+    rows = predict.predict_run(two, [1, 2], holdout=True)
+    assert sorted((r["case"], r["world_size"]) for r in rows) == [
+        ("ddp_spawn [bf16]", 1),
+        ("ddp_spawn [bf16]", 2),
+        ("ddp_spawn [fp32]", 1),
+        ("ddp_spawn [fp32]", 2),
+    ]
+    for r in rows:
+        assert (r["world_size"] == 1) == math.isnan(r["error_pct"]), r
+    assert main(["predict", str(two), "--world-sizes", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[:2] for ln in lines[2:4]] == [
+        ["ddp_spawn", "[bf16]"],
+        ["ddp_spawn", "[fp32]"],
+    ]
+    assert all(ln.split()[-1] == "–" and "%" not in ln for ln in lines[2:4]), lines

@@ -924,7 +924,7 @@ def scaling_markdown(run: Run) -> str:
     head = ["strategy", "ws", "compute ms", "comm ms", "exposed", "samples/s (band)"]
     body = [
         [
-            r["strategy"],
+            r["case"],
             r["world_size"],
             _num(r["compute_ms"], 2),
             _num(r["comm_ms"], 2),
@@ -970,7 +970,7 @@ def scaling_markdown(run: Run) -> str:
                 ["strategy", "ws", "link", "samples/s (band)", "efficiency"],
                 [
                     [
-                        r["strategy"],
+                        r["case"],
                         r["world_size"],
                         r["link"],
                         _band(r),
