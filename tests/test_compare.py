@@ -293,11 +293,17 @@ def test_cells_are_matched_by_strategy_setting_and_world_size(run_a: Path, tmp_p
     )
     assert set(cmp.table["verdict"]) == {"SLOW-DOWN"}
     assert {s for s, _, _ in cmp.only_b} == {"ddp_spawn [bf16]"} and cmp.only_a == []
-    # every cell's setting changed: nothing matches, and each side says what the other has
-    run_c = _edit(Path(shutil.copytree(run_a, tmp_path / "c")), lambda r: r.assign(setting="bf16"))
+    # A's bf16 cells alone (B did not run them): listed, with what B has instead
+    cmp = compare.compare(report.load_run(run_b), report.load_run(run_a), use_stats=False)
+    assert {s for s, _, _ in cmp.only_a} == {"ddp_spawn [bf16]"} and cmp.only_b == []
+    assert all("; it has ddp_spawn [fp32]" in other for _, _, other in cmp.only_a)
+    # B ran every strategy in another setting (and nothing else): each is compared with
+    # A's one setting of it, its name saying both
+    run_c = _edit(scaled_copy(run_a, tmp_path / "c", 0.5), lambda r: r.assign(setting="bf16"))
     cmp = compare.compare(report.load_run(run_a), report.load_run(run_c), use_stats=False)
-    assert cmp.table.empty and len(cmp.only_a) == len(cmp.only_b) == len(_ok_cells(run_a))
-    assert all("; it has " in other and "[bf16]" in other for _, _, other in cmp.only_a)
+    assert len(cmp.table) == len(_ok_cells(run_a)) and not cmp.only_a and not cmp.only_b
+    assert set(cmp.table["verdict"]) == {"SLOW-DOWN"}
+    assert {s.split(" ", 1)[1] for s in cmp.table["strategy"]} == {"[fp32 -> bf16]"}
 
 
 def test_a_cell_broken_in_some_repeats_is_flagged(run_a: Path, tmp_path: Path, capsys) -> None:

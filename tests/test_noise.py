@@ -227,7 +227,10 @@ def test_a_a_flags_nothing(sleepy_runs, capsys) -> None:
 def test_a_b_flags_the_slowed_strategy(sleepy_runs, capsys) -> None:
     assert main(["compare", str(sleepy_runs["a"]), str(sleepy_runs["b"])]) == 1
     out = capsys.readouterr().out
-    assert "slow-down beyond x1.1 in samples_per_s: test_sleepy ws=1" in out
+    # the same strategy in another setting in each run: one cell, named with both
+    assert (
+        "slow-down beyond x1.1 in samples_per_s: test_sleepy [slowdown=0 -> slowdown=1] ws=1" in out
+    )
     cmp = compare.compare(report.load_run(sleepy_runs["a"]), report.load_run(sleepy_runs["b"]))
     assert cmp.table["samples_per_s_ratio"].iloc[0] < 0.8
 

@@ -267,6 +267,8 @@ def compare(
     both["strategy"] = [
         labels[(n, s)] for n, s in zip(both["strategy_name"], both["setting"], strict=True)
     ]
+    both["setting_a"] = both["setting_b"] = both["setting"]
+    both = _paired_across_settings(both)
     table = both[both["_merge"] == "both"].copy()
     for m in METRICS:
         table[f"{m}_ratio"] = table[f"{m}_median_b"] / table[f"{m}_median_a"]
@@ -278,7 +280,7 @@ def compare(
     ra, rb = (_repeats(r, metric) for r in (runs_a, runs_b)) if use_stats else ({}, {})
     verdicts = []
     for _, r in table.iterrows():
-        key = (r["strategy_name"], r["setting"], int(r["world_size"]))
+        key_a, key_b = ((r["strategy_name"], r[f"setting_{x}"], int(r["world_size"])) for x in "ab")
         if differ["work"]:
             verdicts.append("")  # unlike runs: ratios only
         elif r["oversubscribed"] and metric != "peak_mem_mib":
@@ -288,7 +290,9 @@ def compare(
         else:
             flag = verdict(r[f"{metric}_ratio"], metric, factor)
             verdicts.append(
-                noise_verdict(flag, ra.get(key, []), rb.get(key, []), metric) if use_stats else flag
+                noise_verdict(flag, ra.get(key_a, []), rb.get(key_b, []), metric)
+                if use_stats
+                else flag
             )
     table["verdict"] = verdicts
     table = table.drop(columns="_merge").sort_values(["strategy", "world_size"])
@@ -313,8 +317,8 @@ def compare(
     bad_a, bad_b = _broken_repeats(runs_a), _broken_repeats(runs_b)
     partly = []
     for _, r in table.iterrows():
-        key = (r["strategy_name"], r["setting"], int(r["world_size"]))
-        na, nb = bad_a.get(key, (0, 0, ""))[0], bad_b.get(key, (0, 0, ""))
+        key_a, key_b = ((r["strategy_name"], r[f"setting_{x}"], int(r["world_size"])) for x in "ab")
+        na, nb = bad_a.get(key_a, (0, 0, ""))[0], bad_b.get(key_b, (0, 0, ""))
         if nb[0] > na:
             what = f"{nb[2].split(':')[0]} in {nb[0]} of {nb[1]} repeats ({nb[2]})"
             partly.append((r["strategy"], int(r["world_size"]), what))
@@ -330,6 +334,36 @@ def compare(
         machine=differ["machine"],
         how=differ["how"],
     )
+
+
+def _paired_across_settings(both: pd.DataFrame) -> pd.DataFrame:
+    """`both` (the outer merge of the two summaries) with each strategy and world size that
+    is left over in one setting in A and in one other in B made one cell: one run of a
+    strategy in another setting than the other run's (`--set bucket_cap_mb=25`, then 100;
+    fp32, then bf16). It is compared as asked, its name saying both settings."""
+    alone = both[both["_merge"] != "both"]
+    counts = alone.groupby(["strategy_name", "world_size", "_merge"], observed=True).size()
+    pairs = []
+    for (name, ws), n in counts.groupby(level=[0, 1]):
+        sides = dict(zip(n.index.get_level_values(2), n, strict=True))
+        if sides.get("left_only") != 1 or sides.get("right_only") != 1:
+            continue
+        here = alone[(alone["strategy_name"] == name) & (alone["world_size"] == ws)]
+        a = here[here["_merge"] == "left_only"].iloc[0]
+        b = here[here["_merge"] == "right_only"].iloc[0]
+        row = a.copy()
+        row[[c for c in both.columns if c.endswith("_b")]] = b[
+            [c for c in both.columns if c.endswith("_b")]
+        ]
+        row["setting_b"] = b["setting"]
+        row["_merge"] = "both"
+        row["strategy"] = f"{name} [{results.setting_change(a['setting'], b['setting'])}]"
+        pairs.append((a.name, b.name, row))
+    if not pairs:
+        return both
+    dropped = [i for a, b, _ in pairs for i in (a, b)]
+    rows = pd.DataFrame([row for _, _, row in pairs])
+    return pd.concat([both.drop(index=dropped), rows], ignore_index=True)
 
 
 def _fmt(v: float, digits: int) -> str:

@@ -475,6 +475,14 @@ def _setting_parts(setting: str) -> dict[str, str]:
     return parts
 
 
+def setting_change(a: str, b: str) -> str:
+    """Where setting `b` differs from `a`, axis by axis: `fp32 -> bf16`, `bucket_cap_mb=25,
+    acc1 -> bucket_cap_mb=100, acc2` ("–": an option one of them does not set)."""
+    pa, pb = _setting_parts(a), _setting_parts(b)
+    axes = [k for k in dict.fromkeys([*pa, *pb]) if pa.get(k) != pb.get(k)]
+    return " -> ".join(", ".join(p.get(k, "–") for k in axes) for p in (pa, pb))
+
+
 def case_labels(
     pairs: Iterable[tuple[str, str]], *, per_strategy: bool = False
 ) -> dict[tuple[str, str], str]:
