@@ -30,11 +30,14 @@ EXIT_BAD_INPUT = 2
 def _csv(kind: type):
     def parse(text: str):
         try:
-            return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+            values = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
         except ValueError as exc:
             raise argparse.ArgumentTypeError(
                 f"expected a comma-separated list of {kind.__name__}: {text!r}"
             ) from exc
+        if not values:  # an empty shell variable must not widen the run to the default
+            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
+        return values
 
     return parse
 
@@ -151,8 +154,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "--image-size",
         type=int,
         default=None,
-        help="image side in pixels (default 224; synthetic data on a CPU: 64, as 224 takes "
-        "many minutes per cell there)",
+        help="image side in pixels, 16 to 1024 (default 224; synthetic data on a CPU: 64, as "
+        "224 takes many minutes per cell there)",
     )
     p.add_argument(
         "--seq-len",
@@ -372,7 +375,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         timeout_s=a.timeout,
         out_dir=a.out_dir,
         run_id=a.run_id,
-        options=dict(a.options),
+        options=_options(a.options),
         precisions=a.precisions,
         compile=a.compile,
         compile_mode=a.compile_mode,
@@ -400,6 +403,13 @@ def cmd_run(a: argparse.Namespace) -> int:
     from bench.analysis import summary
     from bench.harness import results, runner
 
+    if a.resume:
+        given = _given(a, keep=("resume", "no_report", "dry_run"))
+        if given:
+            raise ConfigError(
+                f"--resume {a.resume} finishes the run with its own options (its config.json); "
+                f"{', '.join(given)} would be ignored: leave them out, or start a new run"
+            )
     cfg = config_from_args(a)
     if not a.resume:
         from bench.harness import estimate
@@ -439,6 +449,29 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+def _given(a: argparse.Namespace, keep: Sequence[str]) -> list[str]:
+    """The options of `a`'s command given other than their defaults, but those in `keep`."""
+    return [
+        action.option_strings[0]
+        for action in a.parser._actions
+        if action.option_strings
+        and action.dest not in (*keep, "help")
+        and getattr(a, action.dest, action.default) != action.default
+    ]
+
+
+def _options(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """--set's key=value pairs; a key given twice would keep only its last value."""
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ConfigError(
+            f"--set {twice[0]} is given twice; to sweep it, give its values at once: "
+            f"--set {twice[0]}=a,b"
+        )
+    return dict(pairs)
+
+
 def _image_size(given: int | None) -> int:
     """--image-size, or 0 for the config's default (224; 64 for synthetic data on a CPU);
     an explicit 0 or less is no way to ask for that default."""
@@ -449,12 +482,12 @@ def _image_size(given: int | None) -> int:
 
 def cmd_list(a: argparse.Namespace) -> int:
     import strategies
-    from bench.harness.env import resolve_device
+    from bench.harness.runner import usable_device
     from bench.workload.models import model_names
 
     if a.device not in DEVICES:
         raise ConfigError(unknown_device(a.device))
-    device = resolve_device(a.device)
+    device = usable_device(a.device)
     print(f"strategies (device: {device}):")
     for name, spec in strategies.registry().items():
         why = spec.unavailable(device)
@@ -498,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the matrix (what runs, what is skipped and why) and an estimate of its "
         "wall time, then exit",
     )
-    r.set_defaults(func=cmd_run)
+    r.set_defaults(func=cmd_run, parser=r)
     ls = sub.add_parser("list", help="strategies (available or not, and why), datasets, models")
     ls.add_argument("--device", default="auto")
     ls.set_defaults(func=cmd_list)

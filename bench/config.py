@@ -37,6 +37,11 @@ def unknown_device(device: str) -> str:
     return f"unknown device {device!r}; choose auto, cpu or cuda"
 
 
+#: --timeout's most: a week per cell (torch's process groups take it as a timedelta and
+#: a C int of milliseconds)
+MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     strategies: tuple[str, ...] = ()  # empty: every registered strategy
@@ -160,7 +165,11 @@ class RunConfig:
             self.workers is None or self.workers >= 0,
             f"--workers cannot be negative, got {self.workers}",
         )
-        need(self.timeout_s > 0, f"--timeout must be positive, got {self.timeout_s}")
+        need(
+            0 < self.timeout_s <= MAX_TIMEOUT_S,
+            f"--timeout takes seconds above 0 and at most {MAX_TIMEOUT_S} (a week), got "
+            f"{self.timeout_s}",
+        )
         need(
             self.lr > 0 and math.isfinite(self.lr),
             f"--lr must be positive and finite, got {self.lr}",
@@ -173,6 +182,10 @@ class RunConfig:
             not self.run_id
             or (self.run_id not in (".", "..") and not any(c in self.run_id for c in "/\\")),
             f"--run-id names a folder inside --out-dir: no / or \\, not . or .., got {self.run_id!r}",
+        )
+        need(
+            len(self.run_id.encode()) <= 200,
+            f"--run-id names a folder: at most 200 bytes, got {len(self.run_id.encode())}",
         )
         need(
             self.data_feed in ("auto", "device", "loader"),
@@ -229,8 +242,14 @@ class RunConfig:
         )
         if self.image_size == 0:
             object.__setattr__(self, "image_size", self._default_image_size())
-        need(self.image_size >= 16, f"--image-size must be at least 16, got {self.image_size}")
-        need(self.seq_len >= 2, f"--seq-len must be at least 2, got {self.seq_len}")
+        need(
+            16 <= self.image_size <= 1024,
+            f"--image-size takes 16 to 1024 pixels, got {self.image_size}",
+        )
+        need(
+            2 <= self.seq_len <= 1 << 20,
+            f"--seq-len takes 2 to {1 << 20} tokens, got {self.seq_len}",
+        )
         need(
             self.max_steps is None or self.warmup_steps < self.max_steps,
             f"--warmup-steps ({self.warmup_steps}) must be less than --max-steps ({self.max_steps}): "
@@ -282,6 +301,15 @@ class RunConfig:
             object.__setattr__(self, "model", DEFAULT_MODEL[self.dataset])
         if not self.data_root:
             object.__setattr__(self, "data_root", os.environ.get("PARABENCH_DATA_ROOT", "data"))
+        object.__setattr__(self, "out_dir", os.path.expanduser(self.out_dir))  # as data_root
+
+    @property
+    def min_timed_steps(self) -> int:
+        """The timed steps an epoch must leave after its warm-up: one, or with
+        --target-precision as many as its first check needs."""
+        from bench.harness.stats import PRECISION_MIN_STEPS
+
+        return 1 if self.target_precision is None else PRECISION_MIN_STEPS
 
     def _check_nodes(self, need: Any) -> None:
         need(self.nodes >= 1, f"--nodes must be at least 1, got {self.nodes}")

@@ -113,10 +113,17 @@ def registry() -> dict[str, StrategySpec]:
     found: dict[str, StrategySpec] = {}
     for module_name in _module_names():
         for spec in _specs_in(module_name):
-            if spec.name in found and found[spec.name].module != spec.module:
-                raise RuntimeError(
-                    f"strategy name {spec.name!r} is registered by both {found[spec.name].module} and {spec.module}"
+            first = found.get(spec.name)
+            if first is not None and first.module != spec.module:
+                # the first keeps the name; the other is listed as unavailable, not fatal
+                # (as a plug-in that fails to import), under its module's name
+                reason = (
+                    f"its name {spec.name!r} is already registered by {first.module}: "
+                    "rename it (the name of its class's variant)"
                 )
+                clash = f"{spec.module}.{spec.name}"
+                found[clash] = StrategySpec(clash, None, None, spec.module, reason)
+                continue
             found[spec.name] = spec
     return dict(sorted(found.items()))
 

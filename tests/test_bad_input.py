@@ -144,10 +144,10 @@ CASES = [
     case(RUN, ["--image-size", "-1"], "--image-size must be at least 16", id="image-size-neg"),
     case("list", ["--device", "tpu"], "unknown device 'tpu'", id="list-device-tpu"),
     case("status", ["{in}/nope"], "nope: no such run directory", id="status-no-run-dir"),
-    case(RUN, ["--seq-len", "1"], "--seq-len must be at least 2", id="seq-len-1"),
-    case(RUN, ["--seq-len", "-5"], "--seq-len must be at least 2", id="seq-len-negative"),
-    case(RUN, ["--timeout", "-1"], "--timeout must be positive", id="timeout-negative"),
-    case(RUN, ["--timeout", "nan"], "--timeout must be positive", id="timeout-nan"),
+    case(RUN, ["--seq-len", "1"], "--seq-len takes 2 to 1048576 tokens", id="seq-len-1"),
+    case(RUN, ["--seq-len", "-5"], "--seq-len takes 2 to 1048576 tokens", id="seq-len-negative"),
+    case(RUN, ["--timeout", "-1"], "--timeout takes seconds above 0", id="timeout-negative"),
+    case(RUN, ["--timeout", "nan"], "--timeout takes seconds above 0", id="timeout-nan"),
     case(RUN, ["--diverge-factor", "0.5"], "must be more than 1", id="diverge-below-1"),
     case(RUN, ["--diverge-factor", "nan"], "must be more than 1", id="diverge-nan"),
     case(RUN, ["--world-sizes", "-1"], "world sizes must be positive", id="world-size-negative"),
@@ -269,6 +269,13 @@ CASES = [
     ),
     # ---- run --resume
     case(RUN, ["--resume", "{file}"], "no config.json there", ["file"], id="resume-a-file"),
+    case(
+        RUN,
+        ["--resume", "{resume_bad_value}", "--max-steps", "50"],
+        "--max-steps would be ignored",
+        ["resume_bad_value"],
+        id="resume-with-another-option",
+    ),
     case(
         RUN,
         ["--resume", "{resume_bad_value}"],
@@ -429,7 +436,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(
         names[name] = str(where / name)
     args = [a.format(**names) for a in args]
     out = tmp_path / "out"
-    if command in (RUN, VERIFY):
+    if command in (RUN, VERIFY) and "--resume" not in args:  # --resume takes no other option
         argv = [command, "--out-dir", str(out), "--device", "cpu", "--data-root", str(data_root)]
         argv += args
     else:
@@ -453,7 +460,9 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(
 def test_report_reads_a_runs_csv_of_only_the_required_columns(tmp_path, capsys):
     """The columns load_run requires are enough (the others read as empty): no KeyError."""
     run_dir = _run_dir(
-        tmp_path, "minimal", {"runs.csv": "strategy,world_size,repeat,status\nsingle,1,0,ok\n"}
+        tmp_path,
+        "minimal",
+        {"runs.csv": "strategy,world_size,repeat,status,epoch\nsingle,1,0,ok,0\n"},
     )
     assert main(["report", str(run_dir)]) == 0
     assert capsys.readouterr().out.strip() == str(run_dir / "report.md")

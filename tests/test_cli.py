@@ -51,7 +51,10 @@ CASES = [
     ),
     (["--strategies", "apex_amp_ddp"], "apex_amp_ddp is unavailable: apex.amp needs CUDA"),
     (["--strategies", "single", "--device", "cuda"], "torch sees no CUDA device"),
-    (["--strategies", "single", "--resume", "/nonexistent/run"], "no config.json there"),
+    (  # (a --resume with nothing else: tests/test_bad_input.py, resume-a-file)
+        ["--strategies", "single", "--resume", "/nonexistent/run"],
+        "finishes the run with its own options (its config.json); --strategies, --device",
+    ),
     (
         ["--strategies", "amp_ddp", "--set", "amp_dtype=fp8"],
         "amp_ddp takes amp_dtype = fp16 | bf16",
@@ -87,9 +90,32 @@ CASES = [
     ),
     (
         ["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=1,0"],
-        "takes bucket_cap_mb = a positive float",
+        "takes bucket_cap_mb = a positive, finite float",
     ),
     (["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=1,1"], "give distinct, non-empty"),
+    (["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=inf"], "a positive, finite float"),
+    (["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=1,01"], "a value is given twice"),
+    (
+        ["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=1", "--set", "bucket_cap_mb=2"],
+        "--set bucket_cap_mb is given twice",
+    ),
+    (["--strategies", ","], "--strategies: expected at least one value"),
+    (["--strategies", "single", "--world-sizes", ","], "expected at least one value"),
+    (["--strategies", "single", "--timeout", "inf"], "--timeout takes seconds above 0"),
+    (["--strategies", "single", "--run-id", "x" * 201], "--run-id names a folder: at most 200"),
+    (["--strategies", "single", "--image-size", "100000"], "--image-size takes 16 to 1024"),
+    (
+        ["--strategies", "single", "--limit", "640", "--warmup-steps", "20"],
+        "--warmup-steps 20 leaves no step to time: an epoch has 10 steps",
+    ),
+    (
+        ["--strategies", "single", "--limit", "640", "--target-precision", "5"],
+        "--target-precision checks from the 50th timed step on",
+    ),
+    (
+        ["--strategies", "single", "--dataset", "synthetic", "--model", "vit_b_16"],
+        "vit_b_16: forward on a batch of (3, 64, 64) float32 fails",
+    ),
     (
         ["--strategies", "fsdp", "--set", "reshard_after_forward=sometimes"],
         "fsdp takes reshard_after_forward = true | false",
@@ -160,9 +186,29 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
 def test_an_output_folder_that_cannot_be_written_is_one_line(run, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    code, _, err = run("--strategies", "single", "--out-dir", str(blocker / "results"))
+    code, out, err = run("--strategies", "single", "--out-dir", str(blocker / "results"))
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "cannot write the run there (Not a directory)" in err
+    assert f"cannot write the run there ({blocker}: not a directory)" in err
+    assert "estimated" not in out  # said before the estimate times anything
+
+
+def test_a_run_id_of_a_run_stopped_before_its_first_row_is_not_reused(run, tmp_path):
+    """Its folder holds config.json and the first measurements (model.json, collectives.json)
+    of its own model: a new run there would have kept them as its own."""
+    begun = tmp_path / "out" / "begun"
+    begun.mkdir(parents=True)
+    (begun / "config.json").write_text("{}")
+    code, _, err = run("--strategies", "single", "--run-id", "begun")
+    assert code == 2 and "stopped before its first row" in err and "--resume" in err
+
+
+def test_list_for_a_device_that_is_not_here_is_refused(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["list", "--device", "cuda"]) == 2
+    assert "torch sees no CUDA device" in capsys.readouterr().err
 
 
 def test_missing_data_root(run, tmp_path):
@@ -233,12 +279,13 @@ def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(monkeypatch):
         sys.stdout.close()
 
 
-def test_resume_with_a_corrupt_config(run, tmp_path):
+def test_resume_with_a_corrupt_config(tmp_path, capsys):
     bad = tmp_path / "run"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
-    code, _, err = run("--resume", str(bad))
-    assert code == 2 and "config.json is unreadable" in err and len(err.strip().splitlines()) == 1
+    assert main(["run", "--resume", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "config.json is unreadable" in err and len(err.strip().splitlines()) == 1
 
 
 def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(tmp_path, capsys, data_root):

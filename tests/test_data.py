@@ -24,7 +24,7 @@ def test_mnist_uses_the_split_present_and_says_which(data_root):
 
 
 def test_mnist_limit_and_check(data_root):
-    cfg = RunConfig(dataset="mnist", data_root=str(data_root), limit=100)
+    cfg = RunConfig(dataset="mnist", data_root=str(data_root), limit=100, warmup_steps=0)
     assert len(data.load(cfg).train) == 100
     assert data.check(cfg) == "mnist test split"
 

@@ -274,3 +274,20 @@ def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, 
     assert "did not run (error: worker exited with code 1)" in ref.reason
     good = by[("ddp_spawn", "bf16")]
     assert good.tol == RECIPES["autocast_bf16"] and good.status == "FAIL", good
+
+
+@pytest.mark.parametrize("name, side", [("googlenet", 64), ("inception_v3", 75)])
+def test_models_with_auxiliary_heads_train_on_their_output_alone(name, side):
+    """In training torchvision's googlenet and inception_v3 return their auxiliary heads'
+    logits beside the output (a named tuple the loss cannot take): built without them."""
+    import torch
+
+    from bench.config import ConfigError
+    from bench.workload.models import build_model, cross_entropy
+
+    model = build_model(name, 10).train()
+    out = model(torch.randn(2, 3, side, side))
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 10)
+    cross_entropy(out, torch.tensor([1, 2])).backward()
+    with pytest.raises(ConfigError, match="main output alone"):
+        build_model(name, 10, aux_logits=True)

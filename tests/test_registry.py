@@ -91,6 +91,26 @@ def test_a_broken_plugin_is_listed_unavailable_not_fatal(tmp_path, monkeypatch):
         strategies.registry.cache_clear()
 
 
+def test_a_plugin_reusing_a_name_is_listed_unavailable_not_fatal(tmp_path, monkeypatch):
+    _plugin(
+        tmp_path,
+        monkeypatch,
+        "clash_plugin",
+        """
+        from strategies.base import Strategy, Variant
+        class Mine(Strategy):
+            variants = {"single": Variant("inprocess", "a user's strategy named as ours")}
+    """,
+    )
+    try:
+        assert strategies.get("single").module == "strategies.single"  # ours keeps it
+        why = strategies.get("clash_plugin.single").unavailable("cpu")
+        assert "already registered by strategies.single: rename it" in why
+    finally:
+        monkeypatch.delenv("PARABENCH_STRATEGIES")
+        strategies.registry.cache_clear()
+
+
 def test_more_ranks_than_gpus_share_them_over_gloo_only_when_asked():
     ddp, hvd, dp = (strategies.get(n) for n in ("ddp_torchrun", "horovod", "dp"))
     why = ddp.cannot_run(2, "cuda", 1)

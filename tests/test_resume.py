@@ -100,7 +100,8 @@ def test_sigkilled_harness_loses_nothing_and_resumes(tmp_path, data_root):
     assert _wait_gone(run_dir) == [], "ranks outlived the killed harness"
 
     done = subprocess.run(
-        _cli(tmp_path, data_root, "--resume", str(run_dir)),
+        # the run's own options (config.json): --resume takes no others
+        [sys.executable, "-m", "bench.cli", "run", "--resume", str(run_dir), "--no-report"],
         cwd=ROOT,
         capture_output=True,
         text=True,

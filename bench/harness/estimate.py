@@ -20,9 +20,10 @@ import torch
 from torch.utils.data import default_collate
 
 import strategies
-from bench.config import RunConfig
+from bench.config import ConfigError, RunConfig
+from bench.harness import proc
 from bench.harness.env import device_count, resolve_device
-from bench.workload import data, models
+from bench.workload import data, models, plugins
 from strategies import precision as prec
 
 #: start-up to the first step plus teardown, seconds per cell, by launcher: medians over
@@ -114,6 +115,20 @@ def probe_steps(cfg: RunConfig, cls: Any, world_size: int) -> float:
 
 
 def estimate(cfg: RunConfig, cells: list) -> Estimate:
+    """The run's wall time, from a few steps of its model timed here. ConfigError where the
+    data or a step of the model does not fit in this machine's memory."""
+    try:
+        return _estimate(cfg, cells)
+    except Exception as exc:
+        if not proc.is_oom(exc):
+            raise
+        raise ConfigError(
+            f"the run's data or a step of {cfg.model} at batch 8 does not fit in this machine's "
+            f"memory ({plugins.one_line(exc)}); lower --image-size, --seq-len or --limit"
+        ) from None
+
+
+def _estimate(cfg: RunConfig, cells: list) -> Estimate:
     bundle = data.load(cfg)
     n = len(bundle.train)  # type: ignore[arg-type]
     steps = n // cfg.global_batch

@@ -112,11 +112,7 @@ def plan(cfg: RunConfig) -> list[Cell]:
     skipped row with the reason; a strategy named with --strategies that can run none of its
     cells is an error, since that is what was asked for directly.
     """
-    device = resolve_device(cfg.device)
-    if device == "cuda" and not _cuda_available():
-        raise ConfigError(
-            "--device cuda asked for, but torch sees no CUDA device; use --device cpu"
-        )
+    device = usable_device(cfg.device)
     n_dev = device_count(device)
     sizes = cfg.world_sizes or default_world_sizes(n_dev)
     explicit = bool(cfg.strategies)
@@ -359,6 +355,10 @@ def _option_sweeps(options: dict[str, str], specs: list[strategies.StrategySpec]
         values = [v.strip() for v in value.split(",")]
         if any(not v for v in values) or len(set(values)) != len(values):
             raise ConfigError(f"--set {key}={value}: give distinct, non-empty values")
+        # 1 and 01, or 25 and 25.0, are one value: two cells of the same run
+        parsed = [_parsed(v) for v in values]
+        if len(set(parsed)) != len(parsed):
+            raise ConfigError(f"--set {key}={value}: a value is given twice")
         takers = [s for s in specs if s.cls is not None and key in s.cls.accepts]
         if not takers:
             known = sorted({k for s in specs if s.cls for k in s.cls.accepts})
@@ -375,6 +375,24 @@ def _option_sweeps(options: dict[str, str], specs: list[strategies.StrategySpec]
     return sweeps
 
 
+def _parsed(value: str) -> Any:
+    """A --set value as a number where it reads as one (1, 01 and 1.0 are one value)."""
+    try:
+        return float(value)
+    except ValueError:
+        return value.lower()
+
+
+def usable_device(device: str) -> str:
+    """`--device` resolved (auto: cuda where torch sees one); ConfigError for cuda without."""
+    device = resolve_device(device)
+    if device == "cuda" and not _cuda_available():
+        raise ConfigError(
+            "--device cuda asked for, but torch sees no CUDA device; use --device cpu"
+        )
+    return device
+
+
 def option_problem(allowed: tuple[str, ...] | type, value: str) -> str | None:
     """None if `value` is allowed, else what is (for the error message)."""
     if isinstance(allowed, tuple):
@@ -386,7 +404,7 @@ def option_problem(allowed: tuple[str, ...] | type, value: str) -> str | None:
         number = allowed(value)
     except ValueError:
         return f"a {allowed.__name__}"
-    return None if number > 0 else f"a positive {allowed.__name__}"
+    return None if 0 < number < math.inf else f"a positive, finite {allowed.__name__}"
 
 
 def _option_points(spec: strategies.StrategySpec, sweeps: dict[str, list[str]]) -> list[tuple]:
@@ -845,9 +863,22 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
 
 def check_new_run(cfg: RunConfig) -> None:
     """ConfigError if the run id `cfg` names already holds a run (no id: a new one)."""
-    path = Path(cfg.out_dir) / cfg.run_id
+    out = Path(cfg.out_dir)
+    # the nearest folder that exists must be one this process can write in: said before
+    # the estimate times anything, not after
+    there = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not there.is_dir() or not os.access(there, os.W_OK | os.X_OK):
+        why = "not a directory" if not there.is_dir() else "no permission to write"
+        raise ConfigError(f"--out-dir {cfg.out_dir}: cannot write the run there ({there}: {why})")
+    path = out / cfg.run_id
     if cfg.run_id and (path / "runs.csv").exists():
         raise ConfigError(f"{path} already holds a run; use --resume {path} or another --run-id")
+    if cfg.run_id and (path / "config.json").exists():  # begun, stopped before its first row
+        raise ConfigError(
+            f"{path} holds a run that stopped before its first row (its config.json, and "
+            f"measurements a new run would take for its own); use --resume {path} or another "
+            "--run-id"
+        )
 
 
 def run_matrix(

@@ -113,16 +113,37 @@ def check(cfg: RunConfig) -> str:
                 "(e.g. --model resnet18) with imagenet-subset"
             )
         root = _imagenet_root(cfg.data_path)
-        _enough(cfg, len(_imagenet_subset(cfg).train))  # lists the files, decodes none
+        subset = _imagenet_subset(cfg)  # lists the files, decodes none
+        _enough(cfg, len(subset.train))
+        if not models.is_plugin(cfg.model):  # does the model take this image size?
+            models.check_forward(cfg, models.spec(cfg), subset.num_classes)
         return f"imagenet-subset at {root}"
+    _enough(cfg, synthetic_samples(cfg))
+    if not models.is_plugin(cfg.model):
+        spec = models.spec(cfg)
+        models.check_forward(cfg, spec, _synthetic_classes(cfg, spec))
     return "synthetic"
 
 
 def _enough(cfg: RunConfig, train_samples: int) -> None:
+    """A full step, and an epoch long enough for the warm-up and (--target-precision) the
+    timed steps it needs."""
     if cfg.global_batch > train_samples:
         raise ConfigError(
             f"global batch {cfg.global_batch} is larger than the {train_samples} training "
             "samples: no full step; lower --global-batch"
+        )
+    steps = train_samples // cfg.global_batch
+    if cfg.max_steps:
+        steps = min(steps, cfg.max_steps)
+    epoch = f"an epoch has {steps} steps ({train_samples} samples / global batch {cfg.global_batch}"
+    epoch += f", --max-steps {cfg.max_steps})" if cfg.max_steps == steps else ")"
+    if cfg.warmup_steps >= steps:
+        raise ConfigError(f"--warmup-steps {cfg.warmup_steps} leaves no step to time: {epoch}")
+    if steps - cfg.warmup_steps < cfg.min_timed_steps:
+        raise ConfigError(
+            f"--target-precision checks from the {cfg.min_timed_steps}th timed step on, and "
+            f"{epoch} less {cfg.warmup_steps} of warm-up leaves {steps - cfg.warmup_steps}"
         )
 
 
@@ -381,10 +402,15 @@ class DeviceBatches:
             yield self.take(order[b * self.batch_size : (b + 1) * self.batch_size])
 
 
+def synthetic_samples(cfg: RunConfig) -> int:
+    """Synthetic training samples: --limit, else 50 global batches."""
+    return cfg.limit or 50 * cfg.global_batch
+
+
 def _synthetic(cfg: RunConfig) -> DataBundle:
     spec = models.spec(cfg)
     classes = _synthetic_classes(cfg, spec)
-    n = cfg.limit or 50 * cfg.global_batch
+    n = synthetic_samples(cfg)
     if spec.vocab:  # random token sequences; the targets are the next tokens
         g = torch.Generator().manual_seed(cfg.seed)
         seqs = torch.randint(

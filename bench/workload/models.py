@@ -372,7 +372,19 @@ def build_model(
         return LanguageModel(seq_len=shape[0] if shape else 128, **kwargs)
     import torchvision
 
+    if model in AUX_HEADS:
+        # in training these return their auxiliary heads' logits beside the output (a
+        # named tuple): parabench trains on the output alone, as every other model
+        if kwargs.get("aux_logits"):
+            raise ConfigError(
+                f"--model-arg aux_logits: parabench trains {model} on its main output alone"
+            )
+        kwargs = {"aux_logits": False, "init_weights": True, **kwargs}
     return torchvision.models.get_model(model, weights=None, num_classes=num_classes, **kwargs)
+
+
+#: torchvision models with auxiliary classifier heads, built without them
+AUX_HEADS = ("googlenet", "inception_v3")
 
 
 def build(cfg: RunConfig, num_classes: int | None, spec: InputSpec | None = None) -> nn.Module:
