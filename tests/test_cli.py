@@ -372,3 +372,30 @@ def test_test_torch_wants_a_version_before_it_makes_anything(args, tmp_path):
         f"usage: {script} TORCH_VERSION [PYTEST ARGS ...]   (e.g. {script} 2.11.0)"
     ]
     assert set(script.parent.parent.glob(".venv-torch-*")) == venvs
+
+
+@pytest.mark.parametrize(
+    "squeue_says, line",
+    [
+        ("slurm_load_jobs error: Invalid job id specified", "not in the queue (finished"),
+        ("squeue: fatal: Could not establish a configuration source", "state unknown (`squeue"),
+    ],
+)
+def test_status_tells_a_job_gone_from_a_queue_it_could_not_ask(
+    tmp_path, monkeypatch, capsys, squeue_says, line
+):
+    """squeue failing for a job that left the queue is one thing; failing to reach SLURM
+    at all is another, and says so instead of claiming the job finished."""
+    from bench.config import ConfigError
+    from bench.harness import slurm
+
+    def squeue(argv, timeout=30):
+        raise ConfigError(f"`{' '.join(argv)}` failed: {squeue_says}")
+
+    monkeypatch.setattr(slurm, "_run", squeue)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "job.id").write_text("12345\n")
+    assert main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("job 12345: ") and line in out and "0 rows written" in out

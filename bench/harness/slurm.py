@@ -188,10 +188,13 @@ def status(run_dir: Path) -> str:
     if not job_file.exists():
         raise ConfigError(f"{run_dir} has no job.id: it was not made by `parabench submit`")
     job = job_file.read_text().strip()
-    try:  # a job that left the queue is an error to squeue: no line
+    unknown = ""
+    try:  # a job that left the queue is an error to squeue ("Invalid job id"): no line
         out = _run(["squeue", "-h", "-j", job, "-o", "%T %M %D %R"])
-    except ConfigError:
+    except ConfigError as exc:
         out = ""
+        if "invalid job id" not in str(exc).lower():  # squeue could not be asked at all
+            unknown = str(exc).splitlines()[0]
     rows = run_dir / "runs.csv"
     n = 0
     if rows.exists():
@@ -202,4 +205,6 @@ def status(run_dir: Path) -> str:
     if out.strip():
         state, elapsed, count, where = (out.split(None, 3) + ["", "", "", ""])[:4]
         return f"job {job}: {state.lower()} for {elapsed} on {count} node(s) ({where.strip()}); {n} rows written"
+    if unknown:
+        return f"job {job}: state unknown ({unknown}); {n} rows written to {rows}"
     return f"job {job}: not in the queue (finished or cancelled); {n} rows written to {rows}"
