@@ -600,7 +600,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
         )
     )
     run_id = a.run_id or _new_run_id()
-    run_dir = Path(a.out_dir).resolve() / run_id
+    run_dir = Path(a.out_dir).expanduser().resolve() / run_id  # as run's --out-dir
     if (run_dir / "runs.csv").exists():
         raise ConfigError(f"{run_dir} has results already: choose another --run-id")
     argv = [*_forwarded(a.argv[1:]), "--run-id", run_id, "--out-dir", str(run_dir.parent)]

@@ -296,7 +296,6 @@ def test_cells_are_matched_by_strategy_setting_and_world_size(run_a: Path, tmp_p
     # A's bf16 cells alone (B did not run them): listed, with what B has instead
     cmp = compare.compare(report.load_run(run_b), report.load_run(run_a), use_stats=False)
     assert {s for s, _, _ in cmp.only_a} == {"ddp_spawn [bf16]"} and cmp.only_b == []
-    assert all("; it has ddp_spawn [fp32]" in other for _, _, other in cmp.only_a)
     # B ran every strategy in another setting (and nothing else): each is compared with
     # A's one setting of it, its name saying both
     run_c = _edit(scaled_copy(run_a, tmp_path / "c", 0.5), lambda r: r.assign(setting="bf16"))
@@ -364,3 +363,58 @@ def test_rows_that_ran_must_say_their_epoch(run_a: Path, tmp_path: Path) -> None
     runs.to_csv(odd / "runs.csv", index=False)
     with pytest.raises(ConfigError, match=f"column epoch is empty \\(row {first_ok + 2}\\)"):
         report.load_run(odd)
+
+
+def test_settings_pair_only_where_each_run_has_one_and_a_broken_one_is_flagged(
+    run_a: Path, tmp_path: Path, capsys
+) -> None:
+    def renamed_and_broken(runs):
+        hit = runs["strategy"] == "ddp_spawn"
+        runs.loc[hit, "setting"] = "fp32,bucket_cap_mb=100"
+        runs.loc[hit & (runs["status"] == "ok"), ["status", "reason"]] = ["failed", "boom"]
+        return runs
+
+    # B ran ddp_spawn only in another setting, and it broke there: A's cell is flagged
+    run_b = _edit(scaled_copy(run_a, tmp_path / "b", speed=1.0), renamed_and_broken)
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
+    assert {(n, w) for n, w, _ in cmp.broken} == {
+        ("ddp_spawn [– -> bucket_cap_mb=100]", w) for _, w in _ok_cells(run_a) if _ == "ddp_spawn"
+    }
+    assert all(what.startswith("failed: boom") for _, _, what in cmp.broken)
+    # a run from before the setting column: its cells are the same cells, by their precision
+    old = Path(shutil.copytree(run_a, tmp_path / "old"))
+    _edit(old, lambda r: r.drop(columns="setting"))
+    cmp = compare.compare(report.load_run(run_a), report.load_run(old), use_stats=False)
+    assert len(cmp.table) == len(_ok_cells(run_a)) and not cmp.only_a and not cmp.only_b
+    assert set(cmp.table["strategy"]) == {s for s, _ in _ok_cells(run_a)}  # bare names
+
+    # two settings of ddp_spawn in each run, one shared: only the shared one is compared
+    def two(setting):
+        def add(runs):
+            more = runs[runs["strategy"] == "ddp_spawn"].copy()
+            more["setting"], more["precision"] = setting, setting
+            return pd.concat([runs, more])
+
+        return add
+
+    run_c = _edit(Path(shutil.copytree(run_a, tmp_path / "c")), two("bf16"))
+    run_d = _edit(scaled_copy(run_a, tmp_path / "d", speed=0.5), two("fp16"))
+    cmp = compare.compare(report.load_run(run_c), report.load_run(run_d), use_stats=False)
+    assert {s for s, _, _ in cmp.only_a} == {"ddp_spawn [bf16]"}
+    assert {s for s, _, _ in cmp.only_b} == {"ddp_spawn [fp16]"}
+    assert not any("->" in s for s in cmp.table["strategy"])
+
+
+def test_the_work_includes_the_model_and_data_arguments(run_a: Path, tmp_path: Path) -> None:
+    import json
+
+    run_b = Path(shutil.copytree(run_a, tmp_path / "b"))
+    cfg = json.loads((run_b / "config.json").read_text())
+    cfg["model_kwargs"] = {"width": 2}
+    (run_b / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(
+        ConfigError, match="did not measure the same work \\(model arguments .* -> width=2\\)"
+    ):
+        compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), unlike=True)
+    assert [(what, b) for what, _, b in cmp.unlike] == [("model arguments", "width=2")]

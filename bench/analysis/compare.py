@@ -52,8 +52,9 @@ LABELS = {
     "peak_mem_mib": "peak mem/device (MiB)",
 }
 EXIT_SAME, EXIT_WORSE = 0, 1
-#: a cell: the registry's strategy, its setting, the world size
-CELL = ["strategy_name", "setting", "world_size"]
+#: a cell: the registry's strategy, its setting (results.setting_key: "" and "fp32" are one)
+#: and the world size
+CELL = ["strategy_name", "key", "world_size"]
 #: what one sample and one step are: runs differing in one of these did not measure the
 #: same work, and a ratio of their speeds is no verdict on either
 WORK = {
@@ -61,6 +62,11 @@ WORK = {
     "model": "model",
     "global_batch": "global batch",
     "optimizer": "optimizer",
+    "model_kwargs": "model arguments",
+    "dataset_kwargs": "data set arguments",
+    "max_classes": "classes",
+    "image_size": "image size",  # not MNIST's (28 px whatever it says): see conditions
+    "seq_len": "sequence length",  # the language model's alone
 }
 #: the machine and how it was measured: a comparison across them is what a user asks for
 #: ("my machine against the reference"), named so that no one reads it as a regression
@@ -109,7 +115,7 @@ class Comparison:
         in B is a different machine, not a regression.) None between unlike runs."""
         if self.unlike:
             return []
-        gone = [c for c in self.only_a if c[2].split(":")[0] in BROKEN]
+        gone = [c for c in self.only_a if c[2].split(":")[0].split(";")[0] in BROKEN]
         return gone + self.partly
 
 
@@ -134,15 +140,49 @@ def verdict(ratio: float, metric: str, factor: float) -> str:
 
 
 def _cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """`runs` with the cell's key columns as the matching needs them."""
+    """`runs` with the cell's key columns as the matching needs them: a run from before
+    `setting` gets it from its precision column (`amp_bf16` then, `bf16` now)."""
     out = runs.copy()
     if "strategy_name" not in out:
         out["strategy_name"] = out["strategy"]
-    out["setting"] = (
-        out["setting"].astype(object).fillna("").astype(str) if "setting" in out else ""
-    )
+    setting = out["setting"].astype(object).fillna("").astype(str)
+    if "precision" in out:
+        legacy = out["precision"].astype(object).fillna("").astype(str).map(_legacy_setting)
+        setting = setting.where(setting != "", legacy)
+    out["setting"] = setting
+    out["key"] = setting.map(results.setting_key)
     out["world_size"] = pd.to_numeric(out["world_size"], errors="coerce")
     return out
+
+
+def _keyed(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """A run's summary with its cells' settings and keys as `_cells` made them."""
+    out = summary.copy()
+    by_label = dict(zip(runs["strategy"], runs["setting"], strict=True))
+    out["setting"] = out["strategy"].map(by_label).fillna("")
+    out["key"] = out["setting"].map(results.setting_key)
+    return out
+
+
+def _legacy_setting(precision: str) -> str:
+    """The setting a run from before the column would have written, from its precision."""
+    word = precision.split(" ", 1)[0]
+    word = word.removeprefix("amp_")
+    return "apex" if word.startswith("apex") else word
+
+
+def _lone_pairs(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> dict[tuple, str]:
+    """B's cell key -> A's, for each strategy and world size that each run ran (ok or
+    broken) in one setting only, the two different: one strategy run in another setting
+    (`--set bucket_cap_mb=25`, then 100), compared as asked."""
+
+    def lone(runs: pd.DataFrame) -> dict[tuple[str, int], str]:
+        ran = runs[runs["status"].isin({results.OK, *BROKEN})]
+        keys = ran.groupby(["strategy_name", "world_size"])["key"].unique()
+        return {(n, int(w)): k[0] for (n, w), k in keys.items() if len(k) == 1}
+
+    la, lb = lone(runs_a), lone(runs_b)
+    return {(n, lb[(n, w)], w): ka for (n, w), ka in la.items() if lb.get((n, w), ka) != ka}
 
 
 def _status(runs: pd.DataFrame, key: tuple[str, str, int]) -> str:
@@ -150,7 +190,7 @@ def _status(runs: pd.DataFrame, key: tuple[str, str, int]) -> str:
     name, setting, ws = key
     rows = runs[
         (runs["strategy_name"] == name)
-        & (runs["setting"] == setting)
+        & (runs["key"] == setting)
         & (runs["world_size"] == ws)
         & (runs["status"] != "ok")
     ]
@@ -196,17 +236,29 @@ def _values(run: report.Run, col: str, source: dict[str, Any]) -> str:
     none ran), else `source`'s (environment.json, config.json); "" where nothing says."""
     ran = run.runs[run.runs["status"] == "ok"]
     found = report._distinct(ran, col) or report._distinct(run.runs, col)
-    value = source.get(col)
-    return found or ("" if value is None else report._plain(value))
+    if found or col not in source:
+        return found
+    value = source[col]  # said, and None: not set (--max-steps: every step), not unknown
+    if isinstance(value, dict):  # --model-arg, --dataset-arg
+        value = ", ".join(f"{k}={v}" for k, v in sorted(value.items())) or None
+    return "none" if value is None else report._plain(value)
 
 
 def conditions(a: report.Run, b: report.Run) -> dict[str, list[tuple[str, str, str]]]:
     """The conditions on which A and B differ, by kind (`work`, `machine`, `how`): each as
     (what, A's value, B's value). A condition neither run states is not a difference."""
     out: dict[str, list[tuple[str, str, str]]] = {}
+    both = {_values(r, c, r.config) for r in (a, b) for c in ("dataset", "model")}
+    ignored = set()
+    if "lm" not in both:
+        ignored.add("seq_len")  # a built-in image model's runs: --seq-len is not read
+    if "mnist" in both or both & {"lm", "mnist_cnn"}:
+        ignored.add("image_size")  # MNIST's images are 28 px whatever it says
     for kind, names in (("work", WORK), ("machine", MACHINE), ("how", HOW)):
         found = []
         for col, what in names.items():
+            if col in ignored:
+                continue
             va = _values(a, col, a.environment if kind == "machine" else a.config)
             vb = _values(b, col, b.environment if kind == "machine" else b.config)
             if va and vb and va != vb:
@@ -256,19 +308,32 @@ def compare(
             "--unlike shows their ratios anyway, without verdicts"
         )
     runs_a, runs_b = _cells(a.runs), _cells(b.runs)
-    sa, sb = _cells(report.summarise(a.runs)), _cells(report.summarise(b.runs))
-    cols = CELL + ["oversubscribed", "mem_source"] + [f"{m}_median" for m in METRICS]
+    sa, sb = (_keyed(report.summarise(r.runs), runs) for r, runs in ((a, runs_a), (b, runs_b)))
+    # a strategy each run ran in one setting of its own: B's cell stands for A's
+    paired = _lone_pairs(runs_a, runs_b)
+    b_setting = {}  # A's key -> B's own setting, for the pairs' names
+    for frame in (runs_b, sb):
+        swap = [paired.get((n, k, int(w))) for n, k, w in frame[CELL].itertuples(index=False)]
+        for (n, _k, w), s, new in zip(
+            frame[CELL].itertuples(index=False), frame["setting"], swap, strict=True
+        ):
+            if new is not None:
+                b_setting[(n, new, int(w))] = s
+        frame["key"] = [new or k for new, k in zip(swap, frame["key"], strict=True)]
+    cols = CELL + ["setting", "oversubscribed", "mem_source"] + [f"{m}_median" for m in METRICS]
     both = sa[cols].merge(sb[cols], on=CELL, suffixes=("_a", "_b"), how="outer", indicator=True)
+    both["setting"] = both["setting_a"].where(both["setting_a"].notna(), both["setting_b"])
     # one name per cell for both runs: a strategy's name, with the axes on which its
-    # settings differ across the two
+    # settings differ across the two, or for a pair, how B's differs from A's
     labels = results.case_labels(
         zip(both["strategy_name"], both["setting"], strict=True), per_strategy=True
     )
     both["strategy"] = [
-        labels[(n, s)] for n, s in zip(both["strategy_name"], both["setting"], strict=True)
+        f"{n} [{results.setting_change(s, b_setting[(n, k, int(w))])}]"
+        if (n, k, int(w)) in b_setting
+        else labels[(n, s)]
+        for n, k, w, s in both[[*CELL, "setting"]].itertuples(index=False)
     ]
-    both["setting_a"] = both["setting_b"] = both["setting"]
-    both = _paired_across_settings(both)
     table = both[both["_merge"] == "both"].copy()
     for m in METRICS:
         table[f"{m}_ratio"] = table[f"{m}_median_b"] / table[f"{m}_median_a"]
@@ -280,7 +345,7 @@ def compare(
     ra, rb = (_repeats(r, metric) for r in (runs_a, runs_b)) if use_stats else ({}, {})
     verdicts = []
     for _, r in table.iterrows():
-        key_a, key_b = ((r["strategy_name"], r[f"setting_{x}"], int(r["world_size"])) for x in "ab")
+        key = (r["strategy_name"], r["key"], int(r["world_size"]))
         if differ["work"]:
             verdicts.append("")  # unlike runs: ratios only
         elif r["oversubscribed"] and metric != "peak_mem_mib":
@@ -290,9 +355,7 @@ def compare(
         else:
             flag = verdict(r[f"{metric}_ratio"], metric, factor)
             verdicts.append(
-                noise_verdict(flag, ra.get(key_a, []), rb.get(key_b, []), metric)
-                if use_stats
-                else flag
+                noise_verdict(flag, ra.get(key, []), rb.get(key, []), metric) if use_stats else flag
             )
     table["verdict"] = verdicts
     table = table.drop(columns="_merge").sort_values(["strategy", "world_size"])
@@ -317,9 +380,9 @@ def compare(
     bad_a, bad_b = _broken_repeats(runs_a), _broken_repeats(runs_b)
     partly = []
     for _, r in table.iterrows():
-        key_a, key_b = ((r["strategy_name"], r[f"setting_{x}"], int(r["world_size"])) for x in "ab")
-        na, nb = bad_a.get(key_a, (0, 0, ""))[0], bad_b.get(key_b, (0, 0, ""))
-        if nb[0] > na:
+        key = (r["strategy_name"], r["key"], int(r["world_size"]))
+        na, nb = bad_a.get(key, (0, 1, "")), bad_b.get(key, (0, 1, ""))
+        if nb[0] / nb[1] > na[0] / na[1]:  # a larger share of its repeats broke
             what = f"{nb[2].split(':')[0]} in {nb[0]} of {nb[1]} repeats ({nb[2]})"
             partly.append((r["strategy"], int(r["world_size"]), what))
     return Comparison(
@@ -334,36 +397,6 @@ def compare(
         machine=differ["machine"],
         how=differ["how"],
     )
-
-
-def _paired_across_settings(both: pd.DataFrame) -> pd.DataFrame:
-    """`both` (the outer merge of the two summaries) with each strategy and world size that
-    is left over in one setting in A and in one other in B made one cell: one run of a
-    strategy in another setting than the other run's (`--set bucket_cap_mb=25`, then 100;
-    fp32, then bf16). It is compared as asked, its name saying both settings."""
-    alone = both[both["_merge"] != "both"]
-    counts = alone.groupby(["strategy_name", "world_size", "_merge"], observed=True).size()
-    pairs = []
-    for (name, ws), n in counts.groupby(level=[0, 1]):
-        sides = dict(zip(n.index.get_level_values(2), n, strict=True))
-        if sides.get("left_only") != 1 or sides.get("right_only") != 1:
-            continue
-        here = alone[(alone["strategy_name"] == name) & (alone["world_size"] == ws)]
-        a = here[here["_merge"] == "left_only"].iloc[0]
-        b = here[here["_merge"] == "right_only"].iloc[0]
-        row = a.copy()
-        row[[c for c in both.columns if c.endswith("_b")]] = b[
-            [c for c in both.columns if c.endswith("_b")]
-        ]
-        row["setting_b"] = b["setting"]
-        row["_merge"] = "both"
-        row["strategy"] = f"{name} [{results.setting_change(a['setting'], b['setting'])}]"
-        pairs.append((a.name, b.name, row))
-    if not pairs:
-        return both
-    dropped = [i for a, b, _ in pairs for i in (a, b)]
-    rows = pd.DataFrame([row for _, _, row in pairs])
-    return pd.concat([both.drop(index=dropped), rows], ignore_index=True)
 
 
 def _fmt(v: float, digits: int) -> str:

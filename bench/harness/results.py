@@ -475,6 +475,12 @@ def _setting_parts(setting: str) -> dict[str, str]:
     return parts
 
 
+def setting_key(setting: str) -> str:
+    """A setting with its defaults written out, axis by axis: two settings that say the
+    same in other words ("" and "fp32") have one key."""
+    return ",".join(f"{k}={v}" for k, v in sorted(_setting_parts(setting).items()))
+
+
 def setting_change(a: str, b: str) -> str:
     """Where setting `b` differs from `a`, axis by axis: `fp32 -> bf16`, `bucket_cap_mb=25,
     acc1 -> bucket_cap_mb=100, acc2` ("–": an option one of them does not set)."""

@@ -138,12 +138,15 @@ def _enough(cfg: RunConfig, train_samples: int) -> None:
         steps = min(steps, cfg.max_steps)
     epoch = f"an epoch has {steps} steps ({train_samples} samples / global batch {cfg.global_batch}"
     epoch += f", --max-steps {cfg.max_steps})" if cfg.max_steps == steps else ")"
+    more = "raise --limit or lower --global-batch or --warmup-steps"
     if cfg.warmup_steps >= steps:
-        raise ConfigError(f"--warmup-steps {cfg.warmup_steps} leaves no step to time: {epoch}")
+        raise ConfigError(
+            f"--warmup-steps {cfg.warmup_steps} leaves no step to time: {epoch}; {more}"
+        )
     if steps - cfg.warmup_steps < cfg.min_timed_steps:
         raise ConfigError(
             f"--target-precision checks from the {cfg.min_timed_steps}th timed step on, and "
-            f"{epoch} less {cfg.warmup_steps} of warm-up leaves {steps - cfg.warmup_steps}"
+            f"{epoch} less {cfg.warmup_steps} of warm-up leaves {steps - cfg.warmup_steps}; {more}"
         )
 
 
