@@ -399,3 +399,22 @@ def test_status_tells_a_job_gone_from_a_queue_it_could_not_ask(
     assert main(["status", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("job 12345: ") and line in out and "0 rows written" in out
+
+
+def test_a_requeued_batch_job_resumes_its_run(tmp_path, monkeypatch):
+    """SLURM requeues a job whose node was lost: the script `parabench submit` wrote runs
+    again, and finishes the run it began instead of refusing its run id."""
+    import subprocess
+
+    from bench.harness import slurm
+
+    monkeypatch.setattr(sys, "executable", "/bin/echo")  # the script says what it would run
+    run_dir = tmp_path / "job"
+    run_dir.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(slurm.batch_script(run_dir, ["--run-id", "job", "--no-report"], 2, 1, []))
+    first = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
+    assert first.stdout.split()[2:5] == ["run", "--launcher", "slurm"]
+    (run_dir / "config.json").write_text("{}")
+    again = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
+    assert again.stdout.split()[2:] == ["run", "--resume", str(run_dir), "--no-report"]

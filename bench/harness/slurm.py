@@ -165,6 +165,14 @@ def batch_script(
         "# written by `parabench submit`: the matrix, each cell one srun step of this job",
         f"cd {shlex.quote(os.getcwd())}",
         f"export PYTHONPATH={shlex.quote(str(ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "# requeued (a node lost, preempted) after the run began: finish it, do not start anew",
+        f"if [ -f {shlex.quote(str(run_dir / 'config.json'))} ]; then",
+        "    exec "
+        + shlex.join(
+            [sys.executable, "-m", "bench.cli", "run", "--resume", str(run_dir)]
+            + (["--no-report"] if "--no-report" in argv else [])
+        ),
+        "fi",
         "exec "
         + shlex.join([sys.executable, "-m", "bench.cli", "run", "--launcher", "slurm", *argv]),
     ]
