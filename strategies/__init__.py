@@ -117,7 +117,7 @@ def registry() -> dict[str, StrategySpec]:
             if first is not None and first.module != spec.module:
                 # the first keeps the name; the other is listed as unavailable, not fatal
                 # (as a plug-in that fails to import), under its module's name
-                reason = (
+                reason = spec.import_error or (  # a plug-in that failed to import says so
                     f"its name {spec.name!r} is already registered by {first.module}: "
                     "rename it (the name of its class's variant)"
                 )

@@ -338,7 +338,8 @@ def compare(
     for m in METRICS:
         table[f"{m}_ratio"] = table[f"{m}_median_b"] / table[f"{m}_median_a"]
     # memory measured two ways (host RSS, the CUDA allocator) is no ratio
-    other_mem = table["mem_source_a"].fillna("") != table["mem_source_b"].fillna("")
+    mem_a, mem_b = (table[f"mem_source_{x}"].fillna("").astype(str) for x in "ab")
+    other_mem = (mem_a != mem_b) & (mem_a != "") & (mem_b != "")  # "": not said
     table.loc[other_mem, "peak_mem_mib_ratio"] = math.nan
     over = (table["oversubscribed_a"].fillna(0) > 0) | (table["oversubscribed_b"].fillna(0) > 0)
     table["oversubscribed"] = over.astype(int)
