@@ -77,16 +77,9 @@ def check(cfg: RunConfig) -> str:
         assert bundle.spec is not None
         models.check_forward(cfg, bundle.spec, bundle.num_classes)
         return bundle.description
-    if models.is_plugin(cfg.model):  # a user's model: does it take this data?
-        if cfg.dataset == "synthetic":
-            bundle = _synthetic(cfg)
-            assert bundle.spec is not None
-            models.check_forward(cfg, bundle.spec, bundle.num_classes)
-        elif cfg.dataset == "mnist":
-            models.check_forward(cfg, InputSpec((1, 28, 28)), 10)
-        else:
-            classes = _imagenet_subset(cfg).num_classes
-            models.check_forward(cfg, InputSpec((3, cfg.image_size, cfg.image_size)), classes)
+    # does the model take this data? (a built-in one: at this image size)
+    if models.is_plugin(cfg.model) and cfg.dataset == "mnist":
+        models.check_forward(cfg, InputSpec((1, 28, 28)), 10)
     if cfg.dataset == "mnist":
         if (
             not models.is_plugin(cfg.model)
@@ -114,14 +107,13 @@ def check(cfg: RunConfig) -> str:
             )
         root = _imagenet_root(cfg.data_path)
         subset = _imagenet_subset(cfg)  # lists the files, decodes none
+        image = InputSpec((3, cfg.image_size, cfg.image_size))
+        models.check_forward(cfg, image, subset.num_classes)
         _enough(cfg, len(subset.train))
-        if not models.is_plugin(cfg.model):  # does the model take this image size?
-            models.check_forward(cfg, models.spec(cfg), subset.num_classes)
         return f"imagenet-subset at {root}"
+    spec = models.spec(cfg)  # synthetic: what _synthetic makes, without making it
+    models.check_forward(cfg, spec, _synthetic_classes(cfg, spec))
     _enough(cfg, synthetic_samples(cfg))
-    if not models.is_plugin(cfg.model):
-        spec = models.spec(cfg)
-        models.check_forward(cfg, spec, _synthetic_classes(cfg, spec))
     return "synthetic"
 
 
