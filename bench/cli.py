@@ -589,18 +589,17 @@ def cmd_submit(a: argparse.Namespace) -> int:
     one = argparse.Namespace(
         **{**vars(a), "nodes": 1, "procs_per_node": 0, "launcher": "", "cores_per_node": 0}
     )
-    plan(
-        config_from_args(one).replace(
-            launcher="slurm",
-            nodes=a.nodes,
-            procs_per_node=per,
-            cores_per_node=a.cores_per_node,
-            hosts=tuple(f"node{i}" for i in range(a.nodes)),
-            master_addr="node0",
-        )
+    cfg = config_from_args(one).replace(
+        launcher="slurm",
+        nodes=a.nodes,
+        procs_per_node=per,
+        cores_per_node=a.cores_per_node,
+        hosts=tuple(f"node{i}" for i in range(a.nodes)),
+        master_addr="node0",
     )
+    plan(cfg)
     run_id = a.run_id or _new_run_id()
-    run_dir = Path(a.out_dir).expanduser().resolve() / run_id  # as run's --out-dir
+    run_dir = Path(cfg.out_dir).resolve() / run_id  # as the config reads --out-dir (~ too)
     if (run_dir / "runs.csv").exists():
         raise ConfigError(f"{run_dir} has results already: choose another --run-id")
     argv = [*_forwarded(a.argv[1:]), "--run-id", run_id, "--out-dir", str(run_dir.parent)]
