@@ -142,10 +142,8 @@ def verdict(ratio: float, metric: str, factor: float) -> str:
 def _cells(runs: pd.DataFrame) -> pd.DataFrame:
     """`runs` with the cell's key columns as the matching needs them: a run from before
     `setting` gets it from its precision column (`amp_bf16` then, `bf16` now)."""
-    out = runs.copy()
-    if "strategy_name" not in out:
-        out["strategy_name"] = out["strategy"]
-    setting = out["setting"].astype(object).fillna("").astype(str)
+    out = runs.copy()  # load_run's: strategy_name, and setting as text ("" where unsaid)
+    setting = out["setting"]
     if "precision" in out:
         legacy = out["precision"].astype(object).fillna("").astype(str).map(_legacy_setting)
         setting = setting.where(setting != "", legacy)
@@ -311,15 +309,14 @@ def compare(
     sa, sb = (_keyed(report.summarise(r.runs), runs) for r, runs in ((a, runs_a), (b, runs_b)))
     # a strategy each run ran in one setting of its own: B's cell stands for A's
     paired = _lone_pairs(runs_a, runs_b)
-    b_setting = {}  # A's key -> B's own setting, for the pairs' names
+    b_cells = list(runs_b[CELL].itertuples(index=False, name=None))
+    b_setting = {  # A's cell -> B's own setting, for the pairs' names
+        (n, paired[(n, k, w)], w): s
+        for (n, k, w), s in zip(b_cells, runs_b["setting"], strict=True)
+        if (n, k, w) in paired
+    }
     for frame in (runs_b, sb):
-        swap = [paired.get((n, k, int(w))) for n, k, w in frame[CELL].itertuples(index=False)]
-        for (n, _k, w), s, new in zip(
-            frame[CELL].itertuples(index=False), frame["setting"], swap, strict=True
-        ):
-            if new is not None:
-                b_setting[(n, new, int(w))] = s
-        frame["key"] = [new or k for new, k in zip(swap, frame["key"], strict=True)]
+        frame["key"] = [paired.get(c, c[1]) for c in frame[CELL].itertuples(index=False, name=None)]
     cols = CELL + ["setting", "oversubscribed", "mem_source"] + [f"{m}_median" for m in METRICS]
     both = sa[cols].merge(sb[cols], on=CELL, suffixes=("_a", "_b"), how="outer", indicator=True)
     both["setting"] = both["setting_a"].where(both["setting_a"].notna(), both["setting_b"])
@@ -344,9 +341,14 @@ def compare(
     over = (table["oversubscribed_a"].fillna(0) > 0) | (table["oversubscribed_b"].fillna(0) > 0)
     table["oversubscribed"] = over.astype(int)
     ra, rb = (_repeats(r, metric) for r in (runs_a, runs_b)) if use_stats else ({}, {})
-    verdicts = []
+    bad_a, bad_b = _broken_repeats(runs_a), _broken_repeats(runs_b)
+    verdicts, partly = [], []
     for _, r in table.iterrows():
         key = (r["strategy_name"], r["key"], int(r["world_size"]))
+        na, nb = bad_a.get(key, (0, 1, "")), bad_b.get(key, (0, 1, ""))
+        if nb[0] / nb[1] > na[0] / na[1]:  # a larger share of its repeats broke
+            what = f"{nb[2].split(':')[0]} in {nb[0]} of {nb[1]} repeats ({nb[2]})"
+            partly.append((r["strategy"], int(r["world_size"]), what))
         if differ["work"]:
             verdicts.append("")  # unlike runs: ratios only
         elif r["oversubscribed"] and metric != "peak_mem_mib":
@@ -378,14 +380,6 @@ def compare(
             out.append((label, int(w), said))
         return out
 
-    bad_a, bad_b = _broken_repeats(runs_a), _broken_repeats(runs_b)
-    partly = []
-    for _, r in table.iterrows():
-        key = (r["strategy_name"], r["key"], int(r["world_size"]))
-        na, nb = bad_a.get(key, (0, 1, "")), bad_b.get(key, (0, 1, ""))
-        if nb[0] / nb[1] > na[0] / na[1]:  # a larger share of its repeats broke
-            what = f"{nb[2].split(':')[0]} in {nb[0]} of {nb[1]} repeats ({nb[2]})"
-            partly.append((r["strategy"], int(r["world_size"]), what))
     return Comparison(
         table,
         only("left_only", runs_b),
@@ -393,7 +387,7 @@ def compare(
         metric,
         factor,
         use_stats,
-        partly=partly,
+        partly=sorted(partly),  # in the table's order
         unlike=differ["work"],
         machine=differ["machine"],
         how=differ["how"],
