@@ -160,8 +160,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seq-len",
         type=int,
-        default=d.seq_len,
-        help="tokens per sample for token models (lm) and their data (default %(default)s)",
+        default=None,
+        help=f"tokens per sample for token models (lm) and their data (default {d.seq_len})",
     )
     p.add_argument(
         "--timeout", type=float, default=d.timeout_s, help="seconds per cell before it is killed"
@@ -350,7 +350,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
 
         nodes |= slurm.describe(a.nodes, a.procs_per_node)
         nodes["master_addr"] = nodes.pop("master")
-    return RunConfig(
+    cfg = RunConfig(
         strategies=a.strategies,
         exclude=a.exclude,
         world_sizes=a.world_sizes,
@@ -389,7 +389,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         step_timing=a.step_timing,
         model_kwargs=dict(a.model_args),
         dataset_kwargs=dict(a.dataset_args),
-        seq_len=a.seq_len,
+        seq_len=RunConfig.seq_len if a.seq_len is None else a.seq_len,
         probe_pairs=a.probe_pairs,
         profile_steps=a.profile_steps,
         profile=a.profile,
@@ -397,6 +397,10 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         **nodes,
         **extra,
     )
+    from bench.workload import data
+
+    data.unused_options(cfg, image_size=a.image_size is not None, seq_len=a.seq_len is not None)
+    return cfg
 
 
 def cmd_run(a: argparse.Namespace) -> int:

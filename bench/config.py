@@ -214,6 +214,11 @@ class RunConfig:
         )
         need(self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}")
         need(self.max_classes is None or self.max_classes >= 2, "--max-classes must be at least 2")
+        need(
+            self.max_classes is None or self.dataset == "imagenet-subset",
+            f"--max-classes keeps the ImageNet subset's first N classes; {self.dataset} "
+            "takes its classes from its data or model: leave it out",
+        )
         need(self.eval_samples >= 0, "--eval-samples cannot be negative")
         need(
             isinstance(self.probe_pairs, int) and 0 <= self.probe_pairs <= 1000,

@@ -18,6 +18,8 @@ import strategies
 from bench.cli import main
 from bench.harness import results, runner
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
 # ---------------------------------------------------------------- fixtures on disk
 
 
@@ -181,6 +183,84 @@ CASES = [
         id="lr-inf",
     ),
     # ---- run: conflicting options
+    # an option that the run's data and model would ignore: no row may claim it
+    case(
+        RUN,
+        ["--image-size", "64"],
+        "--image-size 64 does nothing here: MNIST is",
+        id="image-size-mnist",
+    ),
+    case(RUN, ["--seq-len", "64"], "--seq-len 64 does nothing here: MNIST is", id="seq-len-mnist"),
+    case(
+        RUN,
+        ["--dataset", "synthetic", "--model", "mnist_cnn", "--image-size", "64"],
+        "synthetic data is what model mnist_cnn takes, (1, 28, 28) float32, at any size",
+        id="image-size-synthetic-mnist-cnn",
+    ),
+    case(
+        RUN,
+        ["--dataset", "synthetic", "--model", "lm", "--image-size", "64"],
+        "--image-size 64 does nothing here: synthetic data is what model lm takes",
+        id="image-size-synthetic-lm",
+    ),
+    case(
+        RUN,
+        ["--dataset", "synthetic", "--seq-len", "64"],
+        "--seq-len 64 does nothing here: synthetic data is what model resnet18 takes",
+        id="seq-len-synthetic-resnet",
+    ),
+    case(
+        RUN,
+        ["--dataset", "python-source", "--image-size", "64"],
+        "python-source is text",
+        id="image-size-python-source",
+    ),
+    case(
+        VERIFY,
+        ["--dataset", "imagenet-subset", "--seq-len", "64"],
+        "the ImageNet subset is images, not tokens",
+        id="verify-seq-len-imagenet",
+    ),
+    case(
+        RUN,
+        [
+            "--dataset",
+            "{examples}/own_data.py:shapes",
+            "--model",
+            "{examples}/own_model.py:build",
+            "--image-size",
+            "64",
+        ],
+        "your data set",
+        id="image-size-own-data",
+    ),
+    case(
+        RUN,
+        ["--dataset", "synthetic", "--max-classes", "10"],
+        "--max-classes keeps the ImageNet subset's first N classes",
+        id="max-classes-synthetic",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--dataset", "python-source", "--channels-last"],
+        "--channels-last lays out image batches (N, C, H, W); python-source with model lm",
+        id="channels-last-text",
+    ),
+    case(
+        RUN,
+        [
+            "--strategies",
+            "single",
+            "--dataset",
+            "synthetic",
+            "--model",
+            "lm",
+            "--channels-last",
+            "off,on",
+        ],
+        "is fed samples of (128,) token ids < 256",
+        id="channels-last-axis-tokens",
+    ),
     case(
         RUN,
         ["--warmup-steps", "4", "--max-steps", "4"],
@@ -430,7 +510,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(
 ):
     where = tmp_path / "in"
     where.mkdir()
-    names = {"in": str(where)}
+    names = {"in": str(where), "examples": str(EXAMPLES)}
     for name in setup:
         SETUPS[name](where)
         names[name] = str(where / name)

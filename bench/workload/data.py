@@ -69,12 +69,14 @@ def check(cfg: RunConfig) -> str:
         bundle = _python_source(cfg)
         _enough(cfg, len(bundle.train))
         assert bundle.spec is not None
+        _check_layout(cfg, bundle.spec)
         models.check_forward(cfg, bundle.spec, bundle.num_classes)
         return bundle.description
     if cfg.dataset not in ("mnist", "imagenet-subset", "synthetic"):
         bundle = _plugin(cfg)
         _enough(cfg, len(bundle.train))  # type: ignore[arg-type]
         assert bundle.spec is not None
+        _check_layout(cfg, bundle.spec)
         models.check_forward(cfg, bundle.spec, bundle.num_classes)
         return bundle.description
     # does the model take this data? (a built-in one: at this image size)
@@ -112,9 +114,55 @@ def check(cfg: RunConfig) -> str:
         _enough(cfg, len(subset.train))
         return f"imagenet-subset at {root}"
     spec = models.spec(cfg)  # synthetic: what _synthetic makes, without making it
+    _check_layout(cfg, spec)
     models.check_forward(cfg, spec, _synthetic_classes(cfg, spec))
     _enough(cfg, synthetic_samples(cfg))
     return "synthetic"
+
+
+def _check_layout(cfg: RunConfig, spec: InputSpec) -> None:
+    """--channels-last lays out image batches (N, C, H, W); on other inputs its cells would
+    be the NCHW cells again under another name. (MNIST and the ImageNet subset are images.)"""
+    if True in cfg.channels_last and (spec.vocab or len(spec.shape) != 3):
+        raise ConfigError(
+            f"--channels-last lays out image batches (N, C, H, W); {cfg.dataset} with model "
+            f"{cfg.model} is fed samples of {spec.describe()}: leave it out"
+        )
+
+
+def unused_options(cfg: RunConfig, image_size: bool, seq_len: bool) -> None:
+    """--image-size and --seq-len, where given (the flags say which), must change what the
+    run's model is fed: a run that would ignore one is refused, so no row is read as
+    trained at a size it was not."""
+    for flag, given, field, other in (
+        ("--image-size", image_size, "image_size", 32),
+        ("--seq-len", seq_len, "seq_len", 64),
+    ):
+        if not given:
+            continue
+        why = _ignores(cfg, field, other)
+        if why:
+            raise ConfigError(
+                f"{flag} {getattr(cfg, field)} does nothing here: {why}; leave it out"
+            )
+
+
+def _ignores(cfg: RunConfig, field: str, other: int) -> str:
+    """Why the run's data and model do not depend on `field` (image_size or seq_len), or ''."""
+    if cfg.dataset == "mnist":
+        return "MNIST is 1 x 28 x 28 images"
+    if cfg.dataset == "imagenet-subset":
+        return "" if field == "image_size" else "the ImageNet subset is images, not tokens"
+    if cfg.dataset == "python-source":
+        return "" if field == "seq_len" else "python-source is text, its samples --seq-len bytes"
+    if cfg.dataset != "synthetic":
+        return f"your data set {cfg.dataset} makes its own samples (size them with --dataset-arg)"
+    spec = models.spec(cfg)
+    if other == getattr(cfg, field):
+        other += 1
+    if models.spec(cfg.replace(**{field: other})).shape != spec.shape:
+        return ""
+    return f"synthetic data is what model {cfg.model} takes, {spec.describe()}, at any size"
 
 
 def _enough(cfg: RunConfig, train_samples: int) -> None:
