@@ -79,6 +79,25 @@ def test_synthetic_matches_the_model_input():
     assert b.train[3][0].shape == (3, 32, 32) and len(b.train) == 16
 
 
+def test_a_model_that_computes_its_shape_with_tensors_is_built_on_the_meta_device():
+    """RegNet reads its block widths back from tensors, which a meta tensor cannot give: it
+    is built with that arithmetic on the CPU and its weights on the meta device, so the
+    checks before a run cost no memory (the largest, regnet_y_128gf, would take 2.6 GB)."""
+    from torch import nn
+
+    from bench.workload import flops, models
+
+    cfg = RunConfig(dataset="synthetic", model="regnet_x_400mf", image_size=32, global_batch=8)
+    register = nn.Module.register_parameter
+    model = models.meta_model(cfg)
+    assert nn.Module.register_parameter is register  # put back
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"meta"}
+    assert sum(p.numel() for p in model.parameters()) == 5_495_976  # torchvision's count
+    assert data.check(cfg) == "synthetic"
+    assert flops.step_flops(cfg, 1000, models.spec(cfg)) > 0
+    assert nn.Linear(2, 2).weight.device.type == "cpu"
+
+
 def test_resnet_on_mnist_is_refused(data_root):
     with pytest.raises(ConfigError, match="3-channel"):
         data.check(RunConfig(dataset="mnist", model="resnet18", data_root=str(data_root)))

@@ -137,8 +137,8 @@ def step_flop_counts(
     shaped like the input. Raises whatever the model raises. The global RNG is left as it
     was (building a model on the CPU draws its initial weights)."""
     with torch.random.fork_rng(devices=[]):
+        model = models.build_on(device, cfg, num_classes, spec)
         with torch.device(device):
-            model = models.build(cfg, num_classes, spec)
             if spec.vocab:
                 x = torch.randint(0, spec.vocab, (COUNT_BATCH, *spec.shape))
             else:

@@ -7,6 +7,7 @@ the vocabulary (targets are then the next tokens, and rows count tokens/s)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Callable
@@ -431,8 +432,51 @@ def stated_classes(model: nn.Module) -> int | None:
 def meta_model(cfg: RunConfig, num_classes: int | None = None) -> nn.Module:
     """The run's model built on the meta device (no memory, no weights), with its input
     shape and constructor arguments: what checks made before anything starts look at."""
-    with torch.device("meta"):
-        return build(cfg, num_classes if num_classes is not None else default_classes(cfg))
+    return build_on("meta", cfg, num_classes if num_classes is not None else default_classes(cfg))
+
+
+def build_on(
+    device: str, cfg: RunConfig, num_classes: int | None, spec: InputSpec | None = None
+) -> nn.Module:
+    """`build` with `device` as the default device. On the meta device (no memory, no
+    weights) a constructor that computes with tensors and reads the result back (RegNet
+    turns its block widths into a list) fails; it is built again with its arithmetic on
+    the CPU and each parameter and buffer moved to the meta device as it is registered,
+    before its initialisation runs, so it still takes no memory."""
+    try:
+        with torch.device(device):
+            return build(cfg, num_classes, spec)
+    except ConfigError:
+        raise
+    except Exception:
+        if device != "meta":
+            raise
+    with _registered_on_meta():
+        return build(cfg, num_classes, spec)
+
+
+@contextlib.contextmanager
+def _registered_on_meta():
+    """Modules built inside put each parameter and buffer on the meta device as they
+    register it (a layer's initialisation then runs on the meta copy, costing nothing)."""
+    register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+
+    def parameter(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if type(param) is nn.Parameter and param.device.type != "meta":
+            param = nn.Parameter(param.detach().to("meta"), param.requires_grad)
+        register_parameter(self, name, param)
+
+    def buffer(self: nn.Module, name: str, tensor: Any, persistent: bool = True) -> None:
+        if isinstance(tensor, torch.Tensor):
+            tensor = tensor.to("meta")
+        register_buffer(self, name, tensor, persistent)
+
+    nn.Module.register_parameter, nn.Module.register_buffer = parameter, buffer  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+        nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
 
 
 #: constructor arguments of the built-in models that the run sets (from the data)
@@ -530,8 +574,8 @@ def _forward(cfg: RunConfig, spec: InputSpec, num_classes: int | None) -> Any:
 
 
 def _forward_on(cfg: RunConfig, spec: InputSpec, num_classes: int | None, device: str) -> Any:
+    model = build_on(device, cfg, num_classes, spec)
     with torch.device(device):
-        model = build(cfg, num_classes, spec)
         if spec.vocab:
             x = torch.randint(0, spec.vocab, (2, *spec.shape))
         else:
