@@ -228,15 +228,6 @@ class RunConfig:
             self.target_precision is None or 0 < self.target_precision < 100,
             f"--target-precision takes a % above 0 and below 100, got {self.target_precision}",
         )
-        from bench.harness.stats import PRECISION_MIN_STEPS
-
-        need(
-            self.target_precision is None
-            or self.max_steps is None
-            or self.max_steps - self.warmup_steps >= PRECISION_MIN_STEPS,
-            f"--target-precision checks from the {PRECISION_MIN_STEPS}th timed step on: "
-            f"--max-steps {self.max_steps} leaves {None if self.max_steps is None else self.max_steps - self.warmup_steps}",
-        )
         need(
             isinstance(self.profile_steps, int) and 0 <= self.profile_steps <= 100,
             f"--profile-steps takes 0 to 100, got {self.profile_steps}",

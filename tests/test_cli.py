@@ -113,6 +113,10 @@ CASES = [
         "--target-precision checks from the 50th timed step on",
     ),
     (
+        ["--strategies", "single", "--max-steps", "30", "--target-precision", "5"],
+        "--max-steps 30) less 5 of warm-up leaves 25; raise --max-steps",
+    ),
+    (
         ["--strategies", "single", "--dataset", "synthetic", "--model", "vit_b_16"],
         "vit_b_16: forward on a batch of (3, 64, 64) float32 fails",
     ),

@@ -98,6 +98,18 @@ def test_a_model_that_computes_its_shape_with_tensors_is_built_on_the_meta_devic
     assert nn.Linear(2, 2).weight.device.type == "cpu"
 
 
+def test_synthetic_data_leaves_target_precision_room_to_stop():
+    """--target-precision checks every 10 timed steps from the 50th: default synthetic data
+    (50 batches) could not reach its first check after the warm-up, so it holds the warm-up
+    and 100 timed steps; --limit still decides where given."""
+    cfg = RunConfig(dataset="synthetic", model="mnist_cnn", global_batch=8, target_precision=5)
+    assert data.synthetic_samples(cfg) == (5 + 100) * 8
+    assert data.check(cfg) == "synthetic"
+    assert data.synthetic_samples(cfg.replace(target_precision=None)) == 50 * 8
+    with pytest.raises(ConfigError, match="leaves 45; raise --limit"):
+        data.check(cfg.replace(limit=400))
+
+
 def test_resnet_on_mnist_is_refused(data_root):
     with pytest.raises(ConfigError, match="3-channel"):
         data.check(RunConfig(dataset="mnist", model="resnet18", data_root=str(data_root)))

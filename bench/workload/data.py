@@ -178,7 +178,11 @@ def _enough(cfg: RunConfig, train_samples: int) -> None:
         steps = min(steps, cfg.max_steps)
     epoch = f"an epoch has {steps} steps ({train_samples} samples / global batch {cfg.global_batch}"
     epoch += f", --max-steps {cfg.max_steps})" if cfg.max_steps == steps else ")"
-    more = "raise --limit or lower --global-batch or --warmup-steps"
+    more = (
+        "raise --max-steps or lower --warmup-steps"
+        if cfg.max_steps == steps
+        else "raise --limit or lower --global-batch or --warmup-steps"
+    )
     if cfg.warmup_steps >= steps:
         raise ConfigError(
             f"--warmup-steps {cfg.warmup_steps} leaves no step to time: {epoch}; {more}"
@@ -446,8 +450,14 @@ class DeviceBatches:
 
 
 def synthetic_samples(cfg: RunConfig) -> int:
-    """Synthetic training samples: --limit, else 50 global batches."""
-    return cfg.limit or 50 * cfg.global_batch
+    """Synthetic training samples: --limit, else 50 global batches, or with
+    --target-precision the warm-up and twice the timed steps of its first check (so
+    it can stop at any of six checks)."""
+    if cfg.limit:
+        return cfg.limit
+    if cfg.target_precision is None:
+        return 50 * cfg.global_batch
+    return (cfg.warmup_steps + 2 * cfg.min_timed_steps) * cfg.global_batch
 
 
 def _synthetic(cfg: RunConfig) -> DataBundle:
