@@ -48,3 +48,36 @@ def test_the_fastest_of_as_many_steps_as_fit_in_a_second(
     ms = estimate.per_sample_ms(cfg, bundle, batch=8)
     assert clock.reads == 2 * (timed + 1)  # the warm-up, then the timed steps
     assert ms == pytest.approx(1e3 * fastest / 8)
+
+
+def test_a_model_too_big_for_one_device_is_planned_without_its_steps(mnist, monkeypatch):
+    """A model only sharding can train runs out of memory in the estimate's whole-model
+    step: the plan leaves the steps out and says why, instead of refusing the run; data
+    that does not fit is still refused before anything starts."""
+    import torch
+
+    import strategies
+    from bench.config import ConfigError
+    from bench.harness import runner
+
+    cfg, _ = mnist
+    cfg = cfg.replace(strategies=["single", "ddp_spawn"], world_sizes=[1, 2], global_batch=8)
+    cells = runner.plan(cfg)
+
+    def oom(*_a, **_k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(estimate, "per_sample_ms", oom)
+    est = estimate.estimate(cfg, cells)
+    assert est.per_sample_ms is None and est.steps == 8 and est.train_samples == 64
+    launchers = [strategies.get(c.strategy).launcher for c in cells if not c.status]
+    assert sorted(launchers) == ["inprocess", "spawn", "spawn"]
+    assert est.total_s == est.startup_s == sum(estimate.LAUNCH_S[x] for x in launchers)
+    line = est.line()
+    assert "of start-up and the steps, which could not be timed here: a step of the whole" in line
+    assert "does not fit in one machine's memory (OutOfMemoryError: CUDA out of memory." in line
+    assert "cells that shard it may still run" in estimate.plan_text(cfg, cells, est)
+
+    monkeypatch.setattr(estimate.data, "load", oom)
+    with pytest.raises(ConfigError, match="the run's data does not fit in this machine's memory"):
+        estimate.estimate(cfg, cells)

@@ -42,12 +42,18 @@ LONG_S = 30 * 60
 class Estimate:
     total_s: float
     startup_s: float
-    per_sample_ms: float  # one training step's time per sample of the global batch, here
+    per_sample_ms: float | None  # a training step's time per sample, here (None: untimed)
     steps: int  # per epoch
     train_samples: int
     data: str
+    untimed: str = ""  # why the steps could not be timed here (the total leaves them out)
 
     def line(self) -> str:
+        if self.per_sample_ms is None:
+            return (
+                f"estimated wall time: {minutes(self.startup_s)} of start-up and the steps, "
+                f"which could not be timed here: {self.untimed}"
+            )
         long = ""
         if self.total_s > LONG_S:
             long = (
@@ -116,43 +122,64 @@ def probe_steps(cfg: RunConfig, cls: Any, world_size: int) -> float:
 
 def estimate(cfg: RunConfig, cells: list) -> Estimate:
     """The run's wall time, from a few steps of its model timed here. ConfigError where the
-    data or a step of the model does not fit in this machine's memory."""
+    data does not fit in this machine's memory. A step of the whole model that does not fit
+    on one device (a model that only sharding or model parallelism can train) leaves the
+    steps out of the estimate, which says so; the cells themselves decide whether they run."""
     try:
-        return _estimate(cfg, cells)
+        bundle = data.load(cfg)
     except Exception as exc:
         if not proc.is_oom(exc):
             raise
         raise ConfigError(
-            f"the run's data or a step of {cfg.model} at batch 8 does not fit in this machine's "
-            f"memory ({plugins.one_line(exc)}); lower --image-size, --seq-len or --limit"
+            f"the run's data does not fit in this machine's memory ({plugins.one_line(exc)}); "
+            "lower --image-size, --seq-len or --limit"
         ) from None
-
-
-def _estimate(cfg: RunConfig, cells: list) -> Estimate:
-    bundle = data.load(cfg)
-    n = len(bundle.train)  # type: ignore[arg-type]
-    steps = n // cfg.global_batch
-    if cfg.max_steps:
-        steps = min(steps, cfg.max_steps)
+    runnable = [c for c in cells if not c.status]
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
-    runnable = [c for c in cells if not c.status]
     try:
         ms = {
             p: per_sample_ms(cfg, bundle, p)
             for p in sorted({c.setting.precision for c in runnable} | {"fp32"})
             if p in DTYPES
         }
+    except Exception as exc:
+        if not proc.is_oom(exc):
+            raise
+        where = "GPU" if resolve_device(cfg.device) == "cuda" else "machine"
+        return _estimate(
+            cfg,
+            cells,
+            bundle,
+            None,
+            f"a step of the whole {cfg.model} at batch 8 does not fit in one {where}'s memory "
+            f"({plugins.one_line(exc)}); cells that shard it may still run",
+        )
     finally:
         torch.set_num_threads(threads)
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    return _estimate(cfg, cells, bundle, ms)
+
+
+def _estimate(
+    cfg: RunConfig, cells: list, bundle: data.DataBundle, ms: dict[str, float] | None, why=""
+) -> Estimate:
+    """The estimate from the steps' time per sample by precision (`ms`), or without the
+    steps (`ms` None, `why` says why)."""
+    n = len(bundle.train)  # type: ignore[arg-type]
+    steps = n // cfg.global_batch
+    if cfg.max_steps:
+        steps = min(steps, cfg.max_steps)
+    runnable = [c for c in cells if not c.status]
     cuda = resolve_device(cfg.device) == "cuda"
     gpus = max(1, device_count("cuda") * cfg.nodes) if cuda else 1
     total = startup = 0.0
-    for cell in cells:
-        if cell.status:
-            continue
+    for cell in runnable:
         launcher = strategies.get(cell.strategy).launcher
         startup += LAUNCH_S.get(launcher, 7.0)
+        if ms is None:
+            continue
         # CPU ranks share the cores (the same work either way); GPUs add devices, as many
         # as there are (ranks sharing a GPU under --oversubscribe take turns on it)
         devices = min(cell.world_size, gpus) if cuda else 1
@@ -163,6 +190,8 @@ def _estimate(cfg: RunConfig, cells: list) -> Estimate:
         if cell.setting.compile:
             total += COMPILE_S
         total += probe_steps(cfg, strategies.get(cell.strategy).cls, cell.world_size) * step_s
+    if ms is None:
+        return Estimate(startup, startup, None, steps, n, bundle.description, why)
     if cfg.scaling_model and any(c.world_size > 1 for c in runnable):
         total += SCALING_MODEL_S
     return Estimate(total + startup, startup, ms["fp32"], steps, n, bundle.description)
