@@ -129,6 +129,11 @@ CASES = [
         ["--strategies", "tp", "--world-sizes", "2"],
         "tp cannot run at world size 2: model mnist_cnn has no attention",
     ),
+    (  # a reason per world size, each with its own fix
+        ["--strategies", "tp", "--world-sizes", "1,2"],
+        "tp cannot run: at world size 1: tensor parallelism needs at least 2 ranks (at world "
+        "size 1 it is `single`); at world size 2: model mnist_cnn has no attention",
+    ),
     (
         ["--strategies", "pipeline_gpipe", "--world-sizes", "1"],
         "a pipeline needs at least 2 ranks",

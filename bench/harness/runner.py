@@ -162,11 +162,7 @@ def plan(cfg: RunConfig) -> list[Cell]:
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
                 mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
         if explicit and all(c.status for c in mine):
-            first = mine[0]
-            raise ConfigError(
-                f"{spec.name} cannot run at world size {','.join(map(str, sizes))}"
-                f"{_with(first)}: {first.reason}"
-            )
+            raise ConfigError(_cannot_run(spec.name, sizes, mine))
         cells += mine
     return interleaved(cells, cfg.seed)
 
@@ -313,6 +309,25 @@ def interleaved(cells: list[Cell], seed: int) -> list[Cell]:
 def merged_options(spec: strategies.StrategySpec, opts: Iterable[tuple[str, str]]) -> dict:
     """A cell's strategy options: its variant's, overridden by the --set values it takes."""
     return {**(spec.variant.options if spec.variant else {}), **dict(opts)}
+
+
+def _cannot_run(name: str, sizes: list[int], cells: list[Cell]) -> str:
+    """Why a strategy named on the command line has no cell to run: its one reason, or each
+    reason with the world sizes (and settings) it stops, so the fix for each shows."""
+    where: dict[str, list[str]] = {}
+    for c in cells:
+        at = f"{c.world_size}{_with(c)}"
+        if at not in where.setdefault(c.reason, []):
+            where[c.reason].append(at)
+    if len(where) == 1:
+        first = cells[0]
+        return (
+            f"{name} cannot run at world size {','.join(map(str, sizes))}{_with(first)}: "
+            f"{first.reason}"
+        )
+    return f"{name} cannot run: " + "; ".join(
+        f"at world size {', '.join(at)}: {reason}" for reason, at in where.items()
+    )
 
 
 def _with(cell: Cell) -> str:
