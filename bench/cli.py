@@ -453,13 +453,17 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _given(a: argparse.Namespace, keep: Sequence[str]) -> list[str]:
-    """The options of `a`'s command given other than their defaults, but those in `keep`."""
+def _given(
+    a: argparse.Namespace, keep: Sequence[str] = (), only: Sequence[str] | None = None
+) -> list[str]:
+    """The options of `a`'s command given other than their defaults, but those in `keep`
+    (of those in `only`, where given)."""
     return [
         action.option_strings[0]
         for action in a.parser._actions
         if action.option_strings
         and action.dest not in (*keep, "help")
+        and (only is None or action.dest in only)
         and getattr(a, action.dest, action.default) != action.default
     ]
 

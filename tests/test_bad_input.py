@@ -412,6 +412,32 @@ CASES = [
         id="verify-batch-not-divisible",
     ),
     case(VERIFY, ["--limit", "16"], "smaller than the global batch (32)", id="verify-limit"),
+    # options verify sets itself would be ignored (--max-steps 2 also clashed with the
+    # --warmup-steps 5 it never uses)
+    case(
+        VERIFY,
+        ["--strategies", "ddp_spawn", "--max-steps", "2"],
+        "--max-steps would be ignored",
+        id="verify-max-steps",
+    ),
+    case(
+        VERIFY,
+        ["--repeats", "3", "--epochs", "2", "--target-precision", "5", "--profile"],
+        "--epochs, --target-precision, --repeats, --profile would be ignored",
+        id="verify-run-only-options",
+    ),
+    case(
+        VERIFY,
+        ["--strategies", "ddp_spawn", "--steps", "500", "--limit", "64"],
+        "--steps 500: the data holds 2 steps of global batch 32 (64 training samples)",
+        id="verify-steps-past-the-data",
+    ),
+    case(
+        VERIFY,
+        ["--strategies", "single", "--world-sizes", "1"],
+        "nothing to compare: the only cell to run is the baseline",
+        id="verify-baseline-alone",
+    ),
     # ---- report
     case(REPORT, ["{file}"], "is a file, not a run directory", ["file"], id="report-on-a-file"),
     case(REPORT, ["{empty_csv}"], "runs.csv", ["empty_csv"], id="report-empty-runs-csv"),

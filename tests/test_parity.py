@@ -106,6 +106,21 @@ def test_horovod_and_fp16_compression_run_through_horovodrun(parity_run):
     assert leftover_processes(run_dir) == []
 
 
+def test_a_cell_that_did_not_run_keeps_its_reason(parity_run, tmp_path):
+    """verify's table and verify.csv say why a cell was skipped, as the run's row does."""
+    import shutil
+
+    run_dir, rows, _ = parity_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    why = "DataParallel parallelises over GPUs; on cpu it has one device"
+    row = {**rows[("ddp_spawn", 2)], "strategy": "dp", "status": "skipped", "reason": why}
+    RunDir(copy).runs.append([row])
+    (p,) = [p for p in verify_mod.compare(copy) if p.strategy == "dp"]
+    assert (p.status, p.reason) == ("skipped", why) and p.ok
+    assert f"dp ws=2: {why}" in table([p])
+
+
 def test_a_strategy_that_skips_gradient_sync_fails_parity(parity):
     bad = parity[("test_nosync", 2)]
     assert bad.status == "FAIL" and bad.param_rel > 100 * RECIPES["exact"].param_rel

@@ -36,6 +36,7 @@ import torch
 from bench.config import ConfigError, RunConfig
 from bench.harness import results
 from bench.harness.runner import RunDir, cell_dirname, plan, run_matrix
+from bench.workload import data
 from bench.workload.models import batch_norms, meta_model
 
 
@@ -527,7 +528,11 @@ def compare(run_dir: Path) -> list[Parity]:
         itself = case == ("single", 1, precision) and precision in REDUCED
         if r["status"] != results.OK:
             if not (itself and _apart_row(rd, (1, 1), precision)):  # (else: the one run apart)
-                out.append(_unmeasured(case, numerics, tol or UNKNOWN, r["status"]))
+                out.append(
+                    _unmeasured(
+                        case, numerics, tol or UNKNOWN, r["status"], reason=r.get("reason", "")
+                    )
+                )
             continue
         layout = batch_norm_layout(r, norms)
         why = batch_norm_reason(r, norms)
@@ -652,6 +657,21 @@ def write_csv(parity: list[Parity], path: Path) -> None:
                     p.tol.basis or "recipe",
                 ]
             )
+
+
+#: the run options verify sets itself (parity_config): given to it, they would be ignored
+SET_BY_VERIFY = (
+    "epochs",
+    "max_steps",
+    "warmup_steps",
+    "repeats",
+    "target_precision",
+    "profile",
+    "profile_steps",
+    "probe_pairs",
+    "scaling_model",
+    "eval_samples",
+)
 
 
 def parity_config(base: RunConfig, steps: int) -> RunConfig:
@@ -862,8 +882,14 @@ def verify(
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    from bench.cli import config_from_args
+    from bench.cli import _given, config_from_args
 
+    ignored = _given(a, only=SET_BY_VERIFY)
+    if ignored:
+        raise ConfigError(
+            f"verify trains every cell the same --steps steps, one epoch, no warm-up, one "
+            f"repeat, no probes: {', '.join(ignored)} would be ignored; leave them out"
+        )
     cfg = config_from_args(a)
     # bad input: one line before anything runs (the conditioning runs come before the run
     # whose directory the runner checks, and a missing baseline shows only after every cell)
@@ -877,11 +903,23 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if cfg.run_id and (Path(cfg.out_dir) / cfg.run_id / "runs.csv").exists():
         path = Path(cfg.out_dir) / cfg.run_id
         raise ConfigError(f"{path} already holds a run; use another --run-id")
+    pcfg = parity_config(cfg, a.steps)
+    cells = plan(pcfg)
+    if not any(not c.status and (c.strategy, c.world_size, c.label) != BASELINE for c in cells):
+        raise ConfigError(
+            "nothing to compare: the only cell to run is the baseline, single at world size 1 "
+            "in fp32; name other strategies, world sizes or settings"
+        )
+    samples = data.checked(pcfg)[1]
+    if samples // pcfg.global_batch < a.steps:
+        raise ConfigError(
+            f"--steps {a.steps}: the data holds {samples // pcfg.global_batch} steps of global "
+            f"batch {pcfg.global_batch} ({samples} training samples); lower --steps, or raise "
+            "--limit where the data has more"
+        )
     if a.dry_run:
         from bench.harness import estimate
 
-        pcfg = parity_config(cfg, a.steps)
-        cells = plan(pcfg)
         print(estimate.plan_text(pcfg, cells, estimate.estimate(pcfg, cells)))
         if not any(c.strategy == "single" and not c.status for c in cells):
             print("then the baseline: single at world size 1, fp32, on this machine")
@@ -928,4 +966,4 @@ def add_parser(sub) -> None:
         action="store_true",
         help="print the cells verify would run (what is skipped and why), then exit",
     )
-    p.set_defaults(func=cmd_verify, global_batch=32, limit=4096, out_dir="results/verify")
+    p.set_defaults(func=cmd_verify, parser=p, global_batch=32, limit=4096, out_dir="results/verify")

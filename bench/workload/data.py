@@ -54,6 +54,11 @@ def load(cfg: RunConfig) -> DataBundle:
 def check(cfg: RunConfig) -> str:
     """Fail fast, before any process starts, if the data is missing or the model cannot
     take it; say what will be used."""
+    return checked(cfg)[0]
+
+
+def checked(cfg: RunConfig) -> tuple[str, int]:
+    """`check`, and the training samples the run will have."""
     takes_tokens = bool(models.spec(cfg).vocab)
     if cfg.dataset in ("mnist", "imagenet-subset") and takes_tokens:
         raise ConfigError(
@@ -71,14 +76,14 @@ def check(cfg: RunConfig) -> str:
         assert bundle.spec is not None
         _check_layout(cfg, bundle.spec)
         models.check_forward(cfg, bundle.spec, bundle.num_classes)
-        return bundle.description
+        return bundle.description, len(bundle.train)
     if cfg.dataset not in ("mnist", "imagenet-subset", "synthetic"):
         bundle = _plugin(cfg)
         _enough(cfg, len(bundle.train))  # type: ignore[arg-type]
         assert bundle.spec is not None
         _check_layout(cfg, bundle.spec)
         models.check_forward(cfg, bundle.spec, bundle.num_classes)
-        return bundle.description
+        return bundle.description, len(bundle.train)  # type: ignore[arg-type]
     # does the model take this data? (a built-in one: at this image size)
     if models.is_plugin(cfg.model) and cfg.dataset == "mnist":
         models.check_forward(cfg, InputSpec((1, 28, 28)), 10)
@@ -99,8 +104,9 @@ def check(cfg: RunConfig) -> str:
         n = counts[split]
         if not (split == "train" and "test" in present):
             n -= min(cfg.eval_samples, n // 10)
-        _enough(cfg, min(n, cfg.limit or n))
-        return f"mnist {split} split"
+        n = min(n, cfg.limit or n)
+        _enough(cfg, n)
+        return f"mnist {split} split", n
     if cfg.dataset == "imagenet-subset":
         if cfg.model == "mnist_cnn":
             raise ConfigError(
@@ -112,12 +118,12 @@ def check(cfg: RunConfig) -> str:
         image = InputSpec((3, cfg.image_size, cfg.image_size))
         models.check_forward(cfg, image, subset.num_classes)
         _enough(cfg, len(subset.train))
-        return f"imagenet-subset at {root}"
+        return f"imagenet-subset at {root}", len(subset.train)
     spec = models.spec(cfg)  # synthetic: what _synthetic makes, without making it
     _check_layout(cfg, spec)
     models.check_forward(cfg, spec, _synthetic_classes(cfg, spec))
     _enough(cfg, synthetic_samples(cfg))
-    return "synthetic"
+    return "synthetic", synthetic_samples(cfg)
 
 
 def _check_layout(cfg: RunConfig, spec: InputSpec) -> None:
