@@ -59,6 +59,13 @@ class StrategySpec:
             self.variant.description if self.variant else f"module {self.module} failed to import"
         )
 
+    @property
+    def accepts(self) -> dict:
+        """The --set options this strategy takes (its class's, for its variant)."""
+        if self.cls is None or self.variant is None:
+            return {}
+        return self.cls.accepted(self.variant.options)
+
     def unavailable(self, device: str) -> str | None:
         if self.cls is None:
             return self.import_error

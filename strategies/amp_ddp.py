@@ -8,6 +8,7 @@ fp16 with loss scaling on CUDA and bf16 on CPU. `--set amp_dtype=bf16|fp16` choo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from strategies.base import Variant
 from strategies.ddp import DistributedDataParallel
@@ -23,3 +24,12 @@ class AmpDDP(DistributedDataParallel):
     @classmethod
     def default_precision(cls, device: str, options: Mapping[str, str]) -> str:
         return options.get("amp_dtype") or ("fp16" if device == "cuda" else "bf16")
+
+    @classmethod
+    def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
+        if cfg.precisions and "amp_dtype" in options:
+            return (
+                f"amp_dtype chooses amp_ddp's precision where --precision does not; with "
+                f"--precision {','.join(cfg.precisions)} it would change nothing: give one of them"
+            )
+        return super().unsuitable(cfg, world_size, options)

@@ -268,6 +268,13 @@ class Strategy:
         return None
 
     @classmethod
+    def accepted(cls, variant_options: Mapping[str, str]) -> dict[str, tuple[str, ...] | type]:
+        """The --set options one of its variants takes, given that variant's own options:
+        `accepts`, less any a variant makes meaningless (a hook that is not PowerSGD takes
+        no PowerSGD options), so a sweep never records a value that changed nothing."""
+        return dict(cls.accepts)
+
+    @classmethod
     def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
         """Why this strategy cannot train this run's model or batch at `world_size` with
         these options (a model it cannot split, a batch its micro-batches do not divide), or

@@ -72,6 +72,26 @@ class DDPCommHook(DistributedDataParallel):
     }
 
     @classmethod
+    def accepted(cls, variant_options):
+        if variant_options.get("comm_hook") == "powersgd":
+            return dict(cls.accepts)
+        return {k: v for k, v in cls.accepts.items() if not k.startswith("powersgd_")}
+
+    @classmethod
+    def unsuitable(cls, cfg, world_size, options):
+        if options.get("comm_hook") == "powersgd":
+            rank = int(options.get("powersgd_rank", 1))
+            start = int(options.get("powersgd_start", 2))
+            if rank < 1:
+                return f"powersgd_rank is the factorisation's rank, at least 1, not {rank}"
+            if start < 2:
+                return (
+                    f"powersgd_start {start}: torch's PowerSGD with error feedback compresses "
+                    "from step 2 at the earliest"
+                )
+        return super().unsuitable(cfg, world_size, options)
+
+    @classmethod
     def traffic(cls, options, world_size, shape, precision):
         if options.get("comm_hook", "fp16") == "powersgd":
             return "PowerSGD sends low-rank factors whose size depends on each layer's shape: not modelled"
@@ -96,12 +116,8 @@ class DDPCommHook(DistributedDataParallel):
             model.register_comm_hook(None, fn)  # state None: the default process group
             self.notes.append(f"{self.hook}_compress_hook")
             return model, optimizer
-        rank = int(self.options.get("powersgd_rank", 1))
+        rank = int(self.options.get("powersgd_rank", 1))  # checked by unsuitable
         start = int(self.options.get("powersgd_start", 2))
-        if rank < 1 or start < 2:
-            raise ValueError(
-                f"powersgd_rank must be >= 1 and powersgd_start >= 2, got {rank} and {start}"
-            )
         state = powersgd.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=rank,

@@ -59,6 +59,18 @@ CASES = [
         ["--strategies", "amp_ddp", "--set", "amp_dtype=fp8"],
         "amp_ddp takes amp_dtype = fp16 | bf16",
     ),
+    (  # amp_dtype is amp_ddp's default precision: beside --precision it would do nothing
+        ["--strategies", "amp_ddp", "--precision", "bf16", "--set", "amp_dtype=fp16"],
+        "amp_dtype chooses amp_ddp's precision where --precision does not",
+    ),
+    (  # PowerSGD's options mean nothing to a cast hook
+        ["--strategies", "ddp_fp16_hook", "--set", "powersgd_rank=4"],
+        "--set powersgd_rank: no selected strategy takes this option",
+    ),
+    (  # checked before the ranks start, not by them
+        ["--strategies", "ddp_powersgd", "--world-sizes", "2", "--set", "powersgd_start=1"],
+        "compresses from step 2 at the earliest",
+    ),
     (["--strategies", "single", "--set", "junk=1"], "--set junk: no selected strategy takes"),
     (["--strategies", "single", "--max-steps", "3"], "--warmup-steps (5) must be less than"),
     (["--strategies", "single", "--limit", "10"], "smaller than the global batch"),

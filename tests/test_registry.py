@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -53,17 +54,24 @@ def test_apex_without_amp_says_it_was_removed(tmp_path, monkeypatch):
     assert why is not None and "removed in apex 25.07" in why and "25.05" in why
 
 
-def _plugin(tmp_path, monkeypatch, name: str, body: str) -> None:
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PARABENCH_STRATEGIES", name)
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """register(name, body): a module of that source, registered through
+    PARABENCH_STRATEGIES for one test (the registry is rebuilt before and after)."""
+
+    def register(name: str, body: str) -> None:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setenv("PARABENCH_STRATEGIES", name)
+        strategies.registry.cache_clear()
+
+    yield register
+    monkeypatch.delenv("PARABENCH_STRATEGIES", raising=False)
     strategies.registry.cache_clear()
 
 
-def test_a_plugin_module_registers_without_editing_the_package(tmp_path, monkeypatch):
-    _plugin(
-        tmp_path,
-        monkeypatch,
+def test_a_plugin_module_registers_without_editing_the_package(plugin):
+    plugin(
         "my_plugin",
         """
         from strategies.base import Strategy, Variant
@@ -71,30 +79,57 @@ def test_a_plugin_module_registers_without_editing_the_package(tmp_path, monkeyp
             variants = {"mine": Variant("inprocess", "a user's strategy")}
     """,
     )
+    spec = strategies.get("mine")
+    assert spec.module == "my_plugin" and spec.unavailable("cpu") is None
+
+
+def test_the_readmes_strategy_applies_every_option_it_takes(plugin):
+    """The README's example, as a user would add it: listed, and each --set option it takes
+    (DDP's, inherited) reaches torch's DDP beside its own change."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from strategies.base import RankContext
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    plugin("my_ddp", readme.split("# strategies/my_ddp.py\n", 1)[1].split("```", 1)[0])
+    spec = strategies.get("my_ddp")
+    assert spec.unavailable("cpu") is None and spec.launcher == "torchrun"
+    given = {"bucket_cap_mb": "1", "gradient_as_bucket_view": "true", "static_graph": "true"}
+    assert set(spec.accepts) == set(given)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        spec = strategies.get("mine")
-        assert spec.module == "my_plugin" and spec.unavailable("cpu") is None
+        ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+        plain, _ = spec.create(ctx).setup(nn.Linear(2, 2), None)
+        ddp, _ = spec.create(ctx, given).setup(nn.Linear(2, 2), None)
     finally:
-        monkeypatch.delenv("PARABENCH_STRATEGIES")
-        strategies.registry.cache_clear()
+        dist.destroy_process_group()
+    assert plain.find_unused_parameters and ddp.find_unused_parameters  # its own change
+    assert ddp.bucket_bytes_cap == 1024 * 1024 != plain.bucket_bytes_cap
+    assert ddp.gradient_as_bucket_view and not plain.gradient_as_bucket_view
+    assert ddp.static_graph and not plain.static_graph
 
 
-def test_a_broken_plugin_is_listed_unavailable_not_fatal(tmp_path, monkeypatch):
-    _plugin(tmp_path, monkeypatch, "broken_plugin", "import not_a_real_package_xyz\n")
-    try:
-        spec = strategies.get("broken_plugin")
-        why = spec.unavailable("cpu")
-        assert "ModuleNotFoundError" in why and "not_a_real_package_xyz" in why
-        assert CORE <= set(strategies.registry())
-    finally:
-        monkeypatch.delenv("PARABENCH_STRATEGIES")
-        strategies.registry.cache_clear()
+def test_a_hook_variant_takes_no_powersgd_options():
+    """PowerSGD's options mean nothing to the fp16/bf16 hooks: a sweep over them gives those
+    strategies one cell, not copies that differ only in their names."""
+    assert "powersgd_rank" in strategies.get("ddp_powersgd").accepts
+    for name in ("ddp_fp16_hook", "ddp_bf16_hook"):
+        accepts = strategies.get(name).accepts
+        assert "comm_hook" in accepts and not any(k.startswith("powersgd") for k in accepts)
 
 
-def test_a_plugin_reusing_a_name_is_listed_unavailable_not_fatal(tmp_path, monkeypatch):
-    _plugin(
-        tmp_path,
-        monkeypatch,
+def test_a_broken_plugin_is_listed_unavailable_not_fatal(plugin):
+    plugin("broken_plugin", "import not_a_real_package_xyz\n")
+    spec = strategies.get("broken_plugin")
+    why = spec.unavailable("cpu")
+    assert "ModuleNotFoundError" in why and "not_a_real_package_xyz" in why
+    assert CORE <= set(strategies.registry())
+
+
+def test_a_plugin_reusing_a_name_is_listed_unavailable_not_fatal(plugin):
+    plugin(
         "clash_plugin",
         """
         from strategies.base import Strategy, Variant
@@ -102,13 +137,9 @@ def test_a_plugin_reusing_a_name_is_listed_unavailable_not_fatal(tmp_path, monke
             variants = {"single": Variant("inprocess", "a user's strategy named as ours")}
     """,
     )
-    try:
-        assert strategies.get("single").module == "strategies.single"  # ours keeps it
-        why = strategies.get("clash_plugin.single").unavailable("cpu")
-        assert "already registered by strategies.single: rename it" in why
-    finally:
-        monkeypatch.delenv("PARABENCH_STRATEGIES")
-        strategies.registry.cache_clear()
+    assert strategies.get("single").module == "strategies.single"  # ours keeps it
+    why = strategies.get("clash_plugin.single").unavailable("cpu")
+    assert "already registered by strategies.single: rename it" in why
 
 
 def test_more_ranks_than_gpus_share_them_over_gloo_only_when_asked():

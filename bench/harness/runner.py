@@ -374,16 +374,16 @@ def _option_sweeps(options: dict[str, str], specs: list[strategies.StrategySpec]
         parsed = [_parsed(v) for v in values]
         if len(set(parsed)) != len(parsed):
             raise ConfigError(f"--set {key}={value}: a value is given twice")
-        takers = [s for s in specs if s.cls is not None and key in s.cls.accepts]
+        takers = [s for s in specs if key in s.accepts]
         if not takers:
-            known = sorted({k for s in specs if s.cls for k in s.cls.accepts})
+            known = sorted({k for s in specs for k in s.accepts})
             raise ConfigError(
                 f"--set {key}: no selected strategy takes this option; "
                 f"options: {', '.join(known) or 'none'}"
             )
         for s in takers:
             for v in values:
-                problem = option_problem(s.cls.accepts[key], v)
+                problem = option_problem(s.accepts[key], v)
                 if problem:
                     raise ConfigError(f"--set {key}={v}: {s.name} takes {key} = {problem}")
         sweeps[key] = values
@@ -426,7 +426,7 @@ def _option_points(spec: strategies.StrategySpec, sweeps: dict[str, list[str]]) 
     """The points of the option sweep this strategy takes part in (one, empty, if none)."""
     if spec.cls is None:
         return [()]
-    keys = sorted(k for k in sweeps if k in spec.cls.accepts)
+    keys = sorted(k for k in sweeps if k in spec.accepts)
     return [
         tuple(zip(keys, vals, strict=True))
         for vals in itertools.product(*(sweeps[k] for k in keys))
