@@ -37,6 +37,13 @@ class Single(Strategy):
             return f"shares must be at least 1, got {r}"
         if cfg.global_batch % r:
             return f"global batch {cfg.global_batch} does not split into {r} equal shares"
+        # each share is cut into the micro-batches: an uneven cut would scale loss and grads
+        uneven = [k for k in cfg.accumulate if (cfg.global_batch // r) % k]
+        if uneven:
+            return (
+                f"a share of {cfg.global_batch // r} samples ({r} shares of global batch "
+                f"{cfg.global_batch}) does not split into {uneven[0]} equal micro-batches"
+            )
         return None
 
     @property

@@ -63,6 +63,11 @@ CASES = [
         ["--strategies", "amp_ddp", "--precision", "bf16", "--set", "amp_dtype=fp16"],
         "amp_dtype chooses amp_ddp's precision where --precision does not",
     ),
+    (  # shares of 6 cut in 4 micro-batches: the loss would be scaled by 3/4
+        ["--strategies", "single", "--world-sizes", "1", "--global-batch", "12"]
+        + ["--accumulate", "4", "--set", "shares=2"],
+        "a share of 6 samples (2 shares of global batch 12) does not split into 4 equal",
+    ),
     (  # PowerSGD's options mean nothing to a cast hook
         ["--strategies", "ddp_fp16_hook", "--set", "powersgd_rank=4"],
         "--set powersgd_rank: no selected strategy takes this option",
