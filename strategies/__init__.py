@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
+from typing import Any
 
 from bench.config import ConfigError
 from strategies.base import RankContext, Setting, Strategy, Variant
@@ -67,9 +68,17 @@ class StrategySpec:
         return self.cls.accepted(self.variant.options)
 
     def unavailable(self, device: str) -> str | None:
+        """Why it cannot run on `device`, or None. A plug-in's mistakes are reasons too: a
+        launcher that does not exist, a hook that raises."""
         if self.cls is None:
             return self.import_error
-        return self.cls.unavailable(device)
+        from bench.harness.launchers import LAUNCHERS
+
+        if self.launcher not in LAUNCHERS:
+            return (
+                f"its Variant names launcher {self.launcher!r}; launchers: {', '.join(LAUNCHERS)}"
+            )
+        return hook_failure(self.cls.unavailable, device)
 
     def cannot_run(
         self, world_size: int, device: str, n_devices: int, oversubscribe: bool = False
@@ -86,6 +95,17 @@ class StrategySpec:
         """An instance for one rank; `options` (from --set) override the variant's."""
         assert self.cls is not None and self.variant is not None
         return self.cls(ctx, {**self.variant.options, **(options or {})}, setting)
+
+
+def hook_failure(hook: Any, *args: Any) -> str | None:
+    """A strategy class's check (`unavailable`, `cannot_run`, ...) called with `args`: its
+    answer, or what it raised as a reason, so a plug-in's bug costs its own cells only."""
+    try:
+        return hook(*args)
+    except Exception as exc:
+        owner = getattr(hook, "__self__", None)  # the class of a class method
+        name = f"{owner.__name__}.{hook.__name__}" if isinstance(owner, type) else hook.__name__
+        return f"{name}() raised {type(exc).__name__}: {exc}".splitlines()[0]
 
 
 def _module_names() -> list[str]:

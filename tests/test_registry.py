@@ -128,6 +128,49 @@ def test_a_broken_plugin_is_listed_unavailable_not_fatal(plugin):
     assert CORE <= set(strategies.registry())
 
 
+def test_a_plugins_mistakes_cost_its_own_cells_only(plugin, data_root, capsys):
+    """A launcher that does not exist, or a check that raises, is a reason on that
+    strategy's rows (or an error when it is named), not a crash of `list` or of the run."""
+    from bench.cli import main
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    plugin(
+        "mistaken",
+        """
+        from strategies.base import Strategy, Variant
+        class Typo(Strategy):
+            variants = {"typo": Variant("torchrunn", "a launcher misspelt")}
+        class Raises(Strategy):
+            variants = {"raises": Variant("inprocess", "a check that raises")}
+            @classmethod
+            def unsuitable(cls, cfg, world_size, options):
+                return {}["no such key"]
+        class Missing(Strategy):
+            variants = {"missing": Variant("inprocess", "needs a package not installed")}
+            @classmethod
+            def unavailable(cls, device):
+                import not_a_real_package_xyz  # noqa: F401
+    """,
+    )
+    assert "launcher 'torchrunn'; launchers: inprocess, spawn" in strategies.get(
+        "typo"
+    ).unavailable("cpu")
+    why = strategies.get("missing").unavailable("cpu")
+    assert why == (
+        "Missing.unavailable() raised ModuleNotFoundError: No module named 'not_a_real_package_xyz'"
+    )
+    assert main(["list"]) == 0 and "typo" in capsys.readouterr().out
+    cells = runner.plan(small_config(Path("/nonexistent"), data_root, world_sizes=(1,)))
+    reasons = {c.strategy: c.reason for c in cells}
+    assert reasons["raises"] == "Raises.unsuitable() raised KeyError: 'no such key'"
+    assert "single" in reasons and not reasons["single"]  # the others plan as before
+    with pytest.raises(ConfigError, match="raises cannot run at world size 1: Raises.unsuitable"):
+        runner.plan(
+            small_config(Path("/nonexistent"), data_root, strategies=("raises",), world_sizes=(1,))
+        )
+
+
 def test_a_plugin_reusing_a_name_is_listed_unavailable_not_fatal(plugin):
     plugin(
         "clash_plugin",

@@ -154,9 +154,9 @@ def plan(cfg: RunConfig) -> list[Cell]:
             )
             reason = why_not or (
                 _across_nodes(cfg, spec)
-                or spec.cannot_run(ws, device, room, cfg.oversubscribe)
-                or spec.cls.unsupported(setting, device)
-                or spec.cls.unsuitable(cfg, ws, merged_options(spec, opts))
+                or strategies.hook_failure(spec.cls.cannot_run, ws, device, room, cfg.oversubscribe)
+                or strategies.hook_failure(spec.cls.unsupported, setting, device)
+                or strategies.hook_failure(spec.cls.unsuitable, cfg, ws, merged_options(spec, opts))
             )
             for r in range(cfg.repeats):
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
