@@ -300,3 +300,7 @@ class ModelSplit(Pipeline):
         )
     }
     accepts = {}
+    no_accumulate = (
+        "it passes the whole batch along at once; cut into micro-batches it is pipeline_gpipe "
+        "(--strategies pipeline_gpipe --set microbatches=M)"
+    )

@@ -68,6 +68,11 @@ CASES = [
         + ["--accumulate", "4", "--set", "shares=2"],
         "a share of 6 samples (2 shares of global batch 12) does not split into 4 equal",
     ),
+    (  # model_split takes no micro-batch option: it names the strategy that does
+        ["--strategies", "model_split", "--model", "transformer", "--world-sizes", "2"]
+        + ["--accumulate", "2"],
+        "cut into micro-batches it is pipeline_gpipe (--strategies pipeline_gpipe --set",
+    ),
     (  # PowerSGD's options mean nothing to a cast hook
         ["--strategies", "ddp_fp16_hook", "--set", "powersgd_rank=4"],
         "--set powersgd_rank: no selected strategy takes this option",
