@@ -418,3 +418,16 @@ def test_the_work_includes_the_model_and_data_arguments(run_a: Path, tmp_path: P
         compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
     cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), unlike=True)
     assert [(what, b) for what, _, b in cmp.unlike] == [("model arguments", "width=2")]
+
+
+def test_a_limit_on_the_training_samples_is_a_condition_named(run_a: Path, tmp_path: Path) -> None:
+    """--limit changes the steps an epoch has, not what a step is: named, still judged."""
+    import json
+
+    run_b = Path(shutil.copytree(run_a, tmp_path / "b"))
+    cfg = json.loads((run_b / "config.json").read_text())
+    cfg["limit"] = 256
+    (run_b / "config.json").write_text(json.dumps(cfg))
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
+    limit = json.loads((run_a / "config.json").read_text())["limit"]
+    assert cmp.how == [("training samples (--limit)", str(limit), "256")] and not cmp.unlike

@@ -25,8 +25,12 @@ def test_mnist_uses_the_split_present_and_says_which(data_root):
 
 def test_mnist_limit_and_check(data_root):
     cfg = RunConfig(dataset="mnist", data_root=str(data_root), limit=100, warmup_steps=0)
-    assert len(data.load(cfg).train) == 100
+    bundle = data.load(cfg)
+    assert len(bundle.train) == 100
     assert data.check(cfg) == "mnist test split"
+    # the rows' data column says how many samples trained, not the split's size
+    assert "train first 100 of 9000 (--limit) / held-out last 1000" in bundle.description
+    assert "train 9000 / held-out" in data.load(cfg.replace(limit=None)).description
 
 
 def test_missing_mnist_names_the_alternatives(tmp_path):

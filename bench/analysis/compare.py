@@ -83,6 +83,7 @@ HOW = {
     "epochs": "epochs",
     "max_steps": "max steps",
     "warmup_steps": "warm-up steps",
+    "limit": "training samples (--limit)",  # the steps per epoch, where --max-steps allows
     "lr": "learning rate",
 }
 #: a cell ok in A and broken in B (failed, oom, timeout, diverged) is the worst regression

@@ -307,15 +307,27 @@ def _mnist(cfg: RunConfig) -> DataBundle:
     if split == "train" and "test" in present:
         held = _mnist_tensors(present["test"])
         held = Subset(held, range(min(cfg.eval_samples, len(held))))
-        desc = f"mnist train split ({len(train)}), held-out: test split ({len(held)})"
+        whole = len(train)
+        train = _limit(train, cfg.limit)
+        desc = f"mnist train split ({_first(train, whole)}), held-out: test split ({len(held)})"
     else:
         # Only one split is here: hold out its last `eval_samples` images.
         n_eval = min(cfg.eval_samples, len(train) // 10)
         held = Subset(train, range(len(train) - n_eval, len(train)))
         train = Subset(train, range(len(train) - n_eval))
-        desc = f"mnist {split} split only ({len(train) + n_eval}): train {len(train)} / held-out last {n_eval}"
-    train = _limit(train, cfg.limit)
+        whole = len(train)
+        train = _limit(train, cfg.limit)
+        desc = (
+            f"mnist {split} split only ({whole + n_eval}): train {_first(train, whole)} / "
+            f"held-out last {n_eval}"
+        )
     return DataBundle(train, held, 10, desc)
+
+
+def _first(train: Dataset, whole: int) -> str:
+    """The training samples, and where --limit kept fewer, of how many."""
+    n = len(train)  # type: ignore[arg-type]
+    return str(n) if n == whole else f"first {n} of {whole} (--limit)"
 
 
 def _limit(ds: Dataset, limit: int | None) -> Dataset:
