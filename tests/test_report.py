@@ -5,6 +5,7 @@ Every test works on its own copy of the shared run, so rendering never touches i
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -384,6 +385,25 @@ def test_render_needs_only_runs_csv(small_run, tmp_path) -> None:
     out = report.render(tmp_path / "bare")
     assert out.is_file() and (tmp_path / "bare" / "throughput.png").is_file()
     assert "## Summary" in out.read_text()
+
+
+def test_a_run_with_no_rows_yet_states_its_conditions_from_its_config(small_run, tmp_path):
+    """A run stopped before its first row (runs.csv is its header): the report states what
+    was asked from config.json, not blanks, and no empty plots section."""
+    run_dir = tmp_path / "none"
+    run_dir.mkdir()
+    shutil.copy(small_run / "config.json", run_dir / "config.json")
+    header = (small_run / "runs.csv").read_text().splitlines()[0]
+    (run_dir / "runs.csv").write_text(header + "\n")
+    text = report.render(run_dir).read_text()
+    cfg = json.loads((small_run / "config.json").read_text())
+    assert f"- model: mnist_cnn; device: {cfg['device']}" in text
+    assert (
+        f"global batch (the same for every strategy at a world size): {cfg['global_batch']}" in text
+    )
+    assert f"- seed: {cfg['seed']}; learning rate: {cfg['lr']}; optimizer: adam" in text
+    assert f"max steps per epoch: {cfg['max_steps']};" in text
+    assert "## Plots" not in text
 
 
 # ---------------------------------------------------------------- CLI

@@ -691,17 +691,23 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
     cfg = run.config
     if counted.empty:  # nothing ran: the planned conditions are still worth stating
         counted = run.runs
+
+    def said(col: str) -> str:
+        """The rows' value, else (no row says: none ran) config.json's."""
+        got = _one_value(counted, col)
+        if got or cfg.get(col) is None:
+            return got
+        return _plain(cfg[col])
+
     lines = [
-        f"- data set: {_distinct(counted, 'dataset') or cfg.get('dataset', '–')}"
-        f" ({_distinct(counted, 'data') or 'no description'})",
-        f"- model: {_one_value(counted, 'model')}; device: {_one_value(counted, 'device')}",
-        f"- global batch (the same for every strategy at a world size): "
-        f"{_one_value(counted, 'global_batch')}",
-        f"- warm-up steps excluded from timing, per epoch: {_one_value(counted, 'warmup_steps')}",
-        f"- seed: {_one_value(counted, 'seed')}; learning rate: {_one_value(counted, 'lr')}; "
-        f"optimizer: {_one_value(counted, 'optimizer') or 'sgd'}",
-        f"- epochs: {_one_value(counted, 'epochs')}; max steps per epoch: "
-        f"{_one_value(counted, 'max_steps') or 'all'}; repeats asked for: {cfg.get('repeats', '–')}",
+        f"- data set: {said('dataset') or '–'} ({_distinct(counted, 'data') or 'no description'})",
+        f"- model: {said('model')}; device: {said('device')}",
+        f"- global batch (the same for every strategy at a world size): {said('global_batch')}",
+        f"- warm-up steps excluded from timing, per epoch: {said('warmup_steps')}",
+        f"- seed: {said('seed')}; learning rate: {said('lr')}; "
+        f"optimizer: {said('optimizer') or 'sgd'}",
+        f"- epochs: {said('epochs')}; max steps per epoch: "
+        f"{said('max_steps') or 'all'}; repeats asked for: {cfg.get('repeats', '–')}",
     ]
     per_cell = {
         "launcher": "launcher",
@@ -1035,8 +1041,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         *(["## Where the time goes", where] if where else []),
         *(["## Scaling: predicted and measured", scaling] if scaling else []),
         *(["## Start-up per launcher", startup] if startup else []),
-        "## Plots",
-        *[f"![{title}]({name})" for name, title in images],
+        *(["## Plots", *[f"![{title}]({name})" for name, title in images]] if images else []),
         "## Unavailable, skipped and failed",
         problems_markdown(run.runs, summary),
     ]
