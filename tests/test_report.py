@@ -403,7 +403,8 @@ def test_a_run_with_no_rows_yet_states_its_conditions_from_its_config(small_run,
     )
     assert f"- seed: {cfg['seed']}; learning rate: {cfg['lr']}; optimizer: adam" in text
     assert f"max steps per epoch: {cfg['max_steps']};" in text
-    assert "## Plots" not in text
+    assert "## Plots" not in text and "Every cell finished ok" not in text
+    assert "No cell has a row yet" in text
 
 
 # ---------------------------------------------------------------- CLI

@@ -770,6 +770,8 @@ def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame) -> str:
         lines.append(
             f"Strategies with no ok result (not in the summary): {', '.join(no_result)}.\n"
         )
+    if runs.empty:
+        return "No cell has a row yet (the run stopped before its first cell ended)."
     if bad.empty:
         lines.append("Every cell finished ok.")
         return "\n".join(lines)
