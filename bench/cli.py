@@ -497,12 +497,14 @@ def cmd_list(a: argparse.Namespace) -> int:
         raise ConfigError(unknown_device(a.device))
     device = usable_device(a.device)
     print(f"strategies (device: {device}):")
-    for name, spec in strategies.registry().items():
+    reg = strategies.registry()
+    width = max(16, *map(len, reg))
+    for name, spec in reg.items():
         why = spec.unavailable(device)
         state = "available  " if not why else "unavailable"
-        print(f"  {name:<16} {state} {spec.launcher:<11} {spec.description}")
+        print(f"  {name:<{width}} {state} {spec.launcher:<11} {spec.description}")
         if why:
-            print(f"  {'':<16} -> {why}")
+            print(f"  {'':<{width}} -> {why}")
     import torch
 
     from bench.workload import plugins
