@@ -225,6 +225,27 @@ def test_terminal_summary_marks_oversubscribed_and_gives_no_speedup() -> None:
     assert {ln.index("  ok") for ln in (tp4, ddp, tp2)} == {len(head) - len("  status")}
 
 
+def test_terminal_speedups_are_over_one_single_setting_as_the_reports() -> None:
+    """With no plain fp32 single, the base is single's first setting (the report's
+    baseline_row), named under the table; not a median over its settings, which gave no
+    row 1.00x."""
+    rows = [
+        _row("single", 1, 0, sps=100.0, setting="bf16"),
+        _row("single", 1, 0, sps=300.0, setting="bf16,acc2"),
+        _row("ddp", 2, 0, sps=180.0, setting="bf16"),
+    ]
+    text = summary.table(
+        [{k: str(v) for k, v in r.items()} for r in _runs(rows).to_dict("records")]
+    )
+    at = text.splitlines()[0].index("speed-up") + len("speed-up")
+    assert _terminal_line(text, "single [acc1]", 1)[at - 5 : at] == "1.00x"
+    assert _terminal_line(text, "single [acc2]", 1)[at - 5 : at] == "3.00x"
+    assert _terminal_line(text, "ddp [acc1]", 2)[at - 5 : at] == "1.80x"
+    assert text.splitlines()[-1] == "speed-up: over single [acc1] at world size 1"
+    base = report.baseline_row(report.summarise(_runs(rows)))
+    assert base["setting"] == "bf16"  # the report's base is the same
+
+
 def test_throughput_plot_leaves_out_oversubscribed_cells() -> None:
     table = report.summarise(_mixed())
     ax = plots.throughput(table).axes[0]
@@ -339,8 +360,9 @@ def test_report_has_the_model_parallel_section_after_the_summary() -> None:
     runs = _mixed()
     text = report.report_markdown(_hand_run(runs), report.summarise(runs), [])
     assert "## Model parallelism" in text
-    assert text.index("## Summary") < text.index("## Model parallelism") < text.index("## Plots")
-    section = text.split("## Model parallelism", 1)[1].split("## Plots", 1)[0]
+    end = "## Unavailable, skipped and failed"  # (no plots: none were given)
+    assert text.index("## Summary") < text.index("## Model parallelism") < text.index(end)
+    section = text.split("## Model parallelism", 1)[1].split(end, 1)[0]
     assert "| pipeline_1f1b | 2 | 2 | 4 | 35.0 | 20.0 |" in section
 
 

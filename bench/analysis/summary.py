@@ -71,14 +71,15 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
     def label(key: tuple[str, int]) -> str:
         return f"{key[0]} (oversubscribed)" if key in over else key[0]
 
-    plain = [
-        r for (n, ws), rs in ok.items() if ws == 1 for r in rs if r["strategy_name"] == "single"
-    ]
-    fp32 = [r for r in plain if r.get("setting") in ("fp32", "", None)]
+    # the speed-ups' base: single at world size 1 in fp32 where the run has it, else its
+    # first setting (as the report's baseline_row), never a median over several settings
+    singles = sorted(k for k, rs in ok.items() if k[1] == 1 and rs[0]["strategy_name"] == "single")
+    fp32 = [k for k in singles if ok[k][0].get("setting") in ("fp32", "", None)]
+    base_key = (fp32 or singles or [None])[0]
     # a token model's work is counted in tokens (samples are sequences of them)
     tokens = any(_f(r, "tokens_per_s") == _f(r, "tokens_per_s") for rs in ok.values() for r in rs)
     metric, unit = ("tokens_per_s", "tokens/s") if tokens else ("samples_per_s", "samples/s")
-    base = med(fp32 or plain, metric)
+    base = med(ok[base_key], metric) if base_key else float("nan")
     width = max([16, *(len(label(k)) + 1 for k in (*ok, *other))])
     head = f"{'strategy':<{width}}{'ws':>3}{unit:>12}{'speed-up':>9}{'step p50 ms':>13}{'data %':>8}{'peak MiB':>10}{'loss':>8}{'acc':>7}  status"
     lines = [head, "-" * len(head)]
@@ -97,4 +98,6 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
         if key in other:
             r = other[key]
             lines.append(f"{name:<{width}}{ws:>3}{'':>67}  {r['status']}: {r['reason']}")
+    if base_key and base_key[0] != "single":
+        lines.append(f"speed-up: over {base_key[0]} at world size 1")
     return "\n".join(lines)
