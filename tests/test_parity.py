@@ -115,10 +115,16 @@ def test_a_cell_that_did_not_run_keeps_its_reason(parity_run, tmp_path):
     shutil.copytree(run_dir, copy)
     why = "DataParallel parallelises over GPUs; on cpu it has one device"
     row = {**rows[("ddp_spawn", 2)], "strategy": "dp", "status": "skipped", "reason": why}
-    RunDir(copy).runs.append([row])
-    (p,) = [p for p in verify_mod.compare(copy) if p.strategy == "dp"]
+    single = {**row, "strategy": "single", "reason": "Single runs one process"}
+    RunDir(copy).runs.append([row, single])
+    parity = verify_mod.compare(copy)
+    (p,) = [p for p in parity if p.strategy == "dp"]
     assert (p.status, p.reason) == ("skipped", why) and p.ok
     assert f"dp ws=2: {why}" in table([p])
+    # single at world size 2 is no comparison: left out; the rest in a stable order
+    assert ("single", 2) not in {(p.strategy, p.world_size) for p in parity}
+    cells = [(p.strategy, p.world_size, p.setting) for p in parity if not p.reference]
+    assert cells == sorted(cells)
 
 
 def test_a_strategy_that_skips_gradient_sync_fails_parity(parity):
