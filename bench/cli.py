@@ -9,7 +9,7 @@ import argparse
 import ast
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -454,10 +454,14 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def _given(
-    a: argparse.Namespace, keep: Sequence[str] = (), only: Sequence[str] | None = None
+    a: argparse.Namespace,
+    keep: Sequence[str] = (),
+    only: Sequence[str] | None = None,
+    but: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The options of `a`'s command given other than their defaults, but those in `keep`
-    (of those in `only`, where given)."""
+    (of those in `only`, where given; and not given the value `but` names for them)."""
+    but = but or {}
     return [
         action.option_strings[0]
         for action in a.parser._actions
@@ -465,6 +469,7 @@ def _given(
         and action.dest not in (*keep, "help")
         and (only is None or action.dest in only)
         and getattr(a, action.dest, action.default) != action.default
+        and (action.dest not in but or getattr(a, action.dest) != but[action.dest])
     ]
 
 
@@ -498,11 +503,11 @@ def cmd_list(a: argparse.Namespace) -> int:
     device = usable_device(a.device)
     print(f"strategies (device: {device}):")
     reg = strategies.registry()
-    width = max(16, *map(len, reg))
+    width = max([16, *map(len, reg)])
     for name, spec in reg.items():
         why = spec.unavailable(device)
         state = "available  " if not why else "unavailable"
-        print(f"  {name:<{width}} {state} {spec.launcher:<11} {spec.description}")
+        print(f"  {name:<{width}} {state} {spec.launcher!s:<11} {spec.description}")
         if why:
             print(f"  {'':<{width}} -> {why}")
     import torch

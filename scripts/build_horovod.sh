@@ -232,9 +232,10 @@ grep -q "set(CMAKE_CXX_STANDARD $CXX_STD)" "$SRC/horovod/torch/CMakeLists.txt" \
     || fail "patching the C++ standard in horovod/torch/CMakeLists.txt failed"
 # horovod builds RelWithDebInfo (-O3 -g after its own edit): the same code without the
 # debug information, which torch's headers make costly to emit
-sed -i 's/^string(REPLACE "-O2" "-O3" CMAKE_CXX_FLAGS_RELWITHDEBINFO .*$/&\nstring(REPLACE "-g" "" CMAKE_CXX_FLAGS_RELWITHDEBINFO "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")/' \
+sed -i 's/^string(REPLACE "-O2" "-O3" CMAKE_CXX_FLAGS_RELWITHDEBINFO .*$/&\nstring(REGEX REPLACE "(^| )-g( |$)" " " CMAKE_CXX_FLAGS_RELWITHDEBINFO "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")/' \
     "$SRC/CMakeLists.txt"
-grep -q 'string(REPLACE "-g" ""' "$SRC/CMakeLists.txt" || fail "dropping -g from horovod's CMakeLists.txt failed"
+grep -q 'string(REGEX REPLACE "(^| )-g( |$)"' "$SRC/CMakeLists.txt" \
+    || fail "dropping -g from horovod's CMakeLists.txt failed"
 
 # setup.py has setuptools fetch cffi while it builds (setup_requires), a leftover of the old
 # cffi-based torch extension: 0.28.1's is C++ and imports no cffi. With no registry (a GPU

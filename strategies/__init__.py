@@ -62,10 +62,14 @@ class StrategySpec:
 
     @property
     def accepts(self) -> dict:
-        """The --set options this strategy takes (its class's, for its variant)."""
+        """The --set options this strategy takes (its class's, for its variant; none where
+        `accepted` raises, which `unavailable` reports)."""
         if self.cls is None or self.variant is None:
             return {}
-        return self.cls.accepted(self.variant.options)
+        try:
+            return self.cls.accepted(self.variant.options)
+        except Exception:
+            return {}
 
     def unavailable(self, device: str) -> str | None:
         """Why it cannot run on `device`, or None. A plug-in's mistakes are reasons too: a
@@ -78,6 +82,15 @@ class StrategySpec:
             return (
                 f"its Variant names launcher {self.launcher!r}; launchers: {', '.join(LAUNCHERS)}"
             )
+        assert self.variant is not None
+        for hook, args in (
+            (self.cls.accepted, (self.variant.options,)),
+            (self.cls.default_precision, (device, self.variant.options)),
+        ):
+            try:
+                hook(*args)
+            except Exception as exc:
+                return _raised(hook, exc)
         return hook_failure(self.cls.unavailable, device)
 
     def cannot_run(
@@ -103,9 +116,13 @@ def hook_failure(hook: Any, *args: Any) -> str | None:
     try:
         return hook(*args)
     except Exception as exc:
-        owner = getattr(hook, "__self__", None)  # the class of a class method
-        name = f"{owner.__name__}.{hook.__name__}" if isinstance(owner, type) else hook.__name__
-        return f"{name}() raised {type(exc).__name__}: {exc}".splitlines()[0]
+        return _raised(hook, exc)
+
+
+def _raised(hook: Any, exc: Exception) -> str:
+    owner = getattr(hook, "__self__", None)  # the class of a class method
+    name = f"{owner.__name__}.{hook.__name__}" if isinstance(owner, type) else hook.__name__
+    return f"{name}() raised {type(exc).__name__}: {exc}".splitlines()[0]
 
 
 def _module_names() -> list[str]:

@@ -278,7 +278,8 @@ class Strategy:
     def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
         """Why this strategy cannot train this run's model or batch at `world_size` with
         these options (a model it cannot split, a batch its micro-batches do not divide), or
-        None. `cfg` is the run's RunConfig; called before any process starts."""
+        None. `cfg` is the run's RunConfig as the cell sees it (its `accumulate` the cell's
+        alone); called before any process starts."""
         return None
 
     # ---- hooks ----

@@ -34,8 +34,6 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from strategies.base import Variant
 from strategies.ddp import DistributedDataParallel
 
-HOOKS = ("fp16", "bf16", "powersgd")
-
 
 def serialised(hook: Callable, state: Any) -> Callable:
     """`hook`, finished before it returns: one bucket's collectives at a time, in DDP's order."""
@@ -64,12 +62,8 @@ class DDPCommHook(DistributedDataParallel):
             {"comm_hook": "powersgd"},
         ),
     }
-    accepts = {
-        **DistributedDataParallel.accepts,
-        "comm_hook": HOOKS,
-        "powersgd_rank": int,
-        "powersgd_start": int,
-    }
+    #: the hook is the variant's (comm_hook), so the PowerSGD options are ddp_powersgd's alone
+    accepts = {**DistributedDataParallel.accepts, "powersgd_rank": int, "powersgd_start": int}
 
     @classmethod
     def accepted(cls, variant_options):
@@ -80,10 +74,7 @@ class DDPCommHook(DistributedDataParallel):
     @classmethod
     def unsuitable(cls, cfg, world_size, options):
         if options.get("comm_hook") == "powersgd":
-            rank = int(options.get("powersgd_rank", 1))
-            start = int(options.get("powersgd_start", 2))
-            if rank < 1:
-                return f"powersgd_rank is the factorisation's rank, at least 1, not {rank}"
+            start = int(options.get("powersgd_start", 2))  # (--set checked it is positive)
             if start < 2:
                 return (
                     f"powersgd_start {start}: torch's PowerSGD with error feedback compresses "

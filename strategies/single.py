@@ -37,13 +37,14 @@ class Single(Strategy):
             return f"shares must be at least 1, got {r}"
         if cfg.global_batch % r:
             return f"global batch {cfg.global_batch} does not split into {r} equal shares"
-        # each share is cut into the micro-batches: an uneven cut would scale loss and grads
-        uneven = [k for k in cfg.accumulate if (cfg.global_batch // r) % k]
-        if uneven:
-            return (
-                f"a share of {cfg.global_batch // r} samples ({r} shares of global batch "
-                f"{cfg.global_batch}) does not split into {uneven[0]} equal micro-batches"
-            )
+        # each share is cut into the cell's micro-batches: an uneven cut would scale the
+        # loss and gradients
+        for k in cfg.accumulate:  # the cell's alone (runner.plan)
+            if (cfg.global_batch // r) % k:
+                return (
+                    f"a share of {cfg.global_batch // r} samples ({r} shares of global batch "
+                    f"{cfg.global_batch}) does not split into {k} equal micro-batches"
+                )
         return None
 
     @property

@@ -158,6 +158,29 @@ def test_an_option_sweep_multiplies_only_the_strategies_that_take_it(tmp_path, d
     assert len(dirs) == len(set(dirs)) and "ddp_spawn-ws1-fp32+bucket_cap_mb=25-r1" in dirs
 
 
+def test_single_shares_skip_only_the_micro_batch_counts_that_do_not_divide_them(
+    tmp_path, data_root
+):
+    """Shares of 6 (global batch 12, shares=2): one micro-batch runs, four would scale the
+    loss by 3/4 and are skipped; the strategy's check sees each cell's --accumulate."""
+    got = {
+        c.setting.accumulate: c.reason
+        for c in cells(
+            tmp_path,
+            data_root,
+            strategies=("single",),
+            world_sizes=(1,),
+            global_batch=12,
+            accumulate=(1, 4),
+            options={"shares": "2"},
+        )
+    }
+    assert got[1] == ""
+    assert got[4].endswith(
+        "(2 shares of global batch 12) does not split into 4 equal micro-batches"
+    )
+
+
 def test_a_strategy_that_can_run_none_of_its_cells_is_an_error(tmp_path, data_root):
     with pytest.raises(ConfigError, match="dp cannot run at world size 1 with fp32,compile"):
         cells(tmp_path, data_root, strategies=("dp",), world_sizes=(1,), compile=(True,))

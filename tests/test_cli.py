@@ -449,3 +449,15 @@ def test_a_requeued_batch_job_resumes_its_run(tmp_path, monkeypatch):
     (run_dir / "config.json").write_text("{}")
     again = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
     assert again.stdout.split()[2:] == ["run", "--resume", str(run_dir), "--no-report"]
+
+
+def test_verify_takes_run_options_given_the_values_it_would_set(tmp_path, capsys, data_root):
+    """Arguments shared between `run` and `verify` (a script's) are fine where they ask for
+    what verify does anyway: no evaluation, no probes, --max-steps equal to --steps."""
+    same = ["--eval-samples", "0", "--probe-steps", "0", "--no-scaling-model"]
+    same += ["--warmup-steps", "0", "--max-steps", "8", "--steps", "8"]
+    args = ["verify", "--dry-run", "--strategies", "ddp_spawn", "--world-sizes", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), *same]
+    assert main(args) == 0, capsys.readouterr().err
+    assert main([*args[:-1], "6"]) == 2  # --steps 6 with --max-steps 8: one is ignored
+    assert "--max-steps would be ignored" in capsys.readouterr().err

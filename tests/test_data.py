@@ -100,6 +100,10 @@ def test_a_model_that_computes_its_shape_with_tensors_is_built_on_the_meta_devic
     assert data.check(cfg) == "synthetic"
     assert flops.step_flops(cfg, 1000, models.spec(cfg)) > 0
     assert nn.Linear(2, 2).weight.device.type == "cpu"
+    with models._registered_on_meta():  # one parameter registered twice stays one
+        shared, m = nn.Parameter(torch.empty(3, 3)), nn.Module()
+        m.a, m.b = shared, shared
+    assert m.a is m.b and m.a.device.type == "meta" and len(list(m.parameters())) == 1
 
 
 def test_synthetic_data_leaves_target_precision_room_to_stop():

@@ -115,9 +115,9 @@ def test_a_hook_variant_takes_no_powersgd_options():
     """PowerSGD's options mean nothing to the fp16/bf16 hooks: a sweep over them gives those
     strategies one cell, not copies that differ only in their names."""
     assert "powersgd_rank" in strategies.get("ddp_powersgd").accepts
-    for name in ("ddp_fp16_hook", "ddp_bf16_hook"):
-        accepts = strategies.get(name).accepts
-        assert "comm_hook" in accepts and not any(k.startswith("powersgd") for k in accepts)
+    ddp = strategies.get("ddp_torchrun").accepts
+    for name in ("ddp_fp16_hook", "ddp_bf16_hook"):  # DDP's options; the hook is the variant
+        assert strategies.get(name).accepts == ddp
 
 
 def test_a_broken_plugin_is_listed_unavailable_not_fatal(plugin):
@@ -151,6 +151,18 @@ def test_a_plugins_mistakes_cost_its_own_cells_only(plugin, data_root, capsys):
             @classmethod
             def unavailable(cls, device):
                 import not_a_real_package_xyz  # noqa: F401
+        class NoPrecision(Strategy):
+            variants = {"no_precision": Variant("inprocess", "default_precision raises")}
+            @classmethod
+            def default_precision(cls, device, options):
+                raise RuntimeError("which one?")
+        class NoLauncher(Strategy):
+            variants = {"no_launcher": Variant(None, "no launcher at all")}
+        class Unsupported(Strategy):
+            variants = {"unsupported": Variant("inprocess", "a setting check that raises")}
+            @classmethod
+            def unsupported(cls, setting, device):
+                raise ValueError("what setting?")
     """,
     )
     assert "launcher 'torchrunn'; launchers: inprocess, spawn" in strategies.get(
@@ -160,10 +172,16 @@ def test_a_plugins_mistakes_cost_its_own_cells_only(plugin, data_root, capsys):
     assert why == (
         "Missing.unavailable() raised ModuleNotFoundError: No module named 'not_a_real_package_xyz'"
     )
+    assert "NoPrecision.default_precision() raised RuntimeError: which one?" == (
+        strategies.get("no_precision").unavailable("cpu")
+    )
+    assert "launcher None" in strategies.get("no_launcher").unavailable("cpu")
     assert main(["list"]) == 0 and "typo" in capsys.readouterr().out
     cells = runner.plan(small_config(Path("/nonexistent"), data_root, world_sizes=(1,)))
     reasons = {c.strategy: c.reason for c in cells}
     assert reasons["raises"] == "Raises.unsuitable() raised KeyError: 'no such key'"
+    assert reasons["unsupported"] == "Unsupported.unsupported() raised ValueError: what setting?"
+    assert reasons["no_precision"].startswith("NoPrecision.default_precision() raised")
     assert "single" in reasons and not reasons["single"]  # the others plan as before
     with pytest.raises(ConfigError, match="raises cannot run at world size 1: Raises.unsuitable"):
         runner.plan(

@@ -47,6 +47,26 @@ def _labelled(rows: list[Mapping[str, str]]) -> list[dict[str, str]]:
     ]
 
 
+def _baseline(ok: Mapping[tuple[str, int], list[Mapping[str, str]]]) -> tuple[str, int] | None:
+    """The cell every speed-up is over, chosen as the report chooses (report.baseline_row:
+    single at world size 1 in fp32, else its first setting; never a median of several)."""
+    import pandas as pd
+
+    from bench.analysis.report import baseline_row
+
+    cells = [
+        {
+            "strategy": name,
+            "world_size": ws,
+            "strategy_name": rs[0]["strategy_name"],
+            "setting": rs[0].get("setting") or "",
+        }
+        for (name, ws), rs in sorted(ok.items())
+    ]
+    base = baseline_row(pd.DataFrame(cells)) if cells else None
+    return None if base is None else (base["strategy"], 1)
+
+
 def table(rows: Iterable[Mapping[str, str]]) -> str:
     rows = _labelled(list(rows))
     counted = _counted(rows)
@@ -71,11 +91,7 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
     def label(key: tuple[str, int]) -> str:
         return f"{key[0]} (oversubscribed)" if key in over else key[0]
 
-    # the speed-ups' base: single at world size 1 in fp32 where the run has it, else its
-    # first setting (as the report's baseline_row), never a median over several settings
-    singles = sorted(k for k, rs in ok.items() if k[1] == 1 and rs[0]["strategy_name"] == "single")
-    fp32 = [k for k in singles if ok[k][0].get("setting") in ("fp32", "", None)]
-    base_key = (fp32 or singles or [None])[0]
+    base_key = _baseline(ok)
     # a token model's work is counted in tokens (samples are sequences of them)
     tokens = any(_f(r, "tokens_per_s") == _f(r, "tokens_per_s") for rs in ok.values() for r in rs)
     metric, unit = ("tokens_per_s", "tokens/s") if tokens else ("samples_per_s", "samples/s")

@@ -522,8 +522,8 @@ def compare(run_dir: Path) -> list[Parity]:
         precision = r.get("precision", "")
         if case == BASELINE:
             continue
-        if case[0] == BASELINE[0] and r["status"] == results.SKIPPED:
-            continue  # a baseline layout the run cannot have (single at world size 2)
+        if case[0] == BASELINE[0] and case[1] > 1 and r["status"] == results.SKIPPED:
+            continue  # single at world size 2: a layout it cannot have, no comparison
         numerics = r.get("numerics") or ""
         tol = tolerance(numerics) if numerics else None
         # single in a reduced precision with no other option: a precision reference itself
@@ -661,19 +661,19 @@ def write_csv(parity: list[Parity], path: Path) -> None:
             )
 
 
-#: the run options verify sets itself (parity_config): given to it, they would be ignored
-SET_BY_VERIFY = (
-    "epochs",
-    "max_steps",
-    "warmup_steps",
-    "repeats",
-    "target_precision",
-    "profile",
-    "profile_steps",
-    "probe_pairs",
-    "scaling_model",
-    "eval_samples",
-)
+#: the run options verify sets itself (parity_config; and --max-steps to --steps): given
+#: to verify with another value, they would be ignored
+SET_BY_VERIFY: dict[str, Any] = {
+    "epochs": 1,
+    "warmup_steps": 0,
+    "repeats": 1,
+    "target_precision": None,  # every strategy trains the same steps
+    "profile": False,
+    "profile_steps": 0,
+    "probe_pairs": 0,  # parity needs no scaling model, nor the probes' time
+    "scaling_model": False,
+    "eval_samples": 0,
+}
 
 
 def parity_config(base: RunConfig, steps: int) -> RunConfig:
@@ -693,16 +693,8 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
         compile=tuple(dict.fromkeys((False, *base.compile))),
         sync_bn=tuple(dict.fromkeys((False, *base.sync_bn))),
         channels_last=tuple(dict.fromkeys((False, *base.channels_last))),
-        epochs=1,
+        **SET_BY_VERIFY,
         max_steps=steps,
-        warmup_steps=0,
-        scaling_model=False,  # parity needs no scaling model, nor the probes' time
-        probe_pairs=0,
-        target_precision=None,  # every strategy trains the same steps
-        profile_steps=0,
-        profile=False,
-        repeats=1,
-        eval_samples=0,
         save_params=True,
         no_dropout=True,  # its masks depend on how the batch is split over ranks
     )
@@ -886,7 +878,9 @@ def verify(
 def cmd_verify(a: argparse.Namespace) -> int:
     from bench.cli import _given, config_from_args
 
-    ignored = _given(a, only=SET_BY_VERIFY)
+    ignored = _given(
+        a, only=(*SET_BY_VERIFY, "max_steps"), but={**SET_BY_VERIFY, "max_steps": a.steps}
+    )
     if ignored:
         raise ConfigError(
             f"verify trains every cell the same --steps steps, one epoch, no warm-up, one "

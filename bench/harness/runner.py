@@ -146,6 +146,12 @@ def plan(cfg: RunConfig) -> list[Cell]:
         settings = _settings(cfg, spec, device, points)
         mine: list[Cell] = []
         for ws, (setting, opts) in itertools.product(sizes, settings):
+            # what unsuitable sees: the run's config with this cell's --accumulate
+            as_cell = (
+                cfg
+                if tuple(cfg.accumulate) == (setting.accumulate,)
+                else cfg.replace(accumulate=(setting.accumulate,))
+            )
             # a node's GPUs (as many as this machine's on every node), or its cores
             room = (
                 n_dev * cfg.nodes
@@ -156,7 +162,9 @@ def plan(cfg: RunConfig) -> list[Cell]:
                 _across_nodes(cfg, spec)
                 or strategies.hook_failure(spec.cls.cannot_run, ws, device, room, cfg.oversubscribe)
                 or strategies.hook_failure(spec.cls.unsupported, setting, device)
-                or strategies.hook_failure(spec.cls.unsuitable, cfg, ws, merged_options(spec, opts))
+                or strategies.hook_failure(
+                    spec.cls.unsuitable, as_cell, ws, merged_options(spec, opts)
+                )
             )
             for r in range(cfg.repeats):
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
@@ -340,9 +348,10 @@ def _settings(
     """Every (run options, strategy options) combination of the matrix for one strategy."""
     out = []
     for opts in points:
-        default = (
-            spec.cls.default_precision(device, merged_options(spec, opts)) if spec.cls else "fp32"
-        )
+        default = "fp32"
+        if spec.cls:  # (a plug-in's that raises: its cells are unavailable, saying so)
+            with contextlib.suppress(Exception):
+                default = spec.cls.default_precision(device, merged_options(spec, opts))
         for p, c, k, bn, cl in itertools.product(
             cfg.precisions or (default,),
             cfg.compile,

@@ -186,7 +186,7 @@ def _enough(cfg: RunConfig, train_samples: int) -> None:
     epoch += f", --max-steps {cfg.max_steps})" if cfg.max_steps == steps else ")"
     more = (
         "raise --max-steps or lower --warmup-steps"
-        if cfg.max_steps == steps
+        if cfg.max_steps and cfg.max_steps < train_samples // cfg.global_batch
         else "raise --limit or lower --global-batch or --warmup-steps"
     )
     if cfg.warmup_steps >= steps:

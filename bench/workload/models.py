@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -458,12 +459,19 @@ def build_on(
 @contextlib.contextmanager
 def _registered_on_meta():
     """Modules built inside put each parameter and buffer on the meta device as they
-    register it (a layer's initialisation then runs on the meta copy, costing nothing)."""
+    register it (a layer's initialisation then runs on the meta copy, costing nothing).
+    Tensors a constructor keeps without registering them stay where they were made (the
+    CPU). One parameter registered twice (tied) gets one meta copy."""
     register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+    copies: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
 
     def parameter(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
         if type(param) is nn.Parameter and param.device.type != "meta":
-            param = nn.Parameter(param.detach().to("meta"), param.requires_grad)
+            source, copy = copies.get(id(param), (None, None))
+            if source is None or source() is not param:  # (an id outlives its object)
+                copy = nn.Parameter(param.detach().to("meta"), param.requires_grad)
+                copies[id(param)] = (weakref.ref(param), copy)
+            param = copy
         register_parameter(self, name, param)
 
     def buffer(self: nn.Module, name: str, tensor: Any, persistent: bool = True) -> None:
