@@ -234,7 +234,7 @@ grep -q "set(CMAKE_CXX_STANDARD $CXX_STD)" "$SRC/horovod/torch/CMakeLists.txt" \
 # debug information, which torch's headers make costly to emit
 sed -i 's/^string(REPLACE "-O2" "-O3" CMAKE_CXX_FLAGS_RELWITHDEBINFO .*$/&\nstring(REGEX REPLACE "(^| )-g( |$)" " " CMAKE_CXX_FLAGS_RELWITHDEBINFO "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")/' \
     "$SRC/CMakeLists.txt"
-grep -q 'string(REGEX REPLACE "(^| )-g( |$)"' "$SRC/CMakeLists.txt" \
+grep -qF 'string(REGEX REPLACE "(^| )-g( |$)"' "$SRC/CMakeLists.txt" \
     || fail "dropping -g from horovod's CMakeLists.txt failed"
 
 # setup.py has setuptools fetch cffi while it builds (setup_requires), a leftover of the old
