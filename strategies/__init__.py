@@ -91,13 +91,31 @@ class StrategySpec:
                 hook(*args)
             except Exception as exc:
                 return _raised(hook, exc)
-        return hook_failure(self.cls.unavailable, device)
+        return _reason(self.cls.unavailable, device)
 
+    # The class's checks, as the planner asks them: a plug-in's that raises gives what it
+    # raised as the reason, so its bug costs its own cells only.
     def cannot_run(
         self, world_size: int, device: str, n_devices: int, oversubscribe: bool = False
     ) -> str | None:
         assert self.cls is not None
-        return self.cls.cannot_run(world_size, device, n_devices, oversubscribe)
+        return _reason(self.cls.cannot_run, world_size, device, n_devices, oversubscribe)
+
+    def unsupported(self, setting: Setting, device: str) -> str | None:
+        assert self.cls is not None
+        return _reason(self.cls.unsupported, setting, device)
+
+    def unsuitable(self, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
+        assert self.cls is not None
+        return _reason(self.cls.unsuitable, cfg, world_size, options)
+
+    def default_precision(self, device: str, options: Mapping[str, str]) -> str:
+        """Its class's default precision with these options; fp32 where there is no class
+        or its hook raises (`unavailable` says why)."""
+        try:
+            return self.cls.default_precision(device, options) if self.cls else "fp32"
+        except Exception:
+            return "fp32"
 
     def create(
         self,
@@ -110,7 +128,7 @@ class StrategySpec:
         return self.cls(ctx, {**self.variant.options, **(options or {})}, setting)
 
 
-def hook_failure(hook: Any, *args: Any) -> str | None:
+def _reason(hook: Any, *args: Any) -> str | None:
     """A strategy class's check (`unavailable`, `cannot_run`, ...) called with `args`: its
     answer, or what it raised as a reason, so a plug-in's bug costs its own cells only."""
     try:

@@ -160,11 +160,9 @@ def plan(cfg: RunConfig) -> list[Cell]:
             )
             reason = why_not or (
                 _across_nodes(cfg, spec)
-                or strategies.hook_failure(spec.cls.cannot_run, ws, device, room, cfg.oversubscribe)
-                or strategies.hook_failure(spec.cls.unsupported, setting, device)
-                or strategies.hook_failure(
-                    spec.cls.unsuitable, as_cell, ws, merged_options(spec, opts)
-                )
+                or spec.cannot_run(ws, device, room, cfg.oversubscribe)
+                or spec.unsupported(setting, device)
+                or spec.unsuitable(as_cell, ws, merged_options(spec, opts))
             )
             for r in range(cfg.repeats):
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
@@ -348,10 +346,7 @@ def _settings(
     """Every (run options, strategy options) combination of the matrix for one strategy."""
     out = []
     for opts in points:
-        default = "fp32"
-        if spec.cls:  # (a plug-in's that raises: its cells are unavailable, saying so)
-            with contextlib.suppress(Exception):
-                default = spec.cls.default_precision(device, merged_options(spec, opts))
+        default = spec.default_precision(device, merged_options(spec, opts))
         for p, c, k, bn, cl in itertools.product(
             cfg.precisions or (default,),
             cfg.compile,
