@@ -274,7 +274,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     nodes = p.add_argument_group("several nodes (README: running on a cluster)")
     nodes.add_argument(
-        "--nodes", type=int, default=d.nodes, help="nodes, one torchrun agent on each (default 1)"
+        "--nodes",
+        type=int,
+        default=None,  # given or not: under --launcher slurm, not given is all the allocation's
+        help="nodes, one torchrun agent on each (default 1; under --launcher slurm, all of "
+        "the allocation's)",
     )
     nodes.add_argument(
         "--procs-per-node",
@@ -335,7 +339,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
     nodes = dict(
-        nodes=a.nodes,
+        nodes=RunConfig.nodes if a.nodes is None else a.nodes,
         procs_per_node=a.procs_per_node,
         hosts=a.hosts,
         host_exec=a.host_exec,
@@ -577,52 +581,78 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _forwarded(argv: Sequence[str]) -> list[str]:
-    """submit's run options as given, without its own --sbatch-arg."""
+    """submit's run options as given, without its own --sbatch-arg (however abbreviated:
+    argparse takes --sbatch for it, and `run` would refuse it)."""
     out, skip = [], False
     for arg in argv:
+        name, eq, _ = arg.partition("=")
         if skip:
             skip = False
-        elif arg == "--sbatch-arg":
-            skip = True
-        elif not arg.startswith("--sbatch-arg="):
+        elif len(name) > 3 and "--sbatch-arg".startswith(name):
+            skip = not eq
+        else:
             out.append(arg)
     return out
 
 
+def _unsubmitted(run_dir: Path) -> None:
+    """ConfigError if `run_dir` was submitted already, or holds a run begun another way."""
+    job = run_dir / "job.id"
+    if job.exists():
+        raise ConfigError(
+            f"{run_dir} was submitted already, as job {job.read_text().strip()} (`parabench "
+            f"status {run_dir}`; a job that stopped resumes with `sbatch {run_dir}/job.sbatch`); "
+            "choose another --run-id"
+        )
+    if (run_dir / "config.json").exists():
+        raise ConfigError(f"{run_dir} holds a run already; choose another --run-id")
+
+
 def cmd_submit(a: argparse.Namespace) -> int:
-    from bench.harness import slurm
-    from bench.harness.runner import _new_run_id, plan
+    from bench.harness import runner, slurm
+    from bench.harness.env import resolve_device
+    from bench.harness.runner import _cuda_available as torch_cuda_available
+    from bench.harness.runner import _new_run_id
 
     if a.launcher or a.host_exec or a.hosts:
         raise ConfigError(
             "submit runs the matrix with --launcher slurm on the job's nodes: "
             "no --launcher, --host-exec or --hosts"
         )
+    n = RunConfig.nodes if a.nodes is None else a.nodes
     per = a.procs_per_node or 1
     # everything checked now, as the job will see it (with placeholder nodes): a bad option
     # or a strategy that cannot run there is one line here, not a failed job later
     one = argparse.Namespace(
-        **{**vars(a), "nodes": 1, "procs_per_node": 0, "launcher": "", "cores_per_node": 0}
+        **{**vars(a), "nodes": None, "procs_per_node": 0, "launcher": "", "cores_per_node": 0}
     )
     cfg = config_from_args(one).replace(
         launcher="slurm",
-        nodes=a.nodes,
+        nodes=n,
         procs_per_node=per,
         cores_per_node=a.cores_per_node,
-        hosts=tuple(f"node{i}" for i in range(a.nodes)),
+        hosts=tuple(f"node{i}" for i in range(n)),
         master_addr="node0",
     )
-    plan(cfg)
+    gpus = 0
+    if resolve_device(cfg.device) == "cuda" and not torch_cuda_available():
+        gpus = per  # a login node without one: the job's nodes are taken to have them
     run_id = a.run_id or _new_run_id()
     run_dir = Path(cfg.out_dir).resolve() / run_id  # as the config reads --out-dir (~ too)
-    if (run_dir / "runs.csv").exists():
-        raise ConfigError(f"{run_dir} has results already: choose another --run-id")
+    _unsubmitted(run_dir)
+    runner.check_new_run(cfg.replace(out_dir=str(run_dir.parent), run_id=run_id))
+    runner.plan(cfg, gpus_per_node=gpus)
     argv = [*_forwarded(a.argv[1:]), "--run-id", run_id, "--out-dir", str(run_dir.parent)]
     if not a.procs_per_node:
         argv += ["--procs-per-node", str(per)]
-    script = slurm.batch_script(run_dir, argv, a.nodes, per, a.sbatch_arg)
+    script = slurm.batch_script(run_dir, argv, n, per, a.sbatch_arg)
     job = slurm.submit(run_dir, script)
-    print(f"submitted job {job}: {a.nodes} node(s) x {per}; results in {run_dir}")
+    if gpus:
+        print(
+            f"no CUDA device here: checked as if each node had {per} GPU(s), one per rank; "
+            "the job finds out"
+        )
+    print(f"submitted job {job}: {n} node(s) x {per}; results in {run_dir}")
     print(f"  parabench status {run_dir}    scancel {job}")
     return 0
 

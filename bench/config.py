@@ -309,6 +309,10 @@ class RunConfig:
 
     def _check_nodes(self, need: Any) -> None:
         need(self.nodes >= 1, f"--nodes must be at least 1, got {self.nodes}")
+        need(
+            self.procs_per_node >= 0,
+            f"--procs-per-node must be at least 1, got {self.procs_per_node}",
+        )
         need(self.rdzv in ("c10d", "static"), f"--rdzv takes c10d or static, got {self.rdzv!r}")
         need(
             1024 < self.rdzv_port <= 65535 - 200,

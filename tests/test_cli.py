@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -430,6 +431,176 @@ def test_status_tells_a_job_gone_from_a_queue_it_could_not_ask(
     assert main(["status", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("job 12345: ") and line in out and "0 rows written" in out
+
+
+@pytest.mark.parametrize(
+    "squeue_says, sacct_says, line",
+    [
+        ("PENDING 0:00 2 (Resources)", None, "job 7: pending (Resources); 0 rows"),
+        ("RUNNING 1:02 2 n[1-2]", None, "job 7: running for 1:02 on 2 node(s) (n[1-2]); 0 rows"),
+        ("FAILED 0:12 1 (NonZeroExitCode)", None, "job 7: failed, ended after 0:12; 0 rows"),
+        ("COMPLETED 3:04 2 (None)", None, "job 7: completed, ended after 3:04; 0 rows"),
+        # gone from squeue (MinJobAge): sacct, where accounting keeps the job
+        ("", "CANCELLED by 0|0:41|2", "job 7: cancelled, ended after 0:41; 0 rows"),
+        ("", "", "job 7: ended, not in the queue (finished or cancelled); 0 rows"),
+    ],
+)
+def test_status_says_how_a_job_ended(tmp_path, monkeypatch, capsys, squeue_says, sacct_says, line):
+    """squeue -t all still lists a job that ended (for a while), and sacct after: a failed
+    job is not reported as finished, and its line says where its log is."""
+    from bench.config import ConfigError
+    from bench.harness import slurm
+
+    def run(argv, timeout=30):
+        if argv[0] == "squeue":
+            assert "-t" in argv and argv[argv.index("-t") + 1] == "all", argv
+            return squeue_says + "\n"
+        if sacct_says is None or not sacct_says:  # accounting off: sacct fails
+            raise ConfigError("`sacct` failed: Slurm accounting storage is disabled")
+        return sacct_says + "\n"
+
+    monkeypatch.setattr(slurm, "_run", run)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "job.id").write_text("7\n")
+    assert main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(line), out
+    assert ("its log: " in out) == line.startswith(("job 7: failed", "job 7: cancelled")), out
+    if "its log" in out:
+        assert out.rstrip().endswith(str(run_dir / "slurm-7.out"))
+
+
+@pytest.fixture
+def sbatch(monkeypatch):
+    """sbatch answered here: each script it was given (the text), a job id back; set
+    .refuse to a message to have it refuse the next."""
+    from bench.harness import slurm
+
+    class Sbatch:
+        scripts: list[str] = []
+        refuse = ""
+
+    real = slurm._run
+
+    def run(argv, timeout=30):
+        assert argv[:2] == ["sbatch", "--parsable"], argv
+        if Sbatch.refuse:  # as sbatch would: its message on stderr, exit 1
+            return real(["bash", "-c", f"printf '{Sbatch.refuse}' >&2; exit 1"])
+        Sbatch.scripts.append(Path(argv[2]).read_text())
+        return f"{40 + len(Sbatch.scripts)}\n"
+
+    monkeypatch.setattr(slurm, "_run", run)
+    Sbatch.scripts = []
+    return Sbatch
+
+
+def _submit_args(data_root, out, run_id, *extra):
+    return [
+        "submit",
+        "--dataset=mnist",
+        f"--data-root={data_root}",
+        f"--out-dir={out}",
+        f"--run-id={run_id}",
+        "--strategies=ddp_torchrun",
+        "--nodes=2",
+        "--procs-per-node=1",
+        *extra,
+    ]
+
+
+def test_submit_writes_a_job_for_any_folder_and_refuses_a_run_id_twice(
+    tmp_path, capsys, data_root, sbatch
+):
+    """A folder with a space and a run id with a % are named whole in the #SBATCH lines
+    (SLURM reads %j in --output, %% is a %); an abbreviated --sbatch-arg is submit's own,
+    not passed on to the job's `run`; a run id already submitted, or a run begun by `run`,
+    is refused before anything is sent; a job sbatch refuses leaves no run directory."""
+    out = tmp_path / "sp ace"
+    args = _submit_args(data_root, out, "a%jb", "--sbatch=--time=00:05:00")
+    assert main(args) == 0, capsys.readouterr().err
+    assert "submitted job 41" in capsys.readouterr().out
+    script = sbatch.scripts[0]
+    run = out / "a%jb"
+    assert f'#SBATCH --output="{out}/a%%jb/slurm-%j.out"' in script.splitlines()
+    assert '#SBATCH --job-name="parabench-a%jb"' in script.splitlines()
+    assert "#SBATCH --time=00:05:00" in script.splitlines()
+    job_line = script.splitlines()[-1]
+    assert "--sbatch" not in job_line and "--run-id a%jb" in job_line, job_line
+    assert (run / "job.id").read_text() == "41\n"
+    # the same run id again: one line, nothing sent
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "submitted already, as job 41" in err and err.count("\n") == 1, err
+    assert f"sbatch {run}/job.sbatch" in err
+    # a run `run` began (it stopped before its first row) is not taken over either
+    begun = out / "begun"
+    begun.mkdir()
+    (begun / "config.json").write_text("{}")
+    assert main(_submit_args(data_root, out, "begun")) == 2
+    assert "holds a run already" in capsys.readouterr().err
+    assert len(sbatch.scripts) == 1
+    # sbatch refuses (its message spans lines): one line, and no half-made run left behind
+    sbatch.refuse = "error: Batch job submission failed:\\nInvalid account or partition"
+    assert main(_submit_args(data_root, out, "refused")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Invalid account or partition" in err, err
+    assert not (out / "refused").exists()
+
+
+def test_submit_checks_a_gpu_job_from_a_machine_without_one(
+    tmp_path, capsys, data_root, sbatch, monkeypatch
+):
+    """A login node has no GPU: `submit --device cuda` checks the matrix as the job's nodes
+    will see it (one GPU per rank) and says so, instead of refusing CUDA."""
+    from bench.harness import runner
+
+    monkeypatch.setattr(runner, "_cuda_available", lambda: False)
+    args = _submit_args(data_root, tmp_path, "gpu", "--device=cuda")
+    assert main(args) == 0, capsys.readouterr().err
+    said = capsys.readouterr().out
+    assert "no CUDA device here: checked as if each node had 1 GPU(s)" in said
+    assert "--device=cuda" in sbatch.scripts[0].splitlines()[-1]
+    # `run` on that machine is still refused: it would train here
+    assert main(["run", "--device=cuda", f"--data-root={data_root}", "--dry-run"]) == 2
+    assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
+    """--launcher slurm: --nodes left out is all the allocation's nodes; --nodes 1 is one."""
+    from bench.harness import slurm
+
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    monkeypatch.setattr(slurm, "allocation", lambda: (["n1", "n2"], ["10.0.0.1", "10.0.0.2"]))
+    assert slurm.describe(None, 0)["hosts"] == ("n1", "n2")
+    assert slurm.describe(1, 0) == {
+        "nodes": 1,
+        "procs_per_node": 1,
+        "hosts": ("n1",),
+        "master": "10.0.0.1",
+    }
+
+
+def test_a_slurm_run_resumed_outside_an_allocation_says_how(tmp_path, capsys, data_root):
+    """A submitted run stopped (cancelled, timed out): `run --resume` outside an allocation
+    names its job script, which resumes it, instead of pointing at `parabench submit`."""
+    import json
+
+    from tests.conftest import small_config
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    cfg = small_config(tmp_path, data_root, world_sizes=(), strategies=("ddp_torchrun",))
+    cfg = cfg.replace(
+        launcher="slurm", nodes=2, procs_per_node=1, hosts=("n1", "n2"), master_addr="n1"
+    )
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
+    (run_dir / "job.sbatch").write_text("#!/bin/bash\n")
+    os.environ.pop("SLURM_JOB_ID", None)
+    assert main(["run", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"continue it with sbatch {run_dir}/job.sbatch" in err and err.count("\n") == 1, err
 
 
 def test_a_requeued_batch_job_resumes_its_run(tmp_path, monkeypatch):

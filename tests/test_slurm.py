@@ -79,7 +79,7 @@ def _wait_left_queue(run: Path, limit: float) -> str:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         line = _status(run)
-        if "not in the queue" in line:
+        if "ended" in line:  # "completed, ended after ..." or gone from the queue
             return line
         time.sleep(1)
     raise AssertionError(f"the job is still queued or running after {limit:g} s: {_status(run)}")
@@ -148,15 +148,21 @@ def _submit(data_root: Path, out: Path, run_id: str, *extra: str, **kw) -> tuple
 
 
 def test_submit_runs_the_matrix_as_a_batch_job(cluster, data_root, tmp_path) -> None:
-    run, job, said = _submit(data_root, tmp_path, "job", "--no-report", "--cores-per-node=1")
+    """In a folder with a space, under a run id with a %: sbatch reads the quoted #SBATCH
+    lines, and the job's log is where `status` says."""
+    out = tmp_path / "sp ace"
+    run, job, said = _submit(data_root, out, "job%1", "--no-report", "--cores-per-node=1")
     assert f"submitted job {job}" in said
     line = _wait_left_queue(run, 240)
-    assert "1 rows written" in line, (line, (run / f"slurm-{job}.out").read_text()[-2000:])
+    log = run / f"slurm-{job}.out"
+    assert "completed, ended after" in line and "1 rows written" in line, (line, log.read_text())
     row = pd.read_csv(run / "runs.csv").iloc[0]
     assert row["status"] == "ok" and row["hosts"] == "n1,n2"
     assert row["threads_per_rank"] == 1  # --cores-per-node reached the job
     assert (
-        (run / "job.sbatch").read_text().startswith("#!/bin/bash\n#SBATCH --job-name=parabench-job")
+        (run / "job.sbatch")
+        .read_text()
+        .startswith('#!/bin/bash\n#SBATCH --job-name="parabench-job%1"')
     )
     assert _left_behind(run) == []
 
@@ -168,7 +174,11 @@ def test_a_cancelled_job_leaves_no_process(cluster, data_root, tmp_path) -> None
         time.sleep(0.5)
     assert list(run.glob("cells/*/progress.json")), _status(run)
     subprocess.run(["scancel", job], check=True)
-    _wait_left_queue(run, 60)
+    line = _wait_left_queue(run, 60)
+    log = run / f"slurm-{job}.out"
+    assert line.startswith(f"job {job}: cancelled, ended after") and str(log) in line, line
+    # the job script resumes its run: what the log says to do
+    assert f"continue with: sbatch {run}/job.sbatch" in log.read_text(), log.read_text()[-2000:]
     deadline = time.monotonic() + 15  # slurmd's KillWait is 5 s
     while _left_behind(run) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -104,16 +104,18 @@ def default_world_sizes(n_devices: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def plan(cfg: RunConfig) -> list[Cell]:
+def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
     """Every cell of the matrix, or a ConfigError that says what is wrong with the request.
 
     The matrix is strategy x world size x run options (precision, compile, accumulation,
     SyncBN, and any `--set key=a,b` sweep) x repeat. A cell a strategy cannot run here is a
     skipped row with the reason; a strategy named with --strategies that can run none of its
-    cells is an error, since that is what was asked for directly.
+    cells is an error, since that is what was asked for directly. `gpus_per_node`: checked
+    for the machines a job will run on, not this one (`parabench submit` on a login node
+    without a GPU): CUDA, with that many GPUs on each node.
     """
-    device = usable_device(cfg.device)
-    n_dev = device_count(device)
+    device = "cuda" if gpus_per_node else usable_device(cfg.device)
+    n_dev = gpus_per_node or device_count(device)
     sizes = cfg.world_sizes or default_world_sizes(n_dev)
     explicit = bool(cfg.strategies)
     for name in cfg.exclude:
@@ -839,6 +841,17 @@ def _summary(row: dict[str, Any]) -> str:
     )
 
 
+def _resume_how(cfg: RunConfig, path: Path) -> str:
+    """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
+    submitted run's own job script, whose first branch resumes it."""
+    how = f"parabench run --resume {path}"
+    if cfg.launcher != "slurm":
+        return how
+    if (path / "job.sbatch").exists():
+        return f"sbatch {path / 'job.sbatch'} (it resumes the run), or {how} inside salloc"
+    return f"{how} inside an allocation (salloc)"
+
+
 def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, list[Cell]]:
     """The run's config, directory and cells; nothing is created until `plan` accepts it."""
     if resume is not None:
@@ -852,6 +865,11 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
             raise ConfigError(f"--resume {resume}: config.json is unreadable ({exc})") from exc
         if saved.launcher == "slurm":  # the allocation now, not the one the run began in
+            if not slurm.in_allocation():
+                raise ConfigError(
+                    f"--resume {resume}: the run's cells are srun steps (--launcher slurm); "
+                    f"continue it with {_resume_how(saved, rd.path)}"
+                )
             now = slurm.describe(saved.nodes, saved.procs_per_node)
             if (now["nodes"], now["procs_per_node"]) != (saved.nodes, saved.procs_per_node):
                 raise ConfigError(
@@ -924,10 +942,7 @@ def run_matrix(
         if runner is not None:
             runner.interrupt()
         n = len(run_dir.runs.read())
-        line = (
-            f"{n} finished rows kept in {run_dir.runs.path}; "
-            f"continue with: parabench run --resume {run_dir.path}"
-        )
+        line = f"{n} finished rows kept in {run_dir.runs.path}; continue with: {_resume_how(cfg, run_dir.path)}"
         if isinstance(stop, KeyboardInterrupt):
             echo(f"interrupted: {line}")
         elif proc.stdout_gone():  # `| head` left: say it where it is read

@@ -43,10 +43,9 @@ def _run(argv: Sequence[str], timeout: float = 30) -> str:
         ) from exc
     except subprocess.TimeoutExpired as exc:
         raise ConfigError(f"`{' '.join(argv)}` did not answer in {timeout:g} s") from exc
-    if done.returncode:
-        raise ConfigError(
-            f"`{' '.join(argv)}` failed: {(done.stderr or done.stdout).strip()[:300]}"
-        )
+    if done.returncode:  # one line, however many SLURM's message has
+        said = "; ".join(line.strip() for line in (done.stderr or done.stdout).splitlines())
+        raise ConfigError(f"`{' '.join(argv)}` failed: {said.strip('; ')[:300]}")
     return done.stdout
 
 
@@ -64,16 +63,16 @@ def allocation() -> tuple[list[str], list[str]]:
     return names, addrs
 
 
-def describe(nodes: int, procs_per_node: int) -> dict[str, Any]:
-    """The node part of a run's config from the allocation it runs in: --nodes defaults to
-    all of its nodes, --procs-per-node to SLURM_NTASKS_PER_NODE (else 1)."""
+def describe(nodes: int | None, procs_per_node: int) -> dict[str, Any]:
+    """The node part of a run's config from the allocation it runs in: --nodes (None: not
+    given) defaults to all of its nodes, --procs-per-node to SLURM_NTASKS_PER_NODE (else 1)."""
     if not in_allocation():
         raise ConfigError(
             "--launcher slurm runs inside an allocation (salloc, or a batch job): outside one, "
             "`parabench submit` writes and submits the batch job"
         )
     names, addrs = allocation()
-    n = nodes if nodes > 1 else len(names)
+    n = len(names) if nodes is None else nodes
     if n > len(names):
         raise ConfigError(f"--nodes {n}, but the allocation has {len(names)}: {','.join(names)}")
     # e.g. "4", "2(x3)" or "2,1" (uneven): the first node's count
@@ -155,12 +154,21 @@ def ranks_from_slurm() -> None:
 def batch_script(
     run_dir: Path, argv: Sequence[str], nodes: int, procs: int, extra: Sequence[str]
 ) -> str:
+    """The job `parabench submit` sends: ConfigError for a run directory no #SBATCH line
+    can name."""
+    if '"' in str(run_dir) or "\n" in str(run_dir):
+        raise ConfigError(
+            f"{str(run_dir)!r}: an #SBATCH line cannot name a folder with a double quote or a "
+            "line break in its path; choose another --out-dir or --run-id"
+        )
+    log = str(run_dir).replace("%", "%%") + "/slurm-%j.out"
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=parabench-{run_dir.name}",
+        f'#SBATCH --job-name="parabench-{run_dir.name}"',  # quoted: a path may hold spaces
         f"#SBATCH --nodes={nodes}",
         f"#SBATCH --ntasks-per-node={procs}",
-        f"#SBATCH --output={run_dir}/slurm-%j.out",
+        f'#SBATCH --output="{log}"',  # %% is a literal % in SLURM's file name patterns
+        "#SBATCH --open-mode=append",  # a requeued job's log keeps the first attempt's
         *(f"#SBATCH {a}" for a in extra),
         "# written by `parabench submit`: the matrix, each cell one srun step of this job",
         f"cd {shlex.quote(os.getcwd())}",
@@ -180,29 +188,70 @@ def batch_script(
 
 
 def submit(run_dir: Path, script: str) -> str:
+    """sbatch the script, kept as run_dir/job.sbatch; its job id goes to run_dir/job.id. A
+    job sbatch refused leaves neither, nor a run directory made for it."""
+    made = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "job.sbatch"
     path.write_text(script)
-    job = _run(["sbatch", "--parsable", str(path)]).strip().split(";")[0]
+    try:
+        job = _run(["sbatch", "--parsable", str(path)]).strip().split(";")[0]
+    except ConfigError:
+        path.unlink()
+        if made:
+            run_dir.rmdir()
+        raise
     (run_dir / "job.id").write_text(job + "\n")
     return job
 
 
+#: states of a job that has ended (squeue shows them for a while: MinJobAge; sacct after)
+ENDED = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
+
+
+def _job_state(job: str) -> tuple[list[str], str]:
+    """(state, elapsed, nodes, where) of the job, from squeue while it knows the job, else
+    from sacct where accounting keeps it; [] if neither does, with why SLURM could not be
+    asked at all ("" if it could)."""
+    try:  # every state (-t all): an ended job stays there for a while
+        out = _run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T %M %D %R"])
+    except ConfigError as exc:  # a job squeue has forgotten is an error: "Invalid job id"
+        if "invalid job id" not in str(exc).lower():
+            return [], str(exc).splitlines()[0]
+        out = ""
+    if out.strip():
+        return (out.split(None, 3) + ["", "", "", ""])[:4], ""
+    try:  # accounting off, or no such job: nothing to say
+        out = _run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,Elapsed,NNodes"])
+    except ConfigError:
+        return [], ""
+    line = out.strip().splitlines()[:1]
+    if not line:
+        return [], ""
+    state, elapsed, count = (line[0].split("|") + ["", "", ""])[:3]
+    return [state.split()[0] if state.strip() else "", elapsed, count, ""], ""
+
+
 def status(run_dir: Path) -> str:
-    """One line: the job's state in the queue (or that it left it) and the rows written."""
+    """One line: the job's state (running, pending and why, or how it ended) and the rows
+    written; for a job that did not complete, where its log is."""
     job_file = run_dir / "job.id"
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such run directory")
     if not job_file.exists():
         raise ConfigError(f"{run_dir} has no job.id: it was not made by `parabench submit`")
     job = job_file.read_text().strip()
-    unknown = ""
-    try:  # a job that left the queue is an error to squeue ("Invalid job id"): no line
-        out = _run(["squeue", "-h", "-j", job, "-o", "%T %M %D %R"])
-    except ConfigError as exc:
-        out = ""
-        if "invalid job id" not in str(exc).lower():  # squeue could not be asked at all
-            unknown = str(exc).splitlines()[0]
+    fields, unknown = _job_state(job)
     rows = run_dir / "runs.csv"
     n = 0
     if rows.exists():
@@ -210,9 +259,17 @@ def status(run_dir: Path) -> str:
 
         with open(rows, newline="") as f:  # a record may span lines (a quoted reason)
             n = sum(1 for _ in csv.DictReader(f))
-    if out.strip():
-        state, elapsed, count, where = (out.split(None, 3) + ["", "", "", ""])[:4]
-        return f"job {job}: {state.lower()} for {elapsed} on {count} node(s) ({where.strip()}); {n} rows written"
+    written = f"{n} rows written to {rows}"
     if unknown:
-        return f"job {job}: state unknown ({unknown}); {n} rows written to {rows}"
-    return f"job {job}: not in the queue (finished or cancelled); {n} rows written to {rows}"
+        return f"job {job}: state unknown ({unknown}); {written}"
+    if not fields or not fields[0]:
+        return f"job {job}: ended, not in the queue (finished or cancelled); {written}"
+    state, elapsed, count, where = fields
+    where = where.strip().strip("()")  # squeue's %R brackets a reason, not a node list
+    if state.upper() in ENDED:
+        log = run_dir / f"slurm-{job}.out"
+        tail = "" if state.upper() == "COMPLETED" else f"; its log: {log}"
+        return f"job {job}: {state.lower()}, ended after {elapsed}; {written}{tail}"
+    if state.upper() == "PENDING":
+        return f"job {job}: pending ({where}); {written}"
+    return f"job {job}: {state.lower()} for {elapsed} on {count} node(s) ({where}); {written}"
