@@ -292,6 +292,19 @@ def test_predict_cli_bad_input(probed_run, tmp_path, capsys) -> None:
     assert main(["predict", str(run), "--world-sizes", "4,8", "--link", "ib-400g"]) == 0
     written = pd.read_csv(run / "predict.csv")
     assert set(written["world_size"]) == {4, 8} and written["measured_samples_per_s"].isna().all()
+    capsys.readouterr()
+    # asked for, a size that cannot split the global batch (32) is an error, not a row
+    # quietly missing; a size given twice is one prediction
+    assert main(["predict", str(run), "--world-sizes", "4,3,48"]) == 2
+    err = capsys.readouterr().err
+    assert "--world-sizes: 3, 48 cannot split the run's global batch 32" in err, err
+    assert main(["predict", str(run), "--world-sizes", "8,4,8"]) == 0
+    assert list(pd.read_csv(run / "predict.csv")["world_size"]) == [4, 8]
+    # the defaults (2,4,8,64): those that divide it, and a line for the one left out
+    assert main(["predict", str(run)]) == 0
+    assert list(pd.read_csv(run / "predict.csv")["world_size"]) == [2, 4, 8]
+    err = capsys.readouterr().err
+    assert "not predicted: world size 64 does not divide the global batch 32" in err, err
 
 
 def test_a_failing_probe_loses_only_itself(tmp_path, data_root) -> None:

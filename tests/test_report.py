@@ -405,6 +405,64 @@ def test_a_run_with_no_rows_yet_states_its_conditions_from_its_config(small_run,
     assert f"max steps per epoch: {cfg['max_steps']};" in text
     assert "## Plots" not in text and "Every cell finished ok" not in text
     assert "No cell has a row yet" in text
+    # stopped before runs.csv was made: the same report, and its plan says what is left
+    (run_dir / "runs.csv").unlink()
+    shutil.copy(small_run / "plan.csv", run_dir / "plan.csv")
+    planned = len(pd.read_csv(small_run / "plan.csv"))
+    text = report.render(run_dir).read_text()
+    assert "No cell has a row yet" in text
+    assert f"**Incomplete: {planned} of {planned} planned cells have no row" in text
+
+
+def test_a_finished_run_planned_every_row_it_has(small_run) -> None:
+    """plan.csv: the cells the run set out to run, each with its rows in runs.csv."""
+    run = report.load_run(small_run)
+    assert len(run.planned) == len(run.runs.drop_duplicates(["strategy", "world_size", "repeat"]))
+    assert run.missing() == [] and run.missing_text() == ""
+
+
+@pytest.mark.parametrize(
+    "table, column, value, says",
+    [
+        ("ranks.csv", "rank", "", "column rank is empty (row 2)"),
+        ("ranks.csv", "param_mib", "abc", "column param_mib holds 'abc', not a number (row 2)"),
+        ("steps.csv", "loss", "lots", "column loss holds 'lots', not a number (row 2)"),
+        ("steps.csv", "step", "1.5", "column step holds '1.5', not a whole number (row 2)"),
+    ],
+)
+def test_a_garbled_value_in_steps_or_ranks_is_one_line_and_changes_nothing(
+    small_run, tmp_path, capsys, table, column, value, says
+) -> None:
+    """A value edited into steps.csv or ranks.csv that the report cannot use is bad input:
+    one line, exit 2, and the report files as they were (not half rewritten)."""
+    run_dir = Path(shutil.copytree(small_run, tmp_path / "garbled"))
+    assert main(["report", str(run_dir)]) == 0
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    df = pd.read_csv(run_dir / table, dtype=str, keep_default_na=False)
+    df.loc[0, column] = value
+    df.to_csv(run_dir / table, index=False)
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run_dir / table}: {says}" in err, err
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert {k: v for k, v in after.items() if k != table} == {
+        k: v for k, v in before.items() if k != table
+    }
+
+
+def test_plots_a_render_no_longer_draws_are_removed(small_run, tmp_path) -> None:
+    """runs.csv edited so no cell is ok: the report has no plots, and the folder keeps none
+    of the earlier render's beside it."""
+    run_dir = Path(shutil.copytree(small_run, tmp_path / "none-ok"))
+    report.render(run_dir)
+    assert (run_dir / "throughput.png").is_file()
+    runs = pd.read_csv(run_dir / "runs.csv", dtype=str, keep_default_na=False)
+    runs["status"], runs["reason"] = "failed", "edited"
+    runs.to_csv(run_dir / "runs.csv", index=False)
+    text = report.render(run_dir).read_text()
+    assert "## Plots" not in text
+    assert not [p.name for p in run_dir.glob("*.png")]
 
 
 # ---------------------------------------------------------------- CLI

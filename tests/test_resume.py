@@ -116,15 +116,33 @@ def test_sigkilled_harness_loses_nothing_and_resumes(tmp_path, data_root):
     assert all(r["status"] in ("ok", "skipped") for r in after)
     steps = {(s["strategy"], s["world_size"]) for s in rd.steps.read()}
     assert steps == {(r["strategy"], r["world_size"]) for r in after if r["status"] == "ok"}
+    from bench.analysis import report
+
+    assert report.load_run(run_dir).missing() == []  # resumed: every planned cell has a row
+    assert len(report.load_run(run_dir).planned) == 4
 
 
-def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root):
+def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root, capsys):
     rd, out, code = _interrupt_mid_matrix(tmp_path, data_root, "r2", signal.SIGTERM, 1, *CELLS_ONLY)
     run_dir = rd.path
     assert code == 130
     assert f"continue with: parabench run --resume {run_dir}" in out
-    assert 1 <= len(rd.runs.read()) < 4  # stopped in the matrix, not at its end
+    n = len(rd.runs.read())
+    assert 1 <= n < 4  # stopped in the matrix, not at its end
     assert leftover_processes(run_dir) == []
+    # its report and a comparison with it say it is incomplete, and which cells it lacks
+    from bench.analysis import report
+    from bench.cli import main
+
+    text = report.render(run_dir).read_text()
+    assert f"**Incomplete: {4 - n} of 4 planned cells have no row" in text, text[:600]
+    assert f"`parabench run --resume {run_dir}` runs them" in text
+    assert "Every cell finished ok" not in text
+    missing = report.load_run(run_dir).missing()
+    assert len(missing) == 4 - n and all(name in STRATEGIES for name, *_ in missing)
+    assert main(["compare", str(run_dir), str(run_dir), "--no-stats"]) == 0
+    said = capsys.readouterr().out
+    assert f"B is incomplete: {4 - n} of 4 planned cells have no row" in said, said
 
 
 def test_a_reader_that_leaves_mid_run_stops_it_saying_how_to_resume(tmp_path, data_root):

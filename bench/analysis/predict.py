@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,8 +210,13 @@ def predict_run(
     from bench.harness.runner import RunDir
 
     rd = RunDir(run_dir)
-    if not rd.config_path.exists() or not rd.runs.path.exists():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.json / runs.csv)")
+    if not rd.config_path.exists():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.json)")
+    if not rd.runs.path.exists():
+        raise ConfigError(
+            f"{run_dir}: no cell has finished yet (no runs.csv); `parabench run --resume "
+            f"{run_dir}` continues the run"
+        )
     if link is not None and link not in LINKS:
         raise ConfigError(f"unknown link {link!r}; choose one of {', '.join(LINKS)}")
     try:
@@ -403,6 +409,10 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: predict's world sizes when none are given
+DEFAULT_SIZES = (2, 4, 8, 64)
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(x) for x in text.split(",") if x.strip())
@@ -410,23 +420,35 @@ def _sizes(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected world sizes like 4,8,64, got {text!r}") from exc
     if not sizes or any(n < 1 for n in sizes):
         raise argparse.ArgumentTypeError(f"world sizes are positive integers, got {text!r}")
-    return sizes
+    return tuple(sorted(set(sizes)))  # each once: a size given twice is one prediction
 
 
 def cmd_predict(a: argparse.Namespace) -> int:
     import csv
 
+    from bench.harness.runner import RunDir
+
     run_dir = Path(a.run_dir)
     if a.busbw is not None and not (a.busbw > 0 and math.isfinite(a.busbw)):
         raise ConfigError(f"--busbw must be a positive number of GB/s, got {a.busbw}")
     why: list[str] = []
-    rows = predict_run(run_dir, a.world_sizes, busbw_GBps=a.busbw, link=a.link, why=why)
+    sizes = a.world_sizes or DEFAULT_SIZES
+    rows = predict_run(run_dir, sizes, busbw_GBps=a.busbw, link=a.link, why=why)
+    batch = RunDir(run_dir).config().global_batch  # predict_run read it: it is readable
+    uneven = [str(n) for n in a.world_sizes or () if batch % n]
+    if uneven:  # asked for: no rank count that cannot split the batch has a prediction
+        raise ConfigError(
+            f"--world-sizes: {', '.join(uneven)} cannot split the run's global batch "
+            f"{batch} evenly; predict at sizes that divide it"
+        )
     if not rows:
         print("nothing to predict:")
         for line in why or ["the run has no cell that finished ok"]:
             print(f"  {line}")
         return 1
     print(table(rows))
+    for line in why:  # the cases and sizes left out of the table, each with its reason
+        print(f"parabench: not predicted: {line}", file=sys.stderr)
     path = run_dir / "predict.csv"
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
@@ -443,7 +465,12 @@ def add_parser(sub: Any) -> None:
         "compute, its collectives' fit and each strategy's traffic",
     )
     p.add_argument("run_dir")
-    p.add_argument("--world-sizes", type=_sizes, default=(2, 4, 8, 64))
+    p.add_argument(
+        "--world-sizes",
+        type=_sizes,
+        default=None,
+        help=f"default {','.join(map(str, DEFAULT_SIZES))} (those that divide the global batch)",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--busbw", type=float, default=None, help="what-if bus bandwidth, GB/s")
     where.add_argument(

@@ -70,10 +70,39 @@ class Run:
     ranks: pd.DataFrame
     environment: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    #: plan.csv: every cell the run set out to run (empty for a run from before it)
+    planned: pd.DataFrame = field(default_factory=lambda: pd.DataFrame())
 
     @property
     def name(self) -> str:
         return self.path.name
+
+    def missing(self) -> list[tuple[str, int, str, int]]:
+        """The planned cells with no row: (strategy, world size, setting, repeat), in plan
+        order. A run stopped (Ctrl-C, a job cancelled) before them; --resume runs them."""
+        if self.planned.empty:
+            return []
+        keys = ["strategy_name", "world_size", "setting", "repeat"]
+        have = set(self.runs[keys].itertuples(index=False, name=None))
+        plan = self.planned[["strategy", "world_size", "setting", "repeat"]]
+        return [
+            (str(n), int(w), str(s), int(r))
+            for n, w, s, r in plan.itertuples(index=False, name=None)
+            if (n, int(w), s, int(r)) not in have
+        ]
+
+    def missing_text(self) -> str:
+        """One sentence on the planned cells with no row, or "" where every one has one."""
+        missing = self.missing()
+        if not missing:
+            return ""
+        shown = [f"{n} ws={w} {s} repeat {r}" for n, w, s, r in missing[:6]]
+        more = f", and {len(missing) - 6} more" if len(missing) > 6 else ""
+        return (
+            f"incomplete: {len(missing)} of {len(self.planned)} planned cells have no row, the "
+            f"run stopped before them ({'; '.join(shown)}{more}); `parabench run --resume "
+            f"{self.path}` runs them"
+        )
 
 
 # ---------------------------------------------------------------- loading
@@ -174,6 +203,26 @@ def _check_whole_numbers(df: pd.DataFrame, path: Path, least: Mapping[str, int])
             )
 
 
+def _check_numbers(df: pd.DataFrame, path: Path, least: Mapping[str, int]) -> None:
+    """steps.csv and ranks.csv: the keys of `least` whole numbers (epoch where the file has
+    it), every other column but the names a number or empty; ConfigError naming the first
+    value that is not, before anything of the report is written."""
+    if df.empty:
+        return
+    keys = {c: n for c, n in least.items() if c != "epoch" or df[c].notna().any()}
+    _check_whole_numbers(df, path, keys)
+    for col in df.columns:
+        if col in TEXT_COLUMNS or pd.api.types.is_numeric_dtype(df[col]):
+            continue
+        values = df[col].astype(str).str.strip()
+        bad = values[pd.to_numeric(values, errors="coerce").isna() & df[col].notna()]
+        bad = bad[~bad.str.lower().isin(("nan", "inf", "-inf", "+inf"))]
+        if len(bad):
+            raise ConfigError(
+                f"{path}: column {col} holds {bad.iloc[0]!r}, not a number (row {bad.index[0] + 2})"
+            )
+
+
 def load_run(run_dir: str | Path) -> Run:
     """A run's tables; ConfigError when the directory or its runs.csv is missing."""
     path = Path(run_dir)
@@ -183,15 +232,22 @@ def load_run(run_dir: str | Path) -> Run:
         raise ConfigError(f"{path} is a file, not a run directory")
     if not path.is_dir():
         raise ConfigError(f"{path}: no such run directory")
-    if not (path / "runs.csv").is_file():
+    begun = (path / "config.json").is_file()  # a run stopped before its first row has no runs.csv
+    if not (path / "runs.csv").is_file() and not begun:
         raise ConfigError(f"{path}: no runs.csv there; is it a parabench run directory?")
     required = ("strategy", "world_size", "repeat", "status", "epoch")
     runs = _read_csv(path / "runs.csv", results.RUN_COLUMNS, required)
     _check_whole_numbers(runs, path / "runs.csv", {"world_size": 1, "repeat": 0})
     # a row that ran says its epoch: the report counts each repeat's last (a skipped row has none)
     _check_whole_numbers(runs[runs["status"] == results.OK], path / "runs.csv", {"epoch": 0})
-    tables = [runs, _read_csv(path / "steps.csv", results.STEP_COLUMNS)]
-    tables.append(_read_csv(path / "ranks.csv", results.RANK_COLUMNS))
+    tables = [runs]
+    for name, columns, key in (
+        ("steps.csv", results.STEP_COLUMNS, "step"),
+        ("ranks.csv", results.RANK_COLUMNS, "rank"),
+    ):
+        table = _read_csv(path / name, columns)
+        _check_numbers(table, path / name, {"world_size": 1, "repeat": 0, "epoch": 0, key: 0})
+        tables.append(table)
     # a cell killed between writing its steps and its row runs again on --resume and
     # writes its steps (and ranks) again: the last write of each counts, once
     tables = [
@@ -199,6 +255,9 @@ def load_run(run_dir: str | Path) -> Run:
         for t, extra in zip(tables, ([], ["step", "rank"], ["rank"]), strict=True)
     ]
     labelled = _labelled(tables)
+    planned = _read_csv(path / "plan.csv", results.PLAN_COLUMNS)
+    _check_whole_numbers(planned, path / "plan.csv", {"world_size": 1, "repeat": 0})
+    planned["setting"] = planned["setting"].astype(object).fillna("").astype(str)
     return Run(
         path=path,
         runs=labelled[0],
@@ -206,6 +265,7 @@ def load_run(run_dir: str | Path) -> Run:
         ranks=labelled[2],
         environment=_read_json(path / "environment.json"),
         config=_read_json(path / "config.json"),
+        planned=planned,
     )
 
 
@@ -761,8 +821,9 @@ def batch_split(grp: pd.DataFrame) -> str:
     return text
 
 
-def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame) -> str:
-    """Every non-ok cell with its status and reason, and strategies with no result at all."""
+def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame, missing: int = 0) -> str:
+    """Every non-ok cell with its status and reason, and strategies with no result at all
+    (`missing`: the planned cells with no row, which the report's head lists)."""
     bad = runs[runs["status"] != results.OK]
     lines = []
     no_result = sorted(set(runs["strategy"]) - set(summary["strategy"]))
@@ -773,7 +834,11 @@ def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame) -> str:
     if runs.empty:
         return "No cell has a row yet (the run stopped before its first cell ended)."
     if bad.empty:
-        lines.append("Every cell finished ok.")
+        lines.append(
+            f"Every cell that ran finished ok; {missing} planned cell(s) did not run (above)."
+            if missing
+            else "Every cell finished ok."
+        )
         return "\n".join(lines)
     rows = []
     for (name, ws, status, reason), grp in bad.groupby(KEY + ["status", "reason"], sort=True):
@@ -1010,8 +1075,10 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         if len(summary) and baseline_row(summary) is not None
         else " (no ok `single` run at world size 1, so no speed-up)"
     )
+    incomplete = run.missing_text()
     parts = [
         f"# parabench report: {run.name}",
+        *([f"**{incomplete[0].upper()}{incomplete[1:]}.**"] if incomplete else []),
         f"Strategies: {', '.join(sorted(set(run.runs['strategy'])))}.",
         "## Environment",
         environment_markdown(run),
@@ -1045,7 +1112,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         *(["## Start-up per launcher", startup] if startup else []),
         *(["## Plots", *[f"![{title}]({name})" for name, title in images]] if images else []),
         "## Unavailable, skipped and failed",
-        problems_markdown(run.runs, summary),
+        problems_markdown(run.runs, summary, len(run.missing())),
     ]
     return "\n\n".join(parts) + "\n"
 
@@ -1114,6 +1181,10 @@ def render(run_dir: str | Path) -> Path:
             for name, fig in figures(run, summary).items():
                 fig.savefig(run.path / name, dpi=110)
                 images.append((name, fig.axes[0].get_title() or name))
+        drawn = {name for name, _ in images}
+        for name in (*PLOTS, *OPTIONAL_PLOTS):  # an earlier render's, this one has not drawn
+            if name not in drawn:
+                (run.path / name).unlink(missing_ok=True)
         out.write_text(report_markdown(run, summary, images))
     except OSError as exc:  # read-only, no permission, disk full
         raise ConfigError(

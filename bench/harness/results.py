@@ -184,6 +184,9 @@ PROVENANCE = [
     "platform",
 ]
 RUN_COLUMNS = ID + PARAMS + STATUS + MEASUREMENTS + PROVENANCE
+#: plan.csv: every cell the run set out to run, written as it starts; one with no row in
+#: runs.csv has not run yet (the run stopped), and the report says so
+PLAN_COLUMNS = ["strategy", "world_size", "setting", "repeat"]
 STEP_COLUMNS = ID + [
     "step",
     "warmup",

@@ -462,6 +462,13 @@ class RunDir:
         self.runs = results.CsvTable(path / "runs.csv", results.RUN_COLUMNS)
         self.steps = results.CsvTable(path / "steps.csv", results.STEP_COLUMNS)
         self.ranks = results.CsvTable(path / "ranks.csv", results.RANK_COLUMNS)
+        self.plan = results.CsvTable(path / "plan.csv", results.PLAN_COLUMNS)
+
+    def write_plan(self, cells: Sequence[Cell]) -> None:
+        """plan.csv, once: the cells the run set out to run (a resumed run's are its own)."""
+        if not self.plan.path.exists():
+            keys = ("strategy", "world_size", "setting", "repeat")
+            self.plan.append(dict(zip(keys, c.key, strict=True)) for c in cells)
 
     @property
     def config_path(self) -> Path:
@@ -878,7 +885,9 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                     f"{now['procs_per_node']}"
                 )
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
-        return saved, rd, plan(saved)
+        cells = plan(saved)
+        rd.write_plan(cells)  # a run from before plan.csv
+        return saved, rd, cells
     cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
     if cfg.multi_host:  # other hosts start in other folders: whole paths
         cfg = cfg.replace(
@@ -891,6 +900,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
     try:
         path.mkdir(parents=True, exist_ok=True)
         rd.config_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+        rd.write_plan(cells)
     except OSError as exc:  # read-only, no permission, a file where a folder should be
         raise ConfigError(
             f"--out-dir {cfg.out_dir}: cannot write the run there ({exc.strerror or exc})"
