@@ -24,6 +24,7 @@ activation gradients each rank sends per step.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import functools
 import itertools
@@ -48,19 +49,51 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 def balanced_cuts(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:
     """Cut consecutive layers into `parts` non-empty runs with the smallest largest sum of
     `sizes` (parameter counts); ties go to the earliest cuts. Deterministic, so every rank
-    computes the same cut without talking to the others."""
+    computes the same cut without talking to the others. The least largest sum by a binary
+    search over it, then each cut as early as leaves the rest cuttable under it: about
+    n * parts * n steps, where trying every cut took C(n-1, parts-1) (minutes at 48 layers
+    in 8 stages)."""
     n = len(sizes)
     if not 1 <= parts <= n:
         raise ValueError(f"cannot cut {n} layers into {parts} stages")
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"layer sizes are counts, not negative: {list(sizes)}")
     prefix = list(itertools.accumulate(sizes, initial=0))
-    best: tuple[int, tuple[int, ...]] | None = None
-    for inner in itertools.combinations(range(1, n), parts - 1):
-        bounds = (0, *inner, n)
-        worst = max(prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds))
-        if best is None or worst < best[0]:
-            best = (worst, bounds)
-    assert best is not None
-    return list(itertools.pairwise(best[1]))
+
+    def fewest(start: int, cap: int) -> int:
+        """The fewest runs layers start.. cut into with no run over `cap` (each run as
+        long as it can be); any count from there up to one run per layer works too."""
+        runs, at = 0, start
+        while at < n:
+            end = bisect.bisect_right(prefix, prefix[at] + cap) - 1  # the furthest end
+            runs, at = runs + 1, end
+        return runs
+
+    lo, hi = max(sizes), prefix[-1]
+    while lo < hi:  # the least cap under which `parts` runs suffice
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fewest(0, mid) <= parts else (mid + 1, hi)
+    bounds, at = [0], 0
+    for left in range(parts - 1, 0, -1):  # the runs still to cut after this one
+        end = at + 1
+        # the earliest end that keeps this run under the cap and the rest cuttable into
+        # `left` non-empty runs under it
+        while not (prefix[end] - prefix[at] <= lo and fewest(end, lo) <= left <= n - end):
+            end += 1
+        bounds.append(end)
+        at = end
+    bounds.append(n)
+    return list(itertools.pairwise(bounds))
+
+
+class Contiguous(nn.Module):
+    """The end of every stage but the last: its output (an activation another rank receives)
+    in the default layout. Under --channels-last a stage's convolutions leave it NHWC, which
+    gloo's and NCCL's send and receive refuse ("input tensor has to be contiguous"); the
+    next stage's convolutions, channels-last themselves, work in NHWC again."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous()
 
 
 class Pipeline(TorchDistributed):
@@ -155,7 +188,10 @@ class Pipeline(TorchDistributed):
             if i not in kept:
                 layer.to("meta")  # another rank's part: hold no memory for it
         self.original = model
-        self.stage_modules = nn.ModuleList(nn.Sequential(*layers[slice(*cuts[s])]) for s in mine)
+        self.stage_modules = nn.ModuleList(
+            nn.Sequential(*layers[slice(*cuts[s])], *([Contiguous()] if s < n_stages - 1 else []))
+            for s in mine
+        )
         self.names = {
             id(t): names[id(t)] for t in self.stage_modules.state_dict(keep_vars=True).values()
         }
