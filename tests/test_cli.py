@@ -157,6 +157,12 @@ CASES = [
         "tp cannot run: at world size 1: tensor parallelism needs at least 2 ranks (at world "
         "size 1 it is `single`); at world size 2: model mnist_cnn has no attention",
     ),
+    (  # swept axes the reasons do not depend on: no setting listed (it was 537 characters)
+        ["--strategies", "tp", "--world-sizes", "1,2", "--precision", "fp32,bf16"]
+        + ["--compile", "off,on", "--accumulate", "1,2"],
+        "tp cannot run: at world size 1: tensor parallelism needs at least 2 ranks (at world "
+        "size 1 it is `single`); at world size 2: model mnist_cnn has no attention",
+    ),
     (
         ["--strategies", "pipeline_gpipe", "--world-sizes", "1"],
         "a pipeline needs at least 2 ranks",

@@ -170,7 +170,7 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
                 mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
         if explicit and all(c.status for c in mine):
-            raise ConfigError(_cannot_run(spec.name, sizes, mine))
+            raise ConfigError(_cannot_run(spec.name, mine))
         cells += mine
     return interleaved(cells, cfg.seed)
 
@@ -319,27 +319,35 @@ def merged_options(spec: strategies.StrategySpec, opts: Iterable[tuple[str, str]
     return {**(spec.variant.options if spec.variant else {}), **dict(opts)}
 
 
-def _cannot_run(name: str, sizes: list[int], cells: list[Cell]) -> str:
-    """Why a strategy named on the command line has no cell to run: its one reason, or each
-    reason with the world sizes (and settings) it stops, so the fix for each shows."""
-    where: dict[str, list[str]] = {}
+def _cannot_run(name: str, cells: list[Cell]) -> str:
+    """Why a strategy named on the command line has no cell to run: each reason with the
+    world sizes it stops, and the settings only where it stops some of a size's, so the
+    fix for each shows in one short line however many settings the matrix sweeps."""
+    labels = list(dict.fromkeys(c.label for c in cells))
+    where: dict[str, dict[int, list[str]]] = {}
     for c in cells:
-        at = f"{c.world_size}{_with(c)}"
-        if at not in where.setdefault(c.reason, []):
-            where[c.reason].append(at)
+        at = where.setdefault(c.reason, {}).setdefault(c.world_size, [])
+        if c.label not in at:
+            at.append(c.label)
+
+    def said(by_size: dict[int, list[str]]) -> str:
+        whole = [ws for ws, at in by_size.items() if len(at) == len(labels)]
+        parts = [f"world size {','.join(map(str, whole))}"] if whole else []
+        parts += [
+            f"world size {ws} with {' | '.join(at)}"
+            for ws, at in by_size.items()
+            if len(at) < len(labels)
+        ]
+        # a one-setting matrix names its setting (fp32 goes unsaid): what was asked for
+        one = labels[0] if len(labels) == 1 and labels[0] != "fp32" else ""
+        return ", ".join(parts) + (f" with {one}" if one else "")
+
     if len(where) == 1:
-        first = cells[0]
-        return (
-            f"{name} cannot run at world size {','.join(map(str, sizes))}{_with(first)}: "
-            f"{first.reason}"
-        )
+        ((reason, by_size),) = where.items()
+        return f"{name} cannot run at {said(by_size)}: {reason}"
     return f"{name} cannot run: " + "; ".join(
-        f"at world size {', '.join(at)}: {reason}" for reason, at in where.items()
+        f"at {said(by_size)}: {reason}" for reason, by_size in where.items()
     )
-
-
-def _with(cell: Cell) -> str:
-    return "" if cell.label == "fp32" else f" with {cell.label}"
 
 
 def _settings(
