@@ -87,10 +87,13 @@ def balanced_cuts(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:
 
 
 class Contiguous(nn.Module):
-    """The end of every stage but the last: its output (an activation another rank receives)
-    in the default layout. Under --channels-last a stage's convolutions leave it NHWC, which
-    gloo's and NCCL's send and receive refuse ("input tensor has to be contiguous"); the
-    next stage's convolutions, channels-last themselves, work in NHWC again."""
+    """The end of every stage but the last: its output, the activation the next rank
+    receives, in the default layout. Under --channels-last a CNN's convolutions leave it
+    NHWC: gloo's send refuses that ("input tensor has to be contiguous"), and NCCL would
+    send the NHWC bytes into the receiver's NCHW buffer. The next stage's convolutions run
+    NHWC again. The gradient sent back needs nothing: the schedules send the received
+    input's `.grad`, which autograd lays out as that input (contiguous) whatever the
+    stage's layers return."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous()

@@ -181,6 +181,31 @@ def test_single_shares_skip_only_the_micro_batch_counts_that_do_not_divide_them(
     )
 
 
+def test_why_a_strategy_cannot_run_groups_its_sizes_and_settings():
+    """Each reason once, with the sizes it stops in every setting, then those it stops in
+    some, grouped by those settings: short however many settings the matrix sweeps."""
+    from bench.harness.runner import Cell, _cannot_run
+
+    fp32, bf16 = Setting(), Setting(precision="bf16")
+    cells = [
+        Cell("x", ws, 0, s, (), "skipped", why)
+        for ws, s, why in [
+            (1, fp32, "A"),
+            (1, bf16, "A"),
+            (2, fp32, "B"),
+            (2, bf16, "A"),
+            (4, fp32, "B"),
+            (4, bf16, "A"),
+        ]
+    ]
+    assert _cannot_run("x", cells) == (
+        "x cannot run: at world size 1 and at world size 2,4 with bf16: A; "
+        "at world size 2,4 with fp32: B"
+    )
+    assert _cannot_run("x", cells[:2]) == "x cannot run at world size 1: A"
+    assert _cannot_run("x", [cells[1]]) == "x cannot run at world size 1 with bf16: A"
+
+
 def test_a_strategy_that_can_run_none_of_its_cells_is_an_error(tmp_path, data_root):
     with pytest.raises(ConfigError, match="dp cannot run at world size 1 with fp32,compile"):
         cells(tmp_path, data_root, strategies=("dp",), world_sizes=(1,), compile=(True,))

@@ -621,8 +621,14 @@ def test_a_requeued_batch_job_resumes_its_run(tmp_path, monkeypatch):
     run_dir.mkdir()
     script = tmp_path / "job.sbatch"
     script.write_text(slurm.batch_script(run_dir, ["--run-id", "job", "--no-report"], 2, 1, []))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    env = {**os.environ, "SLURM_JOB_ID": "99"}
     first = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
     assert first.stdout.split()[2:5] == ["run", "--launcher", "slurm"]
+    assert not (run_dir / "job.id").exists()  # not under SLURM: no job to name
+    # resubmitted after a cancel (`sbatch job.sbatch`): `status` follows the new job
+    again = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    assert (run_dir / "job.id").read_text() == "99\n" and again.returncode == 0
     (run_dir / "config.json").write_text("{}")
     again = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
     assert again.stdout.split()[2:] == ["run", "--resume", str(run_dir), "--no-report"]

@@ -192,6 +192,21 @@ def test_oversubscribe_lets_four_ranks_run_on_fewer_cores(tmp_path, data_root):
     assert [(c.world_size, c.status) for c in cells] == [(4, "")]
 
 
+def test_stage_boundaries_cross_in_the_default_layout_both_ways():
+    """What a stage sends: its output forward (Contiguous, ending the stage), and backward
+    its received input's `.grad`, which autograd lays out as the input however the stage's
+    layers return it (NHWC under --channels-last); values unchanged either way."""
+    from strategies.pipeline import Contiguous
+
+    received = torch.randn(2, 3, 4, 5, requires_grad=True)  # a receive buffer: NCHW
+    scale = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    (received * scale).sum().backward()
+    assert received.grad.is_contiguous() and torch.equal(received.grad, scale)
+    nhwc = received.detach().to(memory_format=torch.channels_last)
+    out = Contiguous()(nhwc)
+    assert not nhwc.is_contiguous() and out.is_contiguous() and torch.equal(out, nhwc)
+
+
 @pytest.mark.slow
 def test_a_cnn_pipeline_runs_channels_last(tmp_path, data_root):
     """--channels-last on a CNN: a stage's convolutions leave its output NHWC, which gloo's

@@ -136,7 +136,7 @@ def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root, capsy
 
     text = report.render(run_dir).read_text()
     assert f"**Incomplete: {4 - n} of 4 planned cells have no row" in text, text[:600]
-    assert f"`parabench run --resume {run_dir}` runs them" in text
+    assert f"it stopped; to finish it, parabench run --resume {run_dir}.**" in text
     assert "Every cell finished ok" not in text
     missing = report.load_run(run_dir).missing()
     assert len(missing) == 4 - n and all(name in STRATEGIES for name, *_ in missing)

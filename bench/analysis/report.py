@@ -98,10 +98,11 @@ class Run:
             return ""
         shown = [f"{n} ws={w} {s} repeat {r}" for n, w, s, r in missing[:6]]
         more = f", and {len(missing) - 6} more" if len(missing) > 6 else ""
+        how = results.resume_command(str(self.config.get("launcher") or ""), self.path)
         return (
-            f"incomplete: {len(missing)} of {len(self.planned)} planned cells have no row, the "
-            f"run stopped before them ({'; '.join(shown)}{more}); `parabench run --resume "
-            f"{self.path}` runs them"
+            f"incomplete: {len(missing)} of {len(self.planned)} planned cells have no row yet "
+            f"({'; '.join(shown)}{more}): the run is still going, or it stopped; to finish it, "
+            f"{how}"
         )
 
 
@@ -1079,7 +1080,11 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
     parts = [
         f"# parabench report: {run.name}",
         *([f"**{incomplete[0].upper()}{incomplete[1:]}.**"] if incomplete else []),
-        f"Strategies: {', '.join(sorted(set(run.runs['strategy'])))}.",
+        *(
+            [f"Strategies: {', '.join(sorted(set(run.runs['strategy'])))}."]
+            if len(run.runs)
+            else []
+        ),
         "## Environment",
         environment_markdown(run),
         "## Conditions (what makes the comparison fair)",

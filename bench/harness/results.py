@@ -184,6 +184,19 @@ PROVENANCE = [
     "platform",
 ]
 RUN_COLUMNS = ID + PARAMS + STATUS + MEASUREMENTS + PROVENANCE
+
+
+def resume_command(launcher: str, path: Path) -> str:
+    """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
+    submitted run's own job script, whose first branch resumes it."""
+    how = f"parabench run --resume {path}"
+    if launcher != "slurm":
+        return how
+    if (path / "job.sbatch").exists():
+        return f"sbatch {path / 'job.sbatch'} (it resumes the run), or {how} inside salloc"
+    return f"{how} inside an allocation (salloc)"
+
+
 #: plan.csv: every cell the run set out to run, written as it starts; one with no row in
 #: runs.csv has not run yet (the run stopped), and the report says so
 PLAN_COLUMNS = ["strategy", "world_size", "setting", "repeat"]

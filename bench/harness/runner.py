@@ -331,16 +331,17 @@ def _cannot_run(name: str, cells: list[Cell]) -> str:
             at.append(c.label)
 
     def said(by_size: dict[int, list[str]]) -> str:
-        whole = [ws for ws, at in by_size.items() if len(at) == len(labels)]
-        parts = [f"world size {','.join(map(str, whole))}"] if whole else []
-        parts += [
-            f"world size {ws} with {' | '.join(at)}"
-            for ws, at in by_size.items()
-            if len(at) < len(labels)
-        ]
+        # the sizes it stops whole, then those it stops in some settings, grouped by them
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for ws, at in by_size.items():
+            groups.setdefault(() if len(at) == len(labels) else tuple(at), []).append(ws)
         # a one-setting matrix names its setting (fp32 goes unsaid): what was asked for
         one = labels[0] if len(labels) == 1 and labels[0] != "fp32" else ""
-        return ", ".join(parts) + (f" with {one}" if one else "")
+        return " and at ".join(
+            f"world size {','.join(map(str, sizes))}"
+            + (f" with {' | '.join(at)}" if at else f" with {one}" if one else "")
+            for at, sizes in sorted(groups.items(), key=lambda g: (bool(g[0]), g[1]))
+        )
 
     if len(where) == 1:
         ((reason, by_size),) = where.items()
@@ -473,10 +474,14 @@ class RunDir:
         self.plan = results.CsvTable(path / "plan.csv", results.PLAN_COLUMNS)
 
     def write_plan(self, cells: Sequence[Cell]) -> None:
-        """plan.csv, once: the cells the run set out to run (a resumed run's are its own)."""
-        if not self.plan.path.exists():
-            keys = ("strategy", "world_size", "setting", "repeat")
-            self.plan.append(dict(zip(keys, c.key, strict=True)) for c in cells)
+        """plan.csv: the cells the run sets out to run, and any it has a row for that this
+        plan lacks (resumed where the default world sizes differ: each row's cell stays
+        planned, and one no longer planned is not reported missing for ever)."""
+        keys = [c.key for c in cells]
+        keys += sorted(self.done() - set(keys))
+        self.plan.path.unlink(missing_ok=True)
+        names = ("strategy", "world_size", "setting", "repeat")
+        self.plan.append(dict(zip(names, k, strict=True)) for k in keys)
 
     @property
     def config_path(self) -> Path:
@@ -856,17 +861,6 @@ def _summary(row: dict[str, Any]) -> str:
     )
 
 
-def _resume_how(cfg: RunConfig, path: Path) -> str:
-    """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
-    submitted run's own job script, whose first branch resumes it."""
-    how = f"parabench run --resume {path}"
-    if cfg.launcher != "slurm":
-        return how
-    if (path / "job.sbatch").exists():
-        return f"sbatch {path / 'job.sbatch'} (it resumes the run), or {how} inside salloc"
-    return f"{how} inside an allocation (salloc)"
-
-
 def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, list[Cell]]:
     """The run's config, directory and cells; nothing is created until `plan` accepts it."""
     if resume is not None:
@@ -883,7 +877,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
             if not slurm.in_allocation():
                 raise ConfigError(
                     f"--resume {resume}: the run's cells are srun steps (--launcher slurm); "
-                    f"continue it with {_resume_how(saved, rd.path)}"
+                    f"continue it with {results.resume_command(saved.launcher, rd.path)}"
                 )
             now = slurm.describe(saved.nodes, saved.procs_per_node)
             if (now["nodes"], now["procs_per_node"]) != (saved.nodes, saved.procs_per_node):
@@ -894,7 +888,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                 )
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         cells = plan(saved)
-        rd.write_plan(cells)  # a run from before plan.csv
+        rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
         return saved, rd, cells
     cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
     if cfg.multi_host:  # other hosts start in other folders: whole paths
@@ -960,7 +954,7 @@ def run_matrix(
         if runner is not None:
             runner.interrupt()
         n = len(run_dir.runs.read())
-        line = f"{n} finished rows kept in {run_dir.runs.path}; continue with: {_resume_how(cfg, run_dir.path)}"
+        line = f"{n} finished rows kept in {run_dir.runs.path}; continue with: {results.resume_command(cfg.launcher, run_dir.path)}"
         if isinstance(stop, KeyboardInterrupt):
             echo(f"interrupted: {line}")
         elif proc.stdout_gone():  # `| head` left: say it where it is read

@@ -44,8 +44,9 @@ def _run(argv: Sequence[str], timeout: float = 30) -> str:
     except subprocess.TimeoutExpired as exc:
         raise ConfigError(f"`{' '.join(argv)}` did not answer in {timeout:g} s") from exc
     if done.returncode:  # one line, however many SLURM's message has
-        said = "; ".join(line.strip() for line in (done.stderr or done.stdout).splitlines())
-        raise ConfigError(f"`{' '.join(argv)}` failed: {said.strip('; ')[:300]}")
+        lines = (done.stderr or done.stdout).splitlines()
+        said = "; ".join(line.strip() for line in lines if line.strip())
+        raise ConfigError(f"`{' '.join(argv)}` failed: {said[:300]}")
     return done.stdout
 
 
@@ -171,6 +172,8 @@ def batch_script(
         "#SBATCH --open-mode=append",  # a requeued job's log keeps the first attempt's
         *(f"#SBATCH {a}" for a in extra),
         "# written by `parabench submit`: the matrix, each cell one srun step of this job",
+        "# this job's id, for `parabench status`: a job resubmitted (`sbatch job.sbatch`) too",
+        f'[ -n "$SLURM_JOB_ID" ] && echo "$SLURM_JOB_ID" > {shlex.quote(str(run_dir / "job.id"))}',
         f"cd {shlex.quote(os.getcwd())}",
         f"export PYTHONPATH={shlex.quote(str(ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "# requeued (a node lost, preempted) after the run began: finish it, do not start anew",
