@@ -412,6 +412,19 @@ def test_test_torch_wants_a_version_before_it_makes_anything(args, tmp_path):
     assert set(script.parent.parent.glob(".venv-torch-*")) == venvs
 
 
+def _status_with(slurm_run, job: str, tmp_path, monkeypatch, capsys) -> str:
+    """`parabench status` of a submitted run whose job is `job`, SLURM's commands answered
+    by `slurm_run`: what it printed."""
+    from bench.harness import slurm
+
+    monkeypatch.setattr(slurm, "_run", slurm_run)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "job.id").write_text(job + "\n")
+    assert main(["status", str(run_dir)]) == 0
+    return capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "squeue_says, line",
     [
@@ -425,17 +438,11 @@ def test_status_tells_a_job_gone_from_a_queue_it_could_not_ask(
     """squeue failing for a job that left the queue is one thing; failing to reach SLURM
     at all is another, and says so instead of claiming the job finished."""
     from bench.config import ConfigError
-    from bench.harness import slurm
 
     def squeue(argv, timeout=30):
         raise ConfigError(f"`{' '.join(argv)}` failed: {squeue_says}")
 
-    monkeypatch.setattr(slurm, "_run", squeue)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "job.id").write_text("12345\n")
-    assert main(["status", str(run_dir)]) == 0
-    out = capsys.readouterr().out
+    out = _status_with(squeue, "12345", tmp_path, monkeypatch, capsys)
     assert out.startswith("job 12345: ") and line in out and "0 rows written" in out
 
 
@@ -455,7 +462,6 @@ def test_status_says_how_a_job_ended(tmp_path, monkeypatch, capsys, squeue_says,
     """squeue -t all still lists a job that ended (for a while), and sacct after: a failed
     job is not reported as finished, and its line says where its log is."""
     from bench.config import ConfigError
-    from bench.harness import slurm
 
     def run(argv, timeout=30):
         if argv[0] == "squeue":
@@ -465,12 +471,8 @@ def test_status_says_how_a_job_ended(tmp_path, monkeypatch, capsys, squeue_says,
             raise ConfigError("`sacct` failed: Slurm accounting storage is disabled")
         return sacct_says + "\n"
 
-    monkeypatch.setattr(slurm, "_run", run)
+    out = _status_with(run, "7", tmp_path, monkeypatch, capsys)
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "job.id").write_text("7\n")
-    assert main(["status", str(run_dir)]) == 0
-    out = capsys.readouterr().out
     assert out.startswith(line), out
     assert ("its log: " in out) == line.startswith(("job 7: failed", "job 7: cancelled")), out
     if "its log" in out:
