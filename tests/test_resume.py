@@ -118,7 +118,7 @@ def test_sigkilled_harness_loses_nothing_and_resumes(tmp_path, data_root):
     assert steps == {(r["strategy"], r["world_size"]) for r in after if r["status"] == "ok"}
     from bench.analysis import report
 
-    assert report.load_run(run_dir).missing() == []  # resumed: every planned cell has a row
+    assert report.load_run(run_dir).missing == []  # resumed: every planned cell has a row
     assert len(report.load_run(run_dir).planned) == 4
 
 
@@ -138,7 +138,7 @@ def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root, capsy
     assert f"**Incomplete: {4 - n} of 4 planned cells have no row" in text, text[:600]
     assert f"it stopped; to finish it, parabench run --resume {run_dir}.**" in text
     assert "Every cell finished ok" not in text
-    missing = report.load_run(run_dir).missing()
+    missing = report.load_run(run_dir).missing
     assert len(missing) == 4 - n and all(name in STRATEGIES for name, *_ in missing)
     assert main(["compare", str(run_dir), str(run_dir), "--no-stats"]) == 0
     said = capsys.readouterr().out

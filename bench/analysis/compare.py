@@ -451,7 +451,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for name, ws, what in cmp.broken:
         print(f"ok in A, {what.split(' (')[0].split(':')[0]} in B: {name} ws={ws}")
     for label, run in (("A", a), ("B", b)):  # a cell it lacks is "not run" above: say why
-        if run.missing():
+        if run.missing:
             print(f"{label} is {run.missing_text()}")
     return EXIT_WORSE if len(worse) or cmp.broken else EXIT_SAME
 

@@ -13,6 +13,7 @@ end-of-training values. Step-level plots use the same epochs, warm-up steps excl
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -77,9 +78,11 @@ class Run:
     def name(self) -> str:
         return self.path.name
 
+    @functools.cached_property
     def missing(self) -> list[tuple[str, int, str, int]]:
         """The planned cells with no row: (strategy, world size, setting, repeat), in plan
-        order. A run stopped (Ctrl-C, a job cancelled) before them; --resume runs them."""
+        order (worked out once: the report and compare ask more than once). A run stopped
+        (Ctrl-C, a job cancelled) before them; --resume runs them."""
         if self.planned.empty:
             return []
         keys = ["strategy_name", "world_size", "setting", "repeat"]
@@ -93,7 +96,7 @@ class Run:
 
     def missing_text(self) -> str:
         """One sentence on the planned cells with no row, or "" where every one has one."""
-        missing = self.missing()
+        missing = self.missing
         if not missing:
             return ""
         shown = [f"{n} ws={w} {s} repeat {r}" for n, w, s, r in missing[:6]]
@@ -139,7 +142,7 @@ def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) 
         # `nan` or `inf` written as text (keep_default_na leaves them text) makes a numeric
         # column a text one: numbers again when every other value is a number
         as_numbers = pd.to_numeric(df[col], errors="coerce")
-        if as_numbers.notna().sum() + df[col].isna().sum() + _nan_text(df[col]) == len(df):
+        if as_numbers.notna().sum() + df[col].isna().sum() + _nan_text(df[col]).sum() == len(df):
             df[col] = as_numbers
     for col in ("status", "reason", "notes", "strategy"):
         if col in df:
@@ -152,11 +155,11 @@ def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) 
 TEXT_COLUMNS = frozenset({"run_id", "strategy", "setting", "status", "reason", "notes", "host"})
 
 
-def _nan_text(values: pd.Series) -> int:
-    """How many of `values` are text that means not-a-number (pandas' `nan`, Python's `nan`,
+def _nan_text(values: pd.Series) -> pd.Series:
+    """Which of `values` are text that means not-a-number (pandas' `nan`, Python's `nan`,
     `NaN`), which to_numeric leaves NaN."""
-    text = values.dropna().astype(str).str.strip().str.lower()
-    return int(text.isin({"nan", "-nan", "+nan"}).sum())
+    text = values.astype(str).str.strip().str.lower()
+    return values.notna() & text.isin({"nan", "-nan", "+nan"})
 
 
 def _head(path: Path) -> bytes:
@@ -216,8 +219,8 @@ def _check_numbers(df: pd.DataFrame, path: Path, least: Mapping[str, int]) -> No
         if col in TEXT_COLUMNS or pd.api.types.is_numeric_dtype(df[col]):
             continue
         values = df[col].astype(str).str.strip()
-        bad = values[pd.to_numeric(values, errors="coerce").isna() & df[col].notna()]
-        bad = bad[~bad.str.lower().isin(("nan", "inf", "-inf", "+inf"))]
+        not_numbers = pd.to_numeric(values, errors="coerce").isna() & ~_nan_text(df[col])
+        bad = values[not_numbers & df[col].notna()]
         if len(bad):
             raise ConfigError(
                 f"{path}: column {col} holds {bad.iloc[0]!r}, not a number (row {bad.index[0] + 2})"
@@ -1117,7 +1120,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         *(["## Start-up per launcher", startup] if startup else []),
         *(["## Plots", *[f"![{title}]({name})" for name, title in images]] if images else []),
         "## Unavailable, skipped and failed",
-        problems_markdown(run.runs, summary, len(run.missing())),
+        problems_markdown(run.runs, summary, len(run.missing)),
     ]
     return "\n\n".join(parts) + "\n"
 
