@@ -201,6 +201,14 @@ class Strategy:
         return world_size if cls.multiprocess else 1
 
     @classmethod
+    def batch_shares(cls, world_size: int, options: Mapping[str, str]) -> int:
+        """How many different, equal parts of each global batch a cell trains at once: one
+        per device by default (DataParallel's one process cuts its batch across its
+        devices); fewer under model parallelism, whose ranks share a batch. plan() refuses a
+        global batch (times --accumulate) that these do not divide, before anything starts."""
+        return world_size
+
+    @classmethod
     def traffic(
         cls, options: Mapping[str, str], world_size: int, shape: ModelShape, precision: str
     ) -> Traffic | str:

@@ -164,6 +164,10 @@ class Pipeline(TorchDistributed):
         return None
 
     # ---- data: every rank trains on the whole batch ----
+    @classmethod
+    def batch_shares(cls, world_size: int, options: Mapping[str, str]) -> int:
+        return 1  # its micro-batches are checked by unsuitable()
+
     def data_ranks(self) -> tuple[int, int]:
         return 1, 0
 

@@ -92,8 +92,17 @@ class TensorParallelMixin:
     options: dict[str, str]
     notes: list[str]
 
+    @classmethod
+    def tp_of(cls, world_size: int, options: Mapping[str, str]) -> int:
+        """Ranks in one tensor-parallel group: all of them, unless a 2-D mesh says fewer."""
+        return world_size
+
+    @classmethod
+    def batch_shares(cls, world_size: int, options: Mapping[str, str]) -> int:
+        return max(1, world_size // cls.tp_of(world_size, options))  # one per TP group
+
     def tp_size(self) -> int:
-        return self.ctx.world_size
+        return self.tp_of(self.ctx.world_size, self.options)
 
     def data_ranks(self) -> tuple[int, int]:
         tp = self.tp_size()
@@ -169,8 +178,9 @@ class FSDPTensorParallel(TensorParallelMixin, FSDP2):
     }
     accepts = {"tp": int, "reshard_after_forward": bool}
 
-    def tp_size(self) -> int:
-        return int(self.options.get("tp", 2))
+    @classmethod
+    def tp_of(cls, world_size: int, options: Mapping[str, str]) -> int:
+        return int(options.get("tp", 2))
 
     @classmethod
     def traffic(cls, options, world_size, shape, precision):
@@ -178,7 +188,7 @@ class FSDPTensorParallel(TensorParallelMixin, FSDP2):
 
     @classmethod
     def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
-        tp = int(options.get("tp", 2))
+        tp = cls.tp_of(world_size, options)
         if tp < 2 or world_size % tp or world_size // tp < 2:
             return (
                 f"2-D needs at least 2 data-parallel groups of tp={tp} ranks: world size "

@@ -407,8 +407,8 @@ CASES = [
     ),
     case(
         VERIFY,
-        ["--strategies", "ddp_spawn", "--world-sizes", "3"],
-        "not divisible by world size 3",
+        ["--strategies", "ddp_spawn", "--world-sizes", "2", "--global-batch", "33"],
+        "not divisible by world size 2",
         id="verify-batch-not-divisible",
     ),
     case(VERIFY, ["--limit", "16"], "smaller than the global batch (32)", id="verify-limit"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from bench.analysis.verify import RECIPES, verify
 from bench.config import ConfigError
 from bench.harness import results
 from bench.harness.env import cpu_cores
-from bench.harness.runner import RunDir, plan
+from bench.harness.runner import RunDir, plan, run_matrix
 from bench.workload.models import Transformer, build_model, sequence
 from strategies.pipeline import balanced_cuts
 from strategies.tensor_parallel import tp_plan
@@ -183,6 +184,49 @@ def test_one_micro_batch_through_gpipe_needs_torch_2_11(
     )
     with pytest.raises(ConfigError, match="torch 2.11 lifted that"):
         plan(_cfg(tmp_path, data_root, strategies=("model_split",), world_sizes=(2,)))
+
+
+@pytest.mark.parametrize(
+    "strategy, world_size, batch, options, refused",
+    [
+        ("tp", 2, 3, {}, None),  # both ranks train the one batch of 3
+        ("pipeline_gpipe", 2, 3, {"microbatches": "3"}, None),
+        ("fsdp_tp", 4, 6, {}, None),  # two TP groups of 2 ranks: 3 samples each
+        ("fsdp_tp", 4, 5, {}, "fsdp_tp's 2 data-parallel group(s) at world size 4"),
+        ("fsdp_tp", 8, 6, {"tp": "2"}, "fsdp_tp's 4 data-parallel group(s) at world size 8"),
+        ("ddp_spawn", 2, 3, {}, "not divisible by world size 2; every rank"),
+    ],
+)
+def test_the_global_batch_need_only_divide_among_data_parallel_groups(
+    tmp_path, data_root, strategy, world_size, batch, options, refused
+):
+    """Model-parallel ranks share a batch: tp and pipelines take any global batch (a
+    pipeline's micro-batches divide it), fsdp_tp one its TP groups divide."""
+    cfg = _cfg(
+        tmp_path,
+        data_root,
+        strategies=(strategy,),
+        world_sizes=(world_size,),
+        global_batch=batch,
+        options=options,
+        oversubscribe=True,
+    )
+    if refused:
+        with pytest.raises(ConfigError, match=re.escape(refused)):
+            plan(cfg)
+    else:
+        assert [c.status for c in plan(cfg)] == [""]
+
+
+def test_tensor_parallel_trains_a_batch_its_ranks_do_not_divide(tmp_path, data_root):
+    cfg = _cfg(
+        tmp_path, data_root, strategies=("tp",), world_sizes=(2,), global_batch=3, max_steps=3
+    )
+    cfg = cfg.replace(warmup_steps=1)
+    run_dir, _ = run_matrix(cfg, echo=lambda m: None)
+    (row,) = RunDir(run_dir).runs.read()
+    assert row["status"] == results.OK, row["reason"]
+    assert int(row["per_rank_batch"]) == 3 and int(row["samples"]) == 2 * 3  # 2 timed steps
 
 
 def test_oversubscribe_lets_four_ranks_run_on_fewer_cores(tmp_path, data_root):

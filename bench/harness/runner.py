@@ -129,14 +129,6 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
         raise ConfigError("--exclude leaves no strategy to run")
     check_model(cfg.model)
     check_model_args(cfg)
-    for ws in sizes:
-        for k in cfg.accumulate:
-            if cfg.global_batch % (ws * k):
-                per = "" if k == 1 else f" x {k} micro-batches"
-                raise ConfigError(
-                    f"global batch {cfg.global_batch} is not divisible by world size {ws}{per}; "
-                    "every rank must get the same share"
-                )
     data.check(cfg)
     sweeps = _option_sweeps(cfg.options, specs)
     cells: list[Cell] = []
@@ -166,6 +158,8 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
                 or spec.unsupported(setting, device)
                 or spec.unsuitable(as_cell, ws, merged_options(spec, opts))
             )
+            if not reason:
+                _check_shares(cfg, spec, ws, setting.accumulate, merged_options(spec, opts))
             for r in range(cfg.repeats):
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
                 mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
@@ -173,6 +167,24 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
             raise ConfigError(_cannot_run(spec.name, mine))
         cells += mine
     return interleaved(cells, cfg.seed)
+
+
+def _check_shares(cfg: RunConfig, spec: Any, ws: int, k: int, options: dict) -> None:
+    """A ConfigError where a cell that would run cannot give each of its data-parallel
+    shares (each rank's, or each model-parallel group's) the same part of every batch."""
+    shares = spec.cls.batch_shares(ws, options)
+    if cfg.global_batch % (shares * k) == 0:
+        return
+    per = "" if k == 1 else f" x {k} micro-batches"
+    whose = (
+        f"world size {ws}"
+        if shares == ws
+        else f"{spec.name}'s {shares} data-parallel group(s) at world size {ws}"
+    )
+    raise ConfigError(
+        f"global batch {cfg.global_batch} is not divisible by {whose}{per}; "
+        "every rank must get the same share"
+    )
 
 
 def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
