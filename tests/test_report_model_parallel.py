@@ -152,6 +152,47 @@ def test_summarise_leaves_oversubscribed_cells_unranked() -> None:
     assert _cell(table, "single", 1)["speedup_vs_single"] == pytest.approx(1.0)
 
 
+def test_efficiency_is_over_single_in_the_same_run_options() -> None:
+    """Speed-up is over plain single fp32; efficiency over single in the row's own run
+    options (a bf16 DDP cell scales over single bf16), a strategy option (`key=value`) aside,
+    and over plain single where the run has no single in those options."""
+    (runs,) = report._labelled(
+        [
+            _runs(
+                [
+                    _row("single", 1, sps=100.0),
+                    _row("single", 1, sps=250.0, setting="bf16"),
+                    _row("ddp", 1, sps=240.0, setting="bf16"),
+                    _row("ddp", 2, sps=400.0, setting="bf16"),
+                    _row("ddp", 2, sps=180.0, setting="fp32,bucket_cap_mb=1"),
+                    _row("ddp", 2, sps=300.0, setting="bf16,acc2"),
+                ]
+            )
+        ]
+    )
+    table = report.summarise(runs)
+    got = {
+        (r.strategy_name, r.world_size, r.setting, what): value
+        for r in table.itertuples()
+        for what, value in (("up", r.speedup_vs_single), ("eff", r.scaling_efficiency))
+    }
+    want = {
+        (*key, what): value
+        for key, pair in {
+            ("single", 1, "fp32"): (1.0, 1.0),
+            ("single", 1, "bf16"): (2.5, 1.0),
+            ("ddp", 1, "bf16"): (2.4, 0.96),
+            ("ddp", 2, "bf16"): (4.0, 400.0 / 250.0 / 2),
+            ("ddp", 2, "fp32,bucket_cap_mb=1"): (1.8, 0.9),
+            ("ddp", 2, "bf16,acc2"): (3.0, 1.5),  # no single bf16,acc2: over plain single
+        }.items()
+        for what, value in zip(("up", "eff"), pair, strict=True)
+    }
+    assert got == pytest.approx(want)
+    text = report.summary_markdown(table)
+    assert "| 0.96 |" in text and "2.40x" in text
+
+
 def test_summarise_counts_only_the_repeats_it_counts_for_oversubscribed() -> None:
     runs = _runs(
         [

@@ -367,23 +367,27 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
         rows.append(row)
     table = pd.DataFrame(rows)
     base = baseline_row(table)
-    base_sps = math.nan
-    if base is not None and not base["oversubscribed"]:
-        base_sps = float(base["samples_per_s_median"])
-    table["speedup_vs_single"] = table["samples_per_s_median"] / base_sps
-    table["scaling_efficiency"] = table["speedup_vs_single"] / table["world_size"]
-    base_key = (base["strategy"], 1) if base is not None else None
-    base_values = sps[base_key] if base_key and not base["oversubscribed"] else []
+    if base is not None and base["oversubscribed"]:
+        base = None  # its speed is not comparable: no speed-up at all
     for i, r in table.iterrows():
         key = (r["strategy"], int(r["world_size"]))
-        low, high = stats.ratio_interval(sps[key], base_values)
-        if key == base_key:
-            low = high = 1.0  # the baseline over itself, the same repeats
-        table.loc[i, ["speedup_ci_low", "speedup_ci_high"]] = [low, high]
-        table.loc[i, ["scaling_efficiency_ci_low", "scaling_efficiency_ci_high"]] = [
-            low / r["world_size"],
-            high / r["world_size"],
-        ]
+        # speed-up: over the plain baseline; efficiency: over single in the row's own run
+        # options where the run has it (a bf16 channels-last DDP cell scales over single
+        # bf16 channels-last, not over fp32), else over the plain baseline too
+        like = _single_like(table, r["setting"]) if base is not None else None
+        ws = r["world_size"]
+        for col, ci, over, n in (
+            ("speedup_vs_single", "speedup", base, 1),
+            ("scaling_efficiency", "scaling_efficiency", like, ws),
+        ):
+            if over is None:
+                ratio = low = high = math.nan
+            elif (over["strategy"], 1) == key:
+                ratio = low = high = 1.0  # the baseline over itself, the same repeats
+            else:
+                ratio = r["samples_per_s_median"] / over["samples_per_s_median"]
+                low, high = stats.ratio_interval(sps[key], sps[(over["strategy"], 1)])
+            table.loc[i, [col, f"{ci}_ci_low", f"{ci}_ci_high"]] = [ratio / n, low / n, high / n]
     # more ranks than cores time-share the cores: correct results, but no speed to rank
     ratios = [c for c in table.columns if c.startswith(("speedup", "scaling_efficiency"))]
     table.loc[table["oversubscribed"] == 1, ratios] = math.nan
@@ -438,6 +442,25 @@ def oversubscribed(rows: pd.DataFrame | Mapping[str, Any]) -> bool:
 def cell_name(row: Mapping[str, Any]) -> str:
     """The strategy label of a summary row as tables show it: marked when oversubscribed."""
     return f"{row['strategy']} (oversubscribed)" if oversubscribed(row) else str(row["strategy"])
+
+
+def _run_options(setting: Any) -> str:
+    """A setting label's run options (precision, compile, accumulation, SyncBN, layout),
+    without the strategy options (`key=value`) that single does not take."""
+    return ",".join(t for t in str(setting).split(",") if t and "=" not in t)
+
+
+def _single_like(summary: pd.DataFrame, setting: Any) -> pd.Series | None:
+    """`single` at world size 1 in these run options, not oversubscribed; else the plain
+    baseline (baseline_row)."""
+    names = summary["strategy_name"] if "strategy_name" in summary else summary["strategy"]
+    single = summary[(names == BASELINE[0]) & (summary["world_size"] == BASELINE[1])]
+    if "setting" in single:
+        want = _run_options(setting)
+        same = single[single["setting"].map(_run_options) == want]
+        if len(same) and not same.iloc[0]["oversubscribed"]:
+            return same.iloc[0]
+    return baseline_row(summary)
 
 
 def baseline_row(summary: pd.DataFrame) -> pd.Series | None:
@@ -1096,8 +1119,10 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         f"Median over repeats (up to {n_ok}); in brackets the minimum and maximum over repeats. "
         "Each repeat contributes its last epoch; warm-up steps are not timed (timed epoch: the "
         "wall time of the steps after warm-up, slowest rank). Speed-up is the "
-        f"median samples/s over that of `single` at world size 1{base}; efficiency is speed-up "
-        "divided by world size. Memory is the peak per device (the maximum over ranks). "
+        f"median samples/s over that of `single` at world size 1{base}; efficiency is the "
+        "same ratio over `single` in the row's own run options (precision, layout, compile, "
+        "accumulation) where the run has that cell, divided by world size: how well the "
+        "cell scales, not what its precision gains. Memory is the peak per device (the maximum over ranks). "
         "Model state is what the rank holding most keeps of parameters / gradients / optimizer "
         "state after the first step (local shards for FSDP and ZeRO; 'least': the lightest "
         "rank where they differ; per rank in ranks.csv and the model-state plot). "
