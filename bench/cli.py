@@ -645,12 +645,21 @@ def cmd_submit(a: argparse.Namespace) -> int:
     argv = [*_forwarded(a.argv[1:]), "--run-id", run_id, "--out-dir", str(run_dir.parent)]
     if not a.procs_per_node:
         argv += ["--procs-per-node", str(per)]
-    script = slurm.batch_script(run_dir, argv, n, per, a.sbatch_arg)
+    extra = list(a.sbatch_arg)
+    ask = resolve_device(cfg.device) == "cuda" and not slurm.asks_for_gpus(extra)
+    if ask:  # a cluster hides the GPUs a job did not ask for
+        extra.insert(0, f"--gpus-per-node={per}")
+    script = slurm.batch_script(run_dir, argv, n, per, extra)
     job = slurm.submit(run_dir, script)
     if gpus:
         print(
             f"no CUDA device here: checked as if each node had {per} GPU(s), one per rank; "
             "the job finds out"
+        )
+    if ask:
+        print(
+            f"asked for {per} GPU(s) per node (#SBATCH --gpus-per-node={per}); a cluster "
+            "that wants another form takes --sbatch-arg=--gres=gpu:N instead"
         )
     print(f"submitted job {job}: {n} node(s) x {per}; results in {run_dir}")
     print(f"  parabench status {run_dir}    scancel {job}")

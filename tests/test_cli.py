@@ -569,9 +569,41 @@ def test_submit_checks_a_gpu_job_from_a_machine_without_one(
     said = capsys.readouterr().out
     assert "no CUDA device here: checked as if each node had 1 GPU(s)" in said
     assert "--device=cuda" in sbatch.scripts[0].splitlines()[-1]
+    # the job asks for its GPUs (a cluster hides those a job did not ask for) ...
+    assert "#SBATCH --gpus-per-node=1" in sbatch.scripts[0].splitlines()
+    assert "asked for 1 GPU(s) per node" in said
+    # ... unless the user asked in their cluster's own form; a CPU job asks for none
+    for i, (own, asked) in enumerate(
+        [("--gres=gpu:a100:1", True), ("-G 2", True), ("--gres=nvme:1", False)]
+    ):
+        args = _submit_args(data_root, tmp_path, f"own{i}", "--device=cuda", f"--sbatch-arg={own}")
+        assert main(args) == 0, capsys.readouterr().err
+        lines = sbatch.scripts[-1].splitlines()
+        assert f"#SBATCH {own}" in lines
+        assert ("#SBATCH --gpus-per-node=1" in lines) is not asked
+    assert main(_submit_args(data_root, tmp_path, "cpu", "--device=cpu")) == 0
+    assert not any("gpus" in line for line in sbatch.scripts[-1].splitlines())
+    capsys.readouterr()
     # `run` on that machine is still refused: it would train here
     assert main(["run", "--device=cuda", f"--data-root={data_root}", "--dry-run"]) == 2
     assert "torch sees no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("visible, local, index", [(4, 3, 3), (1, 3, 0), (2, 3, 1)])
+def test_a_rank_drives_its_local_gpu_among_those_it_sees(monkeypatch, visible, local, index):
+    """Four GPUs seen: local rank 3 drives cuda:3. One seen (SLURM bound one GPU to each
+    task): it is cuda:0 for every rank, not an ordinal that does not exist."""
+    import torch
+
+    from bench.harness.worker import rank_context
+    from tests.conftest import small_config
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setenv("RANK", str(local))
+    monkeypatch.setenv("LOCAL_RANK", str(local))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    ctx = rank_context(small_config(Path("."), Path(".")), 4, "cuda", True)
+    assert ctx.device == torch.device("cuda", index)
 
 
 def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):

@@ -152,6 +152,11 @@ def ranks_from_slurm() -> None:
 # ---------------------------------------------------------------- submit and status
 
 
+def asks_for_gpus(sbatch_args: Sequence[str]) -> bool:
+    """Whether these sbatch options already ask for GPUs (--gpus*, -G, a gpu --gres)."""
+    return any(re.match(r"--gpus|-G|--gres[= ]\S*gpu", a.strip()) for a in sbatch_args)
+
+
 def batch_script(
     run_dir: Path, argv: Sequence[str], nodes: int, procs: int, extra: Sequence[str]
 ) -> str:

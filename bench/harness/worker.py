@@ -42,8 +42,10 @@ OPTIMIZERS = {
 def rank_context(
     cfg: RunConfig, world_size: int, device_type: str, multiprocess: bool, shares: bool = False
 ) -> RankContext:
-    """`shares`: more ranks than GPUs on this host (--oversubscribe); local rank i drives
-    GPU i modulo their number."""
+    """Local rank i drives GPU i modulo the GPUs this process sees: all of the host's, or
+    only its own where the launcher binds one to each task (SLURM's --gpus-per-task or
+    --gpu-bind, where every rank sees its GPU as cuda:0). `shares`: more ranks than GPUs on
+    this host (--oversubscribe)."""
     env = os.environ
     rank = int(env.get("RANK", env.get("HOROVOD_RANK", 0)))
     local = int(env.get("LOCAL_RANK", env.get("HOROVOD_LOCAL_RANK", rank)))
@@ -51,7 +53,7 @@ def rank_context(
     if multiprocess and size != world_size:
         raise RuntimeError(f"launcher started {size} ranks, the cell asked for {world_size}")
     if device_type == "cuda":
-        device = torch.device(f"cuda:{local % torch.cuda.device_count() if shares else local}")
+        device = torch.device(f"cuda:{local % max(1, torch.cuda.device_count())}")
     else:
         device = torch.device("cpu")
     return RankContext(
