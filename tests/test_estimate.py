@@ -81,3 +81,28 @@ def test_a_model_too_big_for_one_device_is_planned_without_its_steps(mnist, monk
     monkeypatch.setattr(estimate.data, "load", oom)
     with pytest.raises(ConfigError, match="the run's data does not fit in this machine's memory"):
         estimate.estimate(cfg, cells)
+
+
+def test_timing_in_a_child_process_as_on_a_gpu(mnist, tmp_path) -> None:
+    """On a GPU the steps are timed in a child process, so the harness holds no CUDA context
+    through the run (tests/test_gpu.py checks that there): the child loads the data and
+    times each precision itself, and what it raises (out of memory) is raised here."""
+    import os
+
+    import torch
+
+    cfg, bundle = mnist
+    ms = estimate.timed(cfg, bundle, ["fp32", "bf16"], isolate=True)
+    assert sorted(ms) == ["bf16", "fp32"] and all(0 < v < 1e3 for v in ms.values()), ms
+    model = tmp_path / "oom_model.py"
+    model.write_text(
+        "import os, torch\n"
+        "class Big(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        f"        assert os.getpid() != {os.getpid()}, 'a step in the harness process'\n"
+        "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 9.00 GiB')\n"
+        "def build(num_classes):\n"
+        "    return Big(1, num_classes)\n"
+    )
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 9.00 GiB"):
+        estimate.timed(cfg.replace(model=f"{model}:build"), bundle, ["fp32"], isolate=True)

@@ -249,3 +249,23 @@ def test_cuda_graphs_through_compile_reduce_overhead(tmp_path, data_root):
     assert "CUDA graphs: captured" in single["notes"], single["notes"]
     assert float(single["first_step_ms"]) > 5 * float(single["step_time_ms_p50"])
     assert "CUDA graphs:" in _ok(rows, "ddp_torchrun")["notes"]  # captured or why not
+
+
+def test_the_harness_itself_holds_no_cuda_context(data_root):
+    """The estimate times the model on the GPU in a child process: the harness, which stays
+    up for the whole run, never makes a CUDA context (memory on GPU 0 beside the ranks; in
+    EXCLUSIVE_PROCESS mode, no rank could open GPU 0)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from bench.cli import main\n"
+        f"assert main(['run', '--device', 'cuda', '--data-root', {str(data_root)!r}, "
+        "'--strategies', 'single,ddp_torchrun', '--max-steps', '3', '--dry-run']) == 0\n"
+        "print('initialised', torch.cuda.is_initialized())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "estimated wall time" in done.stdout
+    assert "initialised False" in done.stdout, done.stdout[-2000:]

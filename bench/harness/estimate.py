@@ -11,8 +11,10 @@ data for a few steps of a small batch and scaled to the global batch, plus evalu
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +105,26 @@ def per_sample_ms(
     return 1e3 * sorted(times[1:])[0] / batch
 
 
+def timed(
+    cfg: RunConfig, bundle: data.DataBundle, precisions: list[str], isolate: bool
+) -> dict[str, float]:
+    """per_sample_ms in each precision: here, or (`isolate`, as on a GPU) in a child process
+    that loads the data itself. A CUDA context made here would stay for the whole run: some
+    hundred MiB held on GPU 0 beside its cells' ranks, and on a GPU in EXCLUSIVE_PROCESS
+    compute mode (common on clusters) no rank could open GPU 0 at all. Its exceptions (an
+    out-of-memory one too) are raised here."""
+    if not isolate:
+        return {p: per_sample_ms(cfg, bundle, p) for p in precisions}
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        return pool.submit(_timed_alone, cfg, precisions).result()
+
+
+def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, float]:
+    torch.set_num_threads(os.cpu_count() or 1)
+    return timed(cfg, data.load(cfg), precisions, isolate=False)
+
+
 #: the scaling model's fixed cost per run: the collectives between fresh ranks, the FLOP
 #: count (its first use imports torch._dynamo) and the CPU's matmul peaks (measured here)
 SCALING_MODEL_S = 8.0
@@ -137,12 +159,11 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
     runnable = [c for c in cells if not c.status]
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
+    precisions = [
+        p for p in sorted({c.setting.precision for c in runnable} | {"fp32"}) if p in DTYPES
+    ]
     try:
-        ms = {
-            p: per_sample_ms(cfg, bundle, p)
-            for p in sorted({c.setting.precision for c in runnable} | {"fp32"})
-            if p in DTYPES
-        }
+        ms = timed(cfg, bundle, precisions, isolate=resolve_device(cfg.device) == "cuda")
     except Exception as exc:
         if not proc.is_oom(exc):
             raise
@@ -157,8 +178,6 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
         )
     finally:
         torch.set_num_threads(threads)
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
     return _estimate(cfg, cells, bundle, ms)
 
 
