@@ -26,8 +26,11 @@
 # Results: results/reference/<gpu>-<date>/<part>/ (runs.csv, report.md, plots).
 # Data: $PARABENCH_DATA_ROOT, else ../shared/data, else .data (copy MNIST there to carry it).
 # Shorter, for a machine lent by the minute: GPU_CHECK_REPEATS (MNIST repeats, default 2),
-# GPU_CHECK_OVERHEAD_MINUTES (how long each overhead comparison may go on past its first 6
-# rounds to narrow its interval, default 3).
+# GPU_CHECK_OVERHEAD_MINUTES (the minutes after which each overhead comparison adds no more
+# rounds to narrow its interval, default 3; its first 6 rounds always run, and took about 4
+# minutes on the H100, so 3 or less is exactly those 6).
+# A part cut off is finished by running it again into the same folder: GPU_CHECK_OUT names
+# it on another day (the default folder carries the date; the script says which to name).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -67,6 +70,13 @@ fi
 REPEATS=${GPU_CHECK_REPEATS:-2}
 OVERHEAD_MINUTES=${GPU_CHECK_OVERHEAD_MINUTES:-3}
 OUT=${GPU_CHECK_OUT:-results/reference/$GPU-$(date +%Y%m%d)}
+if [ -z "${GPU_CHECK_OUT:-}" ] && [ "$DRY" != 1 ] && [ ! -d "$OUT" ]; then
+    # an earlier day's check of this GPU: a part it left cut off is finished only in there
+    for earlier in results/reference/"$GPU"-*/; do
+        [ -d "$earlier" ] && echo "gpu-check: an earlier check of this GPU is in ${earlier%/};" \
+            "GPU_CHECK_OUT=${earlier%/} finishes its parts instead of starting anew in $OUT" >&2
+    done
+fi
 [ "$DRY" = 1 ] || mkdir -p "$OUT"
 
 # A command that fails is named at the end, and the parts after it still run: one broken
@@ -206,6 +216,8 @@ done
 if [ ${#FAILED[@]} -gt 0 ]; then
     echo "gpu-check: ${#FAILED[@]} command(s) failed; results so far in $OUT:" >&2
     printf '  %s\n' "${FAILED[@]}" >&2
+    echo "gpu-check: GPU_CHECK_OUT=$OUT $0 PART... runs a part again into it (a cut-off" \
+        "run is finished, not started anew)" >&2
     exit 1
 fi
 if [ "$DRY" = 1 ]; then

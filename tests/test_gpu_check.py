@@ -137,3 +137,53 @@ def test_a_logged_command_that_fails_is_named_and_the_parts_after_it_run(tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["ran", f"failed: tests: false (log: {tmp_path}/a.log)"]
     assert (tmp_path / "b" / "b.log").read_text() == "ran\n"
+
+
+def test_an_earlier_days_check_is_named_so_a_cut_off_part_is_finished_there(tmp_path):
+    """The default folder carries the date: run on another day, the script names the
+    earlier check of the same GPU (GPU_CHECK_OUT finishes its parts there) instead of
+    silently starting anew. A fake GPU (torch patched at start-up) and a copy of the
+    script in a folder of its own, so nothing lands in this tree."""
+    import shutil
+
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "gpu_check.sh", tmp_path / "scripts")
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text(
+        "import torch\n"
+        "torch.cuda.is_available = lambda: True\n"
+        "torch.cuda.get_device_name = lambda i=0: 'NVIDIA Fake GPU 80GB'\n"
+    )
+    earlier = tmp_path / "results" / "reference" / "nvidia-fake-gpu-80gb-20200101"
+    (earlier / "mnist-device").mkdir(parents=True)
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(fake))
+    env.pop("GPU_CHECK_OUT", None)
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "install"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    hint = (
+        "gpu-check: an earlier check of this GPU is in results/reference/"
+        "nvidia-fake-gpu-80gb-20200101; GPU_CHECK_OUT=results/reference/"
+        "nvidia-fake-gpu-80gb-20200101 finishes its parts instead of starting anew in "
+        "results/reference/nvidia-fake-gpu-80gb-"
+    )
+    assert hint in done.stderr, done.stderr
+    # named, the earlier folder is used, and nothing is said
+    env["GPU_CHECK_OUT"] = "results/reference/nvidia-fake-gpu-80gb-20200101"
+    again = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "install"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0 and "earlier check" not in again.stderr, again.stderr
+    assert "install -> results/reference/nvidia-fake-gpu-80gb-20200101" in again.stderr
