@@ -26,6 +26,7 @@ from bench.harness.probes import (
     PhaseClock,
     StepRecord,
     StepTimer,
+    held_mib,
     memory_snapshot,
     model_state_mib,
 )
@@ -112,6 +113,8 @@ class EpochStats:
     model_state: Mapping[str, float] = field(default_factory=dict)
     #: per step (warm-up included), milliseconds of forward, backward and optimizer
     phase_ms: tuple[Mapping[str, float], ...] = ()
+    #: per step (warm-up included), MiB this rank held at its end (probes.held_mib)
+    held_mib: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -646,6 +649,7 @@ class Strategy:
         timer = StepTimer(self.ctx.device, step_timing)
         self.clock = PhaseClock(self.ctx.device)
         losses: list[torch.Tensor] = []
+        held: list[float] = []  # MiB this rank holds at each step's end
         batches: Iterator = iter(loader)
         while max_steps is None or timer.steps < max_steps:
             timer.start()
@@ -661,6 +665,7 @@ class Strategy:
             loss = self._step(x, y)
             step_ms = timer.stop(len(y))
             self.last_batch = (x, y)
+            held.append(held_mib(self.ctx.device))
             losses.append(loss)
             if on_step is not None:
                 on_step(step_ms)
@@ -670,7 +675,9 @@ class Strategy:
                 self.model_state = model_state_mib(
                     self.unwrap(self.model).parameters(), self.optimizer_states()
                 )
-        return self._epoch_stats(epoch, timer.records(), losses, warmup_steps, self.clock.steps())
+        return self._epoch_stats(
+            epoch, timer.records(), losses, warmup_steps, self.clock.steps(), held
+        )
 
     def precise_enough(self, timer: StepTimer, warmup: int, target: float) -> bool:
         """Whether the timed steps so far fix the mean step time to within `target` % on every
@@ -694,6 +701,7 @@ class Strategy:
         losses: list[torch.Tensor],
         warmup: int,
         phases: list[dict[str, float]] | None = None,
+        held: list[float] | None = None,
     ) -> EpochStats:
         warmup = min(warmup, max(len(records) - 1, 0))
         timed = records[warmup:]
@@ -711,6 +719,7 @@ class Strategy:
             memory=memory_snapshot(self.devices()),
             model_state=dict(self.model_state),
             phase_ms=tuple(phases or ()),
+            held_mib=tuple(held or ()),
         )
 
 

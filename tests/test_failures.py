@@ -101,3 +101,26 @@ def test_a_diverged_run_is_a_row_of_its_own_kept_out_of_the_rankings(tmp_path, d
     run = report.load_run(run_dir)
     assert report.summarise(run.runs).empty  # nothing to rank
     assert "diverged" in report.problems_markdown(run.runs, report.summarise(run.runs))
+
+
+def test_memory_that_grows_step_after_step_is_named_in_the_report(tmp_path, data_root, faulty):
+    """A strategy that keeps 24 MiB a step: steps.csv has what rank 0 held at each step's
+    end, its row how much that grew over the timed steps, and the report names it, and
+    not the steady single beside it."""
+    import pandas as pd
+
+    from bench.analysis import report
+
+    cfg = small_config(
+        tmp_path, data_root, strategies=("single", "test_leaky"), world_sizes=(1,), max_steps=14
+    )
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    growth = {r["strategy"]: float(r["held_growth_mib"]) for r in rows}
+    assert growth["test_leaky"] > 150, growth  # about 9 steps of 24 MiB between the quarters
+    assert abs(growth["single"]) < 64, growth
+    steps = pd.read_csv(run_dir / "steps.csv")
+    leaky = steps[steps["strategy"] == "test_leaky"]["held_mib"]
+    assert len(leaky) == 14 and leaky.iloc[-1] - leaky.iloc[0] > 250  # 13 steps' 24 MiB
+    text = (report.render(run_dir)).read_text()
+    section = text.split("## Memory that grew step after step")[1].split("## ")[0]
+    assert "| test_leaky | 1 | 0 |" in section and "| single |" not in section

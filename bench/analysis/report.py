@@ -848,6 +848,31 @@ def batch_split(grp: pd.DataFrame) -> str:
     return text
 
 
+def growth_markdown(counted: pd.DataFrame) -> str:
+    """The counted cells whose memory grew over their timed steps (results.grew), or ""."""
+    if "held_growth_mib" not in counted:
+        return ""
+    growth = pd.to_numeric(counted["held_growth_mib"], errors="coerce")
+    peak = pd.to_numeric(counted["peak_mem_mib"], errors="coerce")
+    rows = [
+        [r["strategy"], int(r["world_size"]), int(r["repeat"]), _num(g, 0), _num(p, 0)]
+        for (_, r), g, p in zip(counted.iterrows(), growth, peak, strict=True)
+        if results.grew(g, p)
+    ]
+    if not rows:
+        return ""
+    return (
+        "What rank 0 held at the end of each step (steps.csv `held_mib`: the allocator's "
+        "allocated memory on a GPU, the resident set on a CPU) grew over the timed steps of "
+        f"these cells, by more than {results.GROWTH_MIB:.0f} MiB and "
+        f"{results.GROWTH_SHARE:.0%} of their peak (the median of the last quarter of the "
+        "steps less the first quarter's). Steady training holds the same at every step's "
+        "end: this is a leak (tensors kept from step to step) or work a collective has not "
+        "released yet, and a longer run's peak would be higher still.\n\n"
+        + md_table(["strategy", "world size", "repeat", "grew (MiB)", "peak (MiB)"], rows)
+    )
+
+
 def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame, missing: int = 0) -> str:
     """Every non-ok cell with its status and reason, and strategies with no result at all
     (`missing`: the planned cells with no row, which the report's head lists)."""
@@ -1086,6 +1111,7 @@ def scaling_markdown(run: Run) -> str:
 def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str, str]]) -> str:
     counted = counted_rows(run.runs)
     startup = startup_markdown(counted)
+    growth = growth_markdown(counted)
     where = breakdown_markdown(counted)
     scaling = scaling_markdown(run)
     n_ok = summary["n_repeats"].max() if len(summary) else 0
@@ -1145,6 +1171,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         *(["## Scaling: predicted and measured", scaling] if scaling else []),
         *(["## Start-up per launcher", startup] if startup else []),
         *(["## Plots", *[f"![{title}]({name})" for name, title in images]] if images else []),
+        *(["## Memory that grew step after step", growth] if growth else []),
         "## Unavailable, skipped and failed",
         problems_markdown(run.runs, summary, len(run.missing)),
     ]

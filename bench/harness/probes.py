@@ -7,6 +7,7 @@ apart (data wait), as pytorch/examples' `data_time` and torchtitan's `data_loadi
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -141,6 +142,20 @@ class StepTimer:
             end = self._marks[k + 1][0] if k + 1 < len(self._marks) else c
             out.append(StepRecord(a.elapsed_time(end), a.elapsed_time(b), n))
         return out
+
+
+def held_mib(device: torch.device) -> float:
+    """Memory this process holds now: the CUDA allocator's allocated bytes on `device`
+    (a host-side counter: no synchronisation), else its resident set size. Read at each
+    step's end, outside its timing: a figure that climbs step after step is a leak."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):  # no /proc (macOS): peak RSS is what there is
+        return peak_rss_mib()
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def peak_rss_mib() -> float:

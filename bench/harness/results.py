@@ -141,6 +141,7 @@ MEASUREMENTS = [
     "peak_alloc_mib",
     "peak_reserved_mib",
     "peak_rss_mib",
+    "held_growth_mib",
     "param_mib",
     "grad_mib",
     "optim_mib",
@@ -207,6 +208,7 @@ STEP_COLUMNS = ID + [
     "data_wait_ms",
     "compute_ms",
     "loss",
+    "held_mib",  # what rank 0 held at the step's end: allocated on a GPU, RSS on a CPU
 ]
 RANK_COLUMNS = ID + [
     "rank",
@@ -340,9 +342,35 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "eval_accuracy": record.get("eval_accuracy", float("nan")),
         "peak_mem_mib": peak["peak_alloc_mib"] if cuda else peak["peak_rss_mib"],
         "mem_source": "cuda_allocator" if cuda else "host_rss",
+        "held_growth_mib": held_growth(record.get("held_mib") or (), warm),
         **peak,
         **state,
     }
+
+
+#: a cell whose memory grew by more than this over its timed steps (MiB, and a share of
+#: its peak) is named in the report: steady training holds the same
+#: memory at every step's end, so growth is a leak (tensors kept across steps), or work a
+#: collective has not released; a CPU's RSS wanders by some tens of MiB
+GROWTH_MIB, GROWTH_SHARE = 64.0, 0.10
+
+
+def held_growth(held: Sequence[float], warmup: int) -> float:
+    """How much more rank 0 held at the end of its last timed steps than of its first: the
+    median of the last quarter of them less the first quarter's (so one step's wobble is
+    not growth); NaN with fewer than 4 timed steps or no readings (a run before them)."""
+    timed = np.asarray(held[warmup:], dtype=float)
+    if timed.size < 4 or np.isnan(timed).any():
+        return float("nan")
+    q = timed.size // 4
+    return float(np.median(timed[-q:]) - np.median(timed[:q]))
+
+
+def grew(growth: float, peak: float) -> bool:
+    """Whether a cell's growth (held_growth) is past the report's mark: GROWTH_MIB, and
+    GROWTH_SHARE of its peak memory (NaN peak: the MiB alone)."""
+    share = GROWTH_SHARE * peak if peak == peak else 0.0
+    return growth > max(GROWTH_MIB, share)
 
 
 def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) -> dict[str, Any]:
@@ -389,6 +417,7 @@ def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) ->
 
 def step_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[str, Any]]:
     warm = record["warmup_steps"]
+    held = record.get("held_mib") or ()
     rows = []
     for i, (t, w) in enumerate(zip(record["step_times_ms"], record["data_wait_ms"], strict=True)):
         loss = record["losses"][i] if i < len(record["losses"]) else float("nan")
@@ -401,6 +430,7 @@ def step_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[
                 "data_wait_ms": w,
                 "compute_ms": t - w,
                 "loss": loss,
+                "held_mib": held[i] if i < len(held) else float("nan"),
             }
         )
     return rows

@@ -226,6 +226,7 @@ def _train(
                 "warmup_steps": stats.warmup_steps,
                 "step_times_ms": stats.step_times_ms,
                 "data_wait_ms": stats.data_wait_ms,
+                "held_mib": stats.held_mib,
                 "phase_ms": stats.phase_ms,
                 "probe": probe,
                 "losses": stats.losses,

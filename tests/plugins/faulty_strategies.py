@@ -114,3 +114,17 @@ class Sleepy(Strategy):
         if fraction > 0 and self._last_end:
             time.sleep(fraction * (now - self._last_end))
         self._last_end = time.perf_counter()
+
+
+class Leaky(Strategy):
+    """single that keeps 24 MiB more after every optimizer step (written, so resident):
+    a leak, which the report's memory-growth check must name."""
+
+    variants = {"test_leaky": Variant("inprocess", "single that keeps 24 MiB per step")}
+    kept: list[torch.Tensor]
+
+    def optimizer_step(self, optimizer):
+        super().optimizer_step(optimizer)
+        if not hasattr(self, "kept"):
+            self.kept = []
+        self.kept.append(torch.ones(6 * 2**20, device=self.ctx.device))  # 24 MiB of fp32
