@@ -304,3 +304,43 @@ def test_option_sweep_has_a_subplot_per_swept_key() -> None:
     assert sorted(x.tolist() for x, _ in _lines(bucket).values()) == [[1, 25], [5]]
     # stacked vertically
     assert bucket.get_position().y0 > rank.get_position().y0
+
+
+def _title_boxes(fig: Figure) -> list[tuple[float, float, float]]:
+    """(left, right, figure width) in pixels of each titled axes' title, as laid out."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    return [
+        (box.x0, box.x1, fig.bbox.width)
+        for ax in fig.axes
+        if ax.get_title()
+        for box in [ax.title.get_window_extent(renderer)]
+    ]
+
+
+def test_a_long_title_on_a_narrow_figure_is_wrapped_to_fit_it() -> None:
+    """A legend of long labels outside the axes narrows them; the title, centred on the
+    axes, then ran past the figure's left edge (cut off in the PNG): fit_titles wraps it."""
+    rest = "fp32,channels_last=1,compile=max-autotune,accumulate=4,layout=ddp-over-everything"
+    rows = [("ddp_torchrun", f"{rest},bucket_cap_mb={b}", 2, 100.0 + b) for b in (1, 25)]
+    rows += [("ddp_torchrun", f"bf16,bucket_cap_mb={b}", 2, 90.0 + b) for b in (1, 25)]
+    fig = plots.option_sweep(_summary(rows))
+    title = fig.axes[0].get_title()
+    (before,) = _title_boxes(fig)
+    assert before[0] < 0 or before[1] > before[2], "the case should clip without the fix"
+    plots.fit_titles(fig)
+    ((left, right, width),) = _title_boxes(fig)
+    assert 0 <= left and right <= width
+    assert "\n" in fig.axes[0].get_title()
+    assert " ".join(fig.axes[0].get_title().split()) == title  # wrapped, not cut
+
+
+def test_fit_titles_leaves_a_title_that_fits_alone() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = Figure(figsize=(6.0, 4.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    fig.add_subplot().set_title(title := "Throughput\n(two lines of my own)")
+    (box,) = _title_boxes(fig)
+    assert 0 <= box[0] and box[1] <= box[2]
+    assert plots.fit_titles(fig).axes[0].get_title() == title

@@ -62,6 +62,37 @@ def _figure(width: float = 8.0, height: float = 4.8) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
+def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
+    """Wrap each axes title that runs past the figure's edge (a narrow figure whose axes a
+    legend outside pushes aside: the title, centred on the axes, would be cut at the left)
+    onto more lines until it fits; `pad`: pixels kept clear of the edge. Lays the figure
+    out to measure; returns it."""
+    for _ in range(4):  # wrapping makes a title taller, and the layout moves the axes
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        width = fig.bbox.width
+        done = True
+        for ax in fig.axes:
+            title = ax.title
+            text = title.get_text()
+            if not text:
+                continue
+            box = title.get_window_extent(renderer)
+            if box.x0 >= pad and box.x1 <= width - pad:
+                continue
+            centre = (box.x0 + box.x1) / 2
+            room = 2 * min(centre, width - centre) - 2 * pad
+            longest = max(len(line) for line in text.split("\n"))
+            chars = max(10, int(longest * room / box.width))
+            wrapped = "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
+            if wrapped != text:
+                title.set_text(wrapped)
+                done = False
+        if done:
+            break
+    return fig
+
+
 def _cell_label(name: str, ws: int) -> str:
     return f"{name}\nws={int(ws)}"
 

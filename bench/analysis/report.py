@@ -1239,9 +1239,13 @@ def render(run_dir: str | Path) -> Path:
         summary.to_csv(run.path / "summary.csv", index=False, float_format="%.6g")
         images: list[tuple[str, str]] = []
         if len(summary):
+            from bench.analysis import plots
+
             for name, fig in figures(run, summary).items():
-                fig.savefig(run.path / name, dpi=110)
-                images.append((name, fig.axes[0].get_title() or name))
+                # titles wrapped to the figure, and nothing drawn outside it cut off
+                plots.fit_titles(fig).savefig(run.path / name, dpi=110, bbox_inches="tight")
+                title = " ".join(fig.axes[0].get_title().split())  # (unwrapped)
+                images.append((name, title or name))
         drawn = {name for name, _ in images}
         for name in (*PLOTS, *OPTIONAL_PLOTS):  # an earlier render's, this one has not drawn
             if name not in drawn:
