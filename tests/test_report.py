@@ -497,3 +497,35 @@ def test_start_up_is_split_into_phases_and_tabled_per_launcher(rendered, runs) -
     for launcher in set(ok["launcher"]):
         assert f"| {launcher} |" in section
     assert "Timed training is" in section
+
+
+# ---------------------------------------------------------------- on a reference run
+# results/reference/cpu-2core-mnist-3rounds: a real run of every strategy, three repeats,
+# kept without its cells/ folder (read from a copy, never rendered in place)
+REFERENCE = Path(__file__).resolve().parent.parent / "results/reference/cpu-2core-mnist-3rounds"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> report.Run:
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+    copy = tmp_path_factory.mktemp("reference") / REFERENCE.name
+    shutil.copytree(REFERENCE, copy)
+    return report.load_run(copy)
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_a_run_without_cells_keeps_the_scaling_section_and_says_why(reference) -> None:
+    """No cells/ (the CPU references leave it out): nothing to predict from, and the
+    section says so, with predict's reasons, instead of vanishing."""
+    assert (
+        not (reference.path / "cells").exists() and (reference.path / "collectives.json").exists()
+    )
+    text = report.report_markdown(reference, report.summarise(reference.runs), [])
+    section = _section(text, "Scaling: predicted and measured").strip()
+    assert section.startswith("No prediction: ") and "\n" not in section
+    assert "no cells/ folder here to read its compute curve from" in section
+    assert "(dp, single)" in section  # one process: each reason once, with its cases

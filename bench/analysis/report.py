@@ -1023,6 +1023,21 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
     )
 
 
+def _why_none(why: Sequence[str]) -> str:
+    """`predict`'s reasons for the cases it left out, on one line: each reason once, with
+    the cases it holds for ("no cells/ folder here ... (ddp, fsdp)")."""
+    cases: dict[str, list[str]] = {}
+    for line in why:
+        case, sep, reason = line.partition(": ")
+        if sep:
+            cases.setdefault(reason, []).append(case)
+        else:  # not about one case (a world size)
+            cases.setdefault(line, [])
+    if not cases:
+        return "no modelled strategy of the run could be predicted here"
+    return "; ".join(f"{r} ({', '.join(c)})" if c else r for r, c in cases.items())
+
+
 def scaling_markdown(run: Run) -> str:
     """Predicted against measured at the world sizes run (each predicted from the
     one-process cell and the collectives' fit alone), and what-if world sizes on named links;
@@ -1031,21 +1046,24 @@ def scaling_markdown(run: Run) -> str:
 
     if not (run.path / "collectives.json").exists():
         return ""
+    why: list[str] = []
     try:
         measured_sizes = sorted(
             {int(w) for w in pd.to_numeric(run.runs["world_size"], errors="coerce").dropna()} - {1}
         )
-        checked = predict.predict_run(run.path, measured_sizes, holdout=True, run=run)
+        checked = predict.predict_run(run.path, measured_sizes, holdout=True, run=run, why=why)
         what_if = [
             r
             for link in predict.WHAT_IF_LINKS
-            for r in predict.predict_run(run.path, predict.WHAT_IF_SIZES, link=link, run=run)
+            for r in predict.predict_run(
+                run.path, predict.WHAT_IF_SIZES, link=link, run=run, why=why
+            )
         ]
     except (ConfigError, ValueError, KeyError) as exc:
         return f"No prediction: {_first_line(exc)}"
     checked = [r for r in checked if r["measured_samples_per_s"] == r["measured_samples_per_s"]]
     if not checked and not what_if:
-        return ""
+        return f"No prediction: {_why_none(why)}."
     head = ["strategy", "ws", "compute ms", "comm ms", "exposed", "samples/s (band)"]
     body = [
         [
