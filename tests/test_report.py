@@ -331,11 +331,11 @@ def test_failed_repeats_leave_the_summary_and_appear_with_their_reason(small_run
     assert row["samples_per_s_median"] == pytest.approx(kept["samples_per_s"].iloc[-1], rel=1e-5)
     assert "ghost" not in set(summary["strategy"])
     problems = text.split("## Unavailable, skipped and failed", 1)[1]
-    assert "| ddp_spawn | 2 | failed | 1 | rank 1: RuntimeError: Connection reset by peer |" in (
+    assert "| ddp_spawn | 2 | failed | r1 | rank 1: RuntimeError: Connection reset by peer |" in (
         problems
     )
-    assert "| ghost | 1 | timeout | 0 | no result within 240 s (hang?) |" in problems
-    assert "| ghost | 2 | oom | 0 |" in problems
+    assert "| ghost | 1 | timeout | r0 | no result within 240 s (hang?) |" in problems
+    assert "| ghost | 2 | oom | r0 |" in problems
     assert "ghost" in problems.split("\n\n")[1]
 
 
@@ -529,3 +529,9 @@ def test_a_run_without_cells_keeps_the_scaling_section_and_says_why(reference) -
     assert section.startswith("No prediction: ") and "\n" not in section
     assert "no cells/ folder here to read its compute curve from" in section
     assert "(dp, single)" in section  # one process: each reason once, with its cases
+
+
+def test_the_problems_table_names_repeats_by_index(reference) -> None:
+    problems = report.problems_markdown(reference.runs, report.summarise(reference.runs))
+    assert "| strategy | world size | status | repeat(s) | reason |" in problems
+    assert "| model_split | 1 | skipped | r0, r1, r2 |" in problems

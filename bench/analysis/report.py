@@ -894,12 +894,13 @@ def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame, missing: int = 
         return "\n".join(lines)
     rows = []
     for (name, ws, status, reason), grp in bad.groupby(KEY + ["status", "reason"], sort=True):
-        repeats = ", ".join(str(int(r)) for r in sorted(grp["repeat"].unique()))
+        repeats = ", ".join(f"r{int(r)}" for r in sorted(grp["repeat"].unique()))
         rows.append([name, ws, status, repeats, reason or "–"])
     lines.append(
-        "A repeat listed here is left out of the summary, even where some of its epochs finished.\n"
+        "A repeat listed here is left out of the summary, even where some of its epochs "
+        "finished. repeat(s): which repeats, by index from r0 (not how many).\n"
     )
-    lines.append(md_table(["strategy", "world size", "status", "repeats", "reason"], rows))
+    lines.append(md_table(["strategy", "world size", "status", "repeat(s)", "reason"], rows))
     return "\n".join(lines)
 
 
