@@ -535,3 +535,14 @@ def test_the_problems_table_names_repeats_by_index(reference) -> None:
     problems = report.problems_markdown(reference.runs, report.summarise(reference.runs))
     assert "| strategy | world size | status | repeat(s) | reason |" in problems
     assert "| model_split | 1 | skipped | r0, r1, r2 |" in problems
+
+
+def test_a_pipeline_row_shows_no_forward_of_its_own(reference) -> None:
+    """The schedule runs forward and backward in one call, lapped as backward: its forward
+    is not 0.00 but not measured apart."""
+    where = report.breakdown_markdown(report.counted_rows(reference.runs))
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in where.splitlines()}
+    for name in ("pipeline_gpipe", "pipeline_1f1b", "model_split"):
+        assert rows[name][4] == "–" and float(rows[name][5]) > 0, rows[name]
+    assert float(rows["single"][4]) > 0
+    assert "counts both under backward (forward+backward)" in where

@@ -967,13 +967,19 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         step = m.get("step_time_ms_mean", float("nan"))
         method = next((v for v in grp.get("comm_method", []) if isinstance(v, str) and v), "")
         trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
+        # a pipeline's schedule runs forward and backward in one call, lapped as backward:
+        # its forward is not 0 but not measured apart
+        schedule = (
+            "pipeline_stages" in grp
+            and pd.to_numeric(grp["pipeline_stages"], errors="coerce").notna().any()
+        )
         rows.append(
             [
                 name,
                 ws,
                 _num(step, 2),
                 _num(m["part_data_wait_ms"], 2),
-                _num(m["part_forward_ms"], 2),
+                "–" if schedule else _num(m["part_forward_ms"], 2),
                 _num(m["part_backward_ms"], 2),
                 _num(m["part_optimizer_ms"], 2),
                 _num(m["part_comm_exposed_ms"], 2),
@@ -989,7 +995,10 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
     return (
         "Milliseconds of a mean timed step, median over repeats. The laps of every step "
         "(data wait, forward, backward, optimizer; other: what the laps do not cover, in % of "
-        "the step) add up to the step. Communication is measured after the timed steps "
+        "the step) add up to the step. A pipeline's schedule runs the forward and backward "
+        "of its micro-batches in one call, so its row counts both under backward "
+        "(forward+backward) and shows – for forward. Communication is measured after the "
+        "timed steps "
         "(`comm_method`): *ablation* runs steps with gradient synchronisation switched off "
         "beside ordinary ones, and the difference per phase is the communication *exposed* "
         "there, moved out of that phase into its own column (FSDP's parameter all-gathers "
