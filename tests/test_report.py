@@ -546,3 +546,21 @@ def test_a_pipeline_row_shows_no_forward_of_its_own(reference) -> None:
         assert rows[name][4] == "–" and float(rows[name][5]) > 0, rows[name]
     assert float(rows["single"][4]) > 0
     assert "counts both under backward (forward+backward)" in where
+
+
+def test_the_baseline_over_itself_has_an_interval_only_with_enough_repeats(reference) -> None:
+    """README: with fewer than 3 repeats the interval is –/nan, never invented; the
+    baseline's speed-up is exactly 1 but its interval follows the same rule."""
+
+    def single(runs: pd.DataFrame) -> pd.Series:
+        s = report.summarise(runs)
+        return s[(s["strategy"] == "single") & (s["world_size"] == 1)].iloc[0]
+
+    three = single(reference.runs)
+    assert three["n_repeats"] == 3 and three["speedup_vs_single"] == 1.0
+    assert (three["speedup_ci_low"], three["speedup_ci_high"]) == (1.0, 1.0)
+    one = single(reference.runs[pd.to_numeric(reference.runs["repeat"]) == 0])
+    assert one["n_repeats"] == 1 and one["speedup_vs_single"] == 1.0
+    assert one["scaling_efficiency"] == 1.0
+    for col in ("speedup", "scaling_efficiency"):
+        assert np.isnan(one[f"{col}_ci_low"]) and np.isnan(one[f"{col}_ci_high"]), col

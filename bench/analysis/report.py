@@ -383,7 +383,11 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
             if over is None:
                 ratio = low = high = math.nan
             elif (over["strategy"], 1) == key:
-                ratio = low = high = 1.0  # the baseline over itself, the same repeats
+                # the baseline over itself, the same repeats: exactly 1, but an interval
+                # only where its repeats give one (as any other row's), never invented
+                ratio = 1.0
+                enough = sps[key].notna().sum() >= stats.MIN_REPEATS
+                low = high = 1.0 if enough else math.nan
             else:
                 ratio = r["samples_per_s_median"] / over["samples_per_s_median"]
                 low, high = stats.ratio_interval(sps[key], sps[(over["strategy"], 1)])
