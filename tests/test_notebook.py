@@ -60,3 +60,55 @@ def test_notebook_fails_clearly_without_runs(tmp_path: Path, monkeypatch) -> Non
         NotebookClient(
             nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
         ).execute()
+
+
+def _header() -> str:
+    return "".join(nbformat.read(NOTEBOOK, as_version=4).cells[0].source)
+
+
+def test_the_command_in_the_header_runs_with_what_the_dev_extra_installs(tmp_path: Path) -> None:
+    """The header's shell command uses `jupyter execute` (nbclient, in the dev extra), not
+    nbconvert, which nothing installs; run as written, on a copy, it writes the outputs."""
+    import re
+    import subprocess
+    import sys
+
+    header = _header()
+    assert "nbconvert" not in header
+    (command,) = re.findall(r"`(PARABENCH_RUNS=\S+ [^`]+)`", header)
+    env_part, exe, *args = command.split()
+    assert exe == ".venv/bin/jupyter" and args[0] == "execute"
+    jupyter = Path(sys.executable).parent / "jupyter"  # this venv's, as .venv/bin/jupyter
+    assert (Path(sys.executable).parent / "jupyter-execute").exists()
+    runs = "results/reference/cpu-2core-mnist,results/reference/cpu-2core-mnist-3rounds"
+    if not all((ROOT / r / "runs.csv").exists() for r in runs.split(",")):
+        pytest.skip("the CPU reference runs are not in this checkout")
+    copy = tmp_path / "notebooks" / NOTEBOOK.name
+    copy.parent.mkdir()
+    shutil.copy(NOTEBOOK, copy)
+    env = os.environ | {"PARABENCH_RUNS": runs}
+    args = [str(copy) if a == "notebooks/compare.ipynb" else a for a in args]
+    done = subprocess.run(
+        [str(jupyter), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert env_part.startswith("PARABENCH_RUNS=")
+    out = nbformat.read(copy.parent / "compare-run.ipynb", as_version=4)
+    assert len([o for o in _outputs(out) if "image/png" in o.get("data", {})]) == 3 + 6 * 2
+
+
+def test_without_runs_named_the_two_written_last_are_compared(tmp_path: Path, monkeypatch):
+    """The default is the two newest runs by when their runs.csv was written, not the last
+    two names in sorted order (a run named with --run-id sorts anywhere)."""
+    import bench
+
+    monkeypatch.delenv("PARABENCH_RUNS", raising=False)
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    for age, name in enumerate(["zz-oldest", "mm-middle", "aa-newest"]):
+        runs_csv = tmp_path / "results" / name / "runs.csv"
+        runs_csv.parent.mkdir(parents=True)
+        runs_csv.write_text("strategy\n")
+        os.utime(runs_csv, (1_000_000 + age * 100, 1_000_000 + age * 100))
+    scope: dict = {}
+    exec(nbformat.read(NOTEBOOK, as_version=4).cells[1].source, scope)  # the RUNS cell
+    assert [Path(r).name for r in scope["RUNS"]] == ["mm-middle", "aa-newest"]
