@@ -67,8 +67,10 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format bench strategies tests benchmarks
 
+# the newest run by when its runs.csv was written; none yet: one line, exit 2
 report: install
-	$(PB) report $$(dirname $$(ls -t results/*/runs.csv | head -1))
+	$(if $(wildcard results/*/runs.csv),,$(error no run under results/ yet: make bench first))
+	$(PB) report "$$(dirname "$$(ls -t results/*/runs.csv | head -1)")"
 
 verify: install
 	-@$(MAKE) --no-print-directory horovod

@@ -678,3 +678,56 @@ def test_verify_takes_run_options_given_the_values_it_would_set(tmp_path, capsys
     assert main(args) == 0, capsys.readouterr().err
     assert main([*args[:-1], "6"]) == 2  # --steps 6 with --max-steps 8: one is ignored
     assert "--max-steps would be ignored" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the Makefile's targets
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _make_sandbox(tmp_path: Path) -> Path:
+    """The Makefile in a folder of its own whose venv is installed already and whose
+    `parabench` only echoes its arguments, so `make report` runs nothing real."""
+    import shutil
+
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "parabench").write_text('#!/bin/sh\necho "parabench $*"\n')
+    (bin_dir / "python").write_text("#!/bin/sh\n")
+    for exe in bin_dir.iterdir():
+        exe.chmod(0o755)
+    (tmp_path / ".venv" / ".installed").touch()  # newer than pyproject.toml: up to date
+    return tmp_path
+
+
+def _make(where: Path, *targets: str):
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    return subprocess.run(
+        ["make", "-s", *targets], cwd=where, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_make_report_without_a_run_says_so_in_one_line(tmp_path) -> None:
+    done = _make(_make_sandbox(tmp_path), "report")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "no run under results/" in done.stderr and "make bench" in done.stderr
+
+
+def test_make_report_renders_the_run_written_last(tmp_path) -> None:
+    box = _make_sandbox(tmp_path)
+    for age, name in enumerate(["zz-older", "aa newest"]):
+        runs_csv = box / "results" / name / "runs.csv"
+        runs_csv.parent.mkdir(parents=True)
+        runs_csv.touch()
+        os.utime(runs_csv, (1_000_000 + age, 1_000_000 + age))
+    done = _make(box, "report")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "parabench report results/aa newest"
