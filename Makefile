@@ -14,16 +14,20 @@ export PARABENCH_TEST_DATA ?= $(abspath $(DATA_ROOT))
 
 .PHONY: install horovod bench test test-fast test-torch lint format report verify overhead microbench gpu-check clean help
 help:
+	@echo "make install    the virtual environment ($(VENV)) with parabench and its dev tools"
 	@echo "make bench      install, then run every available strategy on MNIST (results/<run-id>/)"
 	@echo "make test       install (Horovod included), then the test suite"
+	@echo "make test-fast  install, then the tests not marked slow"
 	@echo "make verify     parity of every strategy with the single-device baseline"
-	@echo "make report     re-render the report of the newest run"
+	@echo "make report     re-render the report of the newest run (by its runs.csv's time)"
 	@echo "make overhead   harness vs a hand-written loop: paired rounds, median ratio and its 95 % interval"
 	@echo "make microbench all_reduce, all_gather, reduce_scatter latency / bus bandwidth (pytest-benchmark)"
 	@echo "make horovod    build Horovod 0.28.1 against the installed torch (cached)"
 	@echo "make gpu-check  on a CUDA machine, offline: GPU tests and a reference run (results/reference/)"
 	@echo "make test-torch TORCH=2.10.0  the fast suite against another torch (PYTEST_ARGS: other tests)"
 	@echo "make lint       ruff"
+	@echo "make format     ruff format"
+	@echo "make clean      remove $(VENV) and the caches and build outputs"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

@@ -731,3 +731,12 @@ def test_make_report_renders_the_run_written_last(tmp_path) -> None:
     done = _make(box, "report")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "parabench report results/aa newest"
+
+
+def test_make_help_names_every_target(tmp_path) -> None:
+    import re
+
+    text = (ROOT / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY:(.*)$", text, re.M).group(1).split()
+    shown = {line.split()[1] for line in _make(ROOT, "help").stdout.splitlines()}
+    assert set(phony) - {"help"} <= shown, set(phony) - shown
