@@ -139,7 +139,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=None,
-        help="loader workers per device (default 0 CPU, 4 CUDA)",
+        help="DataLoader workers per device (default 0 CPU, 4 CUDA); only where a DataLoader "
+        "feeds the run (the ImageNet subset, or --data-path loader)",
     )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--lr", type=float, default=d.lr)
@@ -403,7 +404,12 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
     )
     from bench.workload import data
 
-    data.unused_options(cfg, image_size=a.image_size is not None, seq_len=a.seq_len is not None)
+    data.unused_options(
+        cfg,
+        image_size=a.image_size is not None,
+        seq_len=a.seq_len is not None,
+        workers=a.workers is not None,
+    )
     return cfg
 
 

@@ -191,6 +191,20 @@ CASES = [
         id="image-size-mnist",
     ),
     case(RUN, ["--seq-len", "64"], "--seq-len 64 does nothing here: MNIST is", id="seq-len-mnist"),
+    # in-memory data indexed on the device: no DataLoader, so no loader workers
+    case(
+        RUN,
+        ["--workers", "4"],
+        "--workers 4 does nothing here: mnist is held in memory and its batches are indexed "
+        "on the device (--data-path auto)",
+        id="workers-mnist",
+    ),
+    case(
+        RUN,
+        ["--dataset", "synthetic", "--data-path", "device", "--workers", "0"],
+        "--workers 0 does nothing here: synthetic is held in memory",
+        id="workers-synthetic-device",
+    ),
     case(
         RUN,
         ["--dataset", "synthetic", "--model", "mnist_cnn", "--image-size", "64"],

@@ -740,3 +740,18 @@ def test_make_help_names_every_target(tmp_path) -> None:
     phony = re.search(r"^\.PHONY:(.*)$", text, re.M).group(1).split()
     shown = {line.split()[1] for line in _make(ROOT, "help").stdout.splitlines()}
     assert set(phony) - {"help"} <= shown, set(phony) - shown
+
+
+@pytest.mark.parametrize(
+    ("args", "workers"),
+    [
+        (["--data-path", "loader", "--workers", "2"], 2),  # a DataLoader: its workers count
+        (["--dataset", "imagenet-subset", "--workers", "3"], 3),  # decoded by a DataLoader
+        ([], None),  # not given: nothing to refuse
+    ],
+)
+def test_workers_where_a_dataloader_runs_them_is_taken(args, workers, data_root) -> None:
+    from bench.cli import build_parser, config_from_args
+
+    a = build_parser().parse_args(["run", "--data-root", str(data_root), *args])
+    assert config_from_args(a).workers == workers

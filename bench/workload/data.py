@@ -136,10 +136,21 @@ def _check_layout(cfg: RunConfig, spec: InputSpec) -> None:
         )
 
 
-def unused_options(cfg: RunConfig, image_size: bool, seq_len: bool) -> None:
+#: built-in data sets held in memory: `--data-path auto` (or device) indexes them on the device
+IN_MEMORY = ("mnist", "synthetic")
+
+
+def unused_options(cfg: RunConfig, image_size: bool, seq_len: bool, workers: bool = False) -> None:
     """--image-size and --seq-len, where given (the flags say which), must change what the
     run's model is fed: a run that would ignore one is refused, so no row is read as
-    trained at a size it was not."""
+    trained at a size it was not. So must --workers (`workers`: given) change how it is
+    fed: in-memory data indexed on the device has no DataLoader to run workers in."""
+    if workers and cfg.dataset in IN_MEMORY and cfg.data_feed != "loader":
+        raise ConfigError(
+            f"--workers {cfg.workers} does nothing here: {cfg.dataset} is held in memory and "
+            f"its batches are indexed on the device (--data-path {cfg.data_feed}), with no "
+            "DataLoader; leave it out, or add --data-path loader to time a DataLoader"
+        )
     for flag, given, field, other in (
         ("--image-size", image_size, "image_size", 32),
         ("--seq-len", seq_len, "seq_len", 64),
