@@ -192,7 +192,7 @@ class FSDPTensorParallel(TensorParallelMixin, FSDP2):
         if tp < 2 or world_size % tp or world_size // tp < 2:
             return (
                 f"2-D needs at least 2 data-parallel groups of tp={tp} ranks: world size "
-                f"{world_size} is not a multiple of {tp} of at least {2 * tp}"
+                f"must be a multiple of tp={tp} and at least {2 * tp}, got {world_size}"
             )
         return tp_problem(cfg, tp)
 

@@ -366,3 +366,15 @@ def test_a_pipeline_stage_that_skips_its_optimizer_step_fails_parity(model_paral
     assert rows[("test_pipeline_nostep", 2)]["status"] == results.OK  # it runs fine...
     bad = parity[("test_pipeline_nostep", 2)]
     assert bad.status == "FAIL" and bad.param_rel > 100 * RECIPES["exact"].param_rel
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_fsdp_tp_says_what_world_size_it_needs(world_size) -> None:
+    """fsdp_tp (tp=2) at a world size it cannot run: what it needs, then what it got."""
+    import strategies
+
+    why = strategies.get("fsdp_tp").cls.unsuitable(None, world_size, {})
+    assert why == (
+        "2-D needs at least 2 data-parallel groups of tp=2 ranks: world size must be a "
+        f"multiple of tp=2 and at least 4, got {world_size}"
+    )
