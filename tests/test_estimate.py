@@ -106,3 +106,20 @@ def test_timing_in_a_child_process_as_on_a_gpu(mnist, tmp_path) -> None:
     )
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 9.00 GiB"):
         estimate.timed(cfg.replace(model=f"{model}:build"), bundle, ["fp32"], isolate=True)
+
+
+def test_a_long_run_points_to_dry_run_only_outside_one(mnist) -> None:
+    """Printed as a run starts, a long estimate names --dry-run for the plan; printed by
+    --dry-run, under the plan itself, it does not send the reader to --dry-run again."""
+    from bench.harness import runner
+
+    cfg, _ = mnist
+    cfg = cfg.replace(strategies=["single"], world_sizes=[1], global_batch=8)
+    long = estimate.Estimate(
+        total_s=estimate.LONG_S + 60, startup_s=4.0, per_sample_ms=1.0, steps=8,
+        train_samples=64, data="mnist",
+    )  # fmt: skip
+    assert "that is long on this machine" in long.line()
+    assert long.line().endswith("--dry-run shows the plan")
+    plan = estimate.plan_text(cfg, runner.plan(cfg), long)
+    assert "that is long on this machine" in plan and "--dry-run" not in plan

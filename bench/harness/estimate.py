@@ -50,7 +50,9 @@ class Estimate:
     data: str
     untimed: str = ""  # why the steps could not be timed here (the total leaves them out)
 
-    def line(self) -> str:
+    def line(self, dry_run: bool = False) -> str:
+        """The estimate in one line; `dry_run`: printed by --dry-run, under its plan (so
+        no pointer to --dry-run for the plan)."""
         if self.per_sample_ms is None:
             return (
                 f"estimated wall time: {minutes(self.startup_s)} of start-up and the steps, "
@@ -60,8 +62,8 @@ class Estimate:
         if self.total_s > LONG_S:
             long = (
                 "; that is long on this machine: --max-steps, --limit or fewer "
-                "--strategies/--world-sizes shorten it, --dry-run shows the plan"
-            )
+                "--strategies/--world-sizes shorten it"
+            ) + ("" if dry_run else ", --dry-run shows the plan")
         return (
             f"estimated wall time {minutes(self.total_s)} ({minutes(self.startup_s)} of it "
             f"start-up), from {self.per_sample_ms:.2f} ms per sample (fp32; other precisions "
@@ -242,5 +244,5 @@ def plan_text(cfg: RunConfig, cells: list, est: Estimate) -> str:
         lines.append(
             f"{c.strategy:<22}{c.world_size:>3}  {c.label:<{sw}}{spec.launcher:<12}{procs:>9}"
         )
-    lines += ["", est.line()]
+    lines += ["", est.line(dry_run=True)]
     return "\n".join(lines)
