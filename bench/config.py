@@ -125,6 +125,10 @@ class RunConfig:
     ifname: str = ""  # the nodes' network interface for gloo / NCCL (GLOO_SOCKET_IFNAME)
     #: a node's CPU cores, shared by its ranks' threads (0: as many as this machine has)
     cores_per_node: int = 0
+    #: threads each rank computes with on a CPU (0: its node's cores shared by its ranks);
+    #: verify runs a share baseline at its cells' count, since a convolution's gradient
+    #: depends on how many threads reduce it
+    threads_per_rank: int = 0
     #: "" (each strategy's own launcher) or "slurm": every cell one srun step (bench.harness.slurm),
     #: hosts the allocation's node names and master_addr its first node's address
     launcher: str = ""

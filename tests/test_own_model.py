@@ -233,19 +233,25 @@ def test_a_users_model_and_data_run_and_verify_against_the_share_baseline(tmp_pa
         strategies=("ddp_spawn", "test_nosync"),
         world_sizes=(2,),  # the baselines (single, whole and in 2 shares) run apart
         device="cpu",
-        global_batch=16,
+        global_batch=32,  # verify's own batch and steps, as the README's example runs
         limit=512,
         out_dir=str(tmp_path),
         timeout_s=240,
     )
     with faulty_strategies():
-        run_dir, parity = verify(cfg, steps=4, echo=lambda m: None)
+        run_dir, parity = verify(cfg, steps=8, echo=lambda m: None)
     print(table(parity))
     by = {(p.strategy, p.world_size): p for p in parity}
     good, bad = by[("ddp_spawn", 2)], by[("test_nosync", 2)]
     assert good.status == "pass" and good.baseline == "single, 2 shares", good
     assert good.buffer_abs <= 1e-5  # running statistics follow rank 0's rule
     assert bad.status == "FAIL" and bad.baseline == "single, 2 shares", bad
+    # the share baseline computed with the cells' threads per rank: a convolution's
+    # gradient depends on how many threads reduce it (at 2 threads against the ranks' 1,
+    # this correct ddp_spawn once FAILed by step 8)
+    rows = pd.read_csv(run_dir / "runs.csv")
+    shares = pd.read_csv(run_dir / "baselines" / "shares2-acc1" / "runs.csv")
+    assert set(shares["threads_per_rank"]) == set(rows["threads_per_rank"])
     assert (run_dir / "conditioning.txt").read_text().startswith("conditioning: the baseline")
     rows = pd.read_csv(run_dir / "runs.csv")
     ran = rows[rows["status"] == "ok"]

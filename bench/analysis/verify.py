@@ -765,6 +765,7 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
         one = baseline_config(cfg, baselines_dir(run_dir), _layout_id((1, 1)), options={})
         run_matrix(one, echo=echo)
     runs = [(layout, "fp32") for layout in share_layouts(run_dir)]
+    threads = _layout_threads(run_dir)
     for layout, precision in runs + reference_layouts(run_dir):
         r, k = layout
         if precision == "fp32":
@@ -777,8 +778,27 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
             _baseline_id(layout, precision),
             options={"shares": str(r)} if r > 1 else {},
             precisions=(precision,),
+            threads_per_rank=threads.get(layout, 0),
         )
         run_matrix(layout_cfg.replace(accumulate=(k,)), echo=echo)
+
+
+def _layout_threads(run_dir: Path) -> dict[Layout, int]:
+    """The threads per rank of the cells each share layout is the baseline of (the fewest,
+    where cells of one layout ran with different counts): the baseline computes each share
+    as a rank of theirs does, since a convolution's gradient on a CPU depends on how many
+    threads reduce it (1 vs 2 threads: 8e-5 apart on the worked example's first layer,
+    past the exact tolerance within a few steps)."""
+    rd = RunDir(run_dir)
+    norms = batch_norms(rd.config())
+    out: dict[Layout, int] = {}
+    for r in rd.runs.read():
+        n = r.get("threads_per_rank") or ""
+        if r["status"] != results.OK or r.get("device") == "cuda" or not n.isdigit():
+            continue
+        layout = batch_norm_layout(r, norms)
+        out[layout] = min(out.get(layout, int(n)), int(n))
+    return out
 
 
 #: twins of the baseline run to measure a model's conditioning (bench.analysis.verify.conditioning)

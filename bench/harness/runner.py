@@ -226,8 +226,8 @@ def cpu_share(cfg: RunConfig, cell: Cell) -> tuple[int, int]:
 
 
 def rank_threads(cfg: RunConfig, cell: Cell) -> int:
-    """Threads per rank: its node's cores shared by the node's ranks."""
-    return threads_per_process(*cpu_share(cfg, cell))
+    """Threads per rank: its node's cores shared by the node's ranks (or as the run says)."""
+    return cfg.threads_per_rank or threads_per_process(*cpu_share(cfg, cell))
 
 
 def cpu_capacity(cfg: RunConfig, cell: Cell) -> int:
