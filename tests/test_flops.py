@@ -189,3 +189,40 @@ def test_cpu_units_read_from_the_flags() -> None:
     assert cpu_has_units("bf16", "flags : fpu avx2 avx512_bf16 fma")
     assert not cpu_has_units("bf16", "flags : fpu avx2 fma")
     assert cpu_has_units("fp16", "flags : amx_fp16") and not cpu_has_units("fp32", "x")
+
+
+def test_a_peak_measured_low_gives_no_mfu_and_says_why() -> None:
+    from bench.harness.runner import mfu_columns
+
+    info = {"flops_per_sample": 1e9, "peaks": {"fp32/2t": (2e-4, "measured: fp32 matmul")}}
+    row = {"threads_per_rank": "2", "precision": "fp32", "samples_per_s_per_device": "1000"}
+    cols = mfu_columns(info, "cpu", row)  # 1 TFLOP/s achieved against a peak of 0.0002
+    assert math.isnan(cols["mfu_pct"])
+    assert (
+        cols["peak_source"]
+        == "measured: fp32 matmul; not used: the cell ran at 500000 % of it (measured low)"
+    )
+    info["peaks"]["fp32/2t"] = (10.0, "measured: fp32 matmul")
+    cols = mfu_columns(info, "cpu", row)
+    assert cols["mfu_pct"] == pytest.approx(10.0) and cols["peak_source"] == "measured: fp32 matmul"
+
+
+def test_a_cpu_peak_of_several_threads_is_at_least_one_threads(tmp_path, data_root, monkeypatch):
+    """On a machine where another process holds a core, a 2-thread product waits on its
+    slowest thread: its measured peak once came out 400x under one thread's."""
+    import json
+
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    def busy(threads, dtype=torch.float32, **_):
+        return 0.1 if threads == 1 else 0.00022  # the 2-thread figure a busy machine gave
+
+    monkeypatch.setattr(flops, "measured_cpu_peak", busy)
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    cfg = cfg.replace(scaling_model=True, threads_per_rank=2)
+    cells = runner.plan(cfg)
+    (tmp_path / "r").mkdir()
+    runner.measure_flops(cfg, cells, tmp_path / "r", echo=lambda m: None)
+    peaks = json.loads((tmp_path / "r" / "model.json").read_text())["peaks"]
+    assert peaks["fp32/2t"][0] == 0.1
