@@ -124,3 +124,21 @@ def test_memory_that_grows_step_after_step_is_named_in_the_report(tmp_path, data
     text = (report.render(run_dir)).read_text()
     section = text.split("## Memory that grew step after step")[1].split("## ")[0]
     assert "| test_leaky | 1 | 0 |" in section and "| single |" not in section
+
+
+def test_an_evaluation_that_fails_keeps_the_measured_steps(tmp_path, data_root, faulty):
+    import pandas as pd
+
+    from bench.harness import results
+
+    cfg = small_config(tmp_path, data_root, strategies=("test_evalfails",), world_sizes=(1,))
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    (row,) = rows
+    assert row["status"] == results.FAILED
+    assert row["reason"] == (
+        "evaluation after the timed steps failed: RuntimeError: Error(s) in loading "
+        "state_dict: Missing key(s): head.weight"
+    )
+    assert float(row["samples_per_s"]) > 0 and int(row["timed_steps"]) == 4  # kept
+    assert len(pd.read_csv(run_dir / "steps.csv")) == 6
+    assert not leftover_processes(run_dir)

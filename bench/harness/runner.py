@@ -754,9 +754,7 @@ class Runner:
                     "threads_per_rank": rec["threads_per_rank"],
                     "warmup_steps": rec["warmup_steps"],
                     "notes": rec["notes"],
-                    # a diverged epoch keeps every measurement, but is not a result to rank
-                    "status": results.DIVERGED if diverged else results.OK,
-                    "reason": diverged or "",
+                    **_epoch_status(diverged, rec.get("eval_error", "")),
                     "cell_wall_s": wall,
                     **startup,
                     **results.measure(rec, cell.world_size, self.device),
@@ -1016,6 +1014,17 @@ def measure_collectives(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: 
 def peak_key(device: str, threads: Any, precision: Any) -> str:
     """model.json's key of a device peak: per precision, and per thread count on a CPU."""
     return f"{precision}" if device == "cuda" else f"{precision}/{threads}t"
+
+
+def _epoch_status(diverged: str | None, eval_error: str) -> dict[str, str]:
+    """An epoch record's status and reason: a diverged epoch, or one whose evaluation
+    failed, keeps every measurement but is not a result to rank."""
+    if diverged:
+        return {"status": results.DIVERGED, "reason": diverged}
+    if eval_error:
+        reason = f"evaluation after the timed steps failed: {eval_error}"
+        return {"status": results.FAILED, "reason": reason}
+    return {"status": results.OK, "reason": ""}
 
 
 def mfu_columns(info: Mapping[str, Any], device: str, row: Mapping[str, Any]) -> dict[str, Any]:

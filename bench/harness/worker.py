@@ -206,7 +206,13 @@ def _train(
         extra = strategy.cell_metrics(stats.warmup_steps)  # of the timed steps only
         probe = _probe(strategy, cfg, cell_dir) if epoch == cfg.epochs - 1 else {}
         evaluates = ctx.rank == 0 or strategy.collective_eval
-        metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
+        try:
+            metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
+        except Exception as exc:  # the timed steps are measured: keep them, say what failed
+            text = str(exc).strip().splitlines()
+            metrics = {"eval_error": f"{type(exc).__name__}: {text[0] if text else ''}"[:300]}
+            if strategy.model is not None:
+                strategy.model.train()
         ranks = strategy.gather(
             {
                 "rank": ctx.rank,

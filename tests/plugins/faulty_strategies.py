@@ -128,3 +128,13 @@ class Leaky(Strategy):
         if not hasattr(self, "kept"):
             self.kept = []
         self.kept.append(torch.ones(6 * 2**20, device=self.ctx.device))  # 24 MiB of fp32
+
+
+class EvalFails(Strategy):
+    """single whose evaluation raises after the timed steps (as a pipeline's does when its
+    stages leave a parameter out): the row fails, and keeps what was measured."""
+
+    variants = {"test_evalfails": Variant("inprocess", "single whose evaluation raises")}
+
+    def eval_module(self):
+        raise RuntimeError("Error(s) in loading state_dict: Missing key(s): head.weight")
