@@ -159,14 +159,19 @@ def test_an_earlier_days_check_is_named_so_a_cut_off_part_is_finished_there(tmp_
     (earlier / "mnist-device").mkdir(parents=True)
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(fake))
     env.pop("GPU_CHECK_OUT", None)
-    done = subprocess.run(
-        ["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "install"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+
+    def install_part() -> subprocess.CompletedProcess:
+        script = str(tmp_path / "scripts" / "gpu_check.sh")
+        return subprocess.run(
+            ["bash", script, "install"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+
+    done = install_part()
     assert done.returncode == 0, done.stderr[-2000:]
     hint = (
         "gpu-check: an earlier check of this GPU is in results/reference/"
@@ -177,13 +182,6 @@ def test_an_earlier_days_check_is_named_so_a_cut_off_part_is_finished_there(tmp_
     assert hint in done.stderr, done.stderr
     # named, the earlier folder is used, and nothing is said
     env["GPU_CHECK_OUT"] = "results/reference/nvidia-fake-gpu-80gb-20200101"
-    again = subprocess.run(
-        ["bash", str(tmp_path / "scripts" / "gpu_check.sh"), "install"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    again = install_part()
     assert again.returncode == 0 and "earlier check" not in again.stderr, again.stderr
     assert "install -> results/reference/nvidia-fake-gpu-80gb-20200101" in again.stderr
