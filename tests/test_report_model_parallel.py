@@ -287,6 +287,18 @@ def test_terminal_speedups_are_over_one_single_setting_as_the_reports() -> None:
     assert base["setting"] == "bf16"  # the report's base is the same
 
 
+def test_swept_values_are_listed_in_numeric_order() -> None:
+    rows = [
+        _row("single", 1),
+        *(_row("ddp", 2, setting=f"fp32,bucket_cap_mb={mb}") for mb in (100, 1, 25)),
+    ]
+    text = summary.table(
+        [{k: str(v) for k, v in r.items()} for r in _runs(rows).to_dict("records")]
+    )
+    names = [line.split()[1] for line in text.splitlines()[2:] if line.startswith("ddp")]
+    assert names == ["[bucket_cap_mb=1]", "[bucket_cap_mb=25]", "[bucket_cap_mb=100]"], text
+
+
 def test_throughput_plot_leaves_out_oversubscribed_cells() -> None:
     table = report.summarise(_mixed())
     ax = plots.throughput(table).axes[0]

@@ -6,6 +6,8 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
+from bench.harness import results
+
 
 def _f(row: Mapping[str, str], key: str) -> float:
     try:
@@ -99,7 +101,7 @@ def table(rows: Iterable[Mapping[str, str]]) -> str:
     width = max([16, *(len(label(k)) + 1 for k in (*ok, *other))])
     head = f"{'strategy':<{width}}{'ws':>3}{unit:>12}{'speed-up':>9}{'step p50 ms':>13}{'data %':>8}{'peak MiB':>10}{'loss':>8}{'acc':>7}  status"
     lines = [head, "-" * len(head)]
-    for key in sorted(set(ok) | set(other)):
+    for key in sorted(set(ok) | set(other), key=lambda k: (results.natural_key(k[0]), k[1])):
         name, ws = key
         if key in ok:
             rs = ok[key]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -533,6 +534,16 @@ def setting_change(a: str, b: str) -> str:
     pa, pb = _setting_parts(a), _setting_parts(b)
     axes = [k for k in dict.fromkeys([*pa, *pb]) if pa.get(k) != pb.get(k)]
     return " -> ".join(", ".join(p.get(k, "–") for k in axes) for p in (pa, pb))
+
+
+def natural_key(label: str) -> tuple:
+    """A label's sort key with its numbers as numbers: `[bucket_cap_mb=1]` before `=25`
+    before `=100`, where text order puts 100 first."""
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", label)
+        if part
+    )
 
 
 def case_labels(
