@@ -297,6 +297,9 @@ def test_swept_values_are_listed_in_numeric_order() -> None:
     )
     names = [line.split()[1] for line in text.splitlines()[2:] if line.startswith("ddp")]
     assert names == ["[bucket_cap_mb=1]", "[bucket_cap_mb=25]", "[bucket_cap_mb=100]"], text
+    (runs,) = report._labelled([_runs(rows)])
+    cases = list(report.summarise(runs)["strategy"])
+    assert cases == [f"ddp [bucket_cap_mb={mb}]" for mb in (1, 25, 100)] + ["single"], cases
 
 
 def test_throughput_plot_leaves_out_oversubscribed_cells() -> None:

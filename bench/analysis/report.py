@@ -395,7 +395,13 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     # more ranks than cores time-share the cores: correct results, but no speed to rank
     ratios = [c for c in table.columns if c.startswith(("speedup", "scaling_efficiency"))]
     table.loc[table["oversubscribed"] == 1, ratios] = math.nan
-    return table[cols]
+    order = sorted(range(len(table)), key=lambda i: _order(table.iloc[i]))
+    return table.iloc[order].reset_index(drop=True)[cols]
+
+
+def _order(row: pd.Series) -> tuple:
+    """Cases in name order, numbers as numbers (a sweep's 1, 25, 100), then world size."""
+    return results.natural_key(str(row["strategy"])), int(row["world_size"])
 
 
 #: 95 % intervals over repeats (bench.harness.stats; nan with fewer than 3), the coefficient of
