@@ -302,6 +302,16 @@ def test_swept_values_are_listed_in_numeric_order() -> None:
     assert cases == [f"ddp [bucket_cap_mb={mb}]" for mb in (1, 25, 100)] + ["single"], cases
 
 
+def test_a_token_models_summary_has_tokens_per_second() -> None:
+    rows = [_row("single", 1, tokens_per_s=6400.0), _row("ddp", 2, sps=180.0, tokens_per_s=11520.0)]
+    text = report.summary_markdown(report.summarise(_runs(rows)))
+    head, _, *body = text.splitlines()
+    assert head.split(" | ")[3:5] == ["samples/s", "tokens/s"]
+    assert [line.split(" | ")[4] for line in body] == ["11,520", "6,400"]
+    images = report.summary_markdown(report.summarise(_mixed()))  # no token model: none
+    assert "tokens/s" not in images
+
+
 def test_throughput_plot_leaves_out_oversubscribed_cells() -> None:
     table = report.summarise(_mixed())
     ax = plots.throughput(table).axes[0]

@@ -667,6 +667,11 @@ def summary_markdown(summary: pd.DataFrame) -> str:
                 _num(r["eval_accuracy_median"], 3),
             ]
         )
+    tokens = pd.to_numeric(summary.get("tokens_per_s_median"), errors="coerce")
+    if tokens is not None and tokens.notna().any():  # a token model: its work in tokens too
+        header.insert(4, "tokens/s")
+        for row, (_, r) in zip(rows, summary.iterrows(), strict=True):
+            row.insert(4, _with_range(r, "tokens_per_s", 0))
     return md_table(header, rows)
 
 
