@@ -123,3 +123,38 @@ def test_a_long_run_points_to_dry_run_only_outside_one(mnist) -> None:
     assert long.line().endswith("--dry-run shows the plan")
     plan = estimate.plan_text(cfg, runner.plan(cfg), long)
     assert "that is long on this machine" in plan and "--dry-run" not in plan
+
+
+@pytest.mark.parametrize("child", [False, True], ids=["here", "child process"])
+def test_a_step_that_cannot_train_is_a_config_error_naming_model_and_data(
+    mnist, tmp_path, monkeypatch, child
+) -> None:
+    """A training step that fails other than out of memory (here: no parameter takes a
+    gradient) is the model's or the data's fault, in every cell alike: one line before
+    anything starts, also where the step ran in a child process (on a GPU) and what it
+    raised was raised again here."""
+    from bench.config import ConfigError
+    from bench.harness import runner
+
+    model = tmp_path / "frozen_model.py"
+    model.write_text(
+        "import torch\n"
+        "def build(num_classes=10):\n"
+        "    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, num_classes))\n"
+        "    net.requires_grad_(False)\n"
+        "    return net\n"
+    )
+    cfg, _ = mnist
+    cfg = cfg.replace(
+        model=f"{model}:build", strategies=["single"], world_sizes=[1], global_batch=8
+    )
+    cells = runner.plan(cfg)
+    timed = estimate.timed
+    monkeypatch.setattr(estimate, "timed", lambda c, b, p, isolate: timed(c, b, p, isolate=child))
+    with pytest.raises(ConfigError) as err:
+        estimate.estimate(cfg, cells)
+    assert str(err.value) == (
+        f"model {cfg.model} on data mnist: a training step (forward, loss, backward, optimizer "
+        "step on a batch of its samples) fails: RuntimeError: element 0 of tensors does not "
+        "require grad and does not have a grad_fn"
+    )

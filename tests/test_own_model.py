@@ -111,6 +111,20 @@ def bad_count():
     return torch.zeros(8, 3), torch.zeros(8, dtype=torch.long), "many"
 def wrong_target_shape():
     return torch.zeros(8, 3), torch.zeros(8, 2, dtype=torch.long)
+class Samples(Dataset):
+    num_classes = 4
+    def __init__(self, sample):
+        self.sample = sample
+    def __len__(self):
+        return 10
+    def __getitem__(self, i):
+        return self.sample
+def float_labels_dataset():
+    return Samples((torch.zeros(1, 32, 32), 1.0))
+def lists_dataset():
+    return Samples(([[0.0] * 32] * 32, 1))
+def labels_out_of_range():
+    return torch.zeros(8, 1, 32, 32), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2]), 4
 """
 BAD_DATA = {
     "missing module": ("no_such_pkg.data:load", "cannot import no_such_pkg.data"),
@@ -119,6 +133,13 @@ BAD_DATA = {
     "float targets": ("FILE:float_targets", "targets must be integer class labels"),
     "a count that is not a number": ("FILE:bad_count", "number of classes must be an int"),
     "targets neither a label nor tokens": ("FILE:wrong_target_shape", "a target of shape (2,)"),
+    # a Dataset's first target is checked as the tensors' are
+    "float labels in a Dataset": (
+        "FILE:float_labels_dataset",
+        "targets must be integer class labels, not torch.float32",
+    ),
+    "samples that are lists": ("FILE:lists_dataset", "first sample is not a pair of tensors"),
+    "labels past the classes": ("FILE:labels_out_of_range", "targets from 0 to 4, out of range"),
 }
 
 
@@ -129,6 +150,83 @@ def test_a_bad_dataset_factory_is_one_line_and_exit_2(capsys, tmp_path, case):
     code, err = _cli(capsys, tmp_path, "--dataset", spec, "--model", MODEL)
     assert code == 2 and err.count("\n") == 1, err
     assert "Traceback" not in err and expected in err, err
+
+
+STEP_FILE = """
+from torch.utils.data import Dataset
+class Net(nn.Sequential):
+    input_shape = (8,)
+def plain(num_classes=4):
+    return Net(nn.Linear(8, num_classes))
+def frozen(num_classes=4):
+    net = plain(num_classes)
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
+class Buffers(nn.Module):
+    input_shape = (8,)
+    def __init__(self, num_classes):
+        super().__init__()
+        self.register_buffer("w", torch.randn(8, num_classes))
+    def forward(self, x):
+        return x @ self.w
+def buffers_only(num_classes=4):
+    return Buffers(num_classes)
+class Rounds(nn.Linear):
+    input_shape = (8,)
+    def forward(self, x):
+        return super().forward(x).long()
+def long_output(num_classes=4):
+    return Rounds(8, num_classes)
+def vectors():
+    return torch.randn(64, 8), torch.arange(64) % 4
+def doubles():
+    return torch.randn(64, 8, dtype=torch.float64), torch.arange(64) % 4
+class Samples(Dataset):
+    num_classes = 4
+    def __init__(self, sample):
+        self.sample = sample
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return self.sample(i)
+def labels_past_classes():  # a Dataset: only a step sees its labels
+    return Samples(lambda i: (torch.randn(8), 4 + i))
+def ragged():
+    return Samples(lambda i: (torch.randn(8 + i % 2), i % 4))
+"""
+CANNOT_TRAIN = {
+    "no parameter takes a gradient": ("frozen", "vectors", "element 0 of tensors does not"),
+    "buffers only": ("buffers_only", "vectors", "optimizer got an empty parameter list"),
+    "an output of dtype long": ("long_output", "vectors", "RuntimeError: element 0"),
+    "labels past the classes": ("plain", "labels_past_classes", "IndexError: Target"),
+    "inputs of another dtype": ("plain", "doubles", "Double and Float"),
+    "samples of different shapes": ("plain", "ragged", "stack expects each tensor"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CANNOT_TRAIN))
+def test_a_model_or_data_that_cannot_take_a_step_is_one_line_and_exit_2(capsys, tmp_path, case):
+    """The meta forward passes; the estimate's training step (before anything starts) is
+    the first to fail: one line naming the model, the data and the cause, not a traceback."""
+    model, dataset, cause = CANNOT_TRAIN[case]
+    path = _file(tmp_path, STEP_FILE)
+    args = ("--dry-run", "--model", f"{path}:{model}", "--dataset", f"{path}:{dataset}")
+    code, err = _cli(capsys, tmp_path, *args, "--global-batch", "8", "--strategies", "single")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"parabench: error: model {path}:{model} on data {path}:{dataset}")
+    assert "a training step" in err and cause in err, err
+
+
+def test_verify_dry_run_refuses_a_model_that_cannot_take_a_step(capsys, tmp_path):
+    path = _file(tmp_path, STEP_FILE)
+    code = main(
+        ["verify", "--dry-run", "--device", "cpu", "--out-dir", str(tmp_path / "out")]
+        + ["--model", f"{path}:frozen", "--dataset", f"{path}:vectors", "--global-batch", "8"]
+        + ["--strategies", "ddp_spawn", "--world-sizes", "2", "--steps", "2"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "does not require grad" in err, err
 
 
 def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):

@@ -166,9 +166,11 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
     ]
     try:
         ms = timed(cfg, bundle, precisions, isolate=resolve_device(cfg.device) == "cuda")
-    except Exception as exc:
+    except ConfigError:
+        raise
+    except Exception as exc:  # here, or raised again here from the child process
         if not proc.is_oom(exc):
-            raise
+            raise cannot_train(cfg, exc) from None
         where = "GPU" if resolve_device(cfg.device) == "cuda" else "machine"
         return _estimate(
             cfg,
@@ -181,6 +183,18 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
     finally:
         torch.set_num_threads(threads)
     return _estimate(cfg, cells, bundle, ms)
+
+
+def cannot_train(cfg: RunConfig, exc: BaseException) -> ConfigError:
+    """A training step of the run's model on its data that fails other than out of memory:
+    the model or the data cannot train (no parameter that takes a gradient, an output that
+    is not a float, labels out of range, samples the DataLoader cannot batch, inputs of
+    another dtype than the model's), in every cell alike, so one line before anything
+    starts rather than a traceback or a matrix of failed cells."""
+    return ConfigError(
+        f"model {cfg.model} on data {cfg.dataset}: a training step (forward, loss, backward, "
+        f"optimizer step on a batch of its samples) fails: {plugins.one_line(exc)}"
+    )
 
 
 def _estimate(

@@ -581,6 +581,13 @@ def _python_source(cfg: RunConfig) -> DataBundle:
 
 
 # ---------------------------------------------------------------- a user's data set
+def _integer_targets(name: str, dtype: torch.dtype) -> None:
+    """Cross-entropy takes class labels (or next tokens) as integers: float targets (a
+    regression's, or labels stored as floats) fail in the first step, bool ones too."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        raise ConfigError(f"{name}: targets must be integer class labels, not {dtype}")
+
+
 def _plugin(cfg: RunConfig) -> DataBundle:
     """A user's data set: its factory returns a map-style Dataset of (input, target)
     samples that states its classes (`num_classes`, `classes` or, for token data,
@@ -599,8 +606,6 @@ def _plugin(cfg: RunConfig) -> DataBundle:
         x, y = got[0], got[1]
         if len(x) != len(y):
             raise ConfigError(f"{name}: {len(x)} inputs but {len(y)} targets")
-        if y.dtype.is_floating_point:
-            raise ConfigError(f"{name}: targets must be integer class labels, not {y.dtype}")
         classes = got[2] if len(got) == 3 else None
         ds: Dataset = TensorDataset(x, y)
     elif isinstance(got, Dataset) and hasattr(got, "__len__"):
@@ -624,12 +629,16 @@ def _plugin(cfg: RunConfig) -> DataBundle:
         raise ConfigError(f"{name}: the data set is empty")
     try:
         x0, y0 = ds[0]
+        listed = [type(v).__name__ for v in (x0, y0) if isinstance(v, list | tuple)]
+        if listed:  # the DataLoader batches a list as a list of tensors, not as a tensor
+            raise TypeError(f"a Python {listed[0]} (return tensors)")
         x0, y0 = torch.as_tensor(x0), torch.as_tensor(y0)
     except Exception as exc:
         raise ConfigError(
             f"{name}: its first sample is not a pair of tensors (input, target): "
             f"{plugins.one_line(exc)}"
         ) from None
+    _integer_targets(name, y0.dtype)  # a Dataset's read off its first sample
     # token data: a target per input position (next tokens), not one label per sample
     tokens = y0.dim() > 0 and y0.shape == x0.shape
     if y0.numel() != 1 and not tokens:
@@ -651,6 +660,13 @@ def _plugin(cfg: RunConfig) -> DataBundle:
         ) from None
     if classes < 2:
         raise ConfigError(f"{name}: {classes} class(es); a classifier needs at least 2")
+    if isinstance(ds, TensorDataset):  # in memory: every label checked, not a first batch's
+        low, high = int(ds.tensors[1].min()), int(ds.tensors[1].max())
+        if low < 0 or high >= classes:
+            raise ConfigError(
+                f"{name}: targets from {low} to {high}, out of range for {classes} classes "
+                f"(labels 0 to {classes - 1})"
+            )
     spec = InputSpec(tuple(x0.shape), x0.dtype, classes if tokens else 0)
     n_eval = min(cfg.eval_samples, n // 10)
     train = _limit(Subset(ds, range(n - n_eval)), cfg.limit)
