@@ -229,6 +229,19 @@ def test_verify_dry_run_refuses_a_model_that_cannot_take_a_step(capsys, tmp_path
     assert code == 2 and err.count("\n") == 1 and "does not require grad" in err, err
 
 
+def test_a_dataset_read_sample_by_sample_is_not_held_on_the_device(capsys, tmp_path):
+    path = _file(tmp_path, STEP_FILE)
+    args = ("--model", f"{path}:plain", "--dataset", f"{path}:labels_past_classes")
+    code, err = _cli(capsys, tmp_path, *args, "--data-path", "device")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--data-path device needs data held in memory as tensors" in err
+    assert "return (inputs, targets) tensors" in err and "--data-path loader or auto" in err
+    # tensors are held there; a Dataset takes the DataLoader
+    cfg = RunConfig(model=f"{path}:plain", dataset=f"{path}:vectors", device="cpu")
+    data.check(cfg.replace(data_feed="device", global_batch=8))
+    data.check(cfg.replace(dataset=f"{path}:ragged", data_feed="loader", global_batch=8))
+
+
 def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
     spec = _file(tmp_path, "def build(num_classes):\n    return nn.Linear(6, num_classes)\n")
     cfg = RunConfig(model=f"{spec}:build", dataset=DATASET, device="cpu")

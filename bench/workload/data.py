@@ -79,6 +79,12 @@ def checked(cfg: RunConfig) -> tuple[str, int]:
         return bundle.description, len(bundle.train)
     if cfg.dataset not in ("mnist", "imagenet-subset", "synthetic"):
         bundle = _plugin(cfg)
+        if cfg.data_feed == "device" and not in_memory(bundle.train):
+            raise ConfigError(
+                f"--data-path device needs data held in memory as tensors; {cfg.dataset} "
+                "returned a Dataset, read sample by sample: return (inputs, targets) tensors "
+                "for that, or use --data-path loader or auto"
+            )
         _enough(cfg, len(bundle.train))  # type: ignore[arg-type]
         assert bundle.spec is not None
         _check_layout(cfg, bundle.spec)
@@ -438,6 +444,15 @@ class SyntheticImages(Dataset):
 
 # ---------------------------------------------------------------- data on the device
 Take = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def in_memory(ds: Dataset) -> bool:
+    """Whether `on_device` can move `ds` to a device (without moving it)."""
+    if isinstance(ds, Subset):
+        return in_memory(ds.dataset)
+    return (isinstance(ds, TensorDataset) and len(ds.tensors) == 2) or isinstance(
+        ds, SyntheticImages
+    )
 
 
 def on_device(ds: Dataset, device: torch.device) -> Take | None:
