@@ -242,6 +242,28 @@ def test_a_dataset_read_sample_by_sample_is_not_held_on_the_device(capsys, tmp_p
     data.check(cfg.replace(dataset=f"{path}:ragged", data_feed="loader", global_batch=8))
 
 
+def test_model_args_named_like_build_models_own_reach_the_factory(tmp_path):
+    """`model`, `shape` and `num_classes` are build_model's own parameters (positional only),
+    so --model-arg keys of those names are the factory's."""
+    path = _file(
+        tmp_path,
+        """
+        class Got(nn.Linear):
+            pass
+        def build(model="mlp", shape=(8,), num_classes=10):
+            net = Got(shape[0], num_classes)
+            net.got = (model, shape, num_classes)
+            return net
+        """,
+    )
+    spec = f"{path}:build"
+    net = models.build_model(spec, 4, (3,), model="wide", shape=(5,))
+    assert net.got == ("wide", (5,), 4)
+    assert models.build_model(spec, 4, None, num_classes=7).got == ("mlp", (8,), 7)
+    cfg = RunConfig(model=spec, dataset="synthetic", model_kwargs={"model": "deep"})
+    assert models.meta_model(cfg).got[0] == "deep"
+
+
 def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
     spec = _file(tmp_path, "def build(num_classes):\n    return nn.Linear(6, num_classes)\n")
     cfg = RunConfig(model=f"{spec}:build", dataset=DATASET, device="cpu")

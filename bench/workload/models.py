@@ -345,11 +345,14 @@ def build_model(
     model: str,
     num_classes: int | None,
     shape: tuple[int, ...] | None = None,
+    /,
     **kwargs: Any,
 ) -> nn.Module:
     """Model `model` with `num_classes` outputs (a token model: vocabulary) for inputs of
     per-sample `shape`; `kwargs` go to its constructor (--model-arg). A user's factory is
-    offered `num_classes` where it takes it (None: its own default)."""
+    offered `num_classes` where it takes it (None: its own default). The first three are
+    positional only, so a --model-arg named `model`, `shape` or `num_classes` reaches the
+    factory instead of colliding with them."""
     check_model(model)
     if is_plugin(model):
         offered = {} if num_classes is None else {"num_classes": num_classes}
