@@ -152,11 +152,16 @@ class Pipeline(TorchDistributed):
             )
         if cfg.global_batch % m:
             return f"global batch {cfg.global_batch} is not divisible into {m} micro-batches"
-        layers = sequence(meta_model(cfg))
+        model = meta_model(cfg)
+        layers = sequence(model)
         if layers is None:
+            submodule = isinstance(getattr(model, "layers", None), nn.Module)
             return (
-                f"model {cfg.model} does not list its forward as a sequence of layers "
-                "(mnist_cnn and transformer do), so it cannot be cut into stages"
+                f"model {cfg.model} does not list its forward as a sequence of layers, so it "
+                "cannot be cut into stages: a `layers()` method returning its modules in "
+                "forward order (as mnist_cnn, transformer and lm have) is what lets a "
+                "pipeline cut a model of yours"
+                + ("; its attribute `layers` is a submodule, not that method" if submodule else "")
             )
         stages = world_size * cls.stages_per_rank(options)
         if len(layers) < stages:

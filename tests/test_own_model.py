@@ -264,6 +264,33 @@ def test_model_args_named_like_build_models_own_reach_the_factory(tmp_path):
     assert models.meta_model(cfg).got[0] == "deep"
 
 
+LAYERS_FILE = """
+class Blocks(nn.Module):  # its blocks in a submodule named `layers`, as many models have
+    input_shape = (8,)
+    def __init__(self, num_classes=4):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, num_classes))
+    def forward(self, x):
+        return self.layers(x)
+def blocks(num_classes=4):
+    return Blocks(num_classes)
+"""
+
+
+def test_a_submodule_named_layers_is_not_a_layers_method(tmp_path):
+    """A model whose blocks are its attribute `layers` (an nn.Sequential) does not list its
+    forward: the pipelines say what would (a layers() method), instead of calling the
+    Sequential with no input."""
+    import strategies
+
+    cfg = RunConfig(model=f"{_file(tmp_path, LAYERS_FILE)}:blocks", dataset="synthetic")
+    assert models.sequence(models.meta_model(cfg)) is None
+    pipe = strategies.get("pipeline_gpipe")
+    why = pipe.unsuitable(cfg.replace(global_batch=8), 2, pipe.variant.options)
+    assert why.startswith(f"model {cfg.model} does not list its forward as a sequence"), why
+    assert "a `layers()` method" in why and "its attribute `layers` is a submodule" in why
+
+
 def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
     spec = _file(tmp_path, "def build(num_classes):\n    return nn.Linear(6, num_classes)\n")
     cfg = RunConfig(model=f"{spec}:build", dataset=DATASET, device="cpu")

@@ -636,6 +636,11 @@ def batch_norms(cfg: RunConfig) -> int:
 
 def sequence(model: nn.Module) -> list[nn.Module] | None:
     """The model's forward as consecutive modules (what a pipeline cuts into stages), or
-    None if it does not say (torchvision models: their forwards are not plain sequences)."""
+    None if it does not say (torchvision models: their forwards are not plain sequences).
+    It says with a `layers()` method; a submodule named `layers` (an nn.Sequential or
+    nn.ModuleList, as many models name their blocks) is callable too, but calling it would
+    run that submodule's forward: it says nothing."""
     layers = getattr(model, "layers", None)
-    return list(layers()) if callable(layers) else None
+    if isinstance(layers, nn.Module) or not callable(layers):
+        return None
+    return list(layers())
