@@ -99,6 +99,34 @@ class Contiguous(nn.Module):
         return x.contiguous()
 
 
+def incomplete(name: str, model: nn.Module, layers: list) -> str | None:
+    """Why `layers` (the model's `layers()`) is not the whole model, or None: every item a
+    module, and their parameters exactly the model's (by identity). A module with
+    parameters left out would be trained by no stage, the rest of the model trained
+    without it, and the cell fail only at evaluation, its measured steps lost."""
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, nn.Module):
+            return (
+                f"model {name}'s layers() must list modules; item {i} is a {type(layer).__name__}"
+            )
+    listed = {id(p) for layer in layers for p in layer.parameters()}
+    left_out = [n for n, p in model.named_parameters() if id(p) not in listed]
+    if left_out:
+        more = f" and {len(left_out) - 4} more" if len(left_out) > 4 else ""
+        return (
+            f"model {name}'s layers() leaves out parameters of its own "
+            f"({', '.join(left_out[:4])}{more}): a pipeline would train the model without "
+            "them; list every module of its forward in layers()"
+        )
+    owned = {id(p) for p in model.parameters()}
+    if listed - owned:
+        return (
+            f"model {name}'s layers() lists modules that are not the model's own (made anew "
+            "in layers()?): a pipeline would train them instead of the model"
+        )
+    return None
+
+
 class Pipeline(TorchDistributed):
     variants = {
         "pipeline_gpipe": Variant(
@@ -166,7 +194,7 @@ class Pipeline(TorchDistributed):
         stages = world_size * cls.stages_per_rank(options)
         if len(layers) < stages:
             return f"model {cfg.model} has {len(layers)} layers, too few for {stages} stages"
-        return None
+        return incomplete(cfg.model, model, layers)
 
     # ---- data: every rank trains on the whole batch ----
     @classmethod

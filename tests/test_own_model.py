@@ -274,6 +274,18 @@ class Blocks(nn.Module):  # its blocks in a submodule named `layers`, as many mo
         return self.layers(x)
 def blocks(num_classes=4):
     return Blocks(num_classes)
+class Headless(nn.Module):  # layers() leaves the head out
+    input_shape = (8,)
+    def __init__(self, num_classes=4):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+        self.head = nn.Linear(8, num_classes)
+    def forward(self, x):
+        return self.head(self.body(x))
+    def layers(self):
+        return list(self.body)
+def headless(num_classes=4):
+    return Headless(num_classes)
 """
 
 
@@ -289,6 +301,23 @@ def test_a_submodule_named_layers_is_not_a_layers_method(tmp_path):
     why = pipe.unsuitable(cfg.replace(global_batch=8), 2, pipe.variant.options)
     assert why.startswith(f"model {cfg.model} does not list its forward as a sequence"), why
     assert "a `layers()` method" in why and "its attribute `layers` is a submodule" in why
+
+
+def test_a_pipeline_refuses_layers_that_leave_out_parameters(tmp_path):
+    """Checked on the meta model before anything starts: a module with parameters left out
+    of layers() would be trained by no stage, and the cell fail at evaluation after its
+    steps."""
+    import strategies
+
+    pipe = strategies.get("pipeline_gpipe")
+    options = pipe.variant.options
+    cfg = RunConfig(model=f"{_file(tmp_path, LAYERS_FILE)}:headless", dataset="synthetic")
+    why = pipe.unsuitable(cfg.replace(global_batch=8), 2, options)
+    assert "layers() leaves out parameters of its own (head.weight, head.bias)" in why, why
+    for whole in (RunConfig(model=MODEL, dataset=DATASET), RunConfig(model="mnist_cnn")):
+        assert pipe.unsuitable(whole.replace(global_batch=8), 2, options) is None
+    lm = RunConfig(model="lm", dataset="python-source", seq_len=16, global_batch=8)
+    assert pipe.unsuitable(lm, 2, options) is None
 
 
 def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
