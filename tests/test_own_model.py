@@ -320,6 +320,39 @@ def test_a_pipeline_refuses_layers_that_leave_out_parameters(tmp_path):
     assert pipe.unsuitable(lm, 2, options) is None
 
 
+def test_a_model_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    """As `python net.py` would: the file's folder is on the import path, here and in a
+    rank (another process, started in another directory)."""
+    import subprocess
+    import sys
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "parabench_sibling_width.py").write_text("WIDTH = 5\n")
+    (lib / "net.py").write_text(
+        "from torch import nn\n"
+        "from parabench_sibling_width import WIDTH\n"
+        "def build(num_classes=3):\n"
+        "    return nn.Sequential(nn.Linear(8, WIDTH), nn.Linear(WIDTH, num_classes))\n"
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))  # what the import adds goes after
+    monkeypatch.chdir(tmp_path)
+    cfg = RunConfig(model="lib/net.py:build", dataset="synthetic")  # made absolute
+    try:
+        assert models.build(cfg, 3)[0].out_features == 5
+    finally:
+        sys.modules.pop("parabench_sibling_width", None)
+    rank = (
+        "from bench.config import RunConfig; from bench.workload import models; "
+        f"print(models.build(RunConfig(model={cfg.model!r}), 3)[0].out_features)"
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", rank], cwd="/", env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "5", out.stderr[-2000:]
+
+
 def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
     spec = _file(tmp_path, "def build(num_classes):\n    return nn.Linear(6, num_classes)\n")
     cfg = RunConfig(model=f"{spec}:build", dataset=DATASET, device="cpu")

@@ -9,9 +9,11 @@
 - a name registered by an installed package under the entry-point group
   `parabench.models` or `parabench.datasets` (`name = "package.module:factory"`).
 
-Every failure to get a working factory (module missing, attribute missing, not callable,
-an exception inside it, the wrong kind of result) is a ConfigError naming the factory:
-one line and exit 2 before any cell starts. The contracts a factory follows are in
+A file is imported with its folder on the import path (as `python file.py` runs it), so
+it imports the modules beside it. Every failure to get a working factory (module missing,
+attribute missing, not callable, an exception inside it, the wrong kind of result) is a
+ConfigError naming the factory: one line and exit 2 before any cell starts. The contracts
+a factory follows are in
 README.md ("Your own model and data").
 """
 
@@ -85,6 +87,11 @@ def _import(where: str, spec: str) -> Any:
             raise ConfigError(f"{spec}: {path} cannot be imported as Python")
         module = importlib.util.module_from_spec(loader)
         sys.modules[name] = module
+        # as `python file.py` does: the file's own imports find the modules beside it (in
+        # every rank too: each imports the file through here)
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         try:
             loader.loader.exec_module(module)
         except Exception as exc:
