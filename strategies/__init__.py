@@ -155,12 +155,18 @@ def _module_names() -> list[str]:
 
 
 def _specs_in(module_name: str) -> list[StrategySpec]:
+    from bench.workload import plugins
+
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a broken plug-in is listed, not fatal
+        with plugins.no_exit():
+            module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as exc:  # a broken plug-in is listed, not fatal
         short = module_name.rsplit(".", 1)[-1]
-        reason = f"import of {module_name} failed: {type(exc).__name__}: {exc}".splitlines()[0]
-        return [StrategySpec(short, None, None, module_name, reason)]
+        if isinstance(exc, SystemExit | plugins.ParsesCommandLine):
+            reason = f"import of {module_name} {plugins.raised(exc)}"
+        else:
+            reason = f"import of {module_name} failed: {type(exc).__name__}: {exc}"
+        return [StrategySpec(short, None, None, module_name, reason.splitlines()[0])]
     specs = []
     for _, cls in inspect.getmembers(module, inspect.isclass):
         # `cls.__dict__` so a subclass does not re-register its parent's names.

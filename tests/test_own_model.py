@@ -60,6 +60,7 @@ BAD_MODELS = {
     "returns something else": ("FILE:returns_int", "returned int, not a torch.nn.Module"),
     "raises": ("FILE:raises", "raised RuntimeError: broken on purpose"),
     "forward fails on its stated input": ("FILE:wrong_input", "forward on a batch of (7,)"),
+    "exits": ("FILE:exits", "exits (SystemExit(3)): a plug-in must not exit; command-line"),
 }
 USER_FILE = """
 WIDTH = 3
@@ -73,6 +74,9 @@ def wrong_input(num_classes=10):
     return Wrong(5, num_classes)
 def ten_classes():
     return nn.Sequential(nn.Flatten(), nn.Linear(32 * 32, 10))
+def exits(num_classes=10):
+    import sys
+    sys.exit(3)
 """
 
 
@@ -125,6 +129,8 @@ def lists_dataset():
     return Samples(([[0.0] * 32] * 32, 1))
 def labels_out_of_range():
     return torch.zeros(8, 1, 32, 32), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2]), 4
+def exits():
+    raise SystemExit(3)
 """
 BAD_DATA = {
     "missing module": ("no_such_pkg.data:load", "cannot import no_such_pkg.data"),
@@ -140,6 +146,7 @@ BAD_DATA = {
     ),
     "samples that are lists": ("FILE:lists_dataset", "first sample is not a pair of tensors"),
     "labels past the classes": ("FILE:labels_out_of_range", "targets from 0 to 4, out of range"),
+    "exits": ("FILE:exits", "exits (SystemExit(3)): a plug-in must not exit"),
 }
 
 
@@ -227,6 +234,27 @@ def test_verify_dry_run_refuses_a_model_that_cannot_take_a_step(capsys, tmp_path
     )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "does not require grad" in err, err
+
+
+def test_a_plugin_that_parses_the_command_line_at_import_is_one_line(capsys, tmp_path):
+    """A script's `parse_args()` outside `if __name__ == '__main__':` meets parabench's own
+    command line: one line saying so, not argparse's usage line (read as parabench's) and
+    exit 2 from inside the import."""
+    path = _file(
+        tmp_path,
+        """
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--config", required=True)
+        args = parser.parse_args()
+        def build(num_classes=10):
+            return nn.Linear(3, num_classes)
+        """,
+    )
+    code, err = _cli(capsys, tmp_path, "--dataset", "synthetic", "--model", f"{path}:build")
+    assert code == 2 and err.count("\n") == 1 and not err.startswith("usage"), err
+    assert "parses the command line (argparse:" in err and "--config" in err, err
+    assert "belongs under `if __name__ == '__main__':`" in err
 
 
 def test_a_dataset_read_sample_by_sample_is_not_held_on_the_device(capsys, tmp_path):

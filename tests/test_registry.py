@@ -203,6 +203,35 @@ def test_a_plugin_reusing_a_name_is_listed_unavailable_not_fatal(plugin):
     assert "already registered by strategies.single: rename it" in why
 
 
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("import sys\nsys.exit(3)\n", "exits (SystemExit(3)): a plug-in must not exit"),
+        (
+            "import argparse\n"
+            "parser = argparse.ArgumentParser()\n"
+            "parser.add_argument('--config', required=True)\n"
+            "parser.parse_args()\n",
+            "parses the command line (argparse:",
+        ),
+    ],
+    ids=["sys.exit", "argparse"],
+)
+def test_a_plugin_that_exits_at_import_is_listed_unavailable_not_fatal(
+    plugin, capsys, body, expected
+):
+    from bench.cli import main
+
+    plugin("exits_at_import", body)
+    spec = strategies.get("exits_at_import")
+    why = spec.unavailable("cpu")
+    assert why.startswith("import of exits_at_import ") and expected in why, why
+    assert "command-line parsing belongs under `if __name__ == '__main__':`" in why
+    assert main(["list"]) == 0
+    captured = capsys.readouterr()
+    assert "exits_at_import" in captured.out and "usage:" not in captured.err
+
+
 def test_more_ranks_than_gpus_share_them_over_gloo_only_when_asked():
     ddp, hvd, dp = (strategies.get(n) for n in ("ddp_torchrun", "horovod", "dp"))
     why = ddp.cannot_run(2, "cuda", 1)

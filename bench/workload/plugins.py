@@ -11,14 +11,16 @@
 
 A file is imported with its folder on the import path (as `python file.py` runs it), so
 it imports the modules beside it. Every failure to get a working factory (module missing,
-attribute missing, not callable, an exception inside it, the wrong kind of result) is a
-ConfigError naming the factory: one line and exit 2 before any cell starts. The contracts
-a factory follows are in
+attribute missing, not callable, an exception inside it, an exit or a parse of the command
+line while it is imported or called, the wrong kind of result) is a ConfigError naming the
+factory: one line and exit 2 before any cell starts. The contracts a factory follows are in
 README.md ("Your own model and data").
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -26,7 +28,7 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -93,19 +95,55 @@ def _import(where: str, spec: str) -> Any:
         if folder not in sys.path:
             sys.path.insert(0, folder)
         try:
-            loader.loader.exec_module(module)
-        except Exception as exc:
+            with no_exit():
+                loader.loader.exec_module(module)
+        except (Exception, SystemExit) as exc:
             del sys.modules[name]
-            raise ConfigError(f"{spec}: importing {path} raised {one_line(exc)}") from None
+            raise ConfigError(f"{spec}: importing {path} {raised(exc)}") from None
         return module
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: your package, run from its root
     try:
-        return importlib.import_module(where)
+        with no_exit():
+            return importlib.import_module(where)
     except ModuleNotFoundError as exc:
         raise ConfigError(f"{spec}: cannot import {where} ({exc})") from None
-    except Exception as exc:
-        raise ConfigError(f"{spec}: importing {where} raised {one_line(exc)}") from None
+    except (Exception, SystemExit) as exc:
+        raise ConfigError(f"{spec}: importing {where} {raised(exc)}") from None
+
+
+class ParsesCommandLine(Exception):
+    """A plug-in's argparse parser met parabench's command line (see `no_exit`)."""
+
+
+@contextlib.contextmanager
+def no_exit() -> Iterator[None]:
+    """Around a plug-in's import or call: a script that parses the command line at import
+    (argparse's `parse_args()` outside `if __name__ == '__main__':`) meets parabench's own
+    arguments; its parser's error raises ParsesCommandLine here instead of printing a usage
+    line that reads as parabench's and exiting (SystemExit: callers catch that too)."""
+
+    def error(parser: argparse.ArgumentParser, message: str) -> None:
+        text = f"{parser.prog}: {message}"
+        raise ParsesCommandLine(text if len(text) <= 120 else text[:117] + "...")
+
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = original  # type: ignore[method-assign]
+
+
+def raised(exc: BaseException) -> str:
+    """What a plug-in's import or call did, for a one-line error: "raised ..." or, for a
+    script that exits or parses the command line, why that cannot work as a plug-in."""
+    main = "command-line parsing belongs under `if __name__ == '__main__':`"
+    if isinstance(exc, ParsesCommandLine):
+        return f"parses the command line (argparse: {exc}): {main}"
+    if isinstance(exc, SystemExit):
+        return f"exits (SystemExit({exc.code!r})): a plug-in must not exit; {main}"
+    return f"raised {one_line(exc)}"
 
 
 def factory(spec: str, group: str) -> Callable[..., Any]:
@@ -145,12 +183,13 @@ def call(
         if key not in args and key in params and params[key].default is inspect.Parameter.empty:
             args[key] = value
     try:
-        return fn(**args)
+        with no_exit():
+            return fn(**args)
     except ConfigError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         given = ", ".join(f"{k}={v!r}" for k, v in args.items()) or "no arguments"
-        raise ConfigError(f"{spec}({given}) raised {one_line(exc)}") from None
+        raise ConfigError(f"{spec}({given}) {raised(exc)}") from None
 
 
 def one_line(exc: BaseException) -> str:
