@@ -6,7 +6,8 @@ a strategy to appear in `parabench list` and in the next `make bench`. Other sou
   (value: an importable module);
 - `PARABENCH_STRATEGIES`, a comma-separated list of importable modules (how tests and
   users try a strategy without packaging it; child processes inherit it).
-A module that fails to import is listed as unavailable with its error, never a crash.
+A module that fails to import, or declares `variants` that are not a mapping of names to
+`Variant`s, is listed as unavailable with its reason, never a crash.
 """
 
 from __future__ import annotations
@@ -157,11 +158,11 @@ def _module_names() -> list[str]:
 def _specs_in(module_name: str) -> list[StrategySpec]:
     from bench.workload import plugins
 
+    short = module_name.rsplit(".", 1)[-1]
     try:
         with plugins.no_exit():
             module = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:  # a broken plug-in is listed, not fatal
-        short = module_name.rsplit(".", 1)[-1]
         if isinstance(exc, SystemExit | plugins.ParsesCommandLine):
             reason = f"import of {module_name} {plugins.raised(exc)}"
         else:
@@ -171,9 +172,33 @@ def _specs_in(module_name: str) -> list[StrategySpec]:
     for _, cls in inspect.getmembers(module, inspect.isclass):
         # `cls.__dict__` so a subclass does not re-register its parent's names.
         if issubclass(cls, Strategy) and cls.__module__ == module.__name__:
-            for name, variant in cls.__dict__.get("variants", {}).items():
+            variants = cls.__dict__.get("variants", {})
+            malformed = _malformed(variants)
+            if malformed:  # listed under its module and class: it has no name of its own
+                name = f"{short}.{cls.__name__}"
+                specs.append(StrategySpec(name, None, None, module_name, malformed))
+                continue
+            for name, variant in variants.items():
                 specs.append(StrategySpec(name, cls, variant, module_name))
     return specs
+
+
+def _malformed(variants: Any) -> str | None:
+    """Why a class's `variants` cannot register (a mapping of names to Variant(...)), or None."""
+    if not isinstance(variants, Mapping):
+        return (
+            f"its variants must map names to Variant(...), got a {type(variants).__name__}: "
+            f"{variants!r}"
+        )[:200]
+    for name, variant in variants.items():
+        if not isinstance(name, str) or not name:
+            return f"its variants must map names to Variant(...), got the name {name!r}"
+        if not isinstance(variant, Variant):
+            return (
+                f"its variants must map names to Variant(...), got {type(variant).__name__} "
+                f"{variant!r} for {name!r}"
+            )[:200]
+    return None
 
 
 @cache

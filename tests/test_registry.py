@@ -203,6 +203,35 @@ def test_a_plugin_reusing_a_name_is_listed_unavailable_not_fatal(plugin):
     assert "already registered by strategies.single: rename it" in why
 
 
+def test_malformed_variants_are_listed_unavailable_not_fatal(plugin, capsys):
+    from bench.cli import main
+
+    plugin(
+        "malformed",
+        """
+        from strategies.base import Strategy, Variant
+        class AList(Strategy):
+            variants = ["alist"]
+        class NotVariants(Strategy):
+            variants = {"not_variants": "inprocess"}
+        class Fine(Strategy):
+            variants = {"fine": Variant("inprocess", "well formed, beside them")}
+        """,
+    )
+    reg = strategies.registry()
+    assert "its variants must map names to Variant(...), got a list: ['alist']" == (
+        reg["malformed.AList"].unavailable("cpu")
+    )
+    why = reg["malformed.NotVariants"].unavailable("cpu")
+    assert why == (
+        "its variants must map names to Variant(...), got str 'inprocess' for 'not_variants'"
+    )
+    assert reg["fine"].unavailable("cpu") is None and CORE <= set(reg)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "malformed.AList" in out and "got a list" in out
+
+
 @pytest.mark.parametrize(
     "body, expected",
     [
