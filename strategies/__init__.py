@@ -7,7 +7,9 @@ a strategy to appear in `parabench list` and in the next `make bench`. Other sou
 - `PARABENCH_STRATEGIES`, a comma-separated list of importable modules (how tests and
   users try a strategy without packaging it; child processes inherit it).
 A module that fails to import, or declares `variants` that are not a mapping of names to
-`Variant`s, is listed as unavailable with its reason, never a crash.
+`Variant`s, is listed as unavailable with its reason, never a crash. The built-in modules
+(BUILT_IN) keep their names: a plug-in's strategy named as one of theirs is listed
+unavailable, whatever the order of discovery.
 """
 
 from __future__ import annotations
@@ -37,6 +39,23 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "parabench.strategies"
+#: the modules of this package that parabench ships, first in discovery: a module added
+#: beside them, an entry point or PARABENCH_STRATEGIES cannot take their strategies' names
+#: (`single`, verify's baseline, above all)
+BUILT_IN = (
+    "single",
+    "amp_ddp",
+    "apex_amp_ddp",
+    "ddp",
+    "ddp_hooks",
+    "dp",
+    "fsdp",
+    "horovod",
+    "pipeline",
+    "precision",
+    "tensor_parallel",
+    "zero",
+)
 
 
 class UnknownStrategy(ConfigError):
@@ -49,7 +68,10 @@ class StrategySpec:
     cls: type[Strategy] | None
     variant: Variant | None
     module: str
-    import_error: str | None = None
+    #: why it is not registered (`cls` None): its module failed to import, its class's
+    #: `variants` are malformed, or its name was taken
+    reason: str | None = None
+    import_failed: bool = False
 
     @property
     def launcher(self) -> str:
@@ -57,9 +79,11 @@ class StrategySpec:
 
     @property
     def description(self) -> str:
-        return (
-            self.variant.description if self.variant else f"module {self.module} failed to import"
-        )
+        if self.variant:
+            return self.variant.description
+        if self.import_failed:
+            return f"module {self.module} failed to import"
+        return f"from module {self.module}, not registered"
 
     @property
     def accepts(self) -> dict:
@@ -76,7 +100,7 @@ class StrategySpec:
         """Why it cannot run on `device`, or None. A plug-in's mistakes are reasons too: a
         launcher that does not exist, a hook that raises."""
         if self.cls is None:
-            return self.import_error
+            return self.reason
         from bench.harness.launchers import LAUNCHERS
 
         if self.launcher not in LAUNCHERS:
@@ -145,14 +169,20 @@ def _raised(hook: Any, exc: Exception) -> str:
 
 
 def _module_names() -> list[str]:
-    names = [
-        f"{__name__}.{m.name}"
-        for m in pkgutil.iter_modules(__path__)
-        if m.name != "base" and not m.name.startswith("_")
+    here = {m.name for m in pkgutil.iter_modules(__path__)}
+    names = [f"{__name__}.{m}" for m in BUILT_IN if m in here]
+    names += [
+        f"{__name__}.{m}"
+        for m in sorted(here)
+        if m not in BUILT_IN and m != "base" and not m.startswith("_")
     ]
     names += [ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP)]
     names += [m.strip() for m in os.environ.get("PARABENCH_STRATEGIES", "").split(",") if m.strip()]
     return names
+
+
+def _is_built_in(module_name: str) -> bool:
+    return module_name in {f"{__name__}.{m}" for m in BUILT_IN}
 
 
 def _specs_in(module_name: str) -> list[StrategySpec]:
@@ -167,7 +197,7 @@ def _specs_in(module_name: str) -> list[StrategySpec]:
             reason = f"import of {module_name} {plugins.raised(exc)}"
         else:
             reason = f"import of {module_name} failed: {type(exc).__name__}: {exc}"
-        return [StrategySpec(short, None, None, module_name, reason.splitlines()[0])]
+        return [StrategySpec(short, None, None, module_name, reason.splitlines()[0], True)]
     specs = []
     for _, cls in inspect.getmembers(module, inspect.isclass):
         # `cls.__dict__` so a subclass does not re-register its parent's names.
@@ -208,14 +238,25 @@ def registry() -> dict[str, StrategySpec]:
         for spec in _specs_in(module_name):
             first = found.get(spec.name)
             if first is not None and first.module != spec.module:
-                # the first keeps the name; the other is listed as unavailable, not fatal
-                # (as a plug-in that fails to import), under its module's name
-                reason = spec.import_error or (  # a plug-in that failed to import says so
-                    f"its name {spec.name!r} is already registered by {first.module}: "
-                    "rename it (the name of its class's variant)"
-                )
+                # the first keeps the name (the built-ins are discovered first); the other
+                # is listed as unavailable, not fatal (as a plug-in that fails to import),
+                # under its module's name
+                if spec.reason:  # a plug-in that failed to import says so
+                    reason = spec.reason
+                elif _is_built_in(first.module):
+                    reason = (
+                        f"its name {spec.name!r} is taken by the built-in module "
+                        f"{first.module}: rename it (the name of its class's variant)"
+                    )
+                else:
+                    reason = (
+                        f"its name {spec.name!r} is already registered by {first.module}: "
+                        "rename it (the name of its class's variant)"
+                    )
                 clash = f"{spec.module}.{spec.name}"
-                found[clash] = StrategySpec(clash, None, None, spec.module, reason)
+                found[clash] = StrategySpec(
+                    clash, None, None, spec.module, reason, spec.import_failed
+                )
                 continue
             found[spec.name] = spec
     return dict(sorted(found.items()))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pkgutil
 import sys
 import textwrap
 from pathlib import Path
@@ -125,6 +126,7 @@ def test_a_broken_plugin_is_listed_unavailable_not_fatal(plugin):
     spec = strategies.get("broken_plugin")
     why = spec.unavailable("cpu")
     assert "ModuleNotFoundError" in why and "not_a_real_package_xyz" in why
+    assert spec.description == "module broken_plugin failed to import"
     assert CORE <= set(strategies.registry())
 
 
@@ -200,7 +202,65 @@ def test_a_plugin_reusing_a_name_is_listed_unavailable_not_fatal(plugin):
     )
     assert strategies.get("single").module == "strategies.single"  # ours keeps it
     why = strategies.get("clash_plugin.single").unavailable("cpu")
-    assert "already registered by strategies.single: rename it" in why
+    assert "its name 'single' is taken by the built-in module strategies.single: rename" in why
+
+
+def test_a_module_added_to_the_package_cannot_displace_a_built_in(tmp_path, monkeypatch):
+    """Discovery of the package's modules is alphabetical, so a module added beside them
+    named before `ddp` or `single` came first and took their names (verify's baseline
+    among them): the built-ins are discovered first, and the newcomer is listed unavailable
+    saying the name is theirs. Two plug-ins that clash: the first keeps the name."""
+    (tmp_path / "a_mine.py").write_text(
+        textwrap.dedent(
+            """
+            from strategies.base import Strategy, Variant
+            class Mine(Strategy):
+                variants = {
+                    "single": Variant("inprocess", "a user's single"),
+                    "ddp_spawn": Variant("inprocess", "a user's ddp"),
+                    "mine_twice": Variant("inprocess", "a user's strategy"),
+                }
+            """
+        )
+    )
+    (tmp_path / "b_mine.py").write_text(
+        textwrap.dedent(
+            """
+            from strategies.base import Strategy, Variant
+            class Again(Strategy):
+                variants = {"mine_twice": Variant("inprocess", "named as a_mine's")}
+            """
+        )
+    )
+    monkeypatch.setattr(strategies, "__path__", [*strategies.__path__, str(tmp_path)])
+    strategies.registry.cache_clear()
+    try:
+        reg = strategies.registry()
+        assert reg["single"].module == "strategies.single"
+        assert reg["ddp_spawn"].module == "strategies.ddp"
+        assert reg["mine_twice"].module == "strategies.a_mine"
+        taken = reg["strategies.a_mine.single"]
+        assert taken.unavailable("cpu") == (
+            "its name 'single' is taken by the built-in module strategies.single: rename it "
+            "(the name of its class's variant)"
+        )
+        assert taken.description == "from module strategies.a_mine, not registered"
+        assert "taken by the built-in module strategies.ddp" in (
+            reg["strategies.a_mine.ddp_spawn"].unavailable("cpu")
+        )
+        again = reg["strategies.b_mine.mine_twice"].unavailable("cpu")
+        assert again.startswith("its name 'mine_twice' is already registered by strategies.a_mine")
+    finally:
+        for name in ("strategies.a_mine", "strategies.b_mine"):
+            sys.modules.pop(name, None)
+        monkeypatch.undo()
+        strategies.registry.cache_clear()
+
+
+def test_the_built_in_modules_are_the_packages_own():
+    here = {m.name for m in pkgutil.iter_modules(strategies.__path__)}
+    assert set(strategies.BUILT_IN) <= here
+    assert {strategies.get(n).module.rsplit(".", 1)[-1] for n in CORE} <= set(strategies.BUILT_IN)
 
 
 def test_malformed_variants_are_listed_unavailable_not_fatal(plugin, capsys):
@@ -226,6 +286,7 @@ def test_malformed_variants_are_listed_unavailable_not_fatal(plugin, capsys):
     assert why == (
         "its variants must map names to Variant(...), got str 'inprocess' for 'not_variants'"
     )
+    assert reg["malformed.AList"].description == "from module malformed, not registered"
     assert reg["fine"].unavailable("cpu") is None and CORE <= set(reg)
     assert main(["list"]) == 0
     out = capsys.readouterr().out
@@ -256,6 +317,7 @@ def test_a_plugin_that_exits_at_import_is_listed_unavailable_not_fatal(
     why = spec.unavailable("cpu")
     assert why.startswith("import of exits_at_import ") and expected in why, why
     assert "command-line parsing belongs under `if __name__ == '__main__':`" in why
+    assert spec.description == "module exits_at_import failed to import"
     assert main(["list"]) == 0
     captured = capsys.readouterr()
     assert "exits_at_import" in captured.out and "usage:" not in captured.err
