@@ -189,6 +189,8 @@ def _specs_in(module_name: str) -> list[StrategySpec]:
     from bench.workload import plugins
 
     short = module_name.rsplit(".", 1)[-1]
+    if not module_name.startswith(f"{__name__}."):
+        plugins.cwd_on_path()  # as --model mymodels:build finds its module
     try:
         with plugins.no_exit():
             module = importlib.import_module(module_name)

@@ -323,6 +323,27 @@ def test_a_plugin_that_exits_at_import_is_listed_unavailable_not_fatal(
     assert "exits_at_import" in captured.out and "usage:" not in captured.err
 
 
+def test_a_plugin_module_is_found_in_the_current_directory(tmp_path, monkeypatch):
+    """PARABENCH_STRATEGIES=mymodule from the directory that holds mymodule.py, as
+    --model mymodels:build finds its module there."""
+    (tmp_path / "cwd_strategy.py").write_text(
+        "from strategies.base import Strategy, Variant\n"
+        "class Here(Strategy):\n"
+        "    variants = {'from_cwd': Variant('inprocess', 'a module in the current directory')}\n"
+    )
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PARABENCH_STRATEGIES", "cwd_strategy")
+    strategies.registry.cache_clear()
+    try:
+        spec = strategies.get("from_cwd")
+        assert spec.module == "cwd_strategy" and spec.unavailable("cpu") is None
+    finally:
+        sys.modules.pop("cwd_strategy", None)
+        monkeypatch.undo()
+        strategies.registry.cache_clear()
+
+
 def test_more_ranks_than_gpus_share_them_over_gloo_only_when_asked():
     ddp, hvd, dp = (strategies.get(n) for n in ("ddp_torchrun", "horovod", "dp"))
     why = ddp.cannot_run(2, "cuda", 1)

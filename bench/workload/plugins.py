@@ -101,8 +101,7 @@ def _import(where: str, spec: str) -> Any:
             del sys.modules[name]
             raise ConfigError(f"{spec}: importing {path} {raised(exc)}") from None
         return module
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` does: your package, run from its root
+    cwd_on_path()
     try:
         with no_exit():
             return importlib.import_module(where)
@@ -110,6 +109,14 @@ def _import(where: str, spec: str) -> Any:
         raise ConfigError(f"{spec}: cannot import {where} ({exc})") from None
     except (Exception, SystemExit) as exc:
         raise ConfigError(f"{spec}: importing {where} {raised(exc)}") from None
+
+
+def cwd_on_path() -> None:
+    """The current directory on the import path, as `python -m` puts it: a plug-in module
+    (`mypkg.models:build`, a strategy module in PARABENCH_STRATEGIES) found from where
+    parabench runs, as its ranks, started there too, find it."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 class ParsesCommandLine(Exception):
