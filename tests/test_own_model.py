@@ -381,6 +381,31 @@ def test_a_model_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
     assert out.returncode == 0 and out.stdout.strip() == "5", out.stderr[-2000:]
 
 
+def test_evaluation_without_held_out_samples_is_nan_and_scores_labels_of_shape_1():
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from bench.harness.worker import evaluate
+    from strategies.base import RankContext
+    from strategies.single import Single
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    single = Single(ctx, {})
+    torch.manual_seed(0)
+    net = nn.Linear(3, 4)
+    single.attach(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    single.loss_fn = models.cross_entropy
+    empty = evaluate(single, TensorDataset(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)))
+    assert math.isnan(empty["eval_loss"]) and math.isnan(empty["eval_accuracy"])  # not 0
+    x, y = torch.randn(20, 3), torch.randint(0, 4, (20,))
+    flat = evaluate(single, TensorDataset(x, y))
+    column = evaluate(single, TensorDataset(x, y[:, None]))  # a label of shape (1,) each
+    expected = (net(x).argmax(-1) == y).float().mean().item()
+    assert flat["eval_accuracy"] == pytest.approx(expected)
+    assert column["eval_accuracy"] == pytest.approx(expected)
+    assert column["eval_loss"] == pytest.approx(flat["eval_loss"])
+
+
 def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
     spec = _file(tmp_path, "def build(num_classes):\n    return nn.Linear(6, num_classes)\n")
     cfg = RunConfig(model=f"{spec}:build", dataset=DATASET, device="cpu")

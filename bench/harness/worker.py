@@ -91,12 +91,15 @@ def evaluate(strategy: Strategy, dataset: Any, batch: int = 256) -> dict[str, fl
                 out = model(x)
             loss_sum += strategy.loss_fn(out.float(), y).item() * len(y)
             n += len(y)
+            if out.shape[:-1] != y.shape and out.shape[:-1].numel() == y.numel():
+                y = y.reshape(out.shape[:-1])  # a label of shape (1,) per sample
             if out.shape[:-1] == y.shape:
                 correct += (out.argmax(-1) == y).sum().item()
                 scored += y.numel()
     model.train()
+    # no held-out sample (a data set of fewer than 10): nothing measured, not a loss of 0
     accuracy = correct / scored if scored else float("nan")
-    return {"eval_loss": loss_sum / max(n, 1), "eval_accuracy": accuracy}
+    return {"eval_loss": loss_sum / n if n else float("nan"), "eval_accuracy": accuracy}
 
 
 def run(spec: dict[str, Any]) -> None:
