@@ -261,6 +261,19 @@ def test_the_built_in_modules_are_the_packages_own():
     here = {m.name for m in pkgutil.iter_modules(strategies.__path__)}
     assert set(strategies.BUILT_IN) <= here
     assert {strategies.get(n).module.rsplit(".", 1)[-1] for n in CORE} <= set(strategies.BUILT_IN)
+    # every module this repository ships is listed: one added to strategies/ and committed
+    # without joining BUILT_IN would be a plug-in that a later one could displace
+    import subprocess
+    from pathlib import Path
+
+    root = Path(strategies.__file__).parent
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=root, capture_output=True, text=True
+    ).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    shipped = {Path(f).stem for f in tracked if "/" not in f} - {"__init__", "base"}
+    assert shipped == set(strategies.BUILT_IN)
 
 
 def test_malformed_variants_are_listed_unavailable_not_fatal(plugin, capsys):
