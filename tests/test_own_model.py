@@ -597,3 +597,34 @@ def _copy(module):
     import copy
 
     return copy.deepcopy(module)
+
+
+@pytest.mark.parametrize("start", ["spawn", "forkserver"])
+def test_a_data_set_from_a_file_reaches_loader_workers_started_afresh(tmp_path, start):
+    """DataLoader workers started by spawn or forkserver (Python 3.14's default on Linux)
+    receive the data set pickled: its class must be importable there by name, which a
+    file imported under a made-up module name was not."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    from bench.workload import plugins
+
+    if start not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {start} here")
+    path = tmp_path / f"shapes_{start}.py"
+    path.write_text(
+        "import torch\n"
+        "class Squares(torch.utils.data.Dataset):\n"
+        "    num_classes = 2\n"
+        "    def __len__(self):\n"
+        "        return 8\n"
+        "    def __getitem__(self, i):\n"
+        "        return torch.full((1, 4, 4), float(i)), i % 2\n"
+        "def build():\n"
+        "    return Squares()\n"
+    )
+    data = plugins.call(f"{path}:build", "parabench.datasets", {})
+    loader = DataLoader(data, batch_size=4, num_workers=1, multiprocessing_context=start)
+    x, y = next(iter(loader))
+    assert x.shape == (4, 1, 4, 4) and y.tolist() == [0, 1, 0, 1]

@@ -75,12 +75,42 @@ def _split(spec: str, group: str) -> tuple[str, str]:
     return where, attr
 
 
+def _by_its_name(path: Path, spec: str) -> Any:
+    """The file imported under its own name (`models.py` as `models`), its folder first on
+    the import path, where that name is free or already this file: then what it defines
+    pickles by a name other processes can import too (DataLoader workers started by spawn
+    or forkserver, the default from Python 3.14, receive the data set that way). None
+    where the name is another module's (or the standard library's, imported yet or not):
+    the caller imports it under a name of its own."""
+    stem, real = path.stem, path.resolve()
+    if not stem.isidentifier() or stem in getattr(sys, "stdlib_module_names", ()):
+        return None
+    known = sys.modules.get(stem)
+    if known is not None:
+        return known if Path(getattr(known, "__file__", "") or "").resolve() == real else None
+    folder = str(real.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    found = importlib.util.find_spec(stem)
+    if found is None or found.origin is None or Path(found.origin).resolve() != real:
+        return None
+    try:
+        with no_exit():
+            return importlib.import_module(stem)
+    except (Exception, SystemExit) as exc:
+        sys.modules.pop(stem, None)
+        raise ConfigError(f"{spec}: importing {path} {raised(exc)}") from None
+
+
 def _import(where: str, spec: str) -> Any:
     if _is_file(where):
         path = Path(where).expanduser()
         if not path.is_file():
             raise ConfigError(f"{spec}: no such file {path}")
-        # one module per file path, so two files named alike do not collide
+        own = _by_its_name(path, spec)
+        if own is not None:
+            return own
+        # else one module per file path, so two files named alike do not collide
         name = "parabench_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
         if name in sys.modules:
             return sys.modules[name]
