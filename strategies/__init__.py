@@ -134,6 +134,19 @@ class StrategySpec:
         assert self.cls is not None
         return _reason(self.cls.unsuitable, cfg, world_size, options)
 
+    def batch_shares(self, world_size: int, options: Mapping[str, str]) -> int | str:
+        """Its class's batch_shares: a positive int, or the reason where the hook raises
+        or answers something else (a plug-in's bug costs its own cells only)."""
+        assert self.cls is not None
+        hook = self.cls.batch_shares
+        try:
+            n = hook(world_size, options)
+        except Exception as exc:
+            return _raised(hook, exc)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            return f"{self.cls.__name__}.batch_shares() answered {n!r}, not a positive int"
+        return n
+
     def default_precision(self, device: str, options: Mapping[str, str]) -> str:
         """Its class's default precision with these options; fp32 where there is no class
         or its hook raises (`unavailable` says why)."""

@@ -303,9 +303,14 @@ class Strategy:
 
     def data_ranks(self) -> tuple[int, int]:
         """(data-parallel replicas, this process's index among them): how many different
-        shares of each global batch are trained at once. One per process by default; model
-        parallelism has fewer (tensor-parallel and pipeline ranks share a batch)."""
-        return self.processes(self.ctx.world_size), self.ctx.rank
+        shares of each global batch are trained at once, from `batch_shares` (so the two
+        never disagree): one per process by default (DataParallel's one process cuts its
+        share over its devices itself); fewer under model parallelism, whose consecutive
+        ranks share one (tensor-parallel groups, pipeline stages)."""
+        ws = self.ctx.world_size
+        per_process = max(1, ws // self.processes(ws))  # devices one process drives
+        replicas = max(1, self.batch_shares(ws, self.options) // per_process)
+        return replicas, self.ctx.rank * replicas // ws
 
     def per_rank_batch(self, global_batch: int) -> int:
         # A process that drives several devices (DataParallel) takes the whole global batch

@@ -201,9 +201,6 @@ class Pipeline(TorchDistributed):
     def batch_shares(cls, world_size: int, options: Mapping[str, str]) -> int:
         return 1  # its micro-batches are checked by unsuitable()
 
-    def data_ranks(self) -> tuple[int, int]:
-        return 1, 0
-
     @property
     def microbatches(self) -> int:
         return int(self.options.get("microbatches", 1))

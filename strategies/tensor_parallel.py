@@ -99,14 +99,11 @@ class TensorParallelMixin:
 
     @classmethod
     def batch_shares(cls, world_size: int, options: Mapping[str, str]) -> int:
-        return max(1, world_size // cls.tp_of(world_size, options))  # one per TP group
+        # one per TP group; the mesh is (dp, tp), row-major: consecutive ranks share one
+        return max(1, world_size // cls.tp_of(world_size, options))
 
     def tp_size(self) -> int:
         return self.tp_of(self.ctx.world_size, self.options)
-
-    def data_ranks(self) -> tuple[int, int]:
-        tp = self.tp_size()
-        return self.ctx.world_size // tp, self.ctx.rank // tp  # mesh is (dp, tp), row-major
 
     def parallelize(self, model: nn.Module, mesh) -> nn.Module:
         from torch.distributed.tensor.parallel import parallelize_module

@@ -165,6 +165,16 @@ def test_a_plugins_mistakes_cost_its_own_cells_only(plugin, data_root, capsys):
             @classmethod
             def unsupported(cls, setting, device):
                 raise ValueError("what setting?")
+        class NoShares(Strategy):
+            variants = {"no_shares": Variant("inprocess", "batch_shares raises")}
+            @classmethod
+            def batch_shares(cls, world_size, options):
+                return options["shares"]
+        class ZeroShares(Strategy):
+            variants = {"zero_shares": Variant("inprocess", "batch_shares answers 0")}
+            @classmethod
+            def batch_shares(cls, world_size, options):
+                return 0
     """,
     )
     assert "launcher 'torchrunn'; launchers: inprocess, spawn" in strategies.get(
@@ -184,6 +194,8 @@ def test_a_plugins_mistakes_cost_its_own_cells_only(plugin, data_root, capsys):
     assert reasons["raises"] == "Raises.unsuitable() raised KeyError: 'no such key'"
     assert reasons["unsupported"] == "Unsupported.unsupported() raised ValueError: what setting?"
     assert reasons["no_precision"].startswith("NoPrecision.default_precision() raised")
+    assert reasons["no_shares"] == "NoShares.batch_shares() raised KeyError: 'shares'"
+    assert reasons["zero_shares"] == "ZeroShares.batch_shares() answered 0, not a positive int"
     assert "single" in reasons and not reasons["single"]  # the others plan as before
     with pytest.raises(ConfigError, match="raises cannot run at world size 1: Raises.unsuitable"):
         runner.plan(
@@ -396,3 +408,31 @@ def test_only_strategies_whose_collectives_gloo_takes_on_cuda_share_a_gpu():
     assert {"ddp_torchrun", "ddp_spawn", "amp_ddp", "zero1", "ddp_fp16_hook"} <= sharing
     # FSDP reduce-scatters, pipelines send and receive: gloo does neither on CUDA tensors
     assert not sharing & {"fsdp", "fsdp_zero2", "pipeline_gpipe", "tp", "horovod", "dp"}
+
+
+@pytest.mark.parametrize(
+    "name, ws, options, expected",
+    [
+        ("ddp_spawn", 4, {}, [(4, r) for r in range(4)]),  # one share per rank
+        ("dp", 2, {}, [(1, 0)]),  # one process cuts its share over its devices
+        ("tp", 4, {}, [(1, 0)] * 4),  # every rank trains the one batch
+        ("fsdp_tp", 4, {"tp": "2"}, [(2, 0), (2, 0), (2, 1), (2, 1)]),  # (dp, tp) row-major
+        ("fsdp_tp", 8, {"tp": "4"}, [(2, 0)] * 4 + [(2, 1)] * 4),
+        ("pipeline_gpipe", 2, {}, [(1, 0)] * 2),
+    ],
+)
+def test_data_ranks_follow_batch_shares(name, ws, options, expected):
+    """The sampler's replicas and each rank's index come from batch_shares, which plan()
+    checks the global batch against: the two cannot disagree (a plug-in overriding only
+    batch_shares gets the matching split)."""
+    from types import SimpleNamespace
+
+    spec = strategies.get(name)
+    got = []
+    for rank in range(spec.cls.processes(ws)):
+        strategy = spec.cls.__new__(spec.cls)
+        strategy.ctx = SimpleNamespace(world_size=ws, rank=rank)
+        strategy.options = {**spec.variant.options, **options}
+        got.append(strategy.data_ranks())
+    assert got == expected
+    assert got[0][0] * (ws // spec.cls.processes(ws)) == spec.cls.batch_shares(ws, strategy.options)

@@ -159,7 +159,11 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
                 or spec.unsuitable(as_cell, ws, merged_options(spec, opts))
             )
             if not reason:
-                _check_shares(cfg, spec, ws, setting.accumulate, merged_options(spec, opts))
+                shares = spec.batch_shares(ws, merged_options(spec, opts))
+                if isinstance(shares, str):
+                    reason = shares
+                else:
+                    _check_shares(cfg, spec.name, ws, setting.accumulate, shares)
             for r in range(cfg.repeats):
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
                 mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
@@ -169,17 +173,16 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
     return interleaved(cells, cfg.seed)
 
 
-def _check_shares(cfg: RunConfig, spec: Any, ws: int, k: int, options: dict) -> None:
+def _check_shares(cfg: RunConfig, name: str, ws: int, k: int, shares: int) -> None:
     """A ConfigError where a cell that would run cannot give each of its data-parallel
     shares (each rank's, or each model-parallel group's) the same part of every batch."""
-    shares = spec.cls.batch_shares(ws, options)
     if cfg.global_batch % (shares * k) == 0:
         return
     per = "" if k == 1 else f" x {k} micro-batches"
     whose = (
         f"world size {ws}"
         if shares == ws
-        else f"{spec.name}'s {shares} data-parallel group(s) at world size {ws}"
+        else f"{name}'s {shares} data-parallel group(s) at world size {ws}"
     )
     raise ConfigError(
         f"global batch {cfg.global_batch} is not divisible by {whose}{per}; "
