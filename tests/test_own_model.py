@@ -348,9 +348,24 @@ def test_a_pipeline_refuses_layers_that_leave_out_parameters(tmp_path):
     assert pipe.unsuitable(lm, 2, options) is None
 
 
-def test_a_model_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+@pytest.fixture
+def user_files(tmp_path):
+    """The import path and modules as they were, after a test that imports files of its
+    own under tmp_path (by their own names)."""
+    import sys
+
+    path = list(sys.path)
+    yield tmp_path
+    sys.path[:] = path
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", "") or "").startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+def test_a_model_file_imports_the_modules_beside_it(user_files, monkeypatch):
     """As `python net.py` would: the file's folder is on the import path, here and in a
     rank (another process, started in another directory)."""
+    tmp_path = user_files
     import subprocess
     import sys
 
@@ -599,8 +614,40 @@ def _copy(module):
     return copy.deepcopy(module)
 
 
+SQUARES = (
+    "import torch\n"
+    "class Squares(torch.utils.data.Dataset):\n"
+    "    num_classes = 2\n"
+    "    def __len__(self):\n"
+    "        return 8\n"
+    "    def __getitem__(self, i):\n"
+    "        return torch.full((1, 4, 4), float(i)), i % 2\n"
+    "def build():\n"
+    "    return Squares()\n"
+)
+
+
+def test_a_second_file_of_the_same_name_hides_nothing_from_loader_workers(user_files):
+    """Data from b/net.py, then a model from a/net.py: a spawned worker still finds the
+    data set's module by its name (a/'s folder put first on the path once hid it)."""
+    from torch.utils.data import DataLoader
+
+    from bench.workload import plugins
+
+    for folder in ("a", "b"):
+        (user_files / folder).mkdir()
+    (user_files / "b" / "net.py").write_text(SQUARES)
+    (user_files / "a" / "net.py").write_text(  # a model, no data set of that name
+        "import torch\ndef build(num_classes=2):\n    return torch.nn.Linear(16, num_classes)\n"
+    )
+    data = plugins.call(f"{user_files / 'b' / 'net.py'}:build", "parabench.datasets", {})
+    plugins.call(f"{user_files / 'a' / 'net.py'}:build", "parabench.models", {})
+    loader = DataLoader(data, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    assert next(iter(loader))[1].tolist() == [0, 1, 0, 1]
+
+
 @pytest.mark.parametrize("start", ["spawn", "forkserver"])
-def test_a_data_set_from_a_file_reaches_loader_workers_started_afresh(tmp_path, start):
+def test_a_data_set_from_a_file_reaches_loader_workers_started_afresh(user_files, start):
     """DataLoader workers started by spawn or forkserver (Python 3.14's default on Linux)
     receive the data set pickled: its class must be importable there by name, which a
     file imported under a made-up module name was not."""
@@ -612,18 +659,8 @@ def test_a_data_set_from_a_file_reaches_loader_workers_started_afresh(tmp_path, 
 
     if start not in multiprocessing.get_all_start_methods():
         pytest.skip(f"no {start} here")
-    path = tmp_path / f"shapes_{start}.py"
-    path.write_text(
-        "import torch\n"
-        "class Squares(torch.utils.data.Dataset):\n"
-        "    num_classes = 2\n"
-        "    def __len__(self):\n"
-        "        return 8\n"
-        "    def __getitem__(self, i):\n"
-        "        return torch.full((1, 4, 4), float(i)), i % 2\n"
-        "def build():\n"
-        "    return Squares()\n"
-    )
+    path = user_files / f"shapes_{start}.py"
+    path.write_text(SQUARES)
     data = plugins.call(f"{path}:build", "parabench.datasets", {})
     loader = DataLoader(data, batch_size=4, num_workers=1, multiprocessing_context=start)
     x, y = next(iter(loader))

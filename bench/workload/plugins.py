@@ -75,8 +75,17 @@ def _split(spec: str, group: str) -> tuple[str, str]:
     return where, attr
 
 
+def _on_path(folder: Path) -> None:
+    """A user file's folder on the import path, so its own imports find the modules beside
+    it (in every rank too: each imports the file through here). Appended, not first: a
+    later file's folder must not hide a module an earlier one's claimed by name, which
+    loader workers started afresh import by that name."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+
+
 def _by_its_name(path: Path, spec: str) -> Any:
-    """The file imported under its own name (`models.py` as `models`), its folder first on
+    """The file imported under its own name (`models.py` as `models`), its folder on
     the import path, where that name is free or already this file: then what it defines
     pickles by a name other processes can import too (DataLoader workers started by spawn
     or forkserver, the default from Python 3.14, receive the data set that way). None
@@ -88,9 +97,7 @@ def _by_its_name(path: Path, spec: str) -> Any:
     known = sys.modules.get(stem)
     if known is not None:
         return known if Path(getattr(known, "__file__", "") or "").resolve() == real else None
-    folder = str(real.parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    _on_path(real.parent)
     found = importlib.util.find_spec(stem)
     if found is None or found.origin is None or Path(found.origin).resolve() != real:
         return None
@@ -119,11 +126,7 @@ def _import(where: str, spec: str) -> Any:
             raise ConfigError(f"{spec}: {path} cannot be imported as Python")
         module = importlib.util.module_from_spec(loader)
         sys.modules[name] = module
-        # as `python file.py` does: the file's own imports find the modules beside it (in
-        # every rank too: each imports the file through here)
-        folder = str(path.resolve().parent)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
+        _on_path(path.resolve().parent)
         try:
             with no_exit():
                 loader.loader.exec_module(module)
