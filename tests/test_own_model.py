@@ -257,6 +257,29 @@ def test_a_plugin_that_parses_the_command_line_at_import_is_one_line(capsys, tmp
     assert "belongs under `if __name__ == '__main__':`" in err
 
 
+def test_a_factory_may_parse_strings_of_its_own(tmp_path):
+    """argparse inside a factory, on a string of its own, catching its refusal as argparse
+    documents (SystemExit): it works as it would outside parabench."""
+    from bench.workload import plugins
+
+    path = _file(
+        tmp_path,
+        """
+        import argparse
+        def build(num_classes=10, spec="--width x"):
+            parser = argparse.ArgumentParser(prog="build")
+            parser.add_argument("--width", type=int, default=8)
+            try:
+                width = parser.parse_args(spec.split()).width
+            except SystemExit:
+                width = 8  # a bad spec: its default
+            return nn.Linear(3, width)
+        """,
+    )
+    model = plugins.call(f"{path}:build", "parabench.models", {})
+    assert model.out_features == 8
+
+
 def test_a_dataset_read_sample_by_sample_is_not_held_on_the_device(capsys, tmp_path):
     path = _file(tmp_path, STEP_FILE)
     args = ("--model", f"{path}:plain", "--dataset", f"{path}:labels_past_classes")

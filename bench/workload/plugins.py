@@ -152,8 +152,10 @@ def cwd_on_path() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-class ParsesCommandLine(Exception):
-    """A plug-in's argparse parser met parabench's command line (see `no_exit`)."""
+class ParsesCommandLine(SystemExit):
+    """A plug-in's argparse parser refused what it parsed (see `no_exit`): a SystemExit,
+    as argparse's own, so a factory that parses strings of its own and catches that goes
+    on as it would; uncaught, parabench's command line is what it met."""
 
 
 @contextlib.contextmanager
