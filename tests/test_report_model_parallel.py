@@ -189,8 +189,17 @@ def test_efficiency_is_over_single_in_the_same_run_options() -> None:
         for what, value in zip(("up", "eff"), pair, strict=True)
     }
     assert got == pytest.approx(want)
+    over = {
+        (r.strategy_name, r.world_size, r.setting): r.efficiency_over for r in table.itertuples()
+    }
+    assert over[("ddp", 2, "bf16")] == "single [bf16, acc1]"
+    assert over[("ddp", 2, "fp32,bucket_cap_mb=1")] == "single [fp32, acc1]"
+    assert over[("ddp", 2, "bf16,acc2")] == "single [fp32, acc1]"
     text = report.summary_markdown(table)
     assert "| 0.96 |" in text and "2.40x" in text
+    # the one row over a single in other run options is marked, and the mark explained
+    assert "| 1.50† |" in text and text.count("†") == 2
+    assert "† efficiency over plain `single`: the run has no `single` in this" in text
 
 
 def test_summarise_counts_only_the_repeats_it_counts_for_oversubscribed() -> None:
@@ -306,8 +315,8 @@ def test_a_token_models_summary_has_tokens_per_second() -> None:
     rows = [_row("single", 1, tokens_per_s=6400.0), _row("ddp", 2, sps=180.0, tokens_per_s=11520.0)]
     text = report.summary_markdown(report.summarise(_runs(rows)))
     head, _, *body = text.splitlines()
-    assert head.split(" | ")[3:5] == ["samples/s", "tokens/s"]
-    assert [line.split(" | ")[4] for line in body] == ["11,520", "6,400"]
+    assert head.split(" | ")[3:7] == ["samples/s", "95% CI", "CV %", "tokens/s"]
+    assert [line.split(" | ")[6] for line in body] == ["11,520", "6,400"]
     images = report.summary_markdown(report.summarise(_mixed()))  # no token model: none
     assert "tokens/s" not in images
 

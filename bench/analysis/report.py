@@ -339,14 +339,17 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
 
     Columns: strategy, world_size, n_repeats, <metric>_{median,iqr,min,max} for each of
     SUMMARY_METRICS, speedup_vs_single (median over the median of `single` at world
-    size 1), scaling_efficiency (speed-up / world size), mem_source, oversubscribed (1 where
+    size 1), scaling_efficiency (the same over `single` in the row's own run options where
+    the run has it, else over plain single, / world size), efficiency_over (that single's
+    case), mem_source, oversubscribed (1 where
     a counted repeat ran more CPU ranks than cores: such a cell ran for correctness, its
     speed is not comparable, so its speed-up and efficiency are NaN).
     """
     counted = counted_rows(runs)
     cols = KEY + ["strategy_name", "setting", "n_repeats"]
     cols += [f"{m}_{s}" for m in SUMMARY_METRICS for s in SPREAD]
-    cols += ["speedup_vs_single", "scaling_efficiency", "mem_source", "oversubscribed"]
+    cols += ["speedup_vs_single", "scaling_efficiency", "efficiency_over", "mem_source"]
+    cols += ["oversubscribed"]
     cols += INTERVAL_COLUMNS
     if counted.empty:
         return pd.DataFrame(columns=cols)
@@ -375,6 +378,7 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
         # options where the run has it (a bf16 channels-last DDP cell scales over single
         # bf16 channels-last, not over fp32), else over the plain baseline too
         like = _single_like(table, r["setting"]) if base is not None else None
+        table.loc[i, "efficiency_over"] = "" if like is None else like["strategy"]
         ws = r["world_size"]
         for col, ci, over, n in (
             ("speedup_vs_single", "speedup", base, 1),
@@ -468,6 +472,9 @@ def _single_like(summary: pd.DataFrame, setting: Any) -> pd.Series | None:
     if "setting" in single:
         want = _run_options(setting)
         same = single[single["setting"].map(_run_options) == want]
+        # single as it comes before single with options of its own (verify's shares=2)
+        same = same.assign(_own=same["setting"].astype(str).str.contains("="))
+        same = same.sort_values("_own", kind="stable").drop(columns="_own")
         if len(same) and not same.iloc[0]["oversubscribed"]:
             return same.iloc[0]
     return baseline_row(summary)
@@ -656,7 +663,7 @@ def summary_markdown(summary: pd.DataFrame) -> str:
                     if r["speedup_ci_low"] == r["speedup_ci_low"]
                     else ""
                 ),
-                _num(r["scaling_efficiency"], 2),
+                _num(r["scaling_efficiency"], 2) + ("†" if _over_other(summary, r) else ""),
                 _with_range(r, "timed_s", 3),
                 _with_range(r, "step_time_ms_p50", 1),
                 _with_range(r, "step_time_ms_p90", 1),
@@ -667,12 +674,26 @@ def summary_markdown(summary: pd.DataFrame) -> str:
                 _num(r["eval_accuracy_median"], 3),
             ]
         )
+    marked = any(_over_other(summary, r) for _, r in summary.iterrows())
     tokens = pd.to_numeric(summary.get("tokens_per_s_median"), errors="coerce")
     if tokens is not None and tokens.notna().any():  # a token model: its work in tokens too
-        header.insert(4, "tokens/s")
+        at = header.index("speed-up")  # after samples/s and its interval and CV
+        header.insert(at, "tokens/s")
         for row, (_, r) in zip(rows, summary.iterrows(), strict=True):
-            row.insert(4, _with_range(r, "tokens_per_s", 0))
-    return md_table(header, rows)
+            row.insert(at, _with_range(r, "tokens_per_s", 0))
+    note = (
+        "\n\n† efficiency over plain `single`: the run has no `single` in this row's run "
+        "options, so it includes what they change, not only how the cell scales."
+    )
+    return md_table(header, rows) + (note if marked else "")
+
+
+def _over_other(summary: pd.DataFrame, r: pd.Series) -> bool:
+    """Whether a row's efficiency is over a single in other run options than its own."""
+    over = summary[summary["strategy"] == r.get("efficiency_over", "")]
+    if over.empty or r["scaling_efficiency"] != r["scaling_efficiency"]:
+        return False
+    return _run_options(over.iloc[0]["setting"]) != _run_options(r["setting"])
 
 
 #: model-parallel measurements of runs.csv (pipeline and tensor-parallel rows only)
