@@ -131,14 +131,19 @@ def test_an_evaluation_that_fails_keeps_the_measured_steps(tmp_path, data_root, 
 
     from bench.harness import results
 
-    cfg = small_config(tmp_path, data_root, strategies=("test_evalfails",), world_sizes=(1,))
+    cfg = small_config(
+        tmp_path, data_root, strategies=("test_evalfails", "test_evaloom"), world_sizes=(1,)
+    )
     run_dir, rows = run_matrix(cfg, echo=lambda m: None)
-    (row,) = rows
-    assert row["status"] == results.FAILED
-    assert row["reason"] == (
+    row = {r["strategy"]: r for r in rows}
+    assert row["test_evalfails"]["status"] == results.FAILED
+    assert row["test_evalfails"]["reason"] == (
         "evaluation after the timed steps failed: RuntimeError: Error(s) in loading "
         "state_dict: Missing key(s): head.weight"
     )
-    assert float(row["samples_per_s"]) > 0 and int(row["timed_steps"]) == 4  # kept
-    assert len(pd.read_csv(run_dir / "steps.csv")) == 6
+    assert row["test_evaloom"]["status"] == results.OOM
+    assert "OutOfMemoryError: CUDA out of memory" in row["test_evaloom"]["reason"]
+    for r in rows:
+        assert float(r["samples_per_s"]) > 0 and int(r["timed_steps"]) == 4  # kept
+    assert len(pd.read_csv(run_dir / "steps.csv")) == 2 * 6
     assert not leftover_processes(run_dir)

@@ -757,7 +757,7 @@ class Runner:
                     "threads_per_rank": rec["threads_per_rank"],
                     "warmup_steps": rec["warmup_steps"],
                     "notes": rec["notes"],
-                    **_epoch_status(diverged, rec.get("eval_error", "")),
+                    **_epoch_status(diverged, rec.get("eval_error", ""), rec.get("eval_oom")),
                     "cell_wall_s": wall,
                     **startup,
                     **results.measure(rec, cell.world_size, self.device),
@@ -1019,14 +1019,14 @@ def peak_key(device: str, threads: Any, precision: Any) -> str:
     return f"{precision}" if device == "cuda" else f"{precision}/{threads}t"
 
 
-def _epoch_status(diverged: str | None, eval_error: str) -> dict[str, str]:
+def _epoch_status(diverged: str | None, eval_error: str, eval_oom: Any = False) -> dict[str, str]:
     """An epoch record's status and reason: a diverged epoch, or one whose evaluation
-    failed, keeps every measurement but is not a result to rank."""
+    failed (out of memory: `oom`), keeps every measurement but is not a result to rank."""
     if diverged:
         return {"status": results.DIVERGED, "reason": diverged}
     if eval_error:
         reason = f"evaluation after the timed steps failed: {eval_error}"
-        return {"status": results.FAILED, "reason": reason}
+        return {"status": results.OOM if eval_oom else results.FAILED, "reason": reason}
     return {"status": results.OK, "reason": ""}
 
 

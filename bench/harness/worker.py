@@ -211,9 +211,15 @@ def _train(
         evaluates = ctx.rank == 0 or strategy.collective_eval
         try:
             metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
-        except Exception as exc:  # the timed steps are measured: keep them, say what failed
+        except Exception as exc:
+            # the timed steps are measured: keep them and say what failed, where rank 0
+            # evaluates alone; where every rank takes part, one that failed alone would
+            # leave the others waiting in the evaluation's collectives: the cell fails
+            if strategy.collective_eval:
+                raise
             text = str(exc).strip().splitlines()
             metrics = {"eval_error": f"{type(exc).__name__}: {text[0] if text else ''}"[:300]}
+            metrics["eval_oom"] = proc.is_oom(exc)
             if strategy.model is not None:
                 strategy.model.train()
         ranks = strategy.gather(

@@ -138,3 +138,12 @@ class EvalFails(Strategy):
 
     def eval_module(self):
         raise RuntimeError("Error(s) in loading state_dict: Missing key(s): head.weight")
+
+
+class EvalOutOfMemory(Strategy):
+    """single whose evaluation runs out of memory after the timed steps."""
+
+    variants = {"test_evaloom": Variant("inprocess", "single whose evaluation runs out of memory")}
+
+    def eval_module(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
