@@ -296,6 +296,20 @@ def test_terminal_speedups_are_over_one_single_setting_as_the_reports() -> None:
     assert base["setting"] == "bf16"  # the report's base is the same
 
 
+def test_labels_sort_with_their_numbers_as_numbers() -> None:
+    from bench.harness.results import natural_key
+
+    labels = ["ddp [x=0.5]", "ddp [x=100]", "ddp [x=0.05]", "ddp [x=1e-3]", "ddp [x=25]", "ddp"]
+    assert sorted(labels, key=natural_key) == [
+        "ddp",
+        "ddp [x=1e-3]",
+        "ddp [x=0.05]",
+        "ddp [x=0.5]",
+        "ddp [x=25]",
+        "ddp [x=100]",
+    ]
+
+
 def test_swept_values_are_listed_in_numeric_order() -> None:
     rows = [
         _row("single", 1),

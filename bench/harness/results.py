@@ -536,12 +536,15 @@ def setting_change(a: str, b: str) -> str:
     return " -> ".join(", ".join(p.get(k, "–") for k in axes) for p in (pa, pb))
 
 
+_NUMBER = re.compile(r"(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
 def natural_key(label: str) -> tuple:
     """A label's sort key with its numbers as numbers: `[bucket_cap_mb=1]` before `=25`
-    before `=100`, where text order puts 100 first."""
+    before `=100` (text order puts 100 first), 0.05 before 0.25 before 0.5."""
     return tuple(
-        (0, int(part), "") if part.isdigit() else (1, 0, part)
-        for part in re.split(r"(\d+)", label)
+        (0, float(part), "") if _NUMBER.fullmatch(part) else (1, 0.0, part)
+        for part in _NUMBER.split(label)
         if part
     )
 
