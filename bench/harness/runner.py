@@ -1045,7 +1045,7 @@ def mfu_columns(info: Mapping[str, Any], device: str, row: Mapping[str, Any]) ->
     mfu = flops.mfu(fps, per_device, peak)
     source = source or info.get("flops_note", "")
     if mfu > 1:  # faster than the peak: the peak is what is wrong, not a measurement
-        source += f"; not used: the cell ran at {100 * mfu:.0f} % of it (measured low)"
+        source += f"; not used: the cell ran at {100 * mfu:.0f} % of it"
         mfu = float("nan")
     return {
         "flops_per_sample": fps if fps else float("nan"),
@@ -1111,16 +1111,17 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
             native = precision == "fp32" or flops.cpu_has_units(precision)
             measured = precision if native else "fp32"
             peak = flops.measured_cpu_peak(threads, DTYPES[measured])
+            how = f"on {threads} thread(s)"
             if threads > 1:
                 # t threads can always do what one does: on a machine where another process
                 # holds a core, a t-thread product waits on its slowest thread, and its peak
                 # once came out 400x under one thread's (MFU 7,000 %)
-                peak = max(peak, flops.measured_cpu_peak(1, DTYPES[measured]))
+                one = flops.measured_cpu_peak(1, DTYPES[measured])
+                if one > peak:
+                    peak = one
+                    how = f"on 1 thread (on {threads} it measured less: a busy machine)"
             why = "" if native else f" (no {precision} units in this CPU: its fp32 peak)"
-            info["peaks"][key] = (
-                peak,
-                f"measured: {measured} matmul on {threads} thread(s){why}",
-            )
+            info["peaks"][key] = (peak, f"measured: {measured} matmul {how}{why}")
     path.write_text(json.dumps(info, indent=1))
     if fps:
         echo(f"model: {fps / 1e9:.3g} GFLOP per training sample (model.json)")
