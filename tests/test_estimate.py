@@ -158,3 +158,35 @@ def test_a_step_that_cannot_train_is_a_config_error_naming_model_and_data(
         "step on a batch of its samples) fails: RuntimeError: element 0 of tensors does not "
         "require grad and does not have a grad_fn"
     )
+
+
+def test_a_timing_process_that_dies_leaves_the_steps_out_not_the_run(mnist, tmp_path) -> None:
+    """The child timing the steps (on a GPU) killed outright (the kernel's out-of-memory
+    killer, a crash in a library): the plan goes on without the steps' time, saying why,
+    rather than calling the model bad input."""
+    from bench.harness import runner
+
+    import os
+
+    model = tmp_path / "dies.py"
+    model.write_text(
+        "import os, torch\n"
+        "class Dies(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        f"        if os.getpid() != {os.getpid()}:  # the child timing the steps only\n"
+        "            os._exit(9)\n"
+        "        return super().forward(x)\n"
+        "def build(num_classes=10):\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), Dies(784, num_classes))\n"
+    )
+    cfg, _ = mnist
+    cfg = cfg.replace(
+        model=f"{model}:build", strategies=["single"], world_sizes=[1], global_batch=8
+    )
+    cells = runner.plan(cfg)
+    timed = estimate.timed
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(estimate, "timed", lambda c, b, p, isolate: timed(c, b, p, isolate=True))
+        est = estimate.estimate(cfg, cells)
+    assert est.per_sample_ms is None
+    assert "the process timing a step of" in est.line() and "ended abruptly" in est.line()

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +169,12 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
         ms = timed(cfg, bundle, precisions, isolate=resolve_device(cfg.device) == "cuda")
     except ConfigError:
         raise
+    except BrokenProcessPool as exc:  # the child ended abruptly: killed, or crashed
+        why = (
+            f"the process timing a step of {cfg.model} ended abruptly "
+            f"({plugins.one_line(exc)}); the cells will say what happens to them"
+        )
+        return _estimate(cfg, cells, bundle, None, why)
     except Exception as exc:  # here, or raised again here from the child process
         if not proc.is_oom(exc):
             raise cannot_train(cfg, exc) from None
