@@ -72,7 +72,7 @@ OVERHEAD_MINUTES=${GPU_CHECK_OVERHEAD_MINUTES:-3}
 OUT=${GPU_CHECK_OUT:-results/reference/$GPU-$(date +%Y%m%d)}
 if [ -z "${GPU_CHECK_OUT:-}" ] && [ "$DRY" != 1 ] && [ ! -d "$OUT" ]; then
     # an earlier day's check of this GPU: a part it left cut off is finished only in there
-    for earlier in results/reference/"$GPU"-*/; do
+    for earlier in results/reference/"$GPU"-[0-9]*/; do
         [ -d "$earlier" ] && echo "gpu-check: an earlier check of this GPU is in ${earlier%/};" \
             "GPU_CHECK_OUT=${earlier%/} finishes its parts instead of starting anew in $OUT" >&2
     done

@@ -794,7 +794,11 @@ def _layout_threads(run_dir: Path) -> dict[Layout, int]:
     out: dict[Layout, int] = {}
     for r in rd.runs.read():
         n = r.get("threads_per_rank") or ""
-        if r["status"] != results.OK or r.get("device") == "cuda" or not n.isdigit():
+        # the cells share_layouts and reference_layouts plan baselines for
+        compared = r["status"] == results.OK and r["repeat"] == "0"
+        if not compared or batch_norm_reason(r, norms) or r.get("device") == "cuda":
+            continue
+        if not n.isdigit():
             continue
         layout = batch_norm_layout(r, norms)
         out[layout] = min(out.get(layout, int(n)), int(n))
