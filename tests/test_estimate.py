@@ -164,9 +164,9 @@ def test_a_timing_process_that_dies_leaves_the_steps_out_not_the_run(mnist, tmp_
     """The child timing the steps (on a GPU) killed outright (the kernel's out-of-memory
     killer, a crash in a library): the plan goes on without the steps' time, saying why,
     rather than calling the model bad input."""
-    from bench.harness import runner
-
     import os
+
+    from bench.harness import runner
 
     model = tmp_path / "dies.py"
     model.write_text(
