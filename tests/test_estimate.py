@@ -125,6 +125,22 @@ def test_a_long_run_points_to_dry_run_only_outside_one(mnist) -> None:
     assert "that is long on this machine" in plan and "--dry-run" not in plan
 
 
+def _planned(mnist, tmp_path, source: str, monkeypatch, child: bool):
+    """The single cell of a model written from `source`, planned at global batch 8, and
+    the estimate's steps timed here or (`child`) in a child process, as on a GPU."""
+    from bench.harness import runner
+
+    model = tmp_path / "user_model.py"
+    model.write_text(source)
+    cfg, _ = mnist
+    cfg = cfg.replace(
+        model=f"{model}:build", strategies=["single"], world_sizes=[1], global_batch=8
+    )
+    timed = estimate.timed
+    monkeypatch.setattr(estimate, "timed", lambda c, b, p, isolate: timed(c, b, p, isolate=child))
+    return cfg, runner.plan(cfg)
+
+
 @pytest.mark.parametrize("child", [False, True], ids=["here", "child process"])
 def test_a_step_that_cannot_train_is_a_config_error_naming_model_and_data(
     mnist, tmp_path, monkeypatch, child
@@ -134,23 +150,15 @@ def test_a_step_that_cannot_train_is_a_config_error_naming_model_and_data(
     anything starts, also where the step ran in a child process (on a GPU) and what it
     raised was raised again here."""
     from bench.config import ConfigError
-    from bench.harness import runner
 
-    model = tmp_path / "frozen_model.py"
-    model.write_text(
+    frozen = (
         "import torch\n"
         "def build(num_classes=10):\n"
         "    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, num_classes))\n"
         "    net.requires_grad_(False)\n"
         "    return net\n"
     )
-    cfg, _ = mnist
-    cfg = cfg.replace(
-        model=f"{model}:build", strategies=["single"], world_sizes=[1], global_batch=8
-    )
-    cells = runner.plan(cfg)
-    timed = estimate.timed
-    monkeypatch.setattr(estimate, "timed", lambda c, b, p, isolate: timed(c, b, p, isolate=child))
+    cfg, cells = _planned(mnist, tmp_path, frozen, monkeypatch, child)
     with pytest.raises(ConfigError) as err:
         estimate.estimate(cfg, cells)
     assert str(err.value) == (
@@ -160,16 +168,15 @@ def test_a_step_that_cannot_train_is_a_config_error_naming_model_and_data(
     )
 
 
-def test_a_timing_process_that_dies_leaves_the_steps_out_not_the_run(mnist, tmp_path) -> None:
+def test_a_timing_process_that_dies_leaves_the_steps_out_not_the_run(
+    mnist, tmp_path, monkeypatch
+) -> None:
     """The child timing the steps (on a GPU) killed outright (the kernel's out-of-memory
     killer, a crash in a library): the plan goes on without the steps' time, saying why,
     rather than calling the model bad input."""
     import os
 
-    from bench.harness import runner
-
-    model = tmp_path / "dies.py"
-    model.write_text(
+    dies = (
         "import os, torch\n"
         "class Dies(torch.nn.Linear):\n"
         "    def forward(self, x):\n"
@@ -179,14 +186,7 @@ def test_a_timing_process_that_dies_leaves_the_steps_out_not_the_run(mnist, tmp_
         "def build(num_classes=10):\n"
         "    return torch.nn.Sequential(torch.nn.Flatten(), Dies(784, num_classes))\n"
     )
-    cfg, _ = mnist
-    cfg = cfg.replace(
-        model=f"{model}:build", strategies=["single"], world_sizes=[1], global_batch=8
-    )
-    cells = runner.plan(cfg)
-    timed = estimate.timed
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(estimate, "timed", lambda c, b, p, isolate: timed(c, b, p, isolate=True))
-        est = estimate.estimate(cfg, cells)
+    cfg, cells = _planned(mnist, tmp_path, dies, monkeypatch, child=True)
+    est = estimate.estimate(cfg, cells)
     assert est.per_sample_ms is None
     assert "the process timing a step of" in est.line() and "ended abruptly" in est.line()
