@@ -217,9 +217,7 @@ def _train(
             # leave the others waiting in the evaluation's collectives: the cell fails
             if strategy.collective_eval:
                 raise
-            text = str(exc).strip().splitlines()
-            metrics = {"eval_error": f"{type(exc).__name__}: {text[0] if text else ''}"[:300]}
-            metrics["eval_oom"] = proc.is_oom(exc)
+            metrics = {"eval_error": proc.one_line(exc), "eval_oom": proc.is_oom(exc)}
             if strategy.model is not None:
                 strategy.model.train()
         ranks = strategy.gather(
