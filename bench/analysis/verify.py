@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -700,15 +701,18 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
     )
 
 
+def _baselined(rd: RunDir) -> Iterator[tuple[dict[str, str], Layout]]:
+    """The rows verify plans baselines for (ok, repeat 0, comparable at all), each with its
+    layout: what share_layouts, reference_layouts and _layout_threads read alike."""
+    norms = batch_norms(rd.config())
+    for r in rd.runs.read():
+        if r["status"] == results.OK and r["repeat"] == "0" and not batch_norm_reason(r, norms):
+            yield r, batch_norm_layout(r, norms)
+
+
 def share_layouts(run_dir: Path) -> list[Layout]:
     """The share baselines a run's BatchNorm cells need (none for a model without)."""
-    rd = RunDir(run_dir)
-    norms = batch_norms(rd.config())
-    layouts = {
-        batch_norm_layout(r, norms)
-        for r in rd.runs.read()
-        if r["status"] == results.OK and r["repeat"] == "0" and not batch_norm_reason(r, norms)
-    }
+    layouts = {layout for _, layout in _baselined(RunDir(run_dir))}
     return sorted(layouts - {(1, 1)})
 
 
@@ -734,14 +738,8 @@ def reference_layouts(run_dir: Path) -> list[tuple[Layout, str]]:
     """The precision references a run's cells need and its own cells do not hold: per
     layout and reduced precision a comparable cell ran in, `single` in that precision."""
     rd = RunDir(run_dir)
-    norms = batch_norms(rd.config())
     wanted = {
-        (batch_norm_layout(r, norms), r["precision"])
-        for r in rd.runs.read()
-        if r["status"] == results.OK
-        and r["repeat"] == "0"
-        and r.get("precision") in REDUCED
-        and not batch_norm_reason(r, norms)
+        (layout, r["precision"]) for r, layout in _baselined(rd) if r.get("precision") in REDUCED
     }
     return sorted(
         (layout, p) for layout, p in wanted if layout != (1, 1) or _apart(_single_row(rd, p))
@@ -789,19 +787,11 @@ def _layout_threads(run_dir: Path) -> dict[Layout, int]:
     as a rank of theirs does, since a convolution's gradient on a CPU depends on how many
     threads reduce it (1 vs 2 threads: 8e-5 apart on the worked example's first layer,
     past the exact tolerance within a few steps)."""
-    rd = RunDir(run_dir)
-    norms = batch_norms(rd.config())
     out: dict[Layout, int] = {}
-    for r in rd.runs.read():
+    for r, layout in _baselined(RunDir(run_dir)):
         n = r.get("threads_per_rank") or ""
-        # the cells share_layouts and reference_layouts plan baselines for
-        compared = r["status"] == results.OK and r["repeat"] == "0"
-        if not compared or batch_norm_reason(r, norms) or r.get("device") == "cuda":
-            continue
-        if not n.isdigit():
-            continue
-        layout = batch_norm_layout(r, norms)
-        out[layout] = min(out.get(layout, int(n)), int(n))
+        if r.get("device") != "cuda" and n.isdigit():
+            out[layout] = min(out.get(layout, int(n)), int(n))
     return out
 
 
