@@ -467,8 +467,7 @@ def _run_options(setting: Any) -> str:
 def _single_like(summary: pd.DataFrame, setting: Any) -> pd.Series | None:
     """`single` at world size 1 in these run options, not oversubscribed; else the plain
     baseline (baseline_row)."""
-    names = summary["strategy_name"] if "strategy_name" in summary else summary["strategy"]
-    single = summary[(names == BASELINE[0]) & (summary["world_size"] == BASELINE[1])]
+    single = _singles(summary)
     if "setting" in single:
         want = _run_options(setting)
         same = single[single["setting"].map(_run_options) == want]
@@ -480,11 +479,16 @@ def _single_like(summary: pd.DataFrame, setting: Any) -> pd.Series | None:
     return baseline_row(summary)
 
 
+def _singles(summary: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `single` at world size 1, whatever their settings."""
+    names = summary["strategy_name"] if "strategy_name" in summary else summary["strategy"]
+    return summary[(names == BASELINE[0]) & (summary["world_size"] == BASELINE[1])]
+
+
 def baseline_row(summary: pd.DataFrame) -> pd.Series | None:
     """`single` at world size 1, in fp32 with no other run option where the run has it
     (the plain baseline every speed-up is over), else its first setting; None if absent."""
-    names = summary["strategy_name"] if "strategy_name" in summary else summary["strategy"]
-    single = summary[(names == BASELINE[0]) & (summary["world_size"] == BASELINE[1])]
+    single = _singles(summary)
     if single.empty:
         return None
     plain = single[single["setting"].isin(["fp32", ""])] if "setting" in single else single
@@ -647,7 +651,9 @@ def summary_markdown(summary: pd.DataFrame) -> str:
         "eval acc",
     ]
     rows = []
-    for _, r in summary.iterrows():
+    # efficiency over a single in other run options than the row's own: marked †
+    marks = [_over_other(summary, r) for _, r in summary.iterrows()]
+    for (_, r), mark in zip(summary.iterrows(), marks, strict=True):
         speedup = _num(r["speedup_vs_single"], 2)
         rows.append(
             [
@@ -663,7 +669,7 @@ def summary_markdown(summary: pd.DataFrame) -> str:
                     if r["speedup_ci_low"] == r["speedup_ci_low"]
                     else ""
                 ),
-                _num(r["scaling_efficiency"], 2) + ("†" if _over_other(summary, r) else ""),
+                _num(r["scaling_efficiency"], 2) + ("†" if mark else ""),
                 _with_range(r, "timed_s", 3),
                 _with_range(r, "step_time_ms_p50", 1),
                 _with_range(r, "step_time_ms_p90", 1),
@@ -674,7 +680,6 @@ def summary_markdown(summary: pd.DataFrame) -> str:
                 _num(r["eval_accuracy_median"], 3),
             ]
         )
-    marked = any(_over_other(summary, r) for _, r in summary.iterrows())
     tokens = pd.to_numeric(summary.get("tokens_per_s_median"), errors="coerce")
     if tokens is not None and tokens.notna().any():  # a token model: its work in tokens too
         at = header.index("speed-up")  # after samples/s and its interval and CV
@@ -685,7 +690,7 @@ def summary_markdown(summary: pd.DataFrame) -> str:
         "\n\n† efficiency over plain `single`: the run has no `single` in this row's run "
         "options, so it includes what they change, not only how the cell scales."
     )
-    return md_table(header, rows) + (note if marked else "")
+    return md_table(header, rows) + (note if any(marks) else "")
 
 
 def _over_other(summary: pd.DataFrame, r: pd.Series) -> bool:
