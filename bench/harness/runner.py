@@ -1082,6 +1082,7 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
         if device == "cuda"
         else []
     )
+    one_thread: dict[str, float] = {}  # a CPU's one-thread peak by dtype measured
     for cell in cells:
         if cell.status:
             continue
@@ -1116,7 +1117,9 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
                 # t threads can always do what one does: on a machine where another process
                 # holds a core, a t-thread product waits on its slowest thread, and its peak
                 # once came out 400x under one thread's (MFU 7,000 %)
-                one = flops.measured_cpu_peak(1, DTYPES[measured])
+                if measured not in one_thread:  # once per dtype, for every thread count
+                    one_thread[measured] = flops.measured_cpu_peak(1, DTYPES[measured])
+                one = one_thread[measured]
                 if one > peak:
                     peak = one
                     how = f"on 1 thread (on {threads} it measured less: a busy machine)"
