@@ -640,8 +640,9 @@ def cmd_submit(a: argparse.Namespace) -> int:
         hosts=tuple(f"node{i}" for i in range(n)),
         master_addr="node0",
     )
+    cuda = resolve_device(cfg.device) == "cuda"
     gpus = 0
-    if resolve_device(cfg.device) == "cuda" and not torch_cuda_available():
+    if cuda and not torch_cuda_available():
         gpus = per  # a login node without one: the job's nodes are taken to have them
     run_id = a.run_id or _new_run_id()
     run_dir = Path(cfg.out_dir).resolve() / run_id  # as the config reads --out-dir (~ too)
@@ -652,7 +653,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
     if not a.procs_per_node:
         argv += ["--procs-per-node", str(per)]
     extra = list(a.sbatch_arg)
-    ask = resolve_device(cfg.device) == "cuda" and not slurm.asks_for_gpus(extra)
+    ask = cuda and not slurm.asks_for_gpus(extra)
     if ask:  # a cluster hides the GPUs a job did not ask for
         extra.insert(0, f"--gpus-per-node={per}")
     script = slurm.batch_script(run_dir, argv, n, per, extra)
