@@ -669,11 +669,13 @@ def test_a_second_file_of_the_same_name_hides_nothing_from_loader_workers(user_f
     assert next(iter(loader))[1].tolist() == [0, 1, 0, 1]
 
 
+@pytest.mark.parametrize("stem", ["shapes", "bench"])
 @pytest.mark.parametrize("start", ["spawn", "forkserver"])
-def test_a_data_set_from_a_file_reaches_loader_workers_started_afresh(user_files, start):
+def test_a_data_set_from_a_file_reaches_loader_workers_started_afresh(user_files, start, stem):
     """DataLoader workers started by spawn or forkserver (Python 3.14's default on Linux)
     receive the data set pickled: its class must be importable there by name, which a
-    file imported under a made-up module name was not."""
+    file imported under a made-up module name was not; so must it be where the file's own
+    name is taken (`bench.py`: parabench's package), imported under another."""
     import multiprocessing
 
     from torch.utils.data import DataLoader
@@ -682,7 +684,8 @@ def test_a_data_set_from_a_file_reaches_loader_workers_started_afresh(user_files
 
     if start not in multiprocessing.get_all_start_methods():
         pytest.skip(f"no {start} here")
-    path = user_files / f"shapes_{start}.py"
+    path = user_files / start / f"{stem}.py"
+    path.parent.mkdir()
     path.write_text(SQUARES)
     data = plugins.call(f"{path}:build", "parabench.datasets", {})
     loader = DataLoader(data, batch_size=4, num_workers=1, multiprocessing_context=start)

@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
 import importlib
+import importlib.abc
 import importlib.util
 import inspect
 import os
@@ -117,23 +117,16 @@ def _import(where: str, spec: str) -> Any:
         own = _by_its_name(path, spec)
         if own is not None:
             return own
-        # else one module per file path, so two files named alike do not collide
-        name = "parabench_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-        if name in sys.modules:
-            return sys.modules[name]
-        loader = importlib.util.spec_from_file_location(name, path)
-        if loader is None or loader.loader is None:
+        # else a name made of its path (one module per file, so two named alike do not
+        # collide), which any process, started afresh too, imports by the finder below
+        name = _UserFiles.name(path)
+        if importlib.util.find_spec(name) is None:
             raise ConfigError(f"{spec}: {path} cannot be imported as Python")
-        module = importlib.util.module_from_spec(loader)
-        sys.modules[name] = module
-        _on_path(path.resolve().parent)
         try:
             with no_exit():
-                loader.loader.exec_module(module)
+                return importlib.import_module(name)
         except (Exception, SystemExit) as exc:
-            del sys.modules[name]
             raise ConfigError(f"{spec}: importing {path} {raised(exc)}") from None
-        return module
     cwd_on_path()
     try:
         with no_exit():
@@ -142,6 +135,35 @@ def _import(where: str, spec: str) -> Any:
         raise ConfigError(f"{spec}: cannot import {where} ({exc})") from None
     except (Exception, SystemExit) as exc:
         raise ConfigError(f"{spec}: importing {where} {raised(exc)}") from None
+
+
+class _UserFiles(importlib.abc.MetaPathFinder):
+    """Imports a user's file whose own name is taken (`bench.py`, `test.py`) under a name
+    of this package's that spells its path, so that any process can import it by that
+    name: DataLoader workers started by spawn or forkserver unpickle what it defines that
+    way, and importing the name's package (bench.workload) installs this finder first."""
+
+    PREFIX = "bench.workload.file_"
+
+    @classmethod
+    def name(cls, path: Path) -> str:
+        return cls.PREFIX + os.fsencode(path.resolve()).hex()
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if not name.startswith(self.PREFIX):
+            return None
+        try:
+            file = Path(os.fsdecode(bytes.fromhex(name[len(self.PREFIX) :])))
+        except ValueError:
+            return None
+        if not file.is_file():
+            return None
+        _on_path(file.parent)
+        return importlib.util.spec_from_file_location(name, file)
+
+
+if not any(isinstance(f, _UserFiles) for f in sys.meta_path):
+    sys.meta_path.append(_UserFiles())
 
 
 def cwd_on_path() -> None:
