@@ -293,6 +293,22 @@ def test_a_dataset_read_sample_by_sample_is_not_held_on_the_device(capsys, tmp_p
     data.check(cfg.replace(dataset=f"{path}:ragged", data_feed="loader", global_batch=8))
 
 
+@pytest.mark.parametrize("feed", ["auto", "device"])
+def test_workers_on_a_users_tensors_held_on_the_device_are_refused(capsys, tmp_path, feed):
+    """As for MNIST and synthetic data: tensors are indexed on the device, no DataLoader
+    runs the workers, so no row may claim them."""
+    path = _file(tmp_path, STEP_FILE)
+    args = ("--model", f"{path}:plain", "--dataset", f"{path}:vectors", "--global-batch", "8")
+    code, err = _cli(capsys, tmp_path, *args, "--workers", "2", "--data-path", feed)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--workers 2 does nothing here: {path}:vectors is held in memory" in err
+    assert f"(--data-path {feed})" in err and "add --data-path loader" in err
+    # a DataLoader runs them: through --data-path loader, or for a Dataset read sample by sample
+    cfg = RunConfig(model=f"{path}:plain", dataset=f"{path}:vectors", global_batch=8, workers=2)
+    data.check(cfg.replace(data_feed="loader"))
+    data.check(cfg.replace(dataset=f"{path}:ragged"))
+
+
 def test_model_args_named_like_build_models_own_reach_the_factory(tmp_path):
     """`model`, `shape` and `num_classes` are build_model's own parameters (positional only),
     so --model-arg keys of those names are the factory's."""

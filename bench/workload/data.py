@@ -85,6 +85,8 @@ def checked(cfg: RunConfig) -> tuple[str, int]:
                 "returned a Dataset, read sample by sample: return (inputs, targets) tensors "
                 "for that, or use --data-path loader or auto"
             )
+        if cfg.workers is not None and in_memory(bundle.train):  # given: as unused_options
+            _no_loader_workers(cfg)
         _enough(cfg, len(bundle.train))  # type: ignore[arg-type]
         assert bundle.spec is not None
         _check_layout(cfg, bundle.spec)
@@ -151,12 +153,8 @@ def unused_options(cfg: RunConfig, image_size: bool, seq_len: bool, workers: boo
     run's model is fed: a run that would ignore one is refused, so no row is read as
     trained at a size it was not. So must --workers (`workers`: given) change how it is
     fed: in-memory data indexed on the device has no DataLoader to run workers in."""
-    if workers and cfg.dataset in IN_MEMORY and cfg.data_feed != "loader":
-        raise ConfigError(
-            f"--workers {cfg.workers} does nothing here: {cfg.dataset} is held in memory and "
-            f"its batches are indexed on the device (--data-path {cfg.data_feed}), with no "
-            "DataLoader; leave it out, or add --data-path loader to time a DataLoader"
-        )
+    if workers and cfg.dataset in IN_MEMORY:
+        _no_loader_workers(cfg)
     for flag, given, field, other in (
         ("--image-size", image_size, "image_size", 32),
         ("--seq-len", seq_len, "seq_len", 64),
@@ -168,6 +166,17 @@ def unused_options(cfg: RunConfig, image_size: bool, seq_len: bool, workers: boo
             raise ConfigError(
                 f"{flag} {getattr(cfg, field)} does nothing here: {why}; leave it out"
             )
+
+
+def _no_loader_workers(cfg: RunConfig) -> None:
+    """--workers (given) on data held in memory, which is indexed on the device unless
+    --data-path loader: no DataLoader runs its workers."""
+    if cfg.data_feed != "loader":
+        raise ConfigError(
+            f"--workers {cfg.workers} does nothing here: {cfg.dataset} is held in memory and "
+            f"its batches are indexed on the device (--data-path {cfg.data_feed}), with no "
+            "DataLoader; leave it out, or add --data-path loader to time a DataLoader"
+        )
 
 
 def _ignores(cfg: RunConfig, field: str, other: int) -> str:
