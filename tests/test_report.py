@@ -564,3 +564,16 @@ def test_the_baseline_over_itself_has_an_interval_only_with_enough_repeats(refer
     assert one["scaling_efficiency"] == 1.0
     for col in ("speedup", "scaling_efficiency"):
         assert np.isnan(one[f"{col}_ci_low"]) and np.isnan(one[f"{col}_ci_high"]), col
+
+
+def test_efficiency_on_a_cpu_says_the_ranks_shared_the_cores_single_had(reference) -> None:
+    """single at world size 1 ran on both cores, each rank of a world size 2 cell on one:
+    efficiency divides by the world size regardless, which the summary must say."""
+    text = report.report_markdown(reference, report.summarise(reference.runs), [])
+    summary = _section(text, "Summary")
+    assert "On this CPU `single` at world size 1 computed with 2 thread(s)" in summary
+    assert "speed-up 1 and efficiency 1/N" in summary
+    # each rank with as many threads as single (--threads-per-rank), or a GPU: nothing to say
+    counted = report.counted_rows(reference.runs)
+    assert report.shared_cores_markdown(counted.assign(threads_per_rank=2)) == ""
+    assert report.shared_cores_markdown(counted.assign(device="cuda")) == ""

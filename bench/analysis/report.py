@@ -495,6 +495,29 @@ def baseline_row(summary: pd.DataFrame) -> pd.Series | None:
     return (plain if len(plain) else single).iloc[0]
 
 
+def shared_cores_markdown(counted: pd.DataFrame) -> str:
+    """On a CPU, where ranks computed with fewer threads than `single` at world size 1 (a
+    node's cores are split among its ranks): a sentence saying so, since efficiency
+    divides by world size as if each rank had what single had."""
+    if counted.empty or not {"device", "threads_per_rank"} <= set(counted.columns):
+        return ""
+    cpu = counted[counted["device"] == "cpu"]
+    threads = pd.to_numeric(_singles(cpu)["threads_per_rank"], errors="coerce").dropna()
+    if threads.empty:
+        return ""
+    ranks = cpu[cpu["world_size"] > 1]
+    fewer = ranks[pd.to_numeric(ranks["threads_per_rank"], errors="coerce") < threads.min()]
+    if fewer.empty:
+        return ""
+    return (
+        f" On this CPU `single` at world size 1 computed with {_plain(threads.min())} "
+        "thread(s), and the ranks of a cell with a share of their node's cores (threads per "
+        "rank, under Conditions): N ranks sharing one machine have the cores single had, "
+        "not N times them, so there a cell exactly as fast as single has speed-up 1 and "
+        "efficiency 1/N."
+    )
+
+
 # ---------------------------------------------------------------- markdown
 
 
@@ -1191,6 +1214,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         if "oversubscribed" in summary and (summary["oversubscribed"] == 1).any()
         else ""
     )
+    over += shared_cores_markdown(counted)
     model_parallel = model_parallel_markdown(counted, summary)
     base = (
         ""
