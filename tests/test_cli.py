@@ -680,6 +680,18 @@ def test_verify_takes_run_options_given_the_values_it_would_set(tmp_path, capsys
     assert "--max-steps would be ignored" in capsys.readouterr().err
 
 
+def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsys, data_root):
+    """--precision bf16 alone: fp32 cells run too (single's is the baseline), and the
+    output says so; asked for already, nothing is added or said."""
+    args = ["verify", "--dry-run", "--strategies", "ddp_spawn", "--world-sizes", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--steps", "3"]
+    assert main([*args, "--precision", "bf16"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "also run: --precision fp32 beside what was asked: single there is the baseline" in out
+    assert main([*args, "--precision", "fp32,bf16"]) == 0, capsys.readouterr().err
+    assert "also run:" not in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------- the Makefile's targets
 
 ROOT = Path(__file__).resolve().parent.parent

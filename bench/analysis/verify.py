@@ -677,6 +677,35 @@ SET_BY_VERIFY: dict[str, Any] = {
 }
 
 
+#: the axes whose baseline value parity_config keeps beside what was asked, with their flags
+BASELINE_AXES = {
+    "precisions": "--precision",
+    "accumulate": "--accumulate",
+    "compile": "--compile",
+    "sync_bn": "--sync-bn",
+    "channels_last": "--channels-last",
+}
+
+
+def added_settings(base: RunConfig, pcfg: RunConfig) -> str:
+    """A line saying which settings parity_config put beside those asked for, and why
+    (every strategy runs them, not single alone: the axes are a product), or ''."""
+    added = []
+    for field, flag in BASELINE_AXES.items():
+        asked, extra = getattr(base, field), getattr(pcfg, field)
+        new = [v for v in extra if v not in asked]
+        if asked and new:
+            words = [("on" if v else "off") if isinstance(v, bool) else str(v) for v in new]
+            added.append(f"{flag} {','.join(words)}")
+    if not added:
+        return ""
+    return (
+        f"also run: {'; '.join(added)} beside what was asked: single there is the baseline "
+        "every cell is compared with, and each strategy's cell there shows whether a "
+        "difference is the strategy's or the asked setting's"
+    )
+
+
 def parity_config(base: RunConfig, steps: int) -> RunConfig:
     strategies = base.strategies
     # where no cell of the run is at world size 1 (across nodes, or --world-sizes without 1)
@@ -914,6 +943,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
         path = Path(cfg.out_dir) / cfg.run_id
         raise ConfigError(f"{path} already holds a run; use another --run-id")
     pcfg = parity_config(cfg, a.steps)
+    added = added_settings(cfg, pcfg)
     cells = plan(pcfg)
     if not any(not c.status and (c.strategy, c.world_size, c.label) != BASELINE for c in cells):
         raise ConfigError(
@@ -939,7 +969,11 @@ def cmd_verify(a: argparse.Namespace) -> int:
                 f"and single in {', '.join(reduced)} on each layout the cells use, where the "
                 "run does not hold it: the precision references (what rounding alone moves)"
             )
+        if added:
+            print(added)
         return 0
+    if added:
+        print(added, flush=True)
     run_dir, parity = verify(cfg, a.steps)
     print(table(parity))
     if cfg.multi_host:
