@@ -397,6 +397,24 @@ def test_predict_reads_the_run_as_the_report_does(probed_run, tmp_path, capsys) 
     assert "ddp_spawn: its world-size-1 cell kept no compute curve" in out
 
 
+def test_predict_without_a_setting_column_says_that_is_missing(
+    probed_run, tmp_path, capsys
+) -> None:
+    """A runs.csv without `setting` (older, or made by hand) cannot find its cells' folders:
+    predict says so and which setting a folder holds, not that no curve was kept."""
+    from bench.cli import main
+
+    run, _ = probed_run
+    odd = Path(shutil.copytree(run, tmp_path / "odd"))
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    runs.drop(columns="setting").to_csv(odd / "runs.csv", index=False)
+    assert main(["predict", str(odd)]) == 1
+    out = capsys.readouterr().out
+    assert "ddp_spawn: runs.csv gives its world-size-1 cell no setting (no `setting` column" in out
+    assert "(cells/ddp_spawn-ws1-fp32-r0 is setting fp32)" in out
+    assert "kept no compute curve" not in out
+
+
 def test_predict_takes_the_cores_from_the_row_then_the_host() -> None:
     host = {"cpu_cores": 8}
     assert predict._cores(2, host) == 2  # the row says

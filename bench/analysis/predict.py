@@ -267,7 +267,7 @@ def predict_run(
                 _say(why, f"{case}: {traffic}")
                 continue
             if not curves:
-                _say(why, f"{case}: {_no_curve(run_dir)}")
+                _say(why, f"{case}: {_no_curve(run_dir, one)}")
                 continue
             if cfg.global_batch % n:
                 _say(why, f"world size {n} does not divide the global batch {cfg.global_batch}")
@@ -345,11 +345,38 @@ def _cores(threads: Any, environment: Mapping[str, Any]) -> int:
     return 1
 
 
-def _no_curve(run_dir: Path) -> str:
-    if not (run_dir / "cells").is_dir():
+def _no_curve(run_dir: Path, one: Any) -> str:
+    """Why the world-size-1 rows `one` give no compute curve: no cells/ at all, no folder
+    of theirs in it (a runs.csv that names no setting cannot be matched to one), or a
+    folder without the curve."""
+    from bench.harness.runner import cell_dirname
+
+    cells = run_dir / "cells"
+    if not cells.is_dir():
         return (
             "no cells/ folder here to read its compute curve from (the CPU references leave it out)"
         )
+    first = one.iloc[0]
+    name, repeat = first["strategy"], int(first["repeat"])
+    folders = [
+        cell_dirname(r.strategy, int(r.world_size), r.setting, int(r.repeat))
+        for r in one.itertuples()
+    ]
+    if not any((cells / f).is_dir() for f in folders):
+        if (one["setting"] == "").all():
+            head, tail = f"{name}-ws1-", f"-r{repeat}"
+            found = sorted(p.name for p in cells.glob(f"{head}*{tail}"))
+            like = ""
+            if found:  # the folder's name holds the setting, its commas as +
+                setting = found[0].removeprefix(head).removesuffix(tail).replace("+", ",")
+                like = f" (cells/{found[0]} is setting {setting})"
+            return (
+                "runs.csv gives its world-size-1 cell no setting (no `setting` column: a run "
+                "from before it, or a CSV made by hand), so its cells/ folder, where the "
+                "compute curve is, cannot be found; fill the `setting` column as the folders "
+                f"name it{like}"
+            )
+        return f"no folder cells/{folders[0]} to read its compute curve from"
     return "its world-size-1 cell kept no compute curve (cells/*/epochs.jsonl)"
 
 
