@@ -531,6 +531,19 @@ def test_a_run_without_cells_keeps_the_scaling_section_and_says_why(reference) -
     assert "(dp, single)" in section  # one process: each reason once, with its cases
 
 
+def test_the_lightest_rank_is_not_named_as_a_spread_over_repeats(reference) -> None:
+    """runs.csv's lightest rank's model state, `model_state_mib_min` in a run of an older
+    parabench (as this reference), is read as model_state_mib_lightest: summary.csv's
+    `model_state_mib_min` is then the least repeat of model_state_mib, as every `_min` is."""
+    assert "model_state_mib_min" in pd.read_csv(REFERENCE / "runs.csv", nrows=0)
+    table = report.summarise(reference.runs)
+    assert not [c for c in table.columns if c.startswith("model_state_mib_min_")]
+    zero1 = table.set_index(["strategy", "world_size"]).loc[("zero1", 2)]
+    assert zero1["model_state_mib_lightest_median"] == pytest.approx(9.23156)
+    assert zero1["model_state_mib_min"] == pytest.approx(13.654373)  # the heaviest rank's
+    assert report.model_state_text(zero1).endswith("; least 9.2")
+
+
 def test_the_problems_table_names_repeats_by_index(reference) -> None:
     problems = report.problems_markdown(reference.runs, report.summarise(reference.runs))
     assert "| strategy | world size | status | repeat(s) | reason |" in problems

@@ -65,7 +65,7 @@ def _row(
         "grad_mib": 1.5,
         "optim_mib": 1.5,
         "model_state_mib": 4.5,
-        "model_state_mib_min": 4.5,
+        "model_state_mib_lightest": 4.5,
         "train_loss_final": 2.0,
         "eval_accuracy": 0.3,
         **{k: NAN for k in report.MODEL_PARALLEL},

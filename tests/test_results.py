@@ -89,6 +89,21 @@ def test_csv_append_keeps_order_and_earlier_rows(tmp_path):
     assert not list(tmp_path.glob(".runs.csv.*"))  # no temporary left behind
 
 
+def test_csv_rows_of_an_older_parabench_keep_their_renamed_columns(tmp_path):
+    """A runs.csv written under a column's older name (`model_state_mib_min`) is read, and
+    rewritten on --resume, under its new one, its values kept."""
+    path = tmp_path / "runs.csv"
+    path.write_text(
+        "run_id,strategy,status,model_state_mib,model_state_mib_min\na,zero1,ok,13.6,9.2\n"
+    )
+    t = results.CsvTable(path, results.RUN_COLUMNS)
+    assert t.read()[0]["model_state_mib_lightest"] == "9.2"
+    t.append([{"run_id": "a", "strategy": "single", "status": "ok", "model_state_mib_lightest": 3}])
+    rows = t.read()
+    assert [r["model_state_mib_lightest"] for r in rows] == ["9.2", "3"]
+    assert "model_state_mib_min" not in path.read_text()
+
+
 def test_step_timer_measures_wall_time():
     import time
 

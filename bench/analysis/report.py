@@ -36,7 +36,7 @@ SUMMARY_METRICS = (
     "data_wait_pct",
     "peak_mem_mib",
     "model_state_mib",
-    "model_state_mib_min",
+    "model_state_mib_lightest",
     "param_mib",
     "grad_mib",
     "optim_mib",
@@ -129,6 +129,7 @@ def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) 
         raise ConfigError(f"{path} is unreadable ({_first_line(exc)})") from None
     if not isinstance(df.index, pd.RangeIndex):  # pandas made the surplus fields an index
         raise ConfigError(f"{path} is unreadable (its rows have more fields than its header)")
+    df = df.rename(columns=results.renamed(df.columns))  # an older parabench's names
     missing = sorted(set(required) - set(df.columns))
     if missing:
         raise ConfigError(f"{path}: not a parabench {path.name} (no column {', '.join(missing)})")
@@ -547,7 +548,7 @@ def _with_range(row: Mapping[str, Any], metric: str, digits: int) -> str:
 
 def model_state_text(r: Mapping[str, Any]) -> str:
     """Largest rank's params + grads + optimizer state; the smallest rank's too where uneven."""
-    top, low = r.get("model_state_mib_median"), r.get("model_state_mib_min_median")
+    top, low = r.get("model_state_mib_median"), r.get("model_state_mib_lightest_median")
     if top is None or pd.isna(top):
         return "–"
     parts = "/".join(_num(r.get(f"{k}_median"), 1) for k in ("param_mib", "grad_mib", "optim_mib"))

@@ -147,7 +147,7 @@ MEASUREMENTS = [
     "grad_mib",
     "optim_mib",
     "model_state_mib",
-    "model_state_mib_min",
+    "model_state_mib_lightest",
     *EXTRA,
     *BREAKDOWN,
     "cell_wall_s",
@@ -186,6 +186,16 @@ PROVENANCE = [
     "platform",
 ]
 RUN_COLUMNS = ID + PARAMS + STATUS + MEASUREMENTS + PROVENANCE
+#: columns of runs.csv under the names an older parabench wrote them, read as their new ones:
+#: the lightest rank's model state was `model_state_mib_min`, which in summary.csv (spreads
+#: over repeats: `<metric>_min`) names the least repeat of model_state_mib
+RENAMED = {"model_state_mib_min": "model_state_mib_lightest"}
+
+
+def renamed(columns: Iterable[str]) -> dict[str, str]:
+    """The older names among `columns` -> their new ones, where the new one is not there too."""
+    columns = list(columns)
+    return {old: new for old, new in RENAMED.items() if old in columns and new not in columns}
 
 
 def resume_command(launcher: str, path: Path) -> str:
@@ -307,11 +317,12 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
     # Model state: the rank holding the most (the one that would run out of memory first),
     # its three parts, and the least any rank holds (ZeRO-1's partitions are uneven).
     totals = [sum(r.get(k, 0.0) for k in MODEL_STATE) for r in ranks]
-    state = {k: float("nan") for k in (*MODEL_STATE, "model_state_mib", "model_state_mib_min")}
+    lightest = "model_state_mib_lightest"
+    state = {k: float("nan") for k in (*MODEL_STATE, "model_state_mib", lightest)}
     if all(k in ranks[0] for k in MODEL_STATE):
         heaviest = ranks[int(np.argmax(totals))]
         state = {k: heaviest[k] for k in MODEL_STATE}
-        state |= {"model_state_mib": max(totals), "model_state_mib_min": min(totals)}
+        state |= {"model_state_mib": max(totals), lightest: min(totals)}
     first = record["step_times_ms"][0] if record["step_times_ms"] else float("nan")
     return {
         **_breakdown(record, step, wait),
@@ -477,7 +488,9 @@ class CsvTable:
         if not self.path.exists():
             return []
         with open(self.path, newline="") as f:
-            return list(csv.DictReader(f))
+            rows = csv.DictReader(f)
+            names = renamed(rows.fieldnames or ())  # an older file's: kept on --resume
+            return [{names.get(k, k): v for k, v in r.items()} for r in rows]
 
     def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
         rows = list(rows)
