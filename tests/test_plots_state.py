@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 import pandas as pd
@@ -344,3 +345,32 @@ def test_fit_titles_leaves_a_title_that_fits_alone() -> None:
     (box,) = _title_boxes(fig)
     assert 0 <= box[0] and box[1] <= box[2]
     assert plots.fit_titles(fig).axes[0].get_title() == title
+
+
+def _tick_boxes(fig: Figure) -> list[tuple[float, float]]:
+    """(left, right) in pixels of the first axes' x tick labels, as laid out, left to right."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    labels = [t for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    return sorted((b.x0, b.x1) for b in (t.get_window_extent(renderer) for t in labels))
+
+
+def test_tick_labels_that_run_into_each_other_are_slanted() -> None:
+    """Six cells of a precision sweep: the legend outside narrows the bars, and the names
+    under them ran into each other (unreadable in the PNG): fit_titles slants them."""
+    cells = [(f"ddp_spawn [{p}]", ws) for p in ("bf16", "fp32") for ws in (1, 2)]
+    cells += [("single [bf16]", 1), ("single [fp32]", 1)]
+    rows = pd.DataFrame(
+        [
+            {"strategy": s, "world_size": ws, "step_time_ms_mean": 10.0}
+            | {col: 2.0 for col in plots.STEP_PARTS}
+            for s, ws in cells
+        ]
+    )
+    fig = plots.time_parts(rows)
+    before = _tick_boxes(fig)
+    assert any(b[0] < a[1] for a, b in pairwise(before)), "the case should overlap"
+    plots.fit_titles(fig)
+    assert all(t.get_rotation() for t in fig.axes[0].get_xticklabels())
+    after = _tick_boxes(fig)
+    assert len(after) == len(cells) and after[-1][1] <= fig.bbox.width

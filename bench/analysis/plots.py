@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -65,14 +67,18 @@ def _figure(width: float = 8.0, height: float = 4.8) -> tuple[Figure, Axes]:
 def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
     """Wrap each axes title that runs past the figure's edge (a narrow figure whose axes a
     legend outside pushes aside: the title, centred on the axes, would be cut at the left)
-    onto more lines until it fits; `pad`: pixels kept clear of the edge. Lays the figure
-    out to measure; returns it."""
+    onto more lines until it fits, and slant x tick labels that run into each other (the
+    same legend narrows the bars they stand under); `pad`: pixels kept clear of the edge.
+    Lays the figure out to measure; returns it."""
     for _ in range(4):  # wrapping makes a title taller, and the layout moves the axes
         fig.draw_without_rendering()
         renderer = fig.canvas.get_renderer()
         width = fig.bbox.width
         done = True
         for ax in fig.axes:
+            if _ticks_overlap(ax, renderer):
+                _slant(ax)
+                done = False
             title = ax.title
             text = title.get_text()
             if not text:
@@ -102,10 +108,23 @@ def _cell_ticks(ax: Axes, labels: Sequence[str]) -> None:
     crowded = len(labels) > 6 and max((len(t.split("\n")[0]) for t in labels), default=0) > 12
     ax.set_xticks(range(len(labels)), labels)
     if crowded:
-        ax.tick_params(axis="x", labelrotation=35)
-        for t in ax.get_xticklabels():
-            t.set_horizontalalignment("right")
-            t.set_rotation_mode("anchor")
+        _slant(ax)
+
+
+def _slant(ax: Axes) -> None:
+    ax.tick_params(axis="x", labelrotation=35)
+    for t in ax.get_xticklabels():
+        t.set_horizontalalignment("right")
+        t.set_rotation_mode("anchor")
+
+
+def _ticks_overlap(ax: Axes, renderer: Any) -> bool:
+    """Whether upright x tick labels of `ax`, as laid out, run into each other."""
+    shown = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+    if any(t.get_rotation() for t in shown):
+        return False  # slanted already
+    boxes = sorted((b.x0, b.x1) for b in (t.get_window_extent(renderer) for t in shown))
+    return any(nxt[0] < prev[1] for prev, nxt in pairwise(boxes))
 
 
 def _cells(df: pd.DataFrame) -> list[tuple[str, int]]:
