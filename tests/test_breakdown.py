@@ -289,6 +289,11 @@ def test_predict_cli_bad_input(probed_run, tmp_path, capsys) -> None:
     (run / "garbled" / "collectives.json").write_text("{not json")
     assert main(["predict", str(run / "garbled")]) == 2
     assert "unreadable" in capsys.readouterr().err
+    (run / "garbled" / "collectives.json").write_text((run / "collectives.json").read_text())
+    (run / "garbled" / "model.json").write_text("[]")  # damaged: said so, not blamed on the run
+    assert main(["predict", str(run / "garbled")]) == 2
+    err = capsys.readouterr().err
+    assert "model.json is unreadable (TypeError" in err and "--no-scaling-model" not in err, err
     assert main(["predict", str(run), "--world-sizes", "4,8", "--link", "ib-400g"]) == 0
     written = pd.read_csv(run / "predict.csv")
     assert set(written["world_size"]) == {4, 8} and written["measured_samples_per_s"].isna().all()

@@ -152,6 +152,11 @@ def _shape(run_dir: Path):
     try:
         return ModelShape(**json.loads(path.read_text())["shape"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
+        if path.is_file():  # there, but damaged or not parabench's: not the run's options
+            raise ConfigError(
+                f"{path} is unreadable ({type(exc).__name__}: {exc}); it holds no model shape "
+                "to predict from"
+            ) from None
         raise ConfigError(
             f"{path}: no model shape to predict from ({type(exc).__name__}); the run was made "
             "with --no-scaling-model or before parabench predict existed"
