@@ -431,3 +431,20 @@ def test_a_limit_on_the_training_samples_is_a_condition_named(run_a: Path, tmp_p
     cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
     limit = json.loads((run_a / "config.json").read_text())["limit"]
     assert cmp.how == [("training samples (--limit)", str(limit), "256")] and not cmp.unlike
+
+
+REFERENCE = Path(__file__).resolve().parent.parent / "results/reference/cpu-2core-mnist-3rounds"
+
+
+def test_two_runs_with_no_ok_cell_compare_to_nothing(tmp_path: Path, capsys) -> None:
+    """Every cell failed in both (a broken build, say): nothing to compare, said in the
+    table, not a traceback of the merge of two empty summaries."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+    failed = Path(shutil.copytree(REFERENCE, tmp_path / "failed"))
+    runs = pd.read_csv(failed / "runs.csv", dtype=str, keep_default_na=False)
+    runs.loc[runs["status"] == "ok", ["status", "reason"]] = ["failed", "boom"]
+    runs.to_csv(failed / "runs.csv", index=False)
+    assert main(["compare", str(failed), str(failed)]) == 0
+    out = capsys.readouterr().out
+    assert "(no strategy and world size has an ok result in both runs)" in out

@@ -317,7 +317,9 @@ def compare(
         if (n, k, w) in paired
     }
     for frame in (runs_b, sb):
-        frame["key"] = [paired.get(c, c[1]) for c in frame[CELL].itertuples(index=False, name=None)]
+        keys = [paired.get(c, c[1]) for c in frame[CELL].itertuples(index=False, name=None)]
+        # text even with no row (a run with no ok cell), as A's keys are: merged on below
+        frame["key"] = pd.Series(keys, index=frame.index, dtype=str)
     cols = CELL + ["setting", "oversubscribed", "mem_source"] + [f"{m}_median" for m in METRICS]
     both = sa[cols].merge(sb[cols], on=CELL, suffixes=("_a", "_b"), how="outer", indicator=True)
     both["setting"] = both["setting_a"].where(both["setting_a"].notna(), both["setting_b"])
