@@ -579,6 +579,17 @@ def test_the_baseline_over_itself_has_an_interval_only_with_enough_repeats(refer
         assert np.isnan(one[f"{col}_ci_low"]) and np.isnan(one[f"{col}_ci_high"]), col
 
 
+def test_a_baseline_with_no_speed_gets_no_speed_up_of_one(reference) -> None:
+    """An ok `single` row whose samples/s is empty (a hand-edited or damaged runs.csv) has
+    no speed: its speed-up over itself is not 1.00x, since nothing was measured to be 1."""
+    runs = reference.runs.copy()
+    base = (runs["strategy"] == "single") & (pd.to_numeric(runs["world_size"]) == 1)
+    runs.loc[base, "samples_per_s"] = np.nan
+    s = report.summarise(runs)
+    single = s[(s["strategy"] == "single") & (s["world_size"] == 1)].iloc[0]
+    assert np.isnan(single["speedup_vs_single"]) and np.isnan(single["scaling_efficiency"])
+
+
 def test_efficiency_on_a_cpu_says_the_ranks_shared_the_cores_single_had(reference) -> None:
     """single at world size 1 ran on both cores, each rank of a world size 2 cell on one:
     efficiency divides by the world size regardless, which the summary must say."""

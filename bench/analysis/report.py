@@ -389,8 +389,9 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
                 ratio = low = high = math.nan
             elif (over["strategy"], 1) == key:
                 # the baseline over itself, the same repeats: exactly 1, but an interval
-                # only where its repeats give one (as any other row's), never invented
-                ratio = 1.0
+                # only where its repeats give one (as any other row's), never invented; and
+                # no speed-up at all where it has no speed (an ok row with samples/s empty)
+                ratio = 1.0 if pd.notna(r["samples_per_s_median"]) else math.nan
                 enough = sps[key].notna().sum() >= stats.MIN_REPEATS
                 low = high = 1.0 if enough else math.nan
             else:
