@@ -5,6 +5,7 @@ Every test works on its own copy of the shared run, so rendering never touches i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -588,6 +589,19 @@ def test_a_baseline_with_no_speed_gets_no_speed_up_of_one(reference) -> None:
     s = report.summarise(runs)
     single = s[(s["strategy"] == "single") & (s["world_size"] == 1)].iloc[0]
     assert np.isnan(single["speedup_vs_single"]) and np.isnan(single["scaling_efficiency"])
+
+
+def test_a_run_where_no_cell_finished_ok_says_so_and_nothing_else(reference) -> None:
+    """Every row failed: the summary says no cell finished ok, with no "median over repeats
+    (up to 0)" to read and no prediction section blaming the strategies' models."""
+    runs = reference.runs.assign(status="failed", reason="boom")
+    run = dataclasses.replace(reference, runs=runs)
+    summary = report.summarise(report.counted_rows(runs))
+    assert summary.empty
+    text = report.report_markdown(run, summary, [])
+    assert _section(text, "Summary").strip().startswith("No cell finished ok")
+    assert "up to 0" not in text and "## Scaling" not in text
+    assert "boom" in _section(text, "Unavailable, skipped and failed")
 
 
 def test_efficiency_on_a_cpu_says_the_ranks_shared_the_cores_single_had(reference) -> None:

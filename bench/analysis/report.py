@@ -1207,7 +1207,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
     startup = startup_markdown(counted)
     growth = growth_markdown(counted)
     where = breakdown_markdown(counted)
-    scaling = scaling_markdown(run)
+    scaling = scaling_markdown(run) if len(summary) else ""  # no cell to predict from
     n_ok = summary["n_repeats"].max() if len(summary) else 0
     over = (
         " Rows marked (oversubscribed) ran more CPU ranks than cores, one thread each, for "
@@ -1223,6 +1223,29 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         if len(summary) and baseline_row(summary) is not None
         else " (no ok `single` run at world size 1, so no speed-up)"
     )
+    # the summary table and how to read it; where no cell finished ok, only that
+    summarised = (
+        [
+            f"Median over repeats (up to {n_ok}); in brackets the minimum and maximum over repeats. "
+            "Each repeat contributes its last epoch; warm-up steps are not timed (timed epoch: the "
+            "wall time of the steps after warm-up, slowest rank). Speed-up is the "
+            f"median samples/s over that of `single` at world size 1{base}; efficiency is the "
+            "same ratio over `single` in the row's own run options (precision, layout, compile, "
+            "accumulation) where the run has that cell, divided by world size: how well the "
+            "cell scales, not what its precision gains. Memory is the peak per device (the "
+            "maximum over ranks; per rank where ranks share a GPU, each with its own allocator). "
+            "Model state is what the rank holding most keeps of parameters / gradients / optimizer "
+            "state after the first step (local shards for FSDP and ZeRO; 'least': the lightest "
+            "rank where they differ; per rank in ranks.csv and the model-state plot). "
+            f"The full table, with the IQR, is summary.csv.{over}",
+            summary_markdown(summary),
+        ]
+        if len(summary)
+        else [
+            "No cell finished ok, so there is nothing to summarise: the last section says "
+            "what happened to each."
+        ]
+    )
     incomplete = run.missing_text()
     parts = [
         f"# parabench report: {run.name}",
@@ -1237,19 +1260,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         "## Conditions (what makes the comparison fair)",
         fairness_markdown(run, counted),
         "## Summary",
-        f"Median over repeats (up to {n_ok}); in brackets the minimum and maximum over repeats. "
-        "Each repeat contributes its last epoch; warm-up steps are not timed (timed epoch: the "
-        "wall time of the steps after warm-up, slowest rank). Speed-up is the "
-        f"median samples/s over that of `single` at world size 1{base}; efficiency is the "
-        "same ratio over `single` in the row's own run options (precision, layout, compile, "
-        "accumulation) where the run has that cell, divided by world size: how well the "
-        "cell scales, not what its precision gains. Memory is the peak per device (the maximum over ranks; per rank where ranks share a "
-        "GPU, each with its own allocator). "
-        "Model state is what the rank holding most keeps of parameters / gradients / optimizer "
-        "state after the first step (local shards for FSDP and ZeRO; 'least': the lightest "
-        "rank where they differ; per rank in ranks.csv and the model-state plot). "
-        f"The full table, with the IQR, is summary.csv.{over}",
-        summary_markdown(summary) if len(summary) else "No strategy produced an ok result.",
+        *summarised,
         *(
             [
                 "Fastest per world size, with the cells within noise of it: where the cells "
