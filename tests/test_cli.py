@@ -326,6 +326,59 @@ def test_resume_with_a_corrupt_config(tmp_path, capsys):
     assert "config.json is unreadable" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_run_still_going_is_not_resumed_beside_it(tmp_path, capsys, data_root):
+    """`--resume` of a run another parabench is running (a second terminal, a job requeued
+    while the first still runs) ran its cells again into the same cell folders, and the two
+    harnesses' rows overwrote each other: refused, one line, nothing written. Once that run
+    has ended, it resumes."""
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    _, going, _ = runner.open_run(cfg.replace(run_id="busy"), None)  # held by this process
+    try:
+        assert main(["run", "--resume", str(going.path), "--no-report"]) == 2
+        err = capsys.readouterr().err
+        assert f"{going.path} is being run by another parabench (pid {os.getpid()})" in err
+        assert err.count("\n") == 1, err
+        assert not (going.path / "environment.json").exists()  # it started nothing
+        assert not (going.path / "cells").exists()
+    finally:
+        going.unlock()
+    assert not (going.path / ".lock").exists()  # an ended run leaves no lock file
+    _, resumed, _ = runner.open_run(cfg, going.path)
+    resumed.unlock()
+
+
+def test_a_run_on_a_read_only_file_system_resumes_to_one_line(tmp_path, capsys, data_root):
+    """A run folder that cannot be written any more (a read-only mount; as root, a mode
+    does not stop writes): `--resume` was an OSError traceback from rewriting plan.csv."""
+    import subprocess
+
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only file system needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("this machine lets no tmpfs be mounted")
+    try:
+        cfg = small_config(mnt, data_root, strategies=("single",), world_sizes=(1,))
+        _, begun, _ = runner.open_run(cfg.replace(run_id="r"), None)
+        begun.unlock()
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        assert main(["run", "--resume", str(begun.path), "--no-report"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err
+            == f"parabench: error: {begun.path}: cannot write the run there (Read-only file system)\n"
+        )
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
 def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(tmp_path, capsys, data_root):
     from bench.cli import main
 

@@ -487,6 +487,44 @@ class RunDir:
         self.steps = results.CsvTable(path / "steps.csv", results.STEP_COLUMNS)
         self.ranks = results.CsvTable(path / "ranks.csv", results.RANK_COLUMNS)
         self.plan = results.CsvTable(path / "plan.csv", results.PLAN_COLUMNS)
+        self._lock: Any = None
+
+    def lock(self) -> None:
+        """Hold the run for this process until `unlock` (or its exit, however it ends): a
+        second harness on the same run, a `--resume` of a run still going, would run its
+        cells again into the same cell folders and lose rows of both. ConfigError if another
+        process holds it; a file system without locks runs unguarded."""
+        import fcntl
+
+        try:
+            f = open(self.path / ".lock", "a+")  # noqa: SIM115 - held open while the run lasts
+        except OSError as exc:  # read-only, no permission: said before anything runs
+            raise ConfigError(
+                f"{self.path}: cannot write the run there ({exc.strerror or exc})"
+            ) from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            f.close()
+            raise ConfigError(
+                f"{self.path} is being run by another parabench (pid {pid}); wait for it to "
+                f"end, or stop it and then `parabench run --resume {self.path}`"
+            ) from None
+        except OSError:  # no locks here (some network file systems): as before
+            f.close()
+            return
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._lock = f
+
+    def unlock(self) -> None:
+        if self._lock is not None:  # removed while held: no run folder keeps one
+            Path(self._lock.name).unlink(missing_ok=True)
+            self._lock.close()  # closing the file releases its lock
+            self._lock = None
 
     def write_plan(self, cells: Sequence[Cell]) -> None:
         """plan.csv: the cells the run sets out to run, and any it has a row for that this
@@ -885,6 +923,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                 )
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         cells = plan(saved)
+        rd.lock()
         rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
         return saved, rd, cells
     cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
@@ -898,6 +937,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
     rd = RunDir(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
+        rd.lock()
         rd.config_path.write_text(json.dumps(cfg.to_dict(), indent=1))
         rd.write_plan(cells)
     except OSError as exc:  # read-only, no permission, a file where a folder should be
@@ -962,6 +1002,7 @@ def run_matrix(
     finally:
         signal.signal(signal.SIGTERM, old)
         proc.become_subreaper(False)
+        run_dir.unlock()
     return run_dir.path, rows
 
 
