@@ -76,6 +76,57 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
     assert leftover_processes(run_dir) == []
 
 
+def test_a_rank_killed_by_a_signal_is_named_in_its_row(tmp_path, data_root, faulty):
+    """A rank the kernel kills leaves no error file: the row names it from its launcher's
+    summary (torchrun's used to read `exit code 1: =====...`, its last line)."""
+    cfg = small_config(
+        tmp_path, data_root, world_sizes=(2,), strategies=("test_killed", "test_killed_spawn")
+    )
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    for row in rows:
+        assert row["status"] == "failed"
+        assert row["reason"] == "rank 1 killed by SIGKILL (the kernel's OOM killer?)", row
+    assert leftover_processes(run_dir) == []
+
+
+def test_the_launchers_summary_names_the_rank_that_died(tmp_path):
+    """How torchrun and horovodrun end a cell's log when a rank is killed (their own words,
+    cut to what the harness reads), and a log that names no rank."""
+    from bench.harness.runner import _failure
+
+    torchrun = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+bench.harness.worker FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 26499)  (SIGTERM)
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -11 (pid: 26500)  (SIGSEGV)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 26500
+=======================================================
+"""
+    horovod = """RuntimeError: Horovod detected that one or more processes exited with non-zero \
+status, thus causing the job to be terminated. The first process to do so was:
+Process name: 0
+Exit code: 137
+"""
+    for text, reason in (
+        (torchrun, "rank 1 killed by SIGSEGV"),
+        (horovod, "rank 0 killed by SIGKILL (the kernel's OOM killer?)"),
+        (torchrun.replace("-11 (pid", "3 (pid"), "rank 1 exited with code 3 (log.txt)"),
+        ("ImportError: no module named x\n", "exit code 1: ImportError: no module named x"),
+    ):
+        (tmp_path / "log.txt").write_text(text)
+        assert _failure(tmp_path, 1) == ("failed", reason)
+
+
 def test_missing_launcher_executable_is_a_failed_row(tmp_path, data_root, faulty, monkeypatch):
     import bench.harness.launchers as launchers
 

@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -871,12 +872,43 @@ def _failure(cell_dir: Path, rc: int | None) -> tuple[str, str]:
         first = min(errors, key=lambda e: e["time"])  # the root cause, not the peers it took down
         status = results.OOM if first["oom"] else results.FAILED
         return status, f"rank {first['rank']}: {first['type']}: {first['message']}"
-    if rc is not None and rc < 0:
-        name = signal.Signals(-rc).name
-        hint = " (the kernel's OOM killer?)" if name == "SIGKILL" else ""
-        return results.FAILED, f"killed by {name}{hint}"
+    rank, code = _first_failed_rank(cell_dir / "log.txt") or (None, rc)
+    who = "" if rank is None else f"rank {rank} "
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-code).name
+            hint = " (the kernel's OOM killer?)" if name == "SIGKILL" else ""
+            return results.FAILED, f"{who}killed by {name}{hint}"
+    if rank is not None:  # the log's last line is the launcher's summary, not the rank's
+        return results.FAILED, f"rank {rank} exited with code {code} (log.txt)"
     tail = _last_line(cell_dir / "log.txt")
     return results.FAILED, f"exit code {rc}" + (f": {tail}" if tail else "")
+
+
+def _first_failed_rank(log: Path) -> tuple[int, int] | None:
+    """(rank, exit code) of the rank that failed first, as a launcher's summary at the end
+    of the cell's log names a rank that died without an error file (a signal: the OOM
+    killer's SIGKILL, a segfault): torchrun's root cause, the process mp.spawn saw die, or
+    horovodrun's first process, whose shell gives 128 + the signal. A signal is a negative code, as Popen's."""
+    try:
+        text = log.read_text(errors="replace")[-20000:]
+    except OSError:
+        return None
+    torchrun = re.search(
+        r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
+        text,
+        re.S,
+    )
+    if torchrun:
+        return int(torchrun[1]), int(torchrun[2])
+    spawn = re.search(r"process (\d+) terminated with signal (SIG\w+)", text)  # mp.spawn's
+    if spawn and spawn[2] in signal.Signals.__members__:
+        return int(spawn[1]), -signal.Signals[spawn[2]]
+    horovod = re.search(r"Process name:\s*(\d+)\s*Exit code:\s*(\d+)", text)
+    if horovod:
+        code = int(horovod[2])
+        return int(horovod[1]), 128 - code if code > 128 else code
+    return None
 
 
 def _last_line(log: Path) -> str:

@@ -46,6 +46,23 @@ class Hangs(DistributedDataParallel):
         super().optimizer_step(optimizer)
 
 
+class Killed(DistributedDataParallel):
+    """Rank 1 is killed by SIGKILL before its second step, as the kernel's OOM killer kills:
+    no exception, no error file; only its launcher saw which rank died, and how."""
+
+    variants = {
+        "test_killed": Variant("torchrun", "rank 1 killed by SIGKILL at step 2"),
+        "test_killed_spawn": Variant("spawn", "rank 1 killed by SIGKILL at step 2"),
+    }
+    _calls = 0
+
+    def optimizer_step(self, optimizer):
+        self._calls += 1
+        if self.ctx.rank == 1 and self._calls == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().optimizer_step(optimizer)
+
+
 class OutOfMemory(Strategy):
     """Asks the allocator for 64 PiB of activations in the first forward."""
 
