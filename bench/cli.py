@@ -451,7 +451,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     if not a.no_report:  # before the table, so a reader gone by then does not lose it
         from bench.analysis import report
 
-        rendered = report.render(run_dir)
+        try:
+            rendered = report.render(run_dir)
+        except KeyboardInterrupt:
+            print(
+                f"interrupted while writing the report: every row is in {run_dir}; "
+                f"`parabench report {run_dir}` writes it"
+            )
+            return 130
     print(summary.table(rows))
     print(f"results: {run_dir}")
     if rendered:
@@ -695,6 +702,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"parabench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C where no run is under way (a run says more itself)
+        print("parabench: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         from bench.harness.proc import stdout_gone
 

@@ -326,6 +326,46 @@ def test_resume_with_a_corrupt_config(tmp_path, capsys):
     assert "config.json is unreadable" in err and len(err.strip().splitlines()) == 1
 
 
+def _not_raised(run, *args: str) -> tuple[int, str, str]:
+    try:
+        return run(*args)
+    except KeyboardInterrupt:  # escaped: a traceback for the user (and an end to pytest)
+        pytest.fail("Ctrl-C left parabench as a KeyboardInterrupt traceback")
+
+
+def test_ctrl_c_before_the_run_begins_is_one_line_and_exit_130(run, tmp_path, monkeypatch):
+    """Ctrl-C while the estimate times the model (seconds, before any row): a
+    KeyboardInterrupt traceback, exit by SIGINT; now one line and 130, nothing created."""
+    from bench.harness import estimate
+
+    def interrupted(cfg, cells):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(estimate, "estimate", interrupted)
+    code, out, err = _not_raised(run, "--strategies", "single", "--world-sizes", "1")
+    assert (code, out, err) == (130, "", "parabench: interrupted\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_in_the_report_after_the_run_says_the_rows_are_kept(run, tmp_path, monkeypatch):
+    from bench.analysis import report
+    from bench.harness import runner
+
+    done = tmp_path / "out" / "done"
+    monkeypatch.setattr(runner, "run_matrix", lambda cfg, **kw: (done, []))
+
+    def interrupted(run_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "render", interrupted)
+    code, out, err = _not_raised(run, "--strategies", "single", "--world-sizes", "1")
+    assert code == 130 and "Traceback" not in err, err
+    assert out.splitlines()[-1] == (
+        f"interrupted while writing the report: every row is in {done}; "
+        f"`parabench report {done}` writes it"
+    )
+
+
 def test_a_run_still_going_is_not_resumed_beside_it(tmp_path, capsys, data_root):
     """`--resume` of a run another parabench is running (a second terminal, a job requeued
     while the first still runs) ran its cells again into the same cell folders, and the two
