@@ -21,6 +21,7 @@ from bench.config import (
     PRECISIONS,
     ConfigError,
     RunConfig,
+    RunStopped,
     unknown_device,
 )
 
@@ -702,6 +703,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"parabench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RunStopped as exc:
+        print(f"parabench: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C where no run is under way (a run says more itself)
         print("parabench: interrupted", file=sys.stderr)
         return 130

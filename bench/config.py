@@ -33,6 +33,11 @@ class ConfigError(ValueError):
     """Bad input: the CLI prints the message on one line and exits with code 2."""
 
 
+class RunStopped(RuntimeError):
+    """A run that cannot go on (its disk is full): the CLI prints the message, which says
+    what is kept and how to continue, on one line and exits with code 1."""
+
+
 def unknown_device(device: str) -> str:
     return f"unknown device {device!r}; choose auto, cpu or cuda"
 

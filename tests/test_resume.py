@@ -213,3 +213,40 @@ def test_the_interrupted_matrix_ends_in_a_cell_that_runs(data_root, tmp_path):
     cells = plan(cfg)
     assert len(cells) == 4 and cells[-1].status == "" and cells[1].status == ""
     assert (cells[-1].strategy, cells[-1].world_size) == ("ddp_torchrun", 1)
+
+
+def test_a_disk_that_fills_up_stops_the_run_saying_how_to_resume(
+    tmp_path, data_root, monkeypatch, capsys
+):
+    """No space left for a cell's rows (a long run's disk filled up): a traceback of three
+    chained OSErrors used to end the run. Now one line, exit 1, the rows written so far
+    whole, no rank left, and --resume finishes the run once there is room."""
+    import errno
+
+    from bench.cli import main
+    from bench.harness import results
+
+    append = results.CsvTable.append
+
+    def full(self, rows):
+        if self.path.name == "runs.csv":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        append(self, rows)
+
+    monkeypatch.setattr(results.CsvTable, "append", full)
+    argv = _cli(tmp_path, data_root, "--run-id", "full", *CELLS_ONLY, matrix=[])[3:]
+    argv += ["--strategies", "single", "--world-sizes", "1"]
+    assert main(argv) == 1
+    run_dir = tmp_path / "full"
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"parabench: No space left on device in {run_dir}, the run stopped: 0 finished rows "
+        f"kept in {run_dir}/runs.csv; continue with: parabench run --resume {run_dir} once "
+        "there is room"
+    )
+    assert "Traceback" not in err
+    assert leftover_processes(run_dir) == []
+
+    monkeypatch.setattr(results.CsvTable, "append", append)  # room again
+    assert main(["run", "--resume", str(run_dir), "--no-report"]) == 0
+    assert [r["status"] for r in RunDir(run_dir).runs.read()] == ["ok"]

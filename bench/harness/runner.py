@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import itertools
 import json
 import math
@@ -29,7 +30,7 @@ import torch
 
 import strategies
 from bench import ROOT
-from bench.config import ConfigError, RunConfig
+from bench.config import ConfigError, RunConfig, RunStopped
 from bench.harness import nodes, proc, results, slurm
 from bench.harness.env import (
     cpu_cores,
@@ -1005,13 +1006,13 @@ def run_matrix(
     """Plan, then run every cell not yet done. `progress`: show the running cell's steps,
     speed and the ETAs (bench.harness.progress) on stderr."""
     cfg, run_dir, cells = open_run(cfg, resume)
-    (run_dir.path / "environment.json").write_text(
-        json.dumps(provenance(resolve_device(cfg.device)), indent=1)
-    )
     proc.become_subreaper()
     runner: Runner | None = None
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:  # the measurements too: a run stopped in them resumes, and says so
+        (run_dir.path / "environment.json").write_text(
+            json.dumps(provenance(resolve_device(cfg.device)), indent=1)
+        )
         measure_collectives(cfg, cells, run_dir.path, echo)
         measure_flops(cfg, cells, run_dir.path, echo)
         runner = Runner(cfg, run_dir, echo)  # after measure_flops: it reads model.json
@@ -1019,11 +1020,18 @@ def run_matrix(
             done = run_dir.done()
             runner.progress = Display(sum(1 for c in cells if not c.status and c.key not in done))
         rows = runner.run(cells)
-    except (KeyboardInterrupt, BrokenPipeError) as stop:
+    except (KeyboardInterrupt, BrokenPipeError, OSError) as stop:
+        full = isinstance(stop, OSError) and stop.errno in (errno.ENOSPC, errno.EDQUOT)
+        if isinstance(stop, OSError) and not (full or isinstance(stop, BrokenPipeError)):
+            raise
         if runner is not None:
             runner.interrupt()
         n = len(run_dir.runs.read())
         line = f"{n} finished rows kept in {run_dir.runs.path}; continue with: {results.resume_command(cfg.launcher, run_dir.path)}"
+        if full:  # a long run filled its disk: the rows written are whole (CsvTable)
+            raise RunStopped(
+                f"{stop.strerror} in {run_dir.path}, the run stopped: {line} once there is room"
+            ) from None
         if isinstance(stop, KeyboardInterrupt):
             echo(f"interrupted: {line}")
         elif proc.stdout_gone():  # `| head` left: say it where it is read
