@@ -419,6 +419,32 @@ def test_a_run_on_a_read_only_file_system_resumes_to_one_line(tmp_path, capsys, 
         subprocess.run(["umount", str(mnt)])
 
 
+@pytest.mark.parametrize("cut", [10, 60])  # in the cell's key, or after it
+def test_a_runs_csv_cut_short_is_one_line_on_resume(tmp_path, capsys, data_root, cut):
+    """A runs.csv whose last row is cut short (copied while it was written, a crash of the
+    machine): a TypeError traceback where the row's key was cut, else a cell counted done
+    whose row has no status. Now one line saying which row to remove; nothing written."""
+    from bench.harness import results, runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    _, begun, _ = runner.open_run(cfg.replace(run_id="cut"), None)
+    begun.unlock()
+    row = dict.fromkeys(results.RUN_COLUMNS, "")
+    row.update(run_id="cut", strategy="single", world_size="1", setting="fp32", repeat="0")
+    row.update(status="ok", epoch="0")
+    line = ",".join(row[c] for c in results.RUN_COLUMNS)
+    (begun.path / "runs.csv").write_text(",".join(results.RUN_COLUMNS) + "\n" + line[:cut])
+    before = sorted(p.name for p in begun.path.iterdir())
+    assert main(["run", "--resume", str(begun.path), "--no-report"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"parabench: error: {begun.path}/runs.csv: row 2 is cut short or damaged; remove it "
+        "(its cell runs again) and resume\n"
+    )
+    assert sorted(p.name for p in begun.path.iterdir()) == before
+
+
 def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(tmp_path, capsys, data_root):
     from bench.cli import main
 

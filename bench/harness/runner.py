@@ -547,10 +547,22 @@ class RunDir:
         return RunConfig.from_dict(json.loads(self.config_path.read_text()))
 
     def done(self) -> set[tuple[str, int, str, int]]:
-        return {
-            (r["strategy"], int(r["world_size"]), r.get("setting") or "", int(r["repeat"]))
-            for r in self.runs.read()
-        }
+        """The cells runs.csv has a row for; ConfigError for a row cut short or damaged
+        (a file copied while it was written, or edited), which no cell can be told from."""
+        keys = set()
+        for i, r in enumerate(self.runs.read(), 2):
+            try:
+                if None in r or None in r.values():  # fewer or more fields than the header
+                    raise ValueError
+                keys.add(
+                    (r["strategy"], int(r["world_size"]), r.get("setting") or "", int(r["repeat"]))
+                )
+            except (KeyError, ValueError):
+                raise ConfigError(
+                    f"{self.runs.path}: row {i} is cut short or damaged; remove it (its cell "
+                    "runs again) and resume"
+                ) from None
+        return keys
 
     def write(self, runs: list[dict], steps: list[dict], ranks: list[dict]) -> None:
         with _signals_held():
@@ -956,6 +968,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                 )
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         cells = plan(saved)
+        rd.done()  # a damaged runs.csv: one line, before anything is written
         rd.lock()
         rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
         return saved, rd, cells
