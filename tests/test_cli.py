@@ -445,6 +445,31 @@ def test_a_runs_csv_cut_short_is_one_line_on_resume(tmp_path, capsys, data_root,
     assert sorted(p.name for p in begun.path.iterdir()) == before
 
 
+def test_a_run_from_before_run_options_is_not_run_again_on_resume(tmp_path, capsys, monkeypatch):
+    """A runs.csv with no setting column (the committed reference from before run options):
+    none of its rows matched a cell of the plan, so --resume ran every cell again beside
+    them. Refused, one line, nothing written; the report still reads it."""
+    import shutil
+
+    from bench.analysis import report
+    from bench.harness import runner
+
+    old = tmp_path / "old"
+    shutil.copytree(Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist", old)
+    before = sorted(p.name for p in old.iterdir())
+
+    def started(*args, **kwargs):
+        pytest.fail("the resumed run started measuring")
+
+    monkeypatch.setattr(runner, "measure_collectives", started)
+    assert main(["run", "--resume", str(old), "--no-report"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"parabench: error: {old}/runs.csv was written by a parabench from ")
+    assert err.count("\n") == 1 and "no setting column" in err
+    assert sorted(p.name for p in old.iterdir()) == before
+    assert len(report.load_run(old).runs) == 32
+
+
 def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(tmp_path, capsys, data_root):
     from bench.cli import main
 

@@ -551,12 +551,16 @@ class RunDir:
         (a file copied while it was written, or edited), which no cell can be told from."""
         keys = set()
         for i, r in enumerate(self.runs.read(), 2):
+            if "setting" not in r:  # its rows name no cell of a plan made now
+                raise ConfigError(
+                    f"{self.runs.path} was written by a parabench from before run options (no "
+                    "setting column): this one cannot tell which of its cells have run; "
+                    "`parabench report` reads it, a new run measures again"
+                )
             try:
                 if None in r or None in r.values():  # fewer or more fields than the header
                     raise ValueError
-                keys.add(
-                    (r["strategy"], int(r["world_size"]), r.get("setting") or "", int(r["repeat"]))
-                )
+                keys.add((r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"])))
             except (KeyError, ValueError):
                 raise ConfigError(
                     f"{self.runs.path}: row {i} is cut short or damaged; remove it (its cell "
@@ -967,8 +971,8 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                     f"{now['procs_per_node']}"
                 )
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
+        rd.done()  # a damaged or older runs.csv: one line, before anything is written
         cells = plan(saved)
-        rd.done()  # a damaged runs.csv: one line, before anything is written
         rd.lock()
         rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
         return saved, rd, cells
