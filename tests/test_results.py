@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -59,6 +60,23 @@ def test_ranks_sharing_a_gpu_count_it_once_per_device():
     # a CPU rank's share of the cores is its device, and older records have no devices
     assert results.measure(shared, 2, "cpu")["samples_per_s_per_device"] == pytest.approx(1000)
     assert results.measure(_record(), 2, "cuda")["samples_per_s_per_device"] == pytest.approx(1000)
+
+
+def test_csv_tables_are_readable_as_the_umask_allows(tmp_path):
+    """runs.csv and the other tables were 0600 (mkstemp's), unlike config.json beside them:
+    a colleague (or a report run as another user) could not read a shared results folder."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        t = results.CsvTable(tmp_path / "runs.csv", results.RUN_COLUMNS)
+        t.append([{"run_id": "a", "strategy": "single", "status": "ok"}])
+        assert stat.S_IMODE(t.path.stat().st_mode) == 0o644
+        os.umask(0o077)  # one who wants their results private keeps them so
+        t.append([{"run_id": "a", "strategy": "dp", "status": "ok"}])
+        assert stat.S_IMODE(t.path.stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
 
 
 def test_step_rows_flag_warmup():

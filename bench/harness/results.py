@@ -499,6 +499,11 @@ class CsvTable:
         existing = self.read()
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:
+            # mkstemp's file is the owner's alone (0600): the table gets the mode a file
+            # written plainly would, as config.json has, readable where the umask allows
+            mask = os.umask(0o022)
+            os.umask(mask)
+            os.fchmod(fd, 0o666 & ~mask)
             with os.fdopen(fd, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
                 w.writeheader()
