@@ -383,6 +383,10 @@ def test_a_run_still_going_is_not_resumed_beside_it(tmp_path, capsys, data_root)
         assert err.count("\n") == 1, err
         assert not (going.path / "environment.json").exists()  # it started nothing
         assert not (going.path / "cells").exists()
+        # a new run under its id: said to be going, not "stopped before its first row"
+        again = ["run", "--run-id", "busy", "--out-dir", str(going.path.parent), "--no-report"]
+        assert main([*again, "--strategies", "single", "--world-sizes", "1"]) == 2
+        assert "is being run by another parabench" in capsys.readouterr().err
     finally:
         going.unlock()
     assert not (going.path / ".lock").exists()  # an ended run leaves no lock file

@@ -510,10 +510,7 @@ class RunDir:
             f.seek(0)
             pid = f.read().strip() or "?"
             f.close()
-            raise ConfigError(
-                f"{self.path} is being run by another parabench (pid {pid}); wait for it to "
-                f"end, or stop it and then `parabench run --resume {self.path}`"
-            ) from None
+            raise ConfigError(self._being_run(pid)) from None
         except OSError:  # no locks here (some network file systems): as before
             f.close()
             return
@@ -521,6 +518,28 @@ class RunDir:
         f.write(f"{os.getpid()}\n")
         f.flush()
         self._lock = f
+
+    def _being_run(self, pid: str) -> str:
+        return (
+            f"{self.path} is being run by another parabench (pid {pid}); wait for it to "
+            f"end, or stop it and then `parabench run --resume {self.path}`"
+        )
+
+    def check_free(self) -> None:
+        """ConfigError if another process holds the run (`lock`), without taking it."""
+        import fcntl
+
+        try:
+            f = open(self.path / ".lock")  # noqa: SIM115 - closed below
+        except OSError:  # none: no harness has it (one killed outright leaves it unheld)
+            return
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError(self._being_run(f.read().strip() or "?")) from None
+            except OSError:  # no locks on this file system: unguarded, as `lock`
+                return
 
     def unlock(self) -> None:
         if self._lock is not None:  # removed while held: no run folder keeps one
@@ -1007,6 +1026,8 @@ def check_new_run(cfg: RunConfig) -> None:
         why = "not a directory" if not there.is_dir() else "no permission to write"
         raise ConfigError(f"--out-dir {cfg.out_dir}: cannot write the run there ({there}: {why})")
     path = out / cfg.run_id
+    if cfg.run_id:  # a run still going is said as such, not as one that stopped
+        RunDir(path).check_free()
     if cfg.run_id and (path / "runs.csv").exists():
         raise ConfigError(f"{path} already holds a run; use --resume {path} or another --run-id")
     if cfg.run_id and (path / "config.json").exists():  # begun, stopped before its first row
