@@ -154,3 +154,28 @@ def test_files_on_disk_keep_the_loader(data_root):
     assert data.on_device(data.load(cfg).train, torch.device("cpu")) is None
     with pytest.raises(ConfigError, match="--data-path device needs data held in memory"):
         RunConfig(dataset="imagenet-subset", data_feed="device")
+
+
+class _BrokenAt(torch.utils.data.Dataset):
+    """Raises on sample 3, as a user's data set with one bad record would."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        if i == 3:
+            raise ValueError(f"record {i} has no label")
+        return torch.zeros(2), 0
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_sample_that_raises_in_a_loader_worker_is_named_in_one_line(workers):
+    # in a worker process the DataLoader raises it again as "Caught ValueError in DataLoader
+    # worker process 0." plus the worker's traceback: a cell's reason names the cause
+    from bench.harness import proc
+
+    loader = torch.utils.data.DataLoader(_BrokenAt(), batch_size=2, num_workers=workers)
+    with pytest.raises(ValueError) as caught:
+        list(loader)
+    where = " (DataLoader worker process 0)" if workers else ""
+    assert proc.one_line(caught.value) == f"ValueError: record 3 has no label{where}"

@@ -65,9 +65,19 @@ def stdout_gone() -> bool:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, or its type's name where it has none."""
+    """The first line of an exception's message, or its type's name where it has none. A
+    DataLoader worker's exception, raised again in the training process, says only "Caught
+    X in DataLoader worker process N." first and the worker's traceback after: its last
+    line, the cause (a file that cannot be decoded, a sample that raised), is taken."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    lines = text.splitlines()
+    caught = lines[0].removeprefix("Caught ")
+    if caught != lines[0] and "Original Traceback" in text and len(lines) > 2:
+        cause = lines[-1].strip().removeprefix(f"{type(exc).__name__}: ")
+        return f"{cause} ({caught.partition(' in ')[2].rstrip('.')})"
+    return lines[0]
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
