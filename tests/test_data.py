@@ -179,3 +179,28 @@ def test_a_sample_that_raises_in_a_loader_worker_is_named_in_one_line(workers):
         list(loader)
     where = " (DataLoader worker process 0)" if workers else ""
     assert proc.one_line(caught.value) == f"ValueError: record 3 has no label{where}"
+
+
+def _image_tree(tmp_path, data_root, classes: int = 3):
+    """The first `classes` class folders of the ImageNet sample, copied (one image each)."""
+    src = data_root / "imagenet-sample"
+    for folder in sorted(src.iterdir())[:classes]:
+        shutil.copytree(folder, tmp_path / "tree" / folder.name)
+    return tmp_path / "tree"
+
+
+def test_an_image_that_cannot_be_decoded_is_named(tmp_path, data_root):
+    tree = _image_tree(tmp_path, data_root)
+    bad = next((tree / sorted(p.name for p in tree.iterdir())[1]).iterdir())
+    bad.write_bytes(bad.read_bytes()[:2000])  # a truncated JPEG: PIL fails on decoding
+    b = data.load(RunConfig(dataset="imagenet-subset", data_root=str(tree), image_size=32))
+    b.train[0]  # the others decode
+    with pytest.raises(OSError, match=f"{bad} cannot be read as an image .*truncated"):
+        b.train[1]
+    # in a loader worker too, the cell's one line names the file
+    from bench.harness import proc
+
+    loader = torch.utils.data.DataLoader(b.train, batch_size=3, num_workers=1)
+    with pytest.raises(OSError) as caught:
+        list(loader)
+    assert f"{bad} cannot be read as an image" in proc.one_line(caught.value)

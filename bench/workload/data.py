@@ -386,6 +386,19 @@ def _imagenet_root(root: Path) -> Path:
     )
 
 
+def _read_image(path: str) -> Any:
+    """ImageFolder's own loader (PIL, as RGB), whose error names the file: PIL's "image file
+    is truncated" does not say which of the tree's images it was."""
+    from torchvision.datasets.folder import default_loader
+
+    try:
+        return default_loader(path)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise OSError(f"{path} cannot be read as an image ({plugins.one_line(exc)})") from None
+
+
 def _imagenet_subset(cfg: RunConfig) -> DataBundle:
     from torchvision import datasets, transforms
 
@@ -408,8 +421,8 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
             norm,
         ]
     )
-    train_full = datasets.ImageFolder(str(root), transform=train_tf)
-    eval_full = datasets.ImageFolder(str(root), transform=eval_tf)
+    train_full = datasets.ImageFolder(str(root), transform=train_tf, loader=_read_image)
+    eval_full = datasets.ImageFolder(str(root), transform=eval_tf, loader=_read_image)
     classes = len(train_full.classes)
     keep = list(range(len(train_full)))
     if cfg.max_classes is not None and cfg.max_classes < classes:
