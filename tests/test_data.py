@@ -204,3 +204,19 @@ def test_an_image_that_cannot_be_decoded_is_named(tmp_path, data_root):
     with pytest.raises(OSError) as caught:
         list(loader)
     assert f"{bad} cannot be read as an image" in proc.one_line(caught.value)
+
+
+@pytest.mark.parametrize("empty", [0, 1])
+def test_an_empty_class_folder_is_named_in_one_line(tmp_path, data_root, empty):
+    tree = _image_tree(tmp_path, data_root)
+    folder = sorted(tree.iterdir())[empty]  # the first folder too: the tree is still found
+    for f in folder.iterdir():
+        f.unlink()
+    with pytest.raises(ConfigError, match=f"no valid file for the classes {folder.name}.*empty"):
+        data.check(RunConfig(dataset="imagenet-subset", data_root=str(tree), image_size=32))
+
+
+def test_a_tree_of_one_class_is_refused(tmp_path, data_root):
+    tree = _image_tree(tmp_path, data_root, classes=1)
+    with pytest.raises(ConfigError, match="one class folder .*at least 2"):
+        data.check(RunConfig(dataset="imagenet-subset", data_root=str(tree), image_size=32))

@@ -376,9 +376,12 @@ def _imagenet_root(root: Path) -> Path:
         root / "imagenet" / "train",
     ):
         if cand.is_dir() and _is_class_tree(cand) and cand.name != "MNIST":
-            # A tree of class folders holding images (not e.g. the data root holding 'mnist/').
-            first = next(c for c in sorted(cand.iterdir()) if c.is_dir())
-            if any(f.suffix.lower() in (".jpeg", ".jpg", ".png") for f in first.iterdir()):
+            # A tree of class folders holding images (not e.g. the data root holding 'mnist/');
+            # a class folder left empty is ImageFolder's to name, below
+            folders = (c for c in sorted(cand.iterdir()) if c.is_dir())
+            if any(
+                f.suffix.lower() in (".jpeg", ".jpg", ".png") for c in folders for f in c.iterdir()
+            ):
                 return cand
     raise ConfigError(
         f"no ImageFolder tree under {root} (expected <root>/<class>/*.JPEG or <root>/train/<class>/...); "
@@ -421,9 +424,20 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
             norm,
         ]
     )
-    train_full = datasets.ImageFolder(str(root), transform=train_tf, loader=_read_image)
+    try:
+        train_full = datasets.ImageFolder(str(root), transform=train_tf, loader=_read_image)
+    except FileNotFoundError as exc:  # a class folder without an image
+        raise ConfigError(
+            f"imagenet-subset {root}: {str(exc).rstrip('.')}; remove the empty class "
+            "folders, or add images to them"
+        ) from None
     eval_full = datasets.ImageFolder(str(root), transform=eval_tf, loader=_read_image)
     classes = len(train_full.classes)
+    if classes < 2:
+        raise ConfigError(
+            f"imagenet-subset {root}: one class folder ({train_full.classes[0]}); a classifier "
+            "needs at least 2"
+        )
     keep = list(range(len(train_full)))
     if cfg.max_classes is not None and cfg.max_classes < classes:
         classes = cfg.max_classes
