@@ -101,6 +101,10 @@ class RunConfig:
     save_params: bool = False  # write final parameters (parity checks)
     #: every dropout layer of the model off (parity: its masks depend on the rank layout)
     no_dropout: bool = False
+    #: the ImageNet subset's training images center-cropped as the held-out ones, with no
+    #: random crop or flip (parity: which crops are drawn depends on which rank and loader
+    #: worker reads a sample)
+    no_augment: bool = False
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     #: key=value passed to a user's data-set factory (--dataset-arg)
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)

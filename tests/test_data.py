@@ -220,3 +220,24 @@ def test_a_tree_of_one_class_is_refused(tmp_path, data_root):
     tree = _image_tree(tmp_path, data_root, classes=1)
     with pytest.raises(ConfigError, match="one class folder .*at least 2"):
         data.check(RunConfig(dataset="imagenet-subset", data_root=str(tree), image_size=32))
+
+
+def test_verify_reads_the_imagenet_subset_without_random_crops(data_root):
+    # which crop and flip a sample gets depends on the RNG of the rank and loader worker
+    # that reads it, so differs with the layout: parity compares layouts on the same pixels
+    from bench.analysis import verify
+
+    cfg = RunConfig(dataset="imagenet-subset", data_root=str(data_root), max_classes=4)
+    parity = verify.parity_config(cfg.replace(image_size=32), 3)
+    assert parity.no_augment
+    b = data.load(parity)
+    torch.manual_seed(1)
+    first = b.train[0][0]
+    torch.manual_seed(2)
+    assert torch.equal(first, b.train[0][0])
+    assert "no random crop" in b.description
+    b = data.load(cfg.replace(image_size=32))  # a run's own: augmented
+    torch.manual_seed(1)
+    first = b.train[0][0]
+    torch.manual_seed(2)
+    assert not torch.equal(first, b.train[0][0])

@@ -727,6 +727,7 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
         max_steps=steps,
         save_params=True,
         no_dropout=True,  # its masks depend on how the batch is split over ranks
+        no_augment=True,  # so do the random crops and flips drawn
     )
 
 

@@ -424,6 +424,8 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
             norm,
         ]
     )
+    if cfg.no_augment:  # parity (verify): every layout reads the same pixels
+        train_tf = eval_tf
     try:
         train_full = datasets.ImageFolder(str(root), transform=train_tf, loader=_read_image)
     except FileNotFoundError as exc:  # a class folder without an image
@@ -450,6 +452,8 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
     desc = (
         f"imagenet-subset {root} ({classes} classes): train {len(train)} / held-out {len(held_idx)}"
     )
+    if cfg.no_augment:
+        desc += ", training images center-cropped (no random crop or flip)"
     return DataBundle(train, Subset(eval_full, held_idx), classes, desc)
 
 
