@@ -241,3 +241,21 @@ def test_verify_reads_the_imagenet_subset_without_random_crops(data_root):
     first = b.train[0][0]
     torch.manual_seed(2)
     assert not torch.equal(first, b.train[0][0])
+
+
+def test_the_imagenet_description_says_which_images_are_held_out(tmp_path, data_root):
+    cfg = RunConfig(dataset="imagenet-subset", image_size=32, max_classes=20, global_batch=4)
+    # the sample has one image per class: every 10th image held out leaves its class
+    # untrained, so its accuracy is 0 for any model, and the rows say so
+    desc = data.load(cfg.replace(data_root=str(data_root))).description
+    assert desc.endswith(
+        "(20 classes): train 18, of 18 classes / held-out 2 (every 10th image), "
+        "2 of them of classes with no training image"
+    )
+    desc = data.load(cfg.replace(data_root=str(data_root), limit=4)).description
+    assert "train first 4 of 18 (--limit), of 4 classes / held-out 2" in desc
+    tree = _image_tree(tmp_path, data_root, classes=10)
+    for image in list(tree.glob("*/*")):  # two images a class: both held out are trained
+        shutil.copy(image, image.with_name("b" + image.name))
+    desc = data.load(cfg.replace(data_root=str(tree))).description
+    assert desc.endswith("(10 classes): train 18 / held-out 2 (every 10th image)")

@@ -449,9 +449,18 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
     held_set = set(held_idx)
     train_idx = [i for i in keep if i not in held_set]
     train = _limit(Subset(train_full, train_idx), cfg.limit)
-    desc = (
-        f"imagenet-subset {root} ({classes} classes): train {len(train)} / held-out {len(held_idx)}"
-    )
+    labels = train_full.targets
+    trained = {labels[i] for i in train_idx[: len(train)]}  # type: ignore[arg-type]
+    unseen = sum(labels[i] not in trained for i in held_idx)
+    desc = f"imagenet-subset {root} ({classes} classes): train {_first(train, len(train_idx))}"
+    if len(trained) < classes:
+        desc += f", of {len(trained)} classes"
+    desc += f" / held-out {len(held_idx)}"
+    if held_idx:
+        capped = len(keep[9::10]) > len(held_idx)
+        desc += f" (every 10th image{': the first --eval-samples' if capped else ''})"
+    if unseen:  # as in the sample, of one image per class: its accuracy cannot be read
+        desc += f", {unseen} of them of classes with no training image"
     if cfg.no_augment:
         desc += ", training images center-cropped (no random crop or flip)"
     return DataBundle(train, Subset(eval_full, held_idx), classes, desc)
