@@ -259,3 +259,15 @@ def test_the_imagenet_description_says_which_images_are_held_out(tmp_path, data_
         shutil.copy(image, image.with_name("b" + image.name))
     desc = data.load(cfg.replace(data_root=str(tree))).description
     assert desc.endswith("(10 classes): train 18 / held-out 2 (every 10th image)")
+
+
+def test_an_image_tree_of_any_format_imagefolder_reads_is_found(tmp_path, data_root):
+    from PIL import Image
+
+    tree = _image_tree(tmp_path, data_root)
+    for image in list(tree.glob("*/*")):
+        Image.open(image).convert("RGB").resize((40, 30)).save(image.with_suffix(".bmp"))
+        image.unlink()
+    cfg = RunConfig(dataset="imagenet-subset", data_root=str(tree), image_size=32)
+    b = data.load(cfg)
+    assert len(b.train) == 3 and b.train[2][0].shape == (3, 32, 32)

@@ -368,6 +368,8 @@ def _is_class_tree(p: Path) -> bool:
 
 
 def _imagenet_root(root: Path) -> Path:
+    from torchvision.datasets.folder import IMG_EXTENSIONS  # the files ImageFolder takes
+
     for cand in (
         root / "train",
         root,
@@ -379,9 +381,7 @@ def _imagenet_root(root: Path) -> Path:
             # A tree of class folders holding images (not e.g. the data root holding 'mnist/');
             # a class folder left empty is ImageFolder's to name, below
             folders = (c for c in sorted(cand.iterdir()) if c.is_dir())
-            if any(
-                f.suffix.lower() in (".jpeg", ".jpg", ".png") for c in folders for f in c.iterdir()
-            ):
+            if any(f.suffix.lower() in IMG_EXTENSIONS for c in folders for f in c.iterdir()):
                 return cand
     raise ConfigError(
         f"no ImageFolder tree under {root} (expected <root>/<class>/*.JPEG or <root>/train/<class>/...); "
