@@ -257,7 +257,7 @@ def test_the_imagenet_description_says_which_images_are_held_out(tmp_path, data_
     tree = _image_tree(tmp_path, data_root, classes=10)
     for image in list(tree.glob("*/*")):  # two images a class: both held out are trained
         shutil.copy(image, image.with_name("b" + image.name))
-    desc = data.load(cfg.replace(data_root=str(tree))).description
+    desc = data.load(cfg.replace(data_root=str(tree), max_classes=None)).description
     assert desc.endswith("(10 classes): train 18 / held-out 2 (every 10th image)")
 
 
@@ -271,3 +271,11 @@ def test_an_image_tree_of_any_format_imagefolder_reads_is_found(tmp_path, data_r
     cfg = RunConfig(dataset="imagenet-subset", data_root=str(tree), image_size=32)
     b = data.load(cfg)
     assert len(b.train) == 3 and b.train[2][0].shape == (3, 32, 32)
+
+
+def test_more_max_classes_than_the_tree_has_is_refused(tmp_path, data_root):
+    tree = _image_tree(tmp_path, data_root)
+    cfg = RunConfig(dataset="imagenet-subset", data_root=str(tree), max_classes=5)
+    with pytest.raises(ConfigError, match="--max-classes 5: .* has 3 class folders"):
+        data.check(cfg)
+    assert data.load(cfg.replace(max_classes=3)).num_classes == 3

@@ -440,6 +440,11 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
             f"imagenet-subset {root}: one class folder ({train_full.classes[0]}); a classifier "
             "needs at least 2"
         )
+    if cfg.max_classes is not None and cfg.max_classes > classes:
+        raise ConfigError(
+            f"--max-classes {cfg.max_classes}: {root} has {classes} class folders; lower it "
+            "or leave it out"
+        )
     keep = list(range(len(train_full)))
     if cfg.max_classes is not None and cfg.max_classes < classes:
         classes = cfg.max_classes
