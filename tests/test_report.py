@@ -615,3 +615,12 @@ def test_efficiency_on_a_cpu_says_the_ranks_shared_the_cores_single_had(referenc
     counted = report.counted_rows(reference.runs)
     assert report.shared_cores_markdown(counted.assign(threads_per_rank=2)) == ""
     assert report.shared_cores_markdown(counted.assign(device="cuda")) == ""
+
+
+def test_the_conditions_say_how_batches_were_fed(reference) -> None:
+    # MNIST indexed on the device has no DataLoader: its "0 loader workers" says so beside it
+    conditions = report.fairness_markdown(reference, reference.runs)
+    assert (
+        "| launcher | backend | precision | numerics | data path | loader workers |" in conditions
+    )
+    assert "| exact | device | 0 |" in conditions

@@ -867,6 +867,7 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
         "backend": "backend",
         "precision": "precision",
         "numerics": "numerics",
+        "data path": "data_path",  # batches indexed on the device, or a DataLoader's
         "loader workers": "loader_workers",
         "threads per rank": "threads_per_rank",
         "notes": "notes",
