@@ -460,6 +460,28 @@ def test_evaluation_without_held_out_samples_is_nan_and_scores_labels_of_shape_1
     assert column["eval_loss"] == pytest.approx(flat["eval_loss"])
 
 
+def test_evaluation_leaves_the_random_state_for_the_next_epoch_as_it_was():
+    """DDP evaluates on rank 0 alone, FSDP on every rank: a draw from torch's generator in
+    evaluation gave rank 0 other dropout masks in epoch 2 under DDP than under FSDP."""
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from bench.harness.worker import evaluate
+    from strategies.base import RankContext
+    from strategies.single import Single
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    single = Single(ctx, {})
+    net = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5))
+    single.attach(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    single.loss_fn = models.cross_entropy
+    held_out = TensorDataset(torch.randn(20, 3), torch.randint(0, 4, (20,)))
+    before = torch.get_rng_state()
+    evaluate(single, held_out)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert net.training  # back to training
+
+
 def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
     spec = _file(tmp_path, "def build(num_classes):\n    return nn.Linear(6, num_classes)\n")
     cfg = RunConfig(model=f"{spec}:build", dataset=DATASET, device="cpu")

@@ -78,13 +78,17 @@ def seed_everything(seed: int) -> None:
 
 def evaluate(strategy: Strategy, dataset: Any, batch: int = 256) -> dict[str, float]:
     """Held-out loss (per sample, with the training loss) and accuracy (argmax over the
-    last dimension: per sample, or per token for a token model)."""
+    last dimension: per sample, or per token for a token model). The random state is left as
+    it was: only some strategies evaluate on every rank (collective_eval), and a draw on one
+    rank (the DataLoader takes a seed from torch's generator) would give its next epoch
+    other dropout masks and loader seeds than the same rank has under another strategy."""
     model = strategy.eval_module()
     if model is None:
         return {}
     model.eval()
     correct, scored, loss_sum, n = 0, 0, 0.0, 0
-    with torch.no_grad():
+    cuda = [d for d in strategy.devices() if d.type == "cuda"]
+    with torch.no_grad(), torch.random.fork_rng(devices=cuda):
         for x, y in DataLoader(dataset, batch_size=batch):
             x, y = x.to(strategy.ctx.device), y.to(strategy.ctx.device)
             with strategy.autocast():
