@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.harness import results
-from bench.harness.probes import StepTimer, memory_snapshot
+from bench.harness.probes import StepTimer, held_mib, memory_snapshot, reset_peaks
 
 
 def _record(**kw):
@@ -144,6 +144,19 @@ def test_memory_snapshot_on_cpu_reads_rss():
     snap = memory_snapshot([torch.device("cpu")])
     assert snap["peak_rss_mib"] > 50  # this process has torch loaded
     assert "peak_alloc_mib" not in snap
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's /proc")
+def test_each_epoch_has_its_own_peak_resident_set():
+    """An epoch's CPU peak was the process's since it started: from epoch 2 on, it was at
+    least the previous epoch's evaluation."""
+    spike = torch.ones(100 * 2**20)  # 400 MiB of float32, touched
+    del spike
+    before = memory_snapshot([torch.device("cpu")])["peak_rss_mib"]
+    reset_peaks([torch.device("cpu")])
+    after = memory_snapshot([torch.device("cpu")])["peak_rss_mib"]
+    assert after < before - 300
+    assert after >= held_mib(torch.device("cpu")) - 1  # what is held now is held at peak
 
 
 def test_divergence_names_the_first_bad_step():

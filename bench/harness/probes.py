@@ -159,16 +159,32 @@ def held_mib(device: torch.device) -> float:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process since it started."""
+    """Peak resident set size of this process since reset_peaks (Linux's VmHWM), else since
+    it started."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # KiB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports KiB, macOS bytes.
     return peak / 1024 / (1024 if sys.platform == "darwin" else 1)
 
 
 def reset_peaks(devices: list[torch.device]) -> None:
+    """Start the peaks memory_snapshot reads anew (at each epoch's start): the CUDA
+    allocator's, and on Linux the resident set's, which would otherwise keep the previous
+    epoch's evaluation as every later epoch's peak on a CPU."""
     for d in devices:
         if d.type == "cuda":
             torch.cuda.reset_peak_memory_stats(d)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the peak resident set back to the current one
+    except OSError:
+        pass
 
 
 def memory_snapshot(devices: list[torch.device]) -> dict[str, float]:
