@@ -357,6 +357,20 @@ CASES = [
     ),
     case(
         RUN,
+        ["--strategies", "single", "--dataset", "synthetic", "--model", "lm"]
+        + ["--model-arg", "depth=0"],
+        "lm: depth=0: dim, depth and heads must be at least 1",  # not the size's depth, silently
+        id="model-arg-lm-depth-0",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--dataset", "synthetic", "--model", "lm"]
+        + ["--model-arg", "vocab_size=0"],
+        "lm: vocab_size must be at least 2",  # not "the data has 1000 classes"
+        id="model-arg-lm-vocab-0",
+    ),
+    case(
+        RUN,
         ["--exclude", ",".join(strategies.registry())],
         "--exclude",
         id="exclude-everything",

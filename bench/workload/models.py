@@ -257,6 +257,8 @@ class LanguageModel(BlockStack):
     ) -> None:
         if size not in LM_SIZES:
             raise ConfigError(f"lm: unknown size {size!r}; choose {', '.join(LM_SIZES)}")
+        if vocab_size < 2:
+            raise ConfigError(f"lm: vocab_size must be at least 2 tokens, got {vocab_size}")
         d0, l0, h0 = LM_SIZES[size]
         dims = (dim or d0, depth or l0, heads or h0, mlp_ratio)
         self.check("lm", dims)
@@ -373,6 +375,13 @@ def build_model(
     if model == "lm":
         if "seq_len" in kwargs:
             raise ConfigError("lm: its context is --seq-len (the data's), not --model-arg seq_len")
+        # 0 is the constructor's "the size's": given, it would train the size's silently
+        zero = [k for k in ("dim", "depth", "heads") if kwargs.get(k) == 0]
+        if zero:
+            raise ConfigError(
+                f"lm: {', '.join(f'{k}=0' for k in zero)}: dim, depth and heads must be at "
+                f"least 1 (left out, they are --model-arg size's)"
+            )
         kwargs = {"vocab_size": num_classes, **kwargs}
         return LanguageModel(seq_len=shape[0] if shape else 128, **kwargs)
     import torchvision
