@@ -624,3 +624,23 @@ def test_the_conditions_say_how_batches_were_fed(reference) -> None:
         "| launcher | backend | precision | numerics | data path | loader workers |" in conditions
     )
     assert "| exact | device | 0 |" in conditions
+
+
+def test_target_precision_is_summarised_over_the_epochs_the_summary_counts() -> None:
+    """Every epoch stops by precision, and the summary counts each repeat's last: the first
+    epoch was named beside it as the same "single ws=1 round 0", and its steps counted."""
+    runs = pd.DataFrame(
+        {
+            "strategy": ["single", "single"],
+            "world_size": [1, 1],
+            "repeat": [0, 0],
+            "round": [0, 0],
+            "epoch": [0, 1],
+            "status": ["ok", "ok"],
+            "target_precision_pct": [2.0, 2.0],
+            "timed_steps": [100, 60],
+            "step_precision_pct": [3.5, 1.5],
+        }
+    )
+    text = report.precision_markdown(runs)
+    assert "60–60 timed steps, median 60" in text and "Every cell reached it" in text

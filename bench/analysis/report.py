@@ -563,11 +563,13 @@ def _interval(r: Mapping[str, Any], metric: str, digits: int) -> str:
 
 
 def precision_markdown(runs: pd.DataFrame) -> str:
-    """How many steps --target-precision chose and where the target was not reached."""
+    """How many steps --target-precision chose and where the target was not reached, in the
+    rows the summary counts (each repeat's last epoch: every epoch stops by precision)."""
     if "target_precision_pct" not in runs:
         return ""
+    runs = counted_rows(runs)
     target = pd.to_numeric(runs["target_precision_pct"], errors="coerce")
-    ok = runs[(runs["status"] == "ok") & target.notna()]
+    ok = runs[target.notna()]
     if ok.empty:
         return ""
     goal = float(pd.to_numeric(ok["target_precision_pct"]).iloc[0])
