@@ -39,6 +39,20 @@ def test_reports_are_throttled_but_an_epochs_last_step_is_written(tmp_path):
     assert progress.read(tmp_path)["done"] == 3
 
 
+def test_an_epoch_that_stopped_early_leaves_no_steps_to_wait_for(tmp_path):
+    """--target-precision ends an epoch once its steps are precise enough: the next starts
+    at its own place in the cell, and the cell's ETA counts only the steps still to run."""
+    r = StepReporter(tmp_path, epochs=2, steps_per_epoch=100, every_s=0)
+    r.start_epoch(0)
+    for _ in range(60):  # stopped at step 60 of 100
+        r.step(10.0)
+    r.start_epoch(1)
+    r.step(10.0)
+    state = progress.read(tmp_path)
+    assert (state["done"], state["total"]) == (101, 200)
+    assert Display(1, stream=io.StringIO(), tty=False).cell_eta(state) == pytest.approx(0.99)
+
+
 class Clock:
     def __init__(self) -> None:
         self.t = 0.0

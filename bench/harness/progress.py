@@ -32,7 +32,10 @@ class StepReporter:
         self.last_write: float | None = None  # (monotonic time starts near 0 at boot)
 
     def start_epoch(self, epoch: int) -> None:
+        # the steps before are the earlier epochs', whole: one --target-precision ended
+        # early has no steps left to run (else the cell's ETA would count them)
         self.epoch, self.step_in_epoch = epoch, 0
+        self.done = epoch * self.steps_per_epoch
 
     def step(self, step_ms: float) -> None:
         self.done += 1
