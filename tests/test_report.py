@@ -644,3 +644,24 @@ def test_target_precision_is_summarised_over_the_epochs_the_summary_counts() -> 
     )
     text = report.precision_markdown(runs)
     assert "60–60 timed steps, median 60" in text and "Every cell reached it" in text
+
+
+def test_timed_share_of_wall_time_counts_every_epoch_of_a_cell() -> None:
+    """A cell's wall time holds all its epochs: measured against the last epoch's timed
+    steps alone, three epochs of 10 s in a 60 s cell read as 17 %, not 50 %."""
+    runs = pd.DataFrame(
+        {
+            "strategy": ["single"] * 3,
+            "world_size": [1] * 3,
+            "repeat": [0] * 3,
+            "epoch": [0, 1, 2],
+            "status": ["ok"] * 3,
+            "launcher": ["inprocess"] * 3,
+            "timed_s": [10.0] * 3,
+            "cell_wall_s": [60.0] * 3,
+            **{c: [1.0] * 3 for c in ("startup_s", "startup_launch_s", "teardown_s")},
+            **{c: [0.0] * 3 for c in ("startup_rendezvous_s", "startup_setup_s")},
+        }
+    )
+    text = report.startup_markdown(report.counted_rows(runs), runs)
+    assert "Timed training is 50% of the cells' wall time" in text

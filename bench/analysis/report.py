@@ -973,9 +973,10 @@ def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame, missing: int = 
     return "\n".join(lines)
 
 
-def startup_markdown(counted: pd.DataFrame) -> str:
+def startup_markdown(counted: pd.DataFrame, runs: pd.DataFrame | None = None) -> str:
     """Start-up and teardown per launcher (medians over the ok cells), and the share of
-    the cells' wall time that is timed training; "" for a run from before they were kept."""
+    the cells' wall time that is timed training, every epoch of theirs in `runs` (counted
+    holds only the last); "" for a run from before they were kept."""
     if "startup_s" not in counted or counted["startup_s"].isna().all():
         return ""
     cols = ["startup_launch_s", "startup_rendezvous_s", "startup_setup_s", "startup_s"]
@@ -985,7 +986,9 @@ def startup_markdown(counted: pd.DataFrame) -> str:
         med = grp[cols].median()
         rows.append([launcher, len(grp), *(f"{med[c]:.2f}" for c in cols)])
     wall = counted["cell_wall_s"].sum()
-    timed = counted["timed_s"].sum() / wall if wall > 0 else float("nan")
+    rep = ["strategy", "world_size", "repeat"]
+    epochs = counted if runs is None else runs.merge(counted[rep], on=rep)
+    timed = pd.to_numeric(epochs["timed_s"]).sum() / wall if wall > 0 else float("nan")
     return (
         "Seconds per cell, median over its cells: launch (the launcher, the interpreter and "
         "imports, to the worker's entry on rank 0), rendezvous (joining the process group), "
@@ -1207,7 +1210,7 @@ def scaling_markdown(run: Run) -> str:
 
 def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str, str]]) -> str:
     counted = counted_rows(run.runs)
-    startup = startup_markdown(counted)
+    startup = startup_markdown(counted, run.runs)
     growth = growth_markdown(counted)
     where = breakdown_markdown(counted)
     scaling = scaling_markdown(run) if len(summary) else ""  # no cell to predict from
