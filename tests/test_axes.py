@@ -232,3 +232,34 @@ def test_report_names_show_only_the_axes_that_vary():
     assert swept[("fsdp", "bf16,acc2")] == "fsdp [bf16]"  # only fsdp ran acc2: one value
     both = case_labels([("fsdp", "fp32"), ("fsdp", "fp32,acc2")])
     assert both[("fsdp", "fp32")] == "fsdp [acc1]" and both[("fsdp", "fp32,acc2")] == "fsdp [acc2]"
+
+
+def test_a_compiled_cell_killed_in_its_first_step_says_compilation_may_be_why(tmp_path, data_root):
+    """The deadline that kills a compiled cell before its first step ended (where
+    torch.compile compiles) names compilation beside a hang; a cell past its first step,
+    or not compiled, reads as a hang."""
+    import json
+
+    from bench.harness.progress import PROGRESS_FILE
+    from bench.harness.runner import Cell, RunDir, Runner
+
+    cfg = small_config(tmp_path, data_root, timeout_s=12)
+    runner = Runner(cfg, RunDir(tmp_path))
+
+    def reason(compile: bool, done: int | None) -> str:
+        cell = Cell("single", 1, 0, Setting(compile=compile))
+        cell_dir = tmp_path / "cells" / f"{cell.dirname}-{done}"
+        cell_dir.mkdir(parents=True)
+        if done is not None:
+            (cell_dir / PROGRESS_FILE).write_text(json.dumps({"done": done}))
+        (row,) = runner._collect(cell, cell_dir, None, True, 12.0)[0]
+        assert row["status"] == "timeout"
+        return row["reason"]
+
+    compiling = reason(True, None)
+    assert compiling.startswith("no result within 12 s")
+    assert "torch.compile's compilation" in compiling and "--timeout" in compiling
+    for compiled, done in ((True, 1), (False, None)):
+        assert reason(compiled, done) == (
+            "no result within 12 s (hang?); all its processes were killed"
+        )

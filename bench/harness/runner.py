@@ -41,6 +41,7 @@ from bench.harness.env import (
 )
 from bench.harness.launchers import LAUNCHERS
 from bench.harness.progress import Display
+from bench.harness.progress import read as read_progress
 from bench.workload import data
 from bench.workload.models import check_model, check_model_args
 from strategies.base import Setting
@@ -845,17 +846,25 @@ class Runner:
             ranks += results.rank_rows(ident, rec)
         if timed_out:
             runs.append(
-                self._status_row(
-                    cell,
-                    results.TIMEOUT,
-                    f"no result within {self.cfg.timeout_s:g} s (hang?); all its processes were killed",
-                    wall,
-                )
+                self._status_row(cell, results.TIMEOUT, self._timeout_reason(cell, cell_dir), wall)
             )
         elif rc != 0 or len(records) < self.cfg.epochs:
             status, reason = _failure(cell_dir, rc)
             runs.append(self._status_row(cell, status, reason, wall))
         return runs, steps, ranks
+
+    def _timeout_reason(self, cell: Cell, cell_dir: Path) -> str:
+        """Why a cell was killed at its deadline: a hang, as far as the harness can tell, but
+        a compiled cell whose rank 0 finished no step was likely still compiling (its first
+        step holds torch.compile's work: tens of seconds to minutes, per process, cold)."""
+        why = "hang?"
+        if cell.setting.compile and not (read_progress(cell_dir) or {}).get("done"):
+            why = (
+                "its first step had not ended, and that step holds torch.compile's "
+                "compilation (a minute or more cold on a CPU): a --timeout that leaves room "
+                "for it, or a hang"
+            )
+        return f"no result within {self.cfg.timeout_s:g} s ({why}); all its processes were killed"
 
     def _mfu(self, cell: Cell, row: Mapping[str, Any]) -> dict[str, Any]:
         return mfu_columns(self.model_info, self.device, row)
