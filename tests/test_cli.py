@@ -118,6 +118,8 @@ CASES = [
     (["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=1,1"], "give distinct, non-empty"),
     (["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=inf"], "a positive, finite float"),
     (["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=1,01"], "a value is given twice"),
+    (["--strategies", "ddp_spawn", "--set", "static_graph=true,1"], "a value is given twice"),
+    (["--strategies", "fsdp", "--set", "reshard_after_forward=off,0"], "a value is given twice"),
     (
         ["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=1", "--set", "bucket_cap_mb=2"],
         "--set bucket_cap_mb is given twice",

@@ -403,10 +403,6 @@ def _option_sweeps(options: dict[str, str], specs: list[strategies.StrategySpec]
         values = [v.strip() for v in value.split(",")]
         if any(not v for v in values) or len(set(values)) != len(values):
             raise ConfigError(f"--set {key}={value}: give distinct, non-empty values")
-        # 1 and 01, or 25 and 25.0, are one value: two cells of the same run
-        parsed = [_parsed(v) for v in values]
-        if len(set(parsed)) != len(parsed):
-            raise ConfigError(f"--set {key}={value}: a value is given twice")
         takers = [s for s in specs if key in s.accepts]
         if not takers:
             known = sorted({k for s in specs for k in s.accepts})
@@ -419,12 +415,22 @@ def _option_sweeps(options: dict[str, str], specs: list[strategies.StrategySpec]
                 problem = option_problem(s.accepts[key], v)
                 if problem:
                     raise ConfigError(f"--set {key}={v}: {s.name} takes {key} = {problem}")
+            # 1 and 01, 25 and 25.0, or true and on (a flag's), are one value: two cells
+            # of the same run
+            parsed = [_parsed(v, s.accepts[key]) for v in values]
+            if len(set(parsed)) != len(parsed):
+                raise ConfigError(f"--set {key}={value}: a value is given twice")
         sweeps[key] = values
     return sweeps
 
 
-def _parsed(value: str) -> Any:
-    """A --set value as a number where it reads as one (1, 01 and 1.0 are one value)."""
+def _parsed(value: str, allowed: tuple[str, ...] | type = str) -> Any:
+    """A --set value as the option reads it: a flag's as true or false (true, 1, yes and on
+    are one value), else a number where it reads as one (1, 01 and 1.0 are one value)."""
+    if allowed is bool:
+        from strategies.ddp import flag  # how the strategies read one
+
+        return flag(value)
     try:
         return float(value)
     except ValueError:
