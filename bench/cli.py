@@ -429,6 +429,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if not a.resume:
         from bench.harness import estimate
 
+        _compile_warmed(cfg)
         runner.check_new_run(cfg)
         cells = runner.plan(cfg)  # bad input: one line before anything runs
         est = estimate.estimate(cfg, cells)
@@ -469,6 +470,17 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(f"{len(broken)} cell(s) failed, ran out of memory, timed out or diverged (see above)")
         return 1
     return 0
+
+
+def _compile_warmed(cfg: RunConfig) -> None:
+    """A compiled cell compiles in its first step: with no warm-up step to hold it, the
+    compilation (tens of seconds) would be timed as training. verify times nothing and
+    runs without warm-up; a run that times its steps is refused here."""
+    if True in cfg.compile and cfg.warmup_steps == 0:
+        raise ConfigError(
+            "--compile compiles in each cell's first step: --warmup-steps 0 would time that "
+            "compilation as a training step; give at least 1 (its time is first_step_ms)"
+        )
 
 
 def _given(
@@ -648,6 +660,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
         hosts=tuple(f"node{i}" for i in range(n)),
         master_addr="node0",
     )
+    _compile_warmed(cfg)
     cuda = resolve_device(cfg.device) == "cuda"
     gpus = 0
     if cuda and not torch_cuda_available():

@@ -106,6 +106,10 @@ CASES = [
     (["--strategies", "ddp_spawn", "--sync-bn"], "SyncBatchNorm needs GPU modules"),
     (["--strategies", "single", "--sync-bn"], "SyncBatchNorm needs ranks to synchronise"),
     (["--strategies", "dp", "--compile"], "torch.compile is not used with it"),
+    (
+        ["--strategies", "single", "--compile", "--warmup-steps", "0", "--dry-run"],
+        "--warmup-steps 0 would time that compilation as a training step",
+    ),
     (["--strategies", "amp_ddp", "--precision", "fp32"], "trains in bf16 | fp16 only"),
     (
         ["--strategies", "ddp_spawn", "--set", "bucket_cap_mb=abc"],
