@@ -487,8 +487,8 @@ def test_predictions_name_each_setting_and_check_nothing_at_one_process(
         assert (r["world_size"] == 1) == math.isnan(r["error_pct"]), r
     assert main(["predict", str(two), "--world-sizes", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split()[:2] for ln in lines[2:4]] == [
-        ["ddp_spawn", "[bf16]"],
+    assert [ln.split()[:2] for ln in lines[2:4]] == [  # the plain setting first
         ["ddp_spawn", "[fp32]"],
+        ["ddp_spawn", "[bf16]"],
     ]
     assert all(ln.split()[-1] == "–" and "%" not in ln for ln in lines[2:4]), lines

@@ -448,3 +448,20 @@ def test_two_runs_with_no_ok_cell_compare_to_nothing(tmp_path: Path, capsys) -> 
     assert main(["compare", str(failed), str(failed)]) == 0
     out = capsys.readouterr().out
     assert "(no strategy and world size has an ok result in both runs)" in out
+
+
+def test_compared_cases_list_the_plain_setting_first(tmp_path: Path) -> None:
+    """Compare orders its table as the report does: `ddp_spawn [fp32]` before `[bf16]`
+    (name order put bf16 first)."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+
+    def also_bf16(runs):
+        more = runs[runs["strategy"] == "ddp_spawn"].copy()
+        more["setting"], more["precision"] = "bf16", "bf16"
+        return pd.concat([more, runs])
+
+    run = _edit(Path(shutil.copytree(REFERENCE, tmp_path / "b")), also_bf16)
+    cmp = compare.compare(report.load_run(run), report.load_run(run), use_stats=False)
+    spawn = [s for s in dict.fromkeys(cmp.table["strategy"]) if s.startswith("ddp_spawn")]
+    assert spawn == ["ddp_spawn [fp32]", "ddp_spawn [bf16]"], list(cmp.table["strategy"])

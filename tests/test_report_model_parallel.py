@@ -325,6 +325,33 @@ def test_swept_values_are_listed_in_numeric_order() -> None:
     assert cases == [f"ddp [bucket_cap_mb={mb}]" for mb in (1, 25, 100)] + ["single"], cases
 
 
+def test_each_strategys_plain_setting_comes_first() -> None:
+    """Cases sort by strategy, then with each axis's plain value (fp32, acc1, eager, nchw,
+    bn) ahead of the others: the baseline `single [fp32, acc1, eager]` heads its strategy,
+    not below bf16 as name order put it (b < f, compile < eager)."""
+    settings = ["bf16,compile,acc2", "fp32,compile", "bf16", "fp32,acc2", "fp32", "bf16,acc2"]
+    rows = [_row("single", 1, setting=s) for s in settings] + [
+        _row("ddp_spawn", 2, setting=s) for s in ("bf16,acc2", "fp32,acc2")
+    ]
+    want = [
+        "ddp_spawn [fp32, eager, acc2]",
+        "ddp_spawn [bf16, eager, acc2]",
+        "single [fp32, eager, acc1]",
+        "single [fp32, eager, acc2]",
+        "single [fp32, compile, acc1]",
+        "single [bf16, eager, acc1]",
+        "single [bf16, eager, acc2]",
+        "single [bf16, compile, acc2]",
+    ]
+    (runs,) = report._labelled([_runs(rows)])
+    assert list(report.summarise(runs)["strategy"]) == want
+    text = summary.table(
+        [{k: str(v) for k, v in r.items()} for r in _runs(rows).to_dict("records")]
+    )
+    cases = [line[: line.index("]") + 1] for line in text.splitlines()[2:-1]]
+    assert cases == want, text
+
+
 def test_a_token_models_summary_has_tokens_per_second() -> None:
     rows = [_row("single", 1, tokens_per_s=6400.0), _row("ddp", 2, sps=180.0, tokens_per_s=11520.0)]
     text = report.summary_markdown(report.summarise(_runs(rows)))

@@ -364,11 +364,13 @@ def compare(
                 noise_verdict(flag, ra.get(key, []), rb.get(key, []), metric) if use_stats else flag
             )
     table["verdict"] = verdicts
-    table = table.drop(columns="_merge").sort_values(["strategy", "world_size"])
+    table = table.drop(columns="_merge")
+    table = table.iloc[sorted(range(len(table)), key=lambda i: report._order(table.iloc[i]))]
     table = table.reset_index(drop=True)
 
     def only(side: str, other: pd.DataFrame) -> list[tuple[str, int, str]]:
-        rows = both[both["_merge"] == side].sort_values(["strategy", "world_size"])
+        rows = both[both["_merge"] == side]
+        rows = rows.iloc[sorted(range(len(rows)), key=lambda i: report._order(rows.iloc[i]))]
         out = []
         for label, n, s, w in rows[["strategy", *CELL]].itertuples(index=False):
             said = _status(other, (n, s, int(w)))
@@ -379,7 +381,7 @@ def compare(
                 & (both["world_size"] == w)
             ]
             if len(there):
-                said += f"; it has {', '.join(sorted(there['strategy']))}"
+                said += f"; it has {', '.join(sorted(there['strategy'], key=results.natural_key))}"
             out.append((label, int(w), said))
         return out
 
@@ -390,7 +392,7 @@ def compare(
         metric,
         factor,
         use_stats,
-        partly=sorted(partly),  # in the table's order
+        partly=sorted(partly, key=lambda p: (results.natural_key(p[0]), p[1])),  # the table's order
         unlike=differ["work"],
         machine=differ["machine"],
         how=differ["how"],

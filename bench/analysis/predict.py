@@ -211,6 +211,7 @@ def predict_run(
 
     import strategies
     from bench.analysis import report
+    from bench.harness import results
     from bench.harness.probes import PHASES
     from bench.harness.runner import RunDir
 
@@ -246,7 +247,10 @@ def predict_run(
     for col in num:
         counted[col] = pd.to_numeric(counted[col], errors="coerce")
     out = []
-    for (name, setting), group in counted.groupby(["strategy", "setting"]):
+    groups = counted.groupby(["strategy", "setting"])  # in the report's order of cases
+    for (name, setting), group in sorted(
+        groups, key=lambda g: results.natural_key(g[1]["label"].iloc[0])
+    ):
         spec = strategies.registry().get(name)
         one = group[group["world_size"] == 1]
         case = group["label"].iloc[0]

@@ -557,14 +557,26 @@ def setting_change(a: str, b: str) -> str:
 _NUMBER = re.compile(r"(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
 
 
+#: each axis's plain value (see _setting_parts), listed first among a case's options
+_PLAIN = {"fp32", "eager", "acc1", "bn", "nchw"}
+
+
 def natural_key(label: str) -> tuple:
-    """A label's sort key with its numbers as numbers: `[bucket_cap_mb=1]` before `=25`
-    before `=100` (text order puts 100 first), 0.05 before 0.25 before 0.5."""
-    return tuple(
-        (0, float(part), "") if _NUMBER.fullmatch(part) else (1, 0.0, part)
-        for part in _NUMBER.split(label)
-        if part
-    )
+    """A case label's sort key (see case_labels): the strategy's name, then its options with
+    each axis's plain value first (`single [fp32, acc1]` before `[fp32, acc2]` before
+    `[bf16, acc1]`; `[eager]` before `[compile]`) and numbers as numbers: `[bucket_cap_mb=1]`
+    before `=25` before `=100` (text order puts 100 first), 0.05 before 0.25 before 0.5."""
+
+    def numbers(text: str) -> tuple:
+        return tuple(
+            (0, float(part), "") if _NUMBER.fullmatch(part) else (1, 0.0, part)
+            for part in _NUMBER.split(text)
+            if part
+        )
+
+    name, _, options = label.partition(" [")
+    values = options.removesuffix("]").split(", ") if options else []
+    return numbers(name), tuple((v not in _PLAIN, numbers(v)) for v in values)
 
 
 def case_labels(
