@@ -432,6 +432,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         _compile_warmed(cfg)
         runner.check_new_run(cfg)
         cells = runner.plan(cfg)  # bad input: one line before anything runs
+        for line in runner.sweep_notes(cfg, cells):
+            print(line)
         est = estimate.estimate(cfg, cells)
         if a.dry_run:
             print(estimate.plan_text(cfg, cells, est))

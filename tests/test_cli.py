@@ -506,6 +506,32 @@ def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(tmp_path, ca
     assert seconds(capsys.readouterr().out) > short  # more steps: longer
 
 
+def test_a_set_option_some_strategies_do_not_take_is_said(
+    tmp_path, capsys, data_root, monkeypatch
+) -> None:
+    """--set bucket_cap_mb=5,10 with fsdp selected too: ddp_torchrun sweeps it, fsdp runs
+    once without it, and run and --dry-run say so in one line (not an error)."""
+    from bench.cli import main
+    from bench.harness import runner
+
+    args = ["run", "--device", "cpu", "--data-root", str(data_root), "--out-dir", str(tmp_path)]
+    args += ["--world-sizes", "2", "--max-steps", "8", "--limit", "512"]
+    both = [*args, "--strategies", "fsdp,ddp_torchrun", "--set", "bucket_cap_mb=5,10"]
+    said = "--set bucket_cap_mb: taken by ddp_torchrun; not by fsdp, run without it"
+    assert main([*both, "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == said
+
+    def started(*a, **k):  # the run starts here: stop it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_matrix", started)
+    assert main(both) == 130
+    assert capsys.readouterr().out.splitlines()[0] == said
+    # every selected strategy takes it: nothing to say
+    assert main([*args, "--strategies", "ddp_torchrun", "--set", "bucket_cap_mb=5,10"]) == 130
+    assert "--set" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "version, old",
     [

@@ -424,6 +424,22 @@ def _option_sweeps(options: dict[str, str], specs: list[strategies.StrategySpec]
     return sweeps
 
 
+def sweep_notes(cfg: RunConfig, cells: Sequence[Cell]) -> list[str]:
+    """A line for each --set option that only some of the planned strategies take: which
+    take it (in each of its values) and which run once without it (not an error: --set is
+    for the strategies that take it)."""
+    specs = [strategies.get(n) for n in dict.fromkeys(c.strategy for c in cells)]
+    lines = []
+    for key in cfg.options:
+        without = [s.name for s in specs if key not in s.accepts]
+        if without:
+            takers = ", ".join(s.name for s in specs if key in s.accepts)
+            lines.append(
+                f"--set {key}: taken by {takers}; not by {', '.join(without)}, run without it"
+            )
+    return lines
+
+
 def _parsed(value: str, allowed: tuple[str, ...] | type = str) -> Any:
     """A --set value as the option reads it: a flag's as true or false (true, 1, yes and on
     are one value), else a number where it reads as one (1, 01 and 1.0 are one value)."""
