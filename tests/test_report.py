@@ -665,3 +665,28 @@ def test_timed_share_of_wall_time_counts_every_epoch_of_a_cell() -> None:
     )
     text = report.startup_markdown(report.counted_rows(runs), runs)
     assert "Timed training is 50% of the cells' wall time" in text
+
+
+def test_every_table_lists_a_strategys_plain_setting_first(reference) -> None:
+    """The summary lists `ddp_spawn [fp32]` before `ddp_spawn [bf16]` (natural_key): the
+    conditions, time-split and problems tables follow the same order, not text order."""
+    runs = reference.runs
+    spawn = runs[runs["strategy"] == "ddp_spawn"]
+    both = pd.concat(
+        [
+            runs[runs["strategy"] != "ddp_spawn"],
+            spawn.assign(strategy="ddp_spawn [fp32]"),
+            spawn.assign(strategy="ddp_spawn [bf16]"),
+        ],
+        ignore_index=True,
+    )
+    counted = report.counted_rows(both)
+    tables = {
+        "conditions": report.fairness_markdown(reference, counted),
+        "time split": report.breakdown_markdown(counted),
+    }
+    for name, text in tables.items():
+        assert text.index("ddp_spawn [fp32]") < text.index("ddp_spawn [bf16]"), name
+    failed = both.assign(status="failed", reason="boom")
+    problems = report.problems_markdown(failed, report.summarise(report.counted_rows(failed)))
+    assert problems.index("ddp_spawn [fp32]") < problems.index("ddp_spawn [bf16]")

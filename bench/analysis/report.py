@@ -410,6 +410,13 @@ def _order(row: pd.Series) -> tuple:
     return results.natural_key(str(row["strategy"])), int(row["world_size"])
 
 
+def _by_case(rows: pd.DataFrame, *more: str) -> list[tuple[tuple, pd.DataFrame]]:
+    """rows grouped by case and world size (and `more` columns), in the summary's order
+    (_order: each strategy's plain setting first), not the text order groupby sorts in."""
+    groups = rows.groupby([*KEY, *more], sort=True)
+    return sorted(groups, key=lambda g: (results.natural_key(str(g[0][0])), int(g[0][1])))
+
+
 #: 95 % intervals over repeats (bench.harness.stats; nan with fewer than 3), the coefficient of
 #: variation of samples/s over repeats and whether it marks the cell unstable
 INTERVAL_COLUMNS = [
@@ -763,7 +770,7 @@ def model_parallel_markdown(counted: pd.DataFrame, summary: pd.DataFrame) -> str
     ]
     digits = dict(zip(MODEL_PARALLEL, (0, 0, 1, 1, 1, 1), strict=True))
     table = []
-    for (name, ws), grp in rows_mp.groupby(KEY, sort=True):
+    for (name, ws), grp in _by_case(rows_mp):
         med = {
             col: pd.to_numeric(grp[col], errors="coerce").median() if col in grp else math.nan
             for col in MODEL_PARALLEL
@@ -877,7 +884,7 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
     header = ["strategy", "world size", "global batch split", *per_cell]
     rows = [
         [name, ws, batch_split(grp), *(_distinct(grp, col) or "–" for col in per_cell.values())]
-        for (name, ws), grp in counted.groupby(KEY, sort=True)
+        for (name, ws), grp in _by_case(counted)
     ]
     note = (
         "Global batch split: the micro-batch computed at a time x micro-batches per optimizer "
@@ -947,7 +954,7 @@ def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame, missing: int = 
     (`missing`: the planned cells with no row, which the report's head lists)."""
     bad = runs[runs["status"] != results.OK]
     lines = []
-    no_result = sorted(set(runs["strategy"]) - set(summary["strategy"]))
+    no_result = sorted(set(runs["strategy"]) - set(summary["strategy"]), key=results.natural_key)
     if no_result:
         lines.append(
             f"Strategies with no ok result (not in the summary): {', '.join(no_result)}.\n"
@@ -962,7 +969,7 @@ def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame, missing: int = 
         )
         return "\n".join(lines)
     rows = []
-    for (name, ws, status, reason), grp in bad.groupby(KEY + ["status", "reason"], sort=True):
+    for (name, ws, status, reason), grp in _by_case(bad, "status", "reason"):
         repeats = ", ".join(f"r{int(r)}" for r in sorted(grp["repeat"].unique()))
         rows.append([name, ws, status, repeats, reason or "–"])
     lines.append(
@@ -1030,7 +1037,7 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
     if not lapped(counted):
         return ""
     rows = []
-    for (name, ws), grp in counted.groupby(KEY, sort=True):
+    for (name, ws), grp in _by_case(counted):
         m = {
             c: _median_of(grp, c)
             for c in counted.columns
