@@ -69,6 +69,22 @@ def test_imagenet_root_found_from_the_data_root_or_the_tree_itself(data_root):
     assert a == b and a.endswith("imagenet-sample")
 
 
+def test_a_picture_beside_the_data_sets_does_not_make_the_root_a_class_tree(tmp_path, data_root):
+    """A data root holding mnist/, imagenet-sample/ and a folder with one picture in it:
+    the sample is the tree, not the root (whose 'classes' would be mnist, notes...)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for name in ("mnist", "imagenet-sample"):
+        (root / name).symlink_to(data_root / name)
+    (root / "notes").mkdir()
+    shutil.copy(next((data_root / "imagenet-sample").rglob("*.JPEG")), root / "notes" / "a.JPEG")
+    found = data.check(RunConfig(dataset="imagenet-subset", data_root=str(root)))
+    assert found.endswith(f" {root / 'imagenet-sample'}")
+    (root / "imagenet-sample").unlink()  # the root alone: one folder of three with pictures
+    with pytest.raises(ConfigError, match="no ImageFolder tree"):
+        data.check(RunConfig(dataset="imagenet-subset", data_root=str(root)))
+
+
 def test_imagenet_missing_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no ImageFolder tree"):
         data.check(RunConfig(dataset="imagenet-subset", data_root=str(tmp_path)))

@@ -370,18 +370,22 @@ def _is_class_tree(p: Path) -> bool:
 def _imagenet_root(root: Path) -> Path:
     from torchvision.datasets.folder import IMG_EXTENSIONS  # the files ImageFolder takes
 
-    for cand in (
+    for cand in (  # the folders named for it before the root, which may hold other data
         root / "train",
-        root,
         root / "imagenet-sample",
         root / "imagenet-subset",
         root / "imagenet" / "train",
+        root,
     ):
         if cand.is_dir() and _is_class_tree(cand) and cand.name != "MNIST":
-            # A tree of class folders holding images (not e.g. the data root holding 'mnist/');
-            # a class folder left empty is ImageFolder's to name, below
-            folders = (c for c in sorted(cand.iterdir()) if c.is_dir())
-            if any(f.suffix.lower() in IMG_EXTENSIONS for c in folders for f in c.iterdir()):
+            # A tree of class folders, most of them holding images (not the data root holding
+            # 'mnist/', 'imagenet-sample/' and a folder with a picture in it); a class folder
+            # left empty is ImageFolder's to name, below
+            folders = [c for c in cand.iterdir() if c.is_dir()]
+            pictures = sum(
+                any(f.suffix.lower() in IMG_EXTENSIONS for f in c.iterdir()) for c in folders
+            )
+            if 2 * pictures > len(folders):
                 return cand
     raise ConfigError(
         f"no ImageFolder tree under {root} (expected <root>/<class>/*.JPEG or <root>/train/<class>/...); "
