@@ -400,6 +400,37 @@ def test_a_run_still_going_is_not_resumed_beside_it(tmp_path, capsys, data_root)
     resumed.unlock()
 
 
+def test_a_lock_on_the_file_an_ending_run_removed_is_taken_anew(tmp_path, monkeypatch):
+    """A harness that opened `.lock` just as the run holding it ended (which removes it)
+    gets the lock on a file with no name: a third could then lock a new `.lock` too and
+    both would run the cells. It takes the lock on the file that is there instead."""
+    import fcntl
+
+    from bench.config import ConfigError
+    from bench.harness import runner
+
+    path = tmp_path / "run"
+    path.mkdir()
+    flock, calls = fcntl.flock, []
+
+    def ended_meanwhile(f, how):  # the first try: the run holding it ends before flock
+        calls.append(how)
+        if len(calls) == 1:
+            (path / ".lock").unlink()
+        return flock(f, how)
+
+    monkeypatch.setattr(fcntl, "flock", ended_meanwhile)
+    held = runner.RunDir(path)
+    held.lock()
+    monkeypatch.setattr(fcntl, "flock", flock)
+    try:
+        assert len(calls) == 2  # it tried again, on the file now there
+        with pytest.raises(ConfigError, match="is being run by another parabench"):
+            runner.RunDir(path).lock()
+    finally:
+        held.unlock()
+
+
 def test_a_run_on_a_read_only_file_system_resumes_to_one_line(tmp_path, capsys, data_root):
     """A run folder that cannot be written any more (a read-only mount; as root, a mode
     does not stop writes): `--resume` was an OSError traceback from rewriting plan.csv."""

@@ -521,25 +521,39 @@ class RunDir:
         process holds it; a file system without locks runs unguarded."""
         import fcntl
 
+        path = self.path / ".lock"
+        while True:
+            try:
+                f = open(path, "a+")  # noqa: SIM115 - held open while the run lasts
+            except OSError as exc:  # read-only, no permission: said before anything runs
+                raise ConfigError(
+                    f"{self.path}: cannot write the run there ({exc.strerror or exc})"
+                ) from None
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                pid = f.read().strip() or "?"
+                f.close()
+                raise ConfigError(self._being_run(pid)) from None
+            except OSError:  # no locks here (some network file systems): as before
+                f.close()
+                return
+            try:  # the file the run's harness removed as it ended holds nothing: anew
+                if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            f.close()
         try:
-            f = open(self.path / ".lock", "a+")  # noqa: SIM115 - held open while the run lasts
-        except OSError as exc:  # read-only, no permission: said before anything runs
+            f.truncate(0)
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+        except OSError as exc:  # a full disk: said as any folder that cannot be written
+            f.close()
             raise ConfigError(
                 f"{self.path}: cannot write the run there ({exc.strerror or exc})"
             ) from None
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            pid = f.read().strip() or "?"
-            f.close()
-            raise ConfigError(self._being_run(pid)) from None
-        except OSError:  # no locks here (some network file systems): as before
-            f.close()
-            return
-        f.truncate(0)
-        f.write(f"{os.getpid()}\n")
-        f.flush()
         self._lock = f
 
     def _being_run(self, pid: str) -> str:
