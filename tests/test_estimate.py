@@ -50,6 +50,57 @@ def test_the_fastest_of_as_many_steps_as_fit_in_a_second(
     assert ms == pytest.approx(1e3 * fastest / 8)
 
 
+def test_the_evaluation_is_a_forward_at_its_own_batch_whatever_the_training_batch(
+    mnist, monkeypatch
+) -> None:
+    """The evaluation runs forwards without gradients of every held-out sample at batch 256
+    on one device, at any --global-batch: its part of the estimate is a forward timed at a
+    batch of its own, not the training step's time at a batch of at most 8 (at
+    --global-batch 1 that made a few-step run's estimate minutes of evaluation)."""
+    import torch
+
+    from bench.harness import runner
+
+    cfg, bundle = mnist
+    held = len(bundle.held_out)
+    calls = []
+
+    def stub(cfg, bundle, precision="fp32", batch=8, forward=False):
+        calls.append((batch, forward))
+        return 3.0 if forward else 0.0  # the training steps take no time here
+
+    monkeypatch.setattr(estimate, "per_sample_ms", stub)
+    for global_batch in (1, 8):
+        calls.clear()
+        run = cfg.replace(
+            strategies=["single"], world_sizes=[1], global_batch=global_batch, epochs=2,
+            max_steps=6, warmup_steps=1,
+        )  # fmt: skip
+        est = estimate.estimate(run, runner.plan(run))
+        assert (estimate.EVAL_TIMED_BATCH, True) in calls, calls
+        assert est.total_s - est.startup_s == pytest.approx(2 * 3.0 * held / 1e3)
+    calls.clear()
+    estimate.estimate(run.replace(eval_samples=0), runner.plan(run.replace(eval_samples=0)))
+    assert calls == [(8, False)]  # nothing evaluated: no forward timed
+
+    seen = []  # the forward timed: in eval mode, without gradients, on held-out samples
+    build = estimate.models.build
+
+    def recording(*a, **k):
+        net = build(*a, **k)
+        net.register_forward_hook(
+            lambda m, i, o: seen.append((m.training, torch.is_grad_enabled(), len(i[0])))
+        )
+        return net
+
+    monkeypatch.setattr(estimate.models, "build", recording)
+    per_sample_ms(cfg, bundle, batch=64, forward=True)
+    assert seen and set(seen) == {(False, False, min(64, held))}
+
+
+per_sample_ms = estimate.per_sample_ms  # the real one, where a test stubs the module's
+
+
 def test_a_model_too_big_for_one_device_is_planned_without_its_steps(mnist, monkeypatch):
     """A model only sharding can train runs out of memory in the estimate's whole-model
     step: the plan leaves the steps out and says why, instead of refusing the run; data
@@ -93,7 +144,8 @@ def test_timing_in_a_child_process_as_on_a_gpu(mnist, tmp_path) -> None:
 
     cfg, bundle = mnist
     ms = estimate.timed(cfg, bundle, ["fp32", "bf16"], isolate=True)
-    assert sorted(ms) == ["bf16", "fp32"] and all(0 < v < 1e3 for v in ms.values()), ms
+    assert sorted(ms) == ["bf16", "fp32"], ms
+    assert all(0 < v < 1e3 for pair in ms.values() for v in pair), ms  # training, evaluation
     model = tmp_path / "oom_model.py"
     model.write_text(
         "import os, torch\n"

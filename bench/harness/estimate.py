@@ -6,7 +6,8 @@ one-line estimate first and warns when it is long. The estimate is a model, stat
 such: per cell, the launcher's start-up and teardown (measured with benchmarks/startup.py)
 plus the steps times a training step's time, measured here on the run's own model and
 data for a few steps of a small batch and scaled to the global batch, plus evaluation
-(a forward is about a third of a training step) and torch.compile's first step.
+(a forward without gradients of held-out samples, timed at up to its own batch) and
+torch.compile's first step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import strategies
 from bench.config import ConfigError, RunConfig
 from bench.harness import proc
 from bench.harness.env import device_count, resolve_device
+from bench.harness.worker import EVAL_BATCH
 from bench.workload import data, models, plugins
 from strategies import precision as prec
 
@@ -35,6 +37,10 @@ from strategies import precision as prec
 LAUNCH_S = {"inprocess": 3.8, "spawn": 6.0, "torchrun": 6.7, "horovodrun": 6.6}
 #: torch.compile's first step on a CPU (20-67 s cold, measured): counted once per cell
 COMPILE_S = 40.0
+#: the batch the evaluation's forward is timed at (it runs at EVAL_BATCH): a CPU's time per
+#: sample hardly falls past a few tens of samples, and a forward of 256 samples of a large
+#: model would take the estimate far longer than its training steps
+EVAL_TIMED_BATCH = min(64, EVAL_BATCH)
 #: the dtype of each value of the precision axis
 DTYPES = {"fp32": torch.float32, **prec.DTYPES}
 #: a run estimated past this says so when it starts
@@ -77,31 +83,46 @@ def minutes(s: float) -> str:
 
 
 def per_sample_ms(
-    cfg: RunConfig, bundle: data.DataBundle, precision: str = "fp32", batch: int = 8
+    cfg: RunConfig,
+    bundle: data.DataBundle,
+    precision: str = "fp32",
+    batch: int = 8,
+    forward: bool = False,
 ) -> float:
     """A training step's time per sample (forward, backward, SGD step) of the run's model in
     this process, on the run's device, in `precision` (autocast: bf16 on a CPU is several
-    times slower than fp32): one warm-up step, then the fastest of 2 to 5 timed ones (as
-    many as fit in a second): on a machine busy with other work, one step in several runs
+    times slower than fp32), or (`forward`) the evaluation's: a forward without gradients in
+    eval mode, on held-out samples: one warm-up step, then the fastest of 2 to 5 timed ones
+    (as many as fit in a second): on a machine busy with other work, one step in several runs
     at its own speed (a dry run on a loaded 2-core machine once timed 20x too slow)."""
     device = torch.device("cuda" if resolve_device(cfg.device) == "cuda" else "cpu")
     fed = bundle.spec or models.spec(cfg)
     model = models.build(cfg, bundle.num_classes, fed).to(device)
     loss_fn = models.loss_of(model)
-    batch = max(1, min(batch, cfg.global_batch, len(bundle.train)))  # type: ignore[arg-type]
-    x, y = default_collate([bundle.train[i] for i in range(batch)])  # as a DataLoader does
+    samples = bundle.held_out if forward else bundle.train
+    if not forward:
+        batch = min(batch, cfg.global_batch)
+    batch = max(1, min(batch, len(samples)))  # type: ignore[arg-type]
+    x, y = default_collate([samples[i] for i in range(batch)])  # as a DataLoader does
     x, y = x.to(device), y.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    autocast = torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32")
+    if forward:
+        model.eval()
     times: list[float] = []
     while len(times) < 3 or (len(times) < 6 and sum(times[1:]) < 1.0):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        opt.zero_grad()
-        with torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32"):
-            loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        if forward:
+            with torch.no_grad(), autocast:
+                model(x)
+        else:
+            opt.zero_grad()
+            with autocast:
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -110,20 +131,28 @@ def per_sample_ms(
 
 def timed(
     cfg: RunConfig, bundle: data.DataBundle, precisions: list[str], isolate: bool
-) -> dict[str, float]:
-    """per_sample_ms in each precision: here, or (`isolate`, as on a GPU) in a child process
+) -> dict[str, tuple[float, float]]:
+    """per_sample_ms in each precision, of a training step and of the evaluation's forward
+    (0 where the run evaluates nothing): here, or (`isolate`, as on a GPU) in a child process
     that loads the data itself. A CUDA context made here would stay for the whole run: some
     hundred MiB held on GPU 0 beside its cells' ranks, and on a GPU in EXCLUSIVE_PROCESS
     compute mode (common on clusters) no rank could open GPU 0 at all. Its exceptions (an
     out-of-memory one too) are raised here."""
     if not isolate:
-        return {p: per_sample_ms(cfg, bundle, p) for p in precisions}
+        evaluates = cfg.eval_samples and len(bundle.held_out)  # type: ignore[arg-type]
+        return {
+            p: (
+                per_sample_ms(cfg, bundle, p),
+                per_sample_ms(cfg, bundle, p, EVAL_TIMED_BATCH, forward=True) if evaluates else 0.0,
+            )
+            for p in precisions
+        }
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=spawn) as pool:
         return pool.submit(_timed_alone, cfg, precisions).result()
 
 
-def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, float]:
+def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, tuple[float, float]]:
     torch.set_num_threads(os.cpu_count() or 1)
     return timed(cfg, data.load(cfg), precisions, isolate=False)
 
@@ -205,10 +234,14 @@ def cannot_train(cfg: RunConfig, exc: BaseException) -> ConfigError:
 
 
 def _estimate(
-    cfg: RunConfig, cells: list, bundle: data.DataBundle, ms: dict[str, float] | None, why=""
+    cfg: RunConfig,
+    cells: list,
+    bundle: data.DataBundle,
+    ms: dict[str, tuple[float, float]] | None,
+    why="",
 ) -> Estimate:
-    """The estimate from the steps' time per sample by precision (`ms`), or without the
-    steps (`ms` None, `why` says why)."""
+    """The estimate from the time per sample of a training step and of the evaluation's
+    forward by precision (`ms`), or without the steps (`ms` None, `why` says why)."""
     n = len(bundle.train)  # type: ignore[arg-type]
     steps = n // cfg.global_batch
     if cfg.max_steps:
@@ -225,9 +258,11 @@ def _estimate(
         # CPU ranks share the cores (the same work either way); GPUs add devices, as many
         # as there are (ranks sharing a GPU under --oversubscribe take turns on it)
         devices = min(cell.world_size, gpus) if cuda else 1
-        per = ms.get(cell.setting.precision, ms["fp32"])  # apex's own: as fp32
+        per, forward = ms.get(cell.setting.precision, ms["fp32"])  # apex's own: as fp32
         step_s = per * cfg.global_batch / devices / 1e3
-        eval_s = per * cfg.eval_samples / 3 / devices / 1e3
+        # one device evaluates every held-out sample (or all of them take part in each
+        # forward), at its own batch whatever the training's
+        eval_s = forward * len(bundle.held_out) / 1e3  # type: ignore[arg-type]
         total += cfg.epochs * (steps * step_s + eval_s)
         if cell.setting.compile:
             total += COMPILE_S
@@ -236,7 +271,7 @@ def _estimate(
         return Estimate(startup, startup, None, steps, n, bundle.description, why)
     if cfg.scaling_model and any(c.world_size > 1 for c in runnable):
         total += SCALING_MODEL_S
-    return Estimate(total + startup, startup, ms["fp32"], steps, n, bundle.description)
+    return Estimate(total + startup, startup, ms["fp32"][0], steps, n, bundle.description)
 
 
 def plan_text(cfg: RunConfig, cells: list, est: Estimate) -> str:

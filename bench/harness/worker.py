@@ -76,7 +76,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def evaluate(strategy: Strategy, dataset: Any, batch: int = 256) -> dict[str, float]:
+#: the evaluation's batch (bench.harness.estimate times a forward at it)
+EVAL_BATCH = 256
+
+
+def evaluate(strategy: Strategy, dataset: Any, batch: int = EVAL_BATCH) -> dict[str, float]:
     """Held-out loss (per sample, with the training loss) and accuracy (argmax over the
     last dimension: per sample, or per token for a token model). The random state is left as
     it was: only some strategies evaluate on every rank (collective_eval), and a draw on one
