@@ -295,3 +295,26 @@ def test_more_max_classes_than_the_tree_has_is_refused(tmp_path, data_root):
     with pytest.raises(ConfigError, match="--max-classes 5: .* has 3 class folders"):
         data.check(cfg)
     assert data.load(cfg.replace(max_classes=3)).num_classes == 3
+
+
+def test_the_loader_and_the_device_path_train_alike_with_dropout(tmp_path, data_root) -> None:
+    """The training DataLoader takes its workers' seeds from a generator of the run's seed,
+    as the sampler takes its order, not from torch's: a draw there gave the model other
+    dropout masks from step 0 on than the same samples get from --data-path device (the
+    MNIST CNN drops out), over two epochs (each draws again)."""
+    import csv
+
+    from bench.harness.runner import run_matrix
+    from tests.conftest import small_config
+
+    losses = {}
+    for feed in ("loader", "device"):
+        cfg = small_config(
+            tmp_path, data_root, strategies=("single",), world_sizes=(1,), run_id=feed,
+            data_feed=feed, epochs=2, max_steps=4, eval_samples=0,
+        )  # fmt: skip
+        run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+        assert [r["status"] for r in rows] == ["ok", "ok"], rows
+        steps = (run_dir / "steps.csv").read_text().splitlines()
+        losses[feed] = [r["loss"] for r in csv.DictReader(steps)]
+    assert len(losses["loader"]) == 8 and losses["loader"] == losses["device"]

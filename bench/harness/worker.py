@@ -193,6 +193,10 @@ def _train(
             pin_memory=ctx.device.type == "cuda",
             drop_last=True,
             persistent_workers=workers > 0,
+            # its workers' seeds from the run's seed, as the sampler's order is: drawn from
+            # torch's generator, they would give the model other dropout masks than the
+            # same samples get from --data-path device
+            generator=torch.Generator().manual_seed(cfg.seed),
         )
     if len(loader) == 0:
         raise ValueError(
