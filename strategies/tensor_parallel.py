@@ -52,11 +52,12 @@ def tp_problem(cfg: Any, tp: int) -> str | None:
     if not attn:
         return (
             f"model {cfg.model} has no attention or MLP blocks with separate projections to "
-            "split (use --model transformer)"
+            "split (use --model transformer or lm)"
         )
     heads = getattr(model, "heads", 0)
     if heads % tp:
-        return f"{heads} attention heads cannot be split over {tp} tensor-parallel ranks"
+        heads_ = f"{heads} attention head{'s' if heads != 1 else ''}"
+        return f"{heads_} cannot be split over {tp} tensor-parallel ranks"
     return None
 
 
