@@ -341,7 +341,7 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "step_time_ms_iqr": _pct(step, 75) - _pct(step, 25),
         "step_time_ms_mean": float(step.mean()) if step.size else float("nan"),
         "step_precision_pct": stats.step_precision_pct(step),
-        "first_step_ms": first,  # warm-up: includes torch.compile's compilation
+        "first_step_ms": first,  # warm-up: epoch 0's includes torch.compile's compilation
         "data_wait_ms_p50": _pct(wait, 50),
         "compute_ms_p50": _pct(compute, 50),
         "data_wait_pct": 100 * float(wait.sum() / step.sum())
