@@ -173,28 +173,39 @@ def test_files_on_disk_keep_the_loader(data_root):
 
 
 class _BrokenAt(torch.utils.data.Dataset):
-    """Raises on sample 3, as a user's data set with one bad record would."""
+    """Raises `message` on sample 3, as a user's data set with one bad record would."""
+
+    def __init__(self, message: str = "record 3 has no label") -> None:
+        self.message = message
 
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, i: int):
         if i == 3:
-            raise ValueError(f"record {i} has no label")
+            raise ValueError(self.message)
         return torch.zeros(2), 0
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_a_sample_that_raises_in_a_loader_worker_is_named_in_one_line(workers):
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        ("record 3 has no label", "record 3 has no label"),
+        ("record 3:\nno label", "record 3:"),  # its first line, as any message's
+        ("", "ValueError"),  # none: the type, once
+    ],
+)
+def test_a_sample_that_raises_in_a_loader_worker_is_named_in_one_line(workers, message, said):
     # in a worker process the DataLoader raises it again as "Caught ValueError in DataLoader
     # worker process 0." plus the worker's traceback: a cell's reason names the cause
     from bench.harness import proc
 
-    loader = torch.utils.data.DataLoader(_BrokenAt(), batch_size=2, num_workers=workers)
+    loader = torch.utils.data.DataLoader(_BrokenAt(message), batch_size=2, num_workers=workers)
     with pytest.raises(ValueError) as caught:
         list(loader)
     where = " (DataLoader worker process 0)" if workers else ""
-    assert proc.one_line(caught.value) == f"ValueError: record 3 has no label{where}"
+    assert proc.one_line(caught.value) == f"ValueError: {said}{where}"
 
 
 def _image_tree(tmp_path, data_root, classes: int = 3):

@@ -67,16 +67,22 @@ def stdout_gone() -> bool:
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message, or its type's name where it has none. A
     DataLoader worker's exception, raised again in the training process, says only "Caught
-    X in DataLoader worker process N." first and the worker's traceback after: its last
-    line, the cause (a file that cannot be decoded, a sample that raised), is taken."""
+    X in DataLoader worker process N." first and the worker's traceback after: the first
+    line of the message it ends with, the cause (a file that cannot be decoded, a sample
+    that raised), is taken."""
     text = str(exc).strip()
     if not text:
         return type(exc).__name__
     lines = text.splitlines()
     caught = lines[0].removeprefix("Caught ")
-    if caught != lines[0] and "Original Traceback" in text and len(lines) > 2:
-        cause = lines[-1].strip().removeprefix(f"{type(exc).__name__}: ")
-        return f"{cause} ({caught.partition(' in ')[2].rstrip('.')})"
+    if caught != lines[0] and "Original Traceback" in text:
+        # the last traceback's frames are indented; its exception's line is the first not
+        raised = text.rpartition("(most recent call last):")[2].splitlines()
+        line = next((ln for ln in raised if ln.strip() and not ln[0].isspace()), "")
+        name, sep, message = line.partition(": ")
+        cause = message.strip() if sep else ""
+        where = caught.partition(" in ")[2].rstrip(".")
+        return f"{cause or type(exc).__name__} ({where})"
     return lines[0]
 
 
