@@ -254,6 +254,34 @@ CASES = [
         "--max-classes keeps the ImageNet subset's first N classes",
         id="max-classes-synthetic",
     ),
+    # --limit above the training samples would cap nothing: every data set but synthetic's
+    # (where it sets the samples) says how many it has
+    case(
+        RUN,
+        ["--strategies", "single", "--limit", "9001"],
+        "--limit 9001: mnist test split has 9000 training samples (and 1000 held out); lower",
+        id="limit-above-mnist",
+    ),
+    case(
+        VERIFY,
+        ["--strategies", "ddp_spawn", "--limit", "10001"],
+        "--limit 10001: mnist test split has 10000 training samples; lower it or leave it out",
+        id="verify-limit-above-mnist",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--dataset", "imagenet-subset", "--model", "resnet18"]
+        + ["--global-batch", "8", "--warmup-steps", "1", "--limit", "901"],
+        "imagenet-sample has 900 training samples (and 100 held out)",
+        id="limit-above-imagenet",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--dataset", "{examples}/own_data.py:shapes"]
+        + ["--model", "{examples}/own_model.py:build", "--limit", "5000"],
+        "own_data.py:shapes has 3687 training samples (and 409 held out)",
+        id="limit-above-own-data",
+    ),
     case(
         RUN,
         ["--strategies", "single", "--dataset", "python-source", "--channels-last"],

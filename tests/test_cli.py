@@ -903,6 +903,18 @@ def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsy
     assert "also run:" not in capsys.readouterr().out
 
 
+def test_verify_caps_the_samples_only_where_the_data_has_more(tmp_path, capsys, data_root):
+    """verify's own cap (4096 samples) is no --limit given: on the ImageNet sample, of 1000
+    images, it trains them all rather than refuse a limit above them; MNIST is capped."""
+    args = ["verify", "--dry-run", "--strategies", "ddp_spawn", "--world-sizes", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--steps", "2"]
+    image = ["--dataset", "imagenet-subset", "--model", "resnet18", "--image-size", "32"]
+    assert main([*args, *image]) == 0, capsys.readouterr().err
+    assert "train 1000 / held-out 0" in capsys.readouterr().out
+    assert main(args) == 0, capsys.readouterr().err
+    assert "train first 4096 of 10000 (--limit)" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------- the Makefile's targets
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,6 +31,16 @@ def test_mnist_limit_and_check(data_root):
     # the rows' data column says how many samples trained, not the split's size
     assert "train first 100 of 9000 (--limit) / held-out last 1000" in bundle.description
     assert "train 9000 / held-out" in data.load(cfg.replace(limit=None)).description
+    # above the 9000 training images, a --limit would cap nothing: refused, the count named
+    with pytest.raises(ConfigError, match="--limit 9001: mnist test split has 9000 training"):
+        data.check(cfg.replace(limit=9001))
+    with pytest.raises(ConfigError, match="--limit 9001: mnist test split has 9000 training"):
+        data.load(cfg.replace(limit=9001))
+    # so an epoch too short for the warm-up does not ask for more of what the data lacks
+    with pytest.raises(ConfigError, match=r"\(9000 samples / global batch 64\); lower --global"):
+        data.check(cfg.replace(limit=None, warmup_steps=140))
+    with pytest.raises(ConfigError, match="; raise --limit or lower --global-batch"):
+        data.check(cfg.replace(limit=640, warmup_steps=10))
 
 
 def test_missing_mnist_names_the_alternatives(tmp_path):

@@ -677,6 +677,10 @@ SET_BY_VERIFY: dict[str, Any] = {
 }
 
 
+#: the training samples verify takes of data that has more, where --limit does not say
+VERIFY_LIMIT = 4096
+
+
 #: the axes whose baseline value parity_config keeps beside what was asked, with their flags
 BASELINE_AXES = {
     "precisions": "--precision",
@@ -943,6 +947,12 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if cfg.run_id and (Path(cfg.out_dir) / cfg.run_id / "runs.csv").exists():
         path = Path(cfg.out_dir) / cfg.run_id
         raise ConfigError(f"{path} already holds a run; use another --run-id")
+    # verify's own cap on the training samples, where the data has more (a --limit above
+    # them is refused); synthetic data has as many as it says
+    if a.limit is None and (
+        cfg.dataset == "synthetic" or data.checked(parity_config(cfg, a.steps))[1] > VERIFY_LIMIT
+    ):
+        cfg = cfg.replace(limit=VERIFY_LIMIT)
     pcfg = parity_config(cfg, a.steps)
     added = added_settings(cfg, pcfg)
     cells = plan(pcfg)
@@ -1011,4 +1021,4 @@ def add_parser(sub) -> None:
         action="store_true",
         help="print the cells verify would run (what is skipped and why), then exit",
     )
-    p.set_defaults(func=cmd_verify, parser=p, global_batch=32, limit=4096, out_dir="results/verify")
+    p.set_defaults(func=cmd_verify, parser=p, global_batch=32, out_dir="results/verify")

@@ -109,10 +109,10 @@ def checked(cfg: RunConfig) -> tuple[str, int]:
         for files in present.values():
             _idx_header(files[1])
         # as _mnist splits it: the test split held out, else the last images of the one split
-        n = counts[split]
+        n, held = counts[split], 0
         if not (split == "train" and "test" in present):
-            n -= min(cfg.eval_samples, n // 10)
-        n = min(n, cfg.limit or n)
+            held = min(cfg.eval_samples, n // 10)
+        n = _limited(cfg.limit, n - held, f"mnist {split} split", held)
         _enough(cfg, n)
         return f"mnist {split} split", n
     if cfg.dataset == "imagenet-subset":
@@ -213,7 +213,10 @@ def _enough(cfg: RunConfig, train_samples: int) -> None:
     more = (
         "raise --max-steps or lower --warmup-steps"
         if cfg.max_steps and cfg.max_steps < train_samples // cfg.global_batch
+        # a --limit past the data's samples is refused: name it where it can give more
         else "raise --limit or lower --global-batch or --warmup-steps"
+        if cfg.limit or cfg.dataset == "synthetic"
+        else "lower --global-batch or --warmup-steps"
     )
     if cfg.warmup_steps >= steps:
         raise ConfigError(
@@ -334,7 +337,7 @@ def _mnist(cfg: RunConfig) -> DataBundle:
         held = _mnist_tensors(present["test"])
         held = Subset(held, range(min(cfg.eval_samples, len(held))))
         whole = len(train)
-        train = _limit(train, cfg.limit)
+        train = _limit(train, cfg.limit, "mnist train split")
         desc = f"mnist train split ({_first(train, whole)}), held-out: test split ({len(held)})"
     else:
         # Only one split is here: hold out its last `eval_samples` images.
@@ -342,7 +345,7 @@ def _mnist(cfg: RunConfig) -> DataBundle:
         held = Subset(train, range(len(train) - n_eval, len(train)))
         train = Subset(train, range(len(train) - n_eval))
         whole = len(train)
-        train = _limit(train, cfg.limit)
+        train = _limit(train, cfg.limit, f"mnist {split} split", n_eval)
         desc = (
             f"mnist {split} split only ({whole + n_eval}): train {_first(train, whole)} / "
             f"held-out last {n_eval}"
@@ -356,10 +359,25 @@ def _first(train: Dataset, whole: int) -> str:
     return str(n) if n == whole else f"first {n} of {whole} (--limit)"
 
 
-def _limit(ds: Dataset, limit: int | None) -> Dataset:
-    if limit is None or limit >= len(ds):  # type: ignore[arg-type]
+def _limit(ds: Dataset, limit: int | None, what: str, held: int = 0) -> Dataset:
+    n = len(ds)  # type: ignore[arg-type]
+    if _limited(limit, n, what, held) == n:
         return ds
-    return Subset(ds, range(limit))
+    return Subset(ds, range(limit))  # type: ignore[arg-type]
+
+
+def _limited(limit: int | None, n: int, what: str, held: int = 0) -> int:
+    """The training samples --limit keeps of the `n` that `what` has besides the `held`
+    it holds out. A limit above them would keep them all, and its rows would record a cap
+    that changed nothing: refused."""
+    if limit is None:
+        return n
+    if limit > n:
+        besides = f" (and {held} held out)" if held else ""
+        raise ConfigError(
+            f"--limit {limit}: {what} has {n} training samples{besides}; lower it or leave it out"
+        )
+    return limit
 
 
 # ---------------------------------------------------------------- ImageNet subset
@@ -457,7 +475,9 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
     held_idx = keep[9::10][: cfg.eval_samples]
     held_set = set(held_idx)
     train_idx = [i for i in keep if i not in held_set]
-    train = _limit(Subset(train_full, train_idx), cfg.limit)
+    train = _limit(
+        Subset(train_full, train_idx), cfg.limit, f"imagenet-subset {root}", len(held_idx)
+    )
     labels = train_full.targets
     trained = {labels[i] for i in train_idx[: len(train)]}  # type: ignore[arg-type]
     unseen = sum(labels[i] not in trained for i in held_idx)
@@ -639,7 +659,7 @@ def _python_source(cfg: RunConfig) -> DataBundle:
     x, y = seqs[:, :-1], seqs[:, 1:]
     train = TensorDataset(x[: n - held_n], y[: n - held_n])
     held = TensorDataset(x[n - held_n :], y[n - held_n :])
-    train = _limit(train, cfg.limit)
+    train = _limit(train, cfg.limit, f"python-source (sequences of {t})")
     spec = InputSpec((t,), torch.long, models.BYTE_VOCAB)
     ver = ".".join(map(str, sys.version_info[:2]))
     desc = (
@@ -739,7 +759,7 @@ def _plugin(cfg: RunConfig) -> DataBundle:
             )
     spec = InputSpec(tuple(x0.shape), x0.dtype, classes if tokens else 0)
     n_eval = min(cfg.eval_samples, n // 10)
-    train = _limit(Subset(ds, range(n - n_eval)), cfg.limit)
+    train = _limit(Subset(ds, range(n - n_eval)), cfg.limit, name, n_eval)
     held = Subset(ds, range(n - n_eval, n))
     kind = f"{classes} tokens" if tokens else f"{classes} classes"
     desc = (
