@@ -3,7 +3,10 @@ its status and reason, the rest of the matrix completes, and no process is left.
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -84,9 +87,108 @@ def test_a_rank_killed_by_a_signal_is_named_in_its_row(tmp_path, data_root, faul
     )
     run_dir, rows = run_matrix(cfg, echo=lambda m: None)
     for row in rows:
-        assert row["status"] == "failed"
-        assert row["reason"] == "rank 1 killed by SIGKILL (the kernel's OOM killer?)", row
+        assert row["status"] == "failed"  # a SIGKILL alone is no proof of the OOM killer
+        assert row["reason"].startswith("rank 1 killed by SIGKILL ("), row
+        assert "OOM killer" in row["reason"], row  # what the kernel says of it
     assert leftover_processes(run_dir) == []
+
+
+HUNGRY = Path(__file__).resolve().parent / "plugins" / "hungry_data.py"
+
+
+def _hungry_run(tmp_path: Path, data_root: Path, how: str, cgroup: Path | None = None) -> dict:
+    """`parabench run` of single on a data set whose DataLoader worker dies (how=kill: by
+    SIGKILL; how=hog: by the OOM killer of the memory cgroup it runs in); its row."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-m", "bench.cli", "run", "--strategies", "single"]
+    argv += ["--world-sizes", "1", "--dataset", f"{HUNGRY}:hungry", "--model", "mnist_cnn"]
+    argv += ["--dataset-arg", f"how={how}", "--workers", "1", "--max-steps", "6"]
+    argv += ["--warmup-steps", "1", "--global-batch", "32", "--repeats", "1", "--no-report"]
+    argv += ["--device", "cpu", "--out-dir", str(tmp_path), "--run-id", how]
+    env = {**os.environ, "PYTHONPATH": str(root), "PARABENCH_DATA_ROOT": str(data_root)}
+
+    def join() -> None:  # the run and every process of its cells, in the cgroup
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    done = subprocess.run(
+        argv,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=join if cgroup else None,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    with open(tmp_path / how / "runs.csv") as f:
+        (row,) = csv.DictReader(f)
+    return row
+
+
+def test_a_loader_worker_killed_by_sigkill_is_failed_and_says_what_the_kernel_says(
+    tmp_path, data_root
+):
+    """SIGKILL is what the OOM killer sends, but not proof of it: the row stays failed,
+    and its reason says what the kernel says of OOM kills while the cell ran."""
+    from bench.harness import proc
+
+    before = proc.oom_kill_count()
+    row = _hungry_run(tmp_path, data_root, "kill")
+    assert row["status"] == "failed", row
+    assert row["reason"].startswith("rank 0: RuntimeError: DataLoader worker (pid"), row
+    if before is not None and proc.oom_kill_count() == before:  # none on this machine meanwhile
+        assert "(not the kernel's OOM killer: " in row["reason"], row
+    else:
+        assert "OOM killer" in row["reason"], row
+
+
+def _memory_cgroup(tmp_path: Path) -> Path:
+    """A memory cgroup of 3 GiB below this process's own (cgroup v1 or v2), or a skip."""
+    import os
+
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        v1 = "memory" in controllers.split(",")
+        if not (v1 or controllers == ""):
+            continue
+        base = Path("/sys/fs/cgroup/memory" if v1 else "/sys/fs/cgroup") / path.lstrip("/")
+        cg = base / f"parabench-test-{os.getpid()}"
+        try:
+            cg.mkdir()
+            (cg / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(3 << 30))
+            return cg
+        except OSError:
+            with contextlib.suppress(OSError):
+                cg.rmdir()
+    pytest.skip("no memory cgroup to make here (root, and a writable cgroup hierarchy, needed)")
+
+
+def test_a_loader_worker_the_oom_killer_killed_is_an_oom_row_with_the_kernels_words(
+    tmp_path, data_root
+):
+    """In a memory cgroup of 3 GiB, a DataLoader worker allocates until the kernel's OOM
+    killer kills it: where the kernel's log can be read (root here), the row is `oom` and
+    quotes the kernel's line naming the worker."""
+    from bench.harness import proc
+
+    watch = proc.OomWatch()
+    if not watch.stop().whole:
+        pytest.skip("the kernel's log cannot be read here (kernel.dmesg_restrict)")
+    cgroup = _memory_cgroup(tmp_path)
+    try:
+        row = _hungry_run(tmp_path, data_root, "hog", cgroup)
+    finally:
+        cgroup.rmdir()
+    assert row["status"] == "oom", row
+    pid = re.search(r"DataLoader worker \(pid(?:\(s\))? (\d+)\)", row["reason"])
+    assert pid, row
+    said = "; the kernel's OOM killer killed one of the cell's processes (its log: Memory "
+    assert f"{said}cgroup out of memory: Killed process {pid[1]} (" in row["reason"], row
 
 
 def test_the_launchers_summary_names_the_rank_that_died(tmp_path):
@@ -125,6 +227,77 @@ Exit code: 137
     ):
         (tmp_path / "log.txt").write_text(text)
         assert _failure(tmp_path, 1) == ("failed", reason)
+
+
+def test_a_sigkill_is_oom_only_where_the_kernels_log_names_the_process(tmp_path):
+    """What the kernel says of its OOM killer over the cell decides: its log naming one of
+    the cell's processes (the rank, or a DataLoader worker its error names) makes the row
+    `oom`; otherwise it stays `failed` and says what is known, and no more."""
+    import json
+
+    from bench.harness.proc import OomKills
+    from bench.harness.runner import _failure
+
+    (tmp_path / "log.txt").write_text(
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : -9 (pid: 26500)\n"
+    )
+    line = "Out of memory: Killed process 26500 (python) total-vm:9kB, anon-rss:8kB"
+    other = line.replace("26500", "777")
+    killed = "rank 1 killed by SIGKILL"
+    for kernel, status, reason in (
+        (
+            OomKills(frozenset({26499, 26500}), 1, (line,), True),
+            "oom",
+            f"{killed}; the kernel's OOM killer killed one of the cell's processes (its log: "
+            "Out of memory: Killed process 26500 (python))",
+        ),
+        (
+            OomKills(frozenset({26500}), 1, (other,), True),
+            "failed",
+            f"{killed} (not the kernel's OOM killer: its log names no process of the cell)",
+        ),
+        (
+            OomKills(frozenset({26500}), 0),
+            "failed",
+            f"{killed} (not the kernel's OOM killer: it killed no process on this machine "
+            "while the cell ran (/proc/vmstat oom_kill))",
+        ),
+        (
+            OomKills(frozenset({26500}), 2),
+            "failed",
+            f"{killed} (the kernel's OOM killer killed 2 process(es) on this machine while the "
+            "cell ran (/proc/vmstat oom_kill); whether one of the cell's, only the kernel's log "
+            "says (dmesg: root's alone where kernel.dmesg_restrict is 1))",
+        ),
+        (OomKills(), "failed", f"{killed} (the kernel's OOM killer? this machine does not say)"),
+        (None, "failed", f"{killed} (the kernel's OOM killer?)"),  # ranks on other machines
+    ):
+        assert _failure(tmp_path, 1, kernel) == (status, reason)
+    # a worker's death as its rank tells it: the pid it names is the one the log must name
+    error = {"rank": 0, "time": 1.0, "type": "RuntimeError", "oom": False}
+    error["message"] = "DataLoader worker (pid(s) 4321) exited unexpectedly"
+    (tmp_path / "error-rank0.json").write_text(json.dumps(error))
+    logged = OomKills(
+        frozenset(), 1, (line.replace("26500 (python)", "4321 (pt_data_worker)"),), True
+    )
+    assert _failure(tmp_path, 1, logged) == (
+        "oom",
+        f"rank 0: RuntimeError: {error['message']}; the kernel's OOM killer killed one of the "
+        "cell's processes (its log: Out of memory: Killed process 4321 (pt_data_worker))",
+    )
+    assert _failure(tmp_path, 1, OomKills(frozenset(), 0)) == (
+        "failed",
+        f"rank 0: RuntimeError: {error['message']} (not the kernel's OOM killer: it killed no "
+        "process on this machine while the cell ran (/proc/vmstat oom_kill))",
+    )
+    # an error of another kind says nothing of the OOM killer it had nothing to do with
+    error["message"] = "deliberate crash"
+    (tmp_path / "error-rank0.json").write_text(json.dumps(error))
+    assert _failure(tmp_path, 1, OomKills(frozenset(), 0)) == (
+        "failed",
+        "rank 0: RuntimeError: deliberate crash",
+    )
 
 
 def test_missing_launcher_executable_is_a_failed_row(tmp_path, data_root, faulty, monkeypatch):

@@ -13,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -99,6 +101,104 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return "out of memory" in text or "can't allocate memory" in text
+
+
+def oom_kill_count() -> int | None:
+    """Processes the kernel's OOM killer has killed since boot, any cgroup's or the whole
+    machine's OOM (/proc/vmstat `oom_kill`, Linux 4.13+, readable by anyone), or None."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+#: how the kernel logs each OOM kill, the machine's or a memory cgroup's, on every Linux
+_OOM_KILLED = re.compile(r"Killed process (\d+) \(")
+
+
+@dataclass(frozen=True)
+class OomKills:
+    """What the kernel says of its OOM killer over a cell's run: whether it killed one of
+    the cell's processes (`pids`) is known for sure only from its log, which names each
+    process it kills; that log is root's alone where kernel.dmesg_restrict is 1 (most
+    distributions). Its count of kills tells less: none on the machine, not the OOM
+    killer; some, maybe."""
+
+    pids: frozenset[int] = frozenset()
+    #: kills on this machine over the cell (None: not counted here)
+    count: int | None = None
+    #: the kernel log's lines of those kills
+    log: tuple[str, ...] = ()
+    #: whether `log` is all of them (not where the log cannot be read here, or lost lines)
+    whole: bool = False
+
+    def of(self, pids: Iterable[int] = ()) -> str | None:
+        """The kernel's line for a kill of one of the cell's processes (or of `pids`), cut
+        before its memory figures, or None."""
+        mine = self.pids | set(pids)
+        for line in self.log:
+            found = _OOM_KILLED.search(line)
+            if found and int(found[1]) in mine:
+                return line.split(" total-vm:")[0].rstrip(",")
+        return None
+
+    def otherwise(self) -> str:
+        """What is known where the log names none of the cell's processes."""
+        if self.whole:
+            return "not the kernel's OOM killer: its log names no process of the cell"
+        if self.count == 0:
+            return (
+                "not the kernel's OOM killer: it killed no process on this machine while "
+                "the cell ran (/proc/vmstat oom_kill)"
+            )
+        if self.count:
+            return (
+                f"the kernel's OOM killer killed {self.count} process(es) on this machine "
+                "while the cell ran (/proc/vmstat oom_kill); whether one of the cell's, only "
+                "the kernel's log says (dmesg: root's alone where kernel.dmesg_restrict is 1)"
+            )
+        return "the kernel's OOM killer? this machine does not say"
+
+
+class OomWatch:
+    """Started before a cell, `stop` after it: the kernel's OOM kills in between
+    (OomKills). The log is /dev/kmsg, read from where it stood at the start."""
+
+    def __init__(self) -> None:
+        self.count = oom_kill_count()
+        self.fd: int | None = None
+        with contextlib.suppress(OSError):
+            fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                os.lseek(fd, 0, os.SEEK_END)  # its lines from now on: no earlier pid's
+            except OSError:
+                os.close(fd)
+                raise
+            self.fd = fd
+
+    def stop(self, pids: Iterable[int] = ()) -> OomKills:
+        now = oom_kill_count()
+        count = None if now is None or self.count is None else now - self.count
+        log: list[str] = []
+        whole = self.fd is not None
+        while self.fd is not None:  # one record a read: "prio,seq,usec,flags;message\n..."
+            try:
+                record = os.read(self.fd, 8192).decode(errors="replace")
+            except BrokenPipeError:  # lines overwritten before they were read
+                whole = False
+                continue
+            except OSError:  # EAGAIN: read to its end
+                os.close(self.fd)
+                self.fd = None
+                break
+            line = record.partition(";")[2].split("\n")[0]
+            if _OOM_KILLED.search(line):
+                log.append(line)
+        return OomKills(frozenset(pids), count, tuple(log), whole)
 
 
 def signal_group(pid: int, sig: int) -> None:
@@ -186,6 +286,11 @@ class CellProcess:
         psutil.wait_procs(self.alive(), timeout=grace_s)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=grace_s)
+
+    @property
+    def pids(self) -> frozenset[int]:
+        """Every process of the cell seen while it ran."""
+        return frozenset(self._seen)
 
     def reap(self) -> None:
         """After a normal exit: anything of the tree still running is killed."""

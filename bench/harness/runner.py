@@ -797,6 +797,10 @@ class Runner:
                 argv = LAUNCHERS[spec.launcher](spec_path, cell.world_size, self.device)
         except RuntimeError as exc:
             return self._write([self._status_row(cell, results.FAILED, str(exc))])
+        # ranks srun or a remote shell started are not this process's children: their CPU
+        # time would read as another's, and this kernel did not kill them
+        local = not (self.cfg.launcher or self.cfg.host_exec)
+        watch = proc.OomWatch() if local else None
         self.current = proc.CellProcess(argv, env, cell_dir / "log.txt", str(cell_dir))
         shown = self.progress
         if shown is not None:
@@ -808,6 +812,8 @@ class Runner:
         except BaseException:  # Ctrl-C / SIGTERM while the cell runs
             self.current.kill()
             self.current = None
+            if watch is not None:
+                watch.stop()
             if self.cfg.launcher == "slurm":
                 slurm.cancel_step(step)
             raise
@@ -817,15 +823,15 @@ class Runner:
         # The cell is over: an interrupt now waits until its rows are on disk.
         with _signals_held():
             self.current.reap()
+            oom = watch.stop(self.current.pids) if watch is not None else None
             self.current = None
             if self.cfg.launcher == "slurm":  # nothing of the step outlives its row
                 slurm.cancel_step(step)
             wall = time.monotonic() - t0
-            # ranks srun or a remote shell started are not this process's children: their
-            # CPU time would read as another's
-            local = not (self.cfg.launcher or self.cfg.host_exec)
             self.state[cell.key].update(share.stop() if local else CpuShare.unknown())
-            return self._write(*self._collect(cell, cell_dir, rc, timed_out, wall, started + wall))
+            return self._write(
+                *self._collect(cell, cell_dir, rc, timed_out, wall, started + wall, oom)
+            )
 
     def _write(
         self, runs: list[dict], steps: Sequence[dict] = (), ranks: Sequence[dict] = ()
@@ -841,6 +847,7 @@ class Runner:
         timed_out: bool,
         wall: float,
         ended: float = math.nan,
+        oom: proc.OomKills | None = None,
     ):
         records = _read_records(cell_dir / "epochs.jsonl")
         startup = (
@@ -885,7 +892,7 @@ class Runner:
                 self._status_row(cell, results.TIMEOUT, self._timeout_reason(cell, cell_dir), wall)
             )
         elif rc != 0 or len(records) < self.cfg.epochs:
-            status, reason = _failure(cell_dir, rc)
+            status, reason = _failure(cell_dir, rc, oom)
             runs.append(self._status_row(cell, status, reason, wall))
         return runs, steps, ranks
 
@@ -944,7 +951,42 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _failure(cell_dir: Path, rc: int | None) -> tuple[str, str]:
+#: a rank's words for a DataLoader worker that died without an exception (a signal: the
+#: kernel's OOM killer's SIGKILL, a segfault), naming its pids
+_WORKER_DIED = re.compile(
+    r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:is killed by signal: Killed|exited unexpectedly)"
+)
+
+
+def _failure(cell_dir: Path, rc: int | None, oom: proc.OomKills | None = None) -> tuple[str, str]:
+    """(status, reason) of a cell that failed: `oom` where an allocation failed (CUDA's or
+    the CPU's), or where the kernel's log names one of the cell's processes as killed by
+    its OOM killer. A SIGKILL alone is no proof of that: the reason says what the kernel
+    does say (`oom`: what it logged and counted while the cell ran; None: not known here)."""
+    status, reason, sigkill = _failed(cell_dir, rc)
+    if status == results.OOM or oom is None:
+        return status, reason + (" (the kernel's OOM killer?)" if sigkill is not None else "")
+    killed = oom.of(sigkill or ())
+    if killed:
+        return (
+            results.OOM,
+            f"{reason}; the kernel's OOM killer killed one of the cell's processes (its log: "
+            f"{killed})",
+        )
+    return status, reason + (f" ({oom.otherwise()})" if sigkill is not None else "")
+
+
+#: a rank's words for a DataLoader worker that died without an exception (a signal: the
+#: kernel's OOM killer's SIGKILL, a segfault), naming its pids
+_WORKER_DIED = re.compile(
+    r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) "
+    r"(?:is killed by signal: Killed|exited unexpectedly)"
+)
+
+
+def _failed(cell_dir: Path, rc: int | None) -> tuple[str, str, list[int] | None]:
+    """_failure's status and reason from the cell's own files, and where a process of it
+    died of SIGKILL (a rank, a launcher, a DataLoader worker), the pids it names of them."""
     errors = []
     for p in cell_dir.glob("error-rank*.json"):
         with contextlib.suppress(json.JSONDecodeError, OSError):
@@ -952,18 +994,19 @@ def _failure(cell_dir: Path, rc: int | None) -> tuple[str, str]:
     if errors:
         first = min(errors, key=lambda e: e["time"])  # the root cause, not the peers it took down
         status = results.OOM if first["oom"] else results.FAILED
-        return status, f"rank {first['rank']}: {first['type']}: {first['message']}"
+        reason = f"rank {first['rank']}: {first['type']}: {first['message']}"
+        worker = _WORKER_DIED.search(first["message"])
+        return status, reason, [int(p) for p in worker[1].split(",")] if worker else None
     rank, code = _first_failed_rank(cell_dir / "log.txt") or (None, rc)
     who = "" if rank is None else f"rank {rank} "
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
             name = signal.Signals(-code).name
-            hint = " (the kernel's OOM killer?)" if name == "SIGKILL" else ""
-            return results.FAILED, f"{who}killed by {name}{hint}"
+            return results.FAILED, f"{who}killed by {name}", [] if name == "SIGKILL" else None
     if rank is not None:  # the log's last line is the launcher's summary, not the rank's
-        return results.FAILED, f"rank {rank} exited with code {code} (log.txt)"
+        return results.FAILED, f"rank {rank} exited with code {code} (log.txt)", None
     tail = _last_line(cell_dir / "log.txt")
-    return results.FAILED, f"exit code {rc}" + (f": {tail}" if tail else "")
+    return results.FAILED, f"exit code {rc}" + (f": {tail}" if tail else ""), None
 
 
 def _first_failed_rank(log: Path) -> tuple[int, int] | None:
