@@ -294,3 +294,54 @@ def test_a_timing_process_that_dies_leaves_the_steps_out_not_the_run(
     est = estimate.estimate(cfg, cells)
     assert est.per_sample_ms is None
     assert "the process timing a step of" in est.line() and "ended abruptly" in est.line()
+
+
+@pytest.mark.parametrize("child", [False, True], ids=["here", "child process"])
+def test_a_training_sample_that_cannot_be_read_is_a_data_error_naming_it(
+    tmp_path, data_root, monkeypatch, child
+) -> None:
+    """The estimate reads the first training samples: an image among them that cannot be
+    decoded (or a data set's __getitem__ that raises) is the data's fault, not a training
+    step's: one line naming the file and what to do, here and from the child process."""
+    from bench.config import ConfigError
+    from bench.harness import runner
+    from tests.test_data import _image_tree
+
+    tree = _image_tree(tmp_path, data_root)
+    bad = next(sorted(tree.iterdir())[1].iterdir())
+    bad.write_bytes(bad.read_bytes()[:2000])  # a truncated JPEG: PIL fails on decoding
+    cfg = RunConfig(
+        dataset="imagenet-subset", data_root=str(tree), model="resnet18", image_size=32,
+        device="cpu", strategies=["single"], world_sizes=[1], global_batch=3, warmup_steps=0,
+    )  # fmt: skip
+    timed = estimate.timed
+    monkeypatch.setattr(estimate, "timed", lambda c, b, p, isolate: timed(c, b, p, isolate=child))
+    with pytest.raises(ConfigError) as err:
+        estimate.estimate(cfg, runner.plan(cfg))
+    said = str(err.value)
+    assert said.startswith(
+        "data imagenet-subset: training sample 1 cannot be read, and every cell would read "
+        f"it: OSError: {bad} cannot be read as an image ("
+    ), said
+    assert said.endswith("; replace or remove the file") and "training step" not in said
+    own = tmp_path / "own_data.py"
+    own.write_text(
+        "import torch\n"
+        "class Broken(torch.utils.data.Dataset):\n"
+        "    num_classes = 2\n"
+        "    def __len__(self):\n"
+        "        return 40\n"
+        "    def __getitem__(self, i):\n"
+        "        if i == 2:\n"
+        "            raise ValueError(f'record {i} has no label')\n"
+        "        return torch.zeros(1, 28, 28), i % 2\n"
+        "def broken():\n"
+        "    return Broken()\n"
+    )
+    cfg = cfg.replace(dataset=f"{own}:broken", model="mnist_cnn", global_batch=4)
+    with pytest.raises(ConfigError) as err:
+        estimate.estimate(cfg, runner.plan(cfg))
+    assert str(err.value) == (
+        f"data {own}:broken: training sample 2 cannot be read, and every cell would read it: "
+        "ValueError: record 2 has no label; mend the data set's __getitem__"
+    )

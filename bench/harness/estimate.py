@@ -112,7 +112,7 @@ def per_sample_ms(
         model.eval()
 
     def fastest(batch: int) -> float:  # seconds
-        x, y = default_collate([samples[i] for i in range(batch)])  # as a DataLoader does
+        x, y = default_collate([_sample(cfg, samples, i, forward) for i in range(batch)])
         x, y = x.to(device), y.to(device)
         autocast = torch.autocast(device.type, DTYPES[precision], enabled=precision != "fp32")
         times: list[float] = []
@@ -149,6 +149,28 @@ def per_sample_ms(
         batch = bigger
     per_sample = (step - first) / (batch - smallest) if batch > smallest else step / batch
     return 1e3 * step / batch, 1e3 * min(step, max(0.0, step - per_sample * batch))
+
+
+def _sample(cfg: RunConfig, samples: Any, i: int, held_out: bool = False) -> Any:
+    """The `i`th of the training (or held-out) samples, as a DataLoader reads it, or a
+    ConfigError that says the data is what failed (an image file that cannot be decoded, a
+    data set whose __getitem__ raises): every cell reads it, and the model and its step are
+    not to blame."""
+    try:
+        return samples[i]
+    except Exception as exc:
+        if proc.is_oom(exc):
+            raise
+        mend = (
+            "replace or remove the file"
+            if cfg.dataset == "imagenet-subset"
+            else "mend the data set's __getitem__"
+        )
+        raise ConfigError(
+            f"data {cfg.dataset}: {'held-out' if held_out else 'training'} sample {i} cannot "
+            "be read, and every cell would "
+            f"read it: {plugins.one_line(exc)}; {mend}"
+        ) from None
 
 
 def timed(
