@@ -101,8 +101,12 @@ def test_imagenet_missing_is_a_config_error(tmp_path):
 
 
 def test_synthetic_matches_the_model_input():
-    b = data.load(RunConfig(dataset="synthetic", model="mnist_cnn", global_batch=8))
+    b = data.load(RunConfig(dataset="synthetic", model="mnist_cnn", global_batch=8, device="cpu"))
     assert b.train[3][0].shape == (1, 28, 28) and b.num_classes == 10
+    # 28 px whatever --image-size says (which is refused for it): no '64 px: the CPU default'
+    assert b.description == "synthetic (1, 28, 28) x 400, 10 classes"
+    b = data.load(RunConfig(dataset="synthetic", model="resnet18", global_batch=8, device="cpu"))
+    assert b.description.endswith("(64 px: the CPU default; --image-size sets it)")
     b = data.load(
         RunConfig(dataset="synthetic", model="resnet18", image_size=32, limit=16, global_batch=8)
     )
