@@ -345,3 +345,28 @@ def test_a_training_sample_that_cannot_be_read_is_a_data_error_naming_it(
         f"data {own}:broken: training sample 2 cannot be read, and every cell would read it: "
         "ValueError: record 2 has no label; mend the data set's __getitem__"
     )
+
+
+def test_the_steps_are_timed_with_the_threads_single_has(mnist, monkeypatch) -> None:
+    """single at world size 1 computes with the cores this process may use (its CPU
+    affinity: a SLURM job's share of a node, a container's): so does the timing, not with
+    every core of the machine, whose threads would fight over the few it has."""
+    import os
+
+    import torch
+
+    from bench.harness import env, runner
+
+    cfg, _ = mnist
+    cfg = cfg.replace(strategies=["single"], world_sizes=[1], global_batch=8)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64 * env.cpu_cores())
+    seen = []
+    timed = estimate.per_sample_ms
+
+    def counting(*a, **k):
+        seen.append(torch.get_num_threads())
+        return timed(*a, **k)
+
+    monkeypatch.setattr(estimate, "per_sample_ms", counting)
+    estimate.estimate(cfg, runner.plan(cfg))
+    assert seen == [env.cpu_cores()]

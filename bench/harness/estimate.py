@@ -13,7 +13,6 @@ timed likewise up to its own batch) and torch.compile's first step.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -26,7 +25,7 @@ from torch.utils.data import default_collate
 import strategies
 from bench.config import ConfigError, RunConfig
 from bench.harness import proc
-from bench.harness.env import device_count, resolve_device
+from bench.harness.env import cpu_cores, device_count, resolve_device
 from bench.harness.worker import EVAL_BATCH
 from bench.workload import data, models, plugins
 from strategies import precision as prec
@@ -197,7 +196,7 @@ def timed(
 
 
 def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, tuple[float, float, float]]:
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(cpu_cores())  # single's: the cores this process may use
     return timed(cfg, data.load(cfg), precisions, isolate=False)
 
 
@@ -239,7 +238,7 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
         ) from None
     runnable = [c for c in cells if not c.status]
     threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(cpu_cores())  # single's: the cores this process may use
     precisions = [
         p for p in sorted({c.setting.precision for c in runnable} | {"fp32"}) if p in DTYPES
     ]
