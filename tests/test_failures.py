@@ -223,6 +223,8 @@ Exit code: 137
         (torchrun, "rank 1 killed by SIGSEGV"),
         (horovod, "rank 0 killed by SIGKILL (the kernel's OOM killer?)"),
         (torchrun.replace("-11 (pid", "3 (pid"), "rank 1 exited with code 3 (log.txt)"),
+        # past 128 but no signal's: the process's own code, not a signal of -127
+        (horovod.replace("137", "255"), "rank 0 exited with code 255 (log.txt)"),
         ("ImportError: no module named x\n", "exit code 1: ImportError: no module named x"),
     ):
         (tmp_path / "log.txt").write_text(text)

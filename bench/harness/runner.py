@@ -951,13 +951,6 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-#: a rank's words for a DataLoader worker that died without an exception (a signal: the
-#: kernel's OOM killer's SIGKILL, a segfault), naming its pids
-_WORKER_DIED = re.compile(
-    r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\) (?:is killed by signal: Killed|exited unexpectedly)"
-)
-
-
 def _failure(cell_dir: Path, rc: int | None, oom: proc.OomKills | None = None) -> tuple[str, str]:
     """(status, reason) of a cell that failed: `oom` where an allocation failed (CUDA's or
     the CPU's), or where the kernel's log names one of the cell's processes as killed by
@@ -1031,7 +1024,9 @@ def _first_failed_rank(log: Path) -> tuple[int, int] | None:
     horovod = re.search(r"Process name:\s*(\d+)\s*Exit code:\s*(\d+)", text)
     if horovod:
         code = int(horovod[2])
-        return int(horovod[1]), 128 - code if code > 128 else code
+        # its shell's 128 + N for a process killed by signal N; 255 and such are codes
+        signalled = code > 128 and code - 128 in {int(s) for s in signal.Signals}
+        return int(horovod[1]), 128 - code if signalled else code
     return None
 
 
