@@ -690,3 +690,27 @@ def test_every_table_lists_a_strategys_plain_setting_first(reference) -> None:
     failed = both.assign(status="failed", reason="boom")
     problems = report.problems_markdown(failed, report.summarise(report.counted_rows(failed)))
     assert problems.index("ddp_spawn [fp32]") < problems.index("ddp_spawn [bf16]")
+
+
+def test_the_plots_draw_cases_in_the_tables_order(reference) -> None:
+    """The bars and time splits list `ddp_spawn [fp32]` before `[bf16]`, as the tables do,
+    where text order drew bf16 first beside tables that list fp32 first."""
+    from matplotlib.figure import Figure
+
+    runs = reference.runs
+    spawn = runs[runs["strategy"] == "ddp_spawn"]
+    both = pd.concat(
+        [
+            runs[runs["strategy"] != "ddp_spawn"],
+            spawn.assign(strategy="ddp_spawn [fp32]"),
+            spawn.assign(strategy="ddp_spawn [bf16]"),
+        ],
+        ignore_index=True,
+    )
+    summary = report.summarise(report.counted_rows(both))
+    ax = Figure().subplots()
+    plots._grouped_bars(ax, summary, "samples_per_s", plots.colour_map(both["strategy"]), "{:.0f}")
+    labels = [c.get_label() for c in ax.containers]
+    assert labels.index("ddp_spawn [fp32]") < labels.index("ddp_spawn [bf16]"), labels
+    cells = plots._cells(summary)
+    assert cells.index(("ddp_spawn [fp32]", 1)) < cells.index(("ddp_spawn [bf16]", 1))

@@ -23,6 +23,8 @@ from matplotlib.legend import Legend
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
+from bench.harness.results import natural_key
+
 Colour = tuple[float, float, float, float]
 #: line style per world size, so loss curves of one strategy stay in its colour
 WS_STYLES = ("-", "--", ":", "-.")
@@ -129,7 +131,9 @@ def _ticks_overlap(ax: Axes, renderer: Any) -> bool:
 
 def _cells(df: pd.DataFrame) -> list[tuple[str, int]]:
     keys = df[["strategy", "world_size"]].drop_duplicates()
-    return sorted((str(s), int(w)) for s, w in keys.itertuples(index=False))
+    # the report's order of cases: each strategy's plain setting first, numbers as numbers
+    cells = ((str(s), int(w)) for s, w in keys.itertuples(index=False))
+    return sorted(cells, key=lambda c: (natural_key(c[0]), c[1]))
 
 
 def _legend_outside(ax: Axes, **kw) -> None:
@@ -152,7 +156,7 @@ def comparable(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     if "oversubscribed" not in summary or summary.empty:
         return summary, []
     over = pd.to_numeric(summary["oversubscribed"], errors="coerce").fillna(0) > 0
-    out = sorted(_cells(summary[over]))
+    out = _cells(summary[over])
     return summary[~over], [f"{name} ws={ws}" for name, ws in out]
 
 
@@ -194,12 +198,12 @@ def _grouped_bars(
     that cannot run there leave no hole. Error bars: `_error_bars`.
     """
     sizes = sorted(int(w) for w in summary["world_size"].unique())
-    names = sorted(summary["strategy"].unique())
+    names = sorted(summary["strategy"].unique(), key=natural_key)
     # at most 0.3 wide: a lone bar would otherwise fill its whole group
     width = min(0.3, 0.8 / max(1, summary.groupby("world_size").size().max()))
     pos: dict[tuple[str, int], float] = {}
     for g, ws in enumerate(sizes):
-        present = sorted(summary.loc[summary["world_size"] == ws, "strategy"])
+        present = sorted(summary.loc[summary["world_size"] == ws, "strategy"], key=natural_key)
         for i, name in enumerate(present):
             pos[(name, ws)] = g + (i - (len(present) - 1) / 2) * width
     for name in names:
@@ -463,7 +467,7 @@ def time_split(
         if v is not None and np.isfinite(float(v))
     }
     drew_bubble = False
-    for name in sorted({c[0] for c in cells}):
+    for name in sorted({c[0] for c in cells}, key=natural_key):
         idx = [i for i, c in enumerate(cells) if c[0] == name]
         comp = [means.loc[cells[i], "compute_ms"] for i in idx]
         wait = [means.loc[cells[i], "data_wait_ms"] for i in idx]
@@ -671,7 +675,7 @@ def model_state(ranks: pd.DataFrame, colours: Mapping[str, Colour] | None = None
         Patch(facecolor="0.5", alpha=s["alpha"], hatch=s["hatch"], edgecolor="0.25", label=lab)
         for _, lab, s in STATE_PARTS
     ]
-    names = sorted({c[0] for c in cells})
+    names = sorted({c[0] for c in cells}, key=natural_key)
     strategies = [Patch(facecolor=cmap[n], edgecolor="0.25", label=n) for n in names]
     ax.legend(
         handles=parts + strategies,
