@@ -558,9 +558,11 @@ def test_a_set_option_some_strategies_do_not_take_is_said(
     monkeypatch.setattr(runner, "run_matrix", started)
     assert main(both) == 130
     assert capsys.readouterr().out.splitlines()[0] == said
-    # every selected strategy takes it: nothing to say
-    assert main([*args, "--strategies", "ddp_torchrun", "--set", "bucket_cap_mb=5,10"]) == 130
-    assert "--set" not in capsys.readouterr().out
+    # every selected strategy takes it, single (the baseline) aside: nothing to say
+    for plain, sizes in (("ddp_torchrun", "2"), ("single,ddp_torchrun", "1,2")):
+        only = [*args, "--world-sizes", sizes, "--strategies", plain]
+        assert main([*only, "--set", "bucket_cap_mb=5,10"]) == 130
+        assert "--set" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

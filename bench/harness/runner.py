@@ -427,11 +427,12 @@ def _option_sweeps(options: dict[str, str], specs: list[strategies.StrategySpec]
 def sweep_notes(cfg: RunConfig, cells: Sequence[Cell]) -> list[str]:
     """A line for each --set option that only some of the planned strategies take: which
     take it (in each of its values) and which run once without it (not an error: --set is
-    for the strategies that take it)."""
+    for the strategies that take it), single aside."""
     specs = [strategies.get(n) for n in dict.fromkeys(c.strategy for c in cells)]
     lines = []
     for key in cfg.options:
-        without = [s.name for s in specs if key not in s.accepts]
+        # single, the baseline every cell is compared with, runs plain: that goes unsaid
+        without = [s.name for s in specs if s.name != "single" and key not in s.accepts]
         if without:
             takers = ", ".join(s.name for s in specs if key in s.accepts)
             lines.append(
