@@ -373,3 +373,41 @@ def test_an_evaluation_that_fails_keeps_the_measured_steps(tmp_path, data_root, 
         assert float(r["samples_per_s"]) > 0 and int(r["timed_steps"]) == 4  # kept
     assert len(pd.read_csv(run_dir / "steps.csv")) == 2 * 6
     assert not leftover_processes(run_dir)
+
+
+def test_the_oom_watch_reads_the_kernels_records_and_ends_at_an_end_of_file(monkeypatch):
+    """OomWatch reads the kernel's log record by record until there is no more: EAGAIN from
+    /dev/kmsg, or an end of file where a container put /dev/null (or a file) in its place,
+    which looped for ever, the harness's signals held, after the first cell."""
+    import os
+    import threading
+
+    from bench.harness import proc
+
+    read_end, write_end = os.pipe()
+    opened = []
+
+    def log_open(path, flags, *a):
+        assert path == "/dev/kmsg"
+        opened.append(read_end)
+        return read_end
+
+    monkeypatch.setattr(proc.os, "open", log_open)
+    monkeypatch.setattr(proc.os, "lseek", lambda *a: 0)
+    watch = proc.OomWatch()
+    records = [
+        "6,101,5,-;usb 1-1: new device\n",
+        "3,102,6,-;Memory cgroup out of memory: Killed process 4242 (python) total-vm:1kB\n",
+    ]
+    for r in records:
+        os.write(write_end, r.encode())
+    os.close(write_end)  # then an end of file, as /dev/null gives at once
+    done = threading.Thread(target=lambda: opened.append(watch.stop({4242})), daemon=True)
+    done.start()
+    done.join(10)
+    assert not done.is_alive(), "stop() never ended"
+    kills = opened[-1]
+    assert kills.of() == "Memory cgroup out of memory: Killed process 4242 (python)"
+    assert watch.fd is None  # closed
+    with pytest.raises(OSError):
+        os.fstat(read_end)

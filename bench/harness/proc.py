@@ -180,6 +180,12 @@ class OomWatch:
                 raise
             self.fd = fd
 
+    def close(self) -> None:
+        """Let go of the log unread (a cell that never started); stop does it itself."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
     def stop(self, pids: Iterable[int] = ()) -> OomKills:
         now = oom_kill_count()
         count = None if now is None or self.count is None else now - self.count
@@ -192,12 +198,16 @@ class OomWatch:
                 whole = False
                 continue
             except OSError:  # EAGAIN: read to its end
-                os.close(self.fd)
-                self.fd = None
+                record = ""
+            if not record:  # its end (or a file, /dev/null, standing in for the log)
+                self.close()
                 break
-            line = record.partition(";")[2].split("\n")[0]
-            if _OOM_KILLED.search(line):
-                log.append(line)
+            # a record's message follows its header's ';'; its dictionary's lines start
+            # with a space (one record a read from /dev/kmsg, a file gives several)
+            for line in record.split("\n"):
+                message = line.partition(";")[2]
+                if not line.startswith(" ") and _OOM_KILLED.search(message):
+                    log.append(message)
         return OomKills(frozenset(pids), count, tuple(log), whole)
 
 

@@ -802,7 +802,12 @@ class Runner:
         # time would read as another's, and this kernel did not kill them
         local = not (self.cfg.launcher or self.cfg.host_exec)
         watch = proc.OomWatch() if local else None
-        self.current = proc.CellProcess(argv, env, cell_dir / "log.txt", str(cell_dir))
+        try:
+            self.current = proc.CellProcess(argv, env, cell_dir / "log.txt", str(cell_dir))
+        except BaseException:  # it never started: the kernel's log is not read
+            if watch is not None:
+                watch.close()
+            raise
         shown = self.progress
         if shown is not None:
             shown.start(self._label(cell), cell_dir, self.cfg.global_batch)
@@ -814,7 +819,7 @@ class Runner:
             self.current.kill()
             self.current = None
             if watch is not None:
-                watch.stop()
+                watch.close()
             if self.cfg.launcher == "slurm":
                 slurm.cancel_step(step)
             raise
