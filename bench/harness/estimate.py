@@ -94,10 +94,9 @@ def per_sample_ms(
     this process, on the run's device, in `precision` (autocast: bf16 on a CPU is several
     times slower than fp32), or (`forward`) the evaluation's: a forward without gradients in
     eval mode, on held-out samples. Timed at batch 8, then doubled towards `batch` (and the
-    global batch, for training) while a step stays within STEP_BUDGET_S: what each sample
-    adds to a step and what a step costs whatever its batch, in ms (the line through the
-    smallest and the largest batch timed; where one was timed, or the line falls, no fixed
-    cost and the time per sample at that batch). At each, one warm-up step, then the fastest of 2 to 5 timed ones
+    global batch, for training) while a step stays within STEP_BUDGET_S: the time at the
+    largest batch timed, and a step's fixed cost in ms (the line through the smallest and
+    the largest batch timed, at batch 0; 0 where one was timed). At each, one warm-up step, then the fastest of 2 to 5 timed ones
     (as many as fit in a second): on a machine busy with other work, one step in several runs
     at its own speed (a dry run on a loaded 2-core machine once timed 20x too slow)."""
     device = torch.device("cuda" if resolve_device(cfg.device) == "cuda" else "cpu")
@@ -147,12 +146,8 @@ def per_sample_ms(
                 raise
             break
         batch = bigger
-    # the line through the smallest and the largest batch timed: what each sample adds, and
-    # what a step costs whatever its batch; one batch, or a line noise tilted: no fixed part
-    slope = (step - first) / (batch - smallest) if batch > smallest else 0.0
-    if slope <= 0:
-        slope = step / batch
-    return 1e3 * slope, 1e3 * max(0.0, step - slope * batch)
+    per_sample = (step - first) / (batch - smallest) if batch > smallest else step / batch
+    return 1e3 * step / batch, 1e3 * min(step, max(0.0, step - per_sample * batch))
 
 
 def _sample(cfg: RunConfig, samples: Any, i: int, held_out: bool = False) -> Any:
@@ -187,15 +182,14 @@ def timed(
     compute mode (common on clusters) no rank could open GPU 0 at all. Its exceptions (an
     out-of-memory one too) are raised here."""
     if not isolate:
-        held = len(bundle.held_out) if cfg.eval_samples else 0  # type: ignore[arg-type]
-        out = {}
-        for p in precisions:
-            train, forward = per_sample_ms(cfg, bundle, p, cfg.global_batch), 0.0
-            if held:  # per sample at the evaluation's batch, its fixed cost shared out
-                each, fixed = per_sample_ms(cfg, bundle, p, EVAL_BATCH, forward=True)
-                forward = each + fixed / min(EVAL_BATCH, held)
-            out[p] = (*train, forward)
-        return out
+        evaluates = cfg.eval_samples and len(bundle.held_out)  # type: ignore[arg-type]
+        return {
+            p: (
+                *per_sample_ms(cfg, bundle, p, cfg.global_batch),
+                per_sample_ms(cfg, bundle, p, EVAL_BATCH, forward=True)[0] if evaluates else 0.0,
+            )
+            for p in precisions
+        }
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=spawn) as pool:
         return pool.submit(_timed_alone, cfg, precisions).result()
@@ -313,10 +307,8 @@ def _estimate(
         # as there are (ranks sharing a GPU under --oversubscribe take turns on it)
         devices = min(cell.world_size, gpus) if cuda else 1
         per, fixed, forward = ms.get(cell.setting.precision, ms["fp32"])  # apex's: as fp32
-        # each device pays a step's fixed cost whole, and its share of the samples
-        step_s = (fixed + per * cfg.global_batch / devices) / 1e3
-        whole = fixed + per * cfg.global_batch  # a one-process cell's step, the curve's
-        share = fixed / whole if whole else 0.0
+        step_s = per * cfg.global_batch / devices / 1e3
+        share = min(1.0, fixed / (per * cfg.global_batch)) if per else 0.0  # fixed cost's
         # one device evaluates every held-out sample (or all of them take part in each
         # forward), at its own batch whatever the training's
         eval_s = forward * len(bundle.held_out) / 1e3  # type: ignore[arg-type]
@@ -329,9 +321,7 @@ def _estimate(
         return Estimate(startup, startup, None, steps, n, bundle.description, why)
     if cfg.scaling_model and any(c.world_size > 1 for c in runnable):
         total += SCALING_MODEL_S
-    per, fixed, _ = ms["fp32"]  # said per sample at the global batch, its fixed cost shared
-    each = per + fixed / cfg.global_batch
-    return Estimate(total + startup, startup, each, steps, n, bundle.description)
+    return Estimate(total + startup, startup, ms["fp32"][0], steps, n, bundle.description)
 
 
 def plan_text(cfg: RunConfig, cells: list, est: Estimate) -> str:
