@@ -89,14 +89,13 @@ def per_sample_ms(
     precision: str = "fp32",
     batch: int = 8,
     forward: bool = False,
-) -> tuple[float, float]:
+) -> float:
     """A training step's time per sample (forward, backward, SGD step) of the run's model in
     this process, on the run's device, in `precision` (autocast: bf16 on a CPU is several
     times slower than fp32), or (`forward`) the evaluation's: a forward without gradients in
     eval mode, on held-out samples. Timed at batch 8, then doubled towards `batch` (and the
     global batch, for training) while a step stays within STEP_BUDGET_S: the time at the
-    largest batch timed, and a step's fixed cost in ms (the line through the smallest and
-    the largest batch timed, at batch 0; 0 where one was timed). At each, one warm-up step, then the fastest of 2 to 5 timed ones
+    largest batch timed. At each, one warm-up step, then the fastest of 2 to 5 timed ones
     (as many as fit in a second): on a machine busy with other work, one step in several runs
     at its own speed (a dry run on a loaded 2-core machine once timed 20x too slow)."""
     device = torch.device("cuda" if resolve_device(cfg.device) == "cuda" else "cpu")
@@ -133,8 +132,8 @@ def per_sample_ms(
             times.append(time.perf_counter() - t0)
         return sorted(times[1:])[0]
 
-    batch = smallest = min(8, top)
-    step = first = fastest(batch)
+    batch = min(8, top)
+    step = fastest(batch)
     while batch < top:
         bigger = min(2 * batch, top)
         if step * bigger / batch > STEP_BUDGET_S:
@@ -146,8 +145,7 @@ def per_sample_ms(
                 raise
             break
         batch = bigger
-    per_sample = (step - first) / (batch - smallest) if batch > smallest else step / batch
-    return 1e3 * step / batch, 1e3 * min(step, max(0.0, step - per_sample * batch))
+    return 1e3 * step / batch
 
 
 def _sample(cfg: RunConfig, samples: Any, i: int, held_out: bool = False) -> Any:
@@ -174,9 +172,9 @@ def _sample(cfg: RunConfig, samples: Any, i: int, held_out: bool = False) -> Any
 
 def timed(
     cfg: RunConfig, bundle: data.DataBundle, precisions: list[str], isolate: bool
-) -> dict[str, tuple[float, float, float]]:
-    """per_sample_ms in each precision: a training step's time per sample and fixed cost,
-    and the evaluation's forward's time per sample (0 where the run evaluates nothing): here, or (`isolate`, as on a GPU) in a child process
+) -> dict[str, tuple[float, float]]:
+    """per_sample_ms in each precision, of a training step and of the evaluation's forward
+    (0 where the run evaluates nothing): here, or (`isolate`, as on a GPU) in a child process
     that loads the data itself. A CUDA context made here would stay for the whole run: some
     hundred MiB held on GPU 0 beside its cells' ranks, and on a GPU in EXCLUSIVE_PROCESS
     compute mode (common on clusters) no rank could open GPU 0 at all. Its exceptions (an
@@ -185,8 +183,8 @@ def timed(
         evaluates = cfg.eval_samples and len(bundle.held_out)  # type: ignore[arg-type]
         return {
             p: (
-                *per_sample_ms(cfg, bundle, p, cfg.global_batch),
-                per_sample_ms(cfg, bundle, p, EVAL_BATCH, forward=True)[0] if evaluates else 0.0,
+                per_sample_ms(cfg, bundle, p, cfg.global_batch),
+                per_sample_ms(cfg, bundle, p, EVAL_BATCH, forward=True) if evaluates else 0.0,
             )
             for p in precisions
         }
@@ -195,7 +193,7 @@ def timed(
         return pool.submit(_timed_alone, cfg, precisions).result()
 
 
-def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, tuple[float, float, float]]:
+def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, tuple[float, float]]:
     torch.set_num_threads(cpu_cores())  # single's: the cores this process may use
     return timed(cfg, data.load(cfg), precisions, isolate=False)
 
@@ -205,21 +203,16 @@ def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, tuple[float
 SCALING_MODEL_S = 8.0
 
 
-def probe_steps(cfg: RunConfig, cls: Any, world_size: int, fixed: float = 0.0) -> float:
+def probe_steps(cfg: RunConfig, cls: Any, world_size: int) -> float:
     """Steps' worth of time the probes after a cell's timed steps take (bench.harness.breakdown):
     the ablation's pairs and the profiled steps where ranks synchronise (plus about a step
     for the profiler to start), the compute curve of a one-process cell (4 steps at each
-    halved batch, Strategy.compute_curve: 8 full steps where a step's time is its samples',
-    up to 4 per batch where it is all the step's `fixed` share, as on a busy CPU)."""
+    halved batch: about 8 full steps)."""
     if cls is None or not cls.multiprocess:
         return cfg.profile_steps + 1 if cfg.profile else 0.0
     if world_size > 1:
         return 2 * cfg.probe_pairs + cfg.profile_steps + 1
-    if not cfg.scaling_model:
-        return 0.0
-    b = cfg.global_batch
-    halved = [b // 2**i for i in range(7) if b // 2**i >= 2]  # up to 64 ranks
-    return 4 * sum(fixed + (1 - fixed) * n / b for n in halved)
+    return 8.0 if cfg.scaling_model else 0.0
 
 
 def estimate(cfg: RunConfig, cells: list) -> Estimate:
@@ -285,7 +278,7 @@ def _estimate(
     cfg: RunConfig,
     cells: list,
     bundle: data.DataBundle,
-    ms: dict[str, tuple[float, float, float]] | None,
+    ms: dict[str, tuple[float, float]] | None,
     why="",
 ) -> Estimate:
     """The estimate from the time per sample of a training step and of the evaluation's
@@ -306,17 +299,15 @@ def _estimate(
         # CPU ranks share the cores (the same work either way); GPUs add devices, as many
         # as there are (ranks sharing a GPU under --oversubscribe take turns on it)
         devices = min(cell.world_size, gpus) if cuda else 1
-        per, fixed, forward = ms.get(cell.setting.precision, ms["fp32"])  # apex's: as fp32
+        per, forward = ms.get(cell.setting.precision, ms["fp32"])  # apex's own: as fp32
         step_s = per * cfg.global_batch / devices / 1e3
-        share = min(1.0, fixed / (per * cfg.global_batch)) if per else 0.0  # fixed cost's
         # one device evaluates every held-out sample (or all of them take part in each
         # forward), at its own batch whatever the training's
         eval_s = forward * len(bundle.held_out) / 1e3  # type: ignore[arg-type]
         total += cfg.epochs * (steps * step_s + eval_s)
         if cell.setting.compile:
             total += COMPILE_S
-        cls = strategies.get(cell.strategy).cls
-        total += probe_steps(cfg, cls, cell.world_size, share) * step_s
+        total += probe_steps(cfg, strategies.get(cell.strategy).cls, cell.world_size) * step_s
     if ms is None:
         return Estimate(startup, startup, None, steps, n, bundle.description, why)
     if cfg.scaling_model and any(c.world_size > 1 for c in runnable):
