@@ -7,7 +7,6 @@ import pytest
 
 from bench.config import RunConfig
 from bench.harness import estimate
-from bench.harness.worker import EVAL_BATCH
 from bench.workload import data
 
 
@@ -78,7 +77,7 @@ def test_the_evaluation_is_a_forward_at_its_own_batch_whatever_the_training_batc
             max_steps=6, warmup_steps=1,
         )  # fmt: skip
         est = estimate.estimate(run, runner.plan(run))
-        assert calls == [(global_batch, False), (EVAL_BATCH, True)], calls
+        assert (estimate.EVAL_TIMED_BATCH, True) in calls, calls
         assert est.total_s - est.startup_s == pytest.approx(2 * 3.0 * held / 1e3)
     calls.clear()
     estimate.estimate(run.replace(eval_samples=0), runner.plan(run.replace(eval_samples=0)))
@@ -95,43 +94,11 @@ def test_the_evaluation_is_a_forward_at_its_own_batch_whatever_the_training_batc
         return net
 
     monkeypatch.setattr(estimate.models, "build", recording)
-    monkeypatch.setattr(estimate.time, "perf_counter", Clock([0.001] * 100))
     per_sample_ms(cfg, bundle, batch=64, forward=True)
-    assert {(training, grad) for training, grad, _ in seen} == {(False, False)}
-    assert sorted({n for *_, n in seen}) == [8, 16, 32, 64]  # held-out: 1000 samples
+    assert seen and set(seen) == {(False, False, min(64, held))}
 
 
 per_sample_ms = estimate.per_sample_ms  # the real one, where a test stubs the module's
-
-
-def test_the_step_is_timed_at_larger_batches_while_a_step_stays_short(mnist, monkeypatch):
-    """A small batch's step is mostly fixed costs: the time per sample comes from the
-    largest batch, doubling from 8 towards the global batch, whose step stays within the
-    budget (projected from the last: 0.5 s at 8 allows 16, 0.6 s at 16 stops before 32),
-    or that fits in memory."""
-    import torch
-
-    cfg, bundle = mnist
-    cfg = cfg.replace(global_batch=64)
-    clock = Clock([0.5] * 3 + [0.6] * 3)  # a warm-up and 2 timed steps at each batch
-    monkeypatch.setattr(estimate.time, "perf_counter", clock)
-    assert per_sample_ms(cfg, bundle, batch=64) == pytest.approx(1e3 * 0.6 / 16)
-    assert clock.reads == 2 * 6
-    build = estimate.models.build
-
-    def fits_8(*a, **k):
-        net = build(*a, **k)
-
-        def oom(m, i):
-            if len(i[0]) > 8:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-
-        net.register_forward_pre_hook(oom)
-        return net
-
-    monkeypatch.setattr(estimate.models, "build", fits_8)
-    monkeypatch.setattr(estimate.time, "perf_counter", Clock([0.001] * 6))  # 6 steps at 8
-    assert per_sample_ms(cfg, bundle, batch=64) == pytest.approx(1e3 * 0.001 / 8)
 
 
 def test_a_model_too_big_for_one_device_is_planned_without_its_steps(mnist, monkeypatch):
@@ -350,4 +317,4 @@ def test_the_steps_are_timed_with_the_threads_single_has(mnist, monkeypatch) -> 
 
     monkeypatch.setattr(estimate, "per_sample_ms", counting)
     estimate.estimate(cfg, runner.plan(cfg))
-    assert seen == [env.cpu_cores()]
+    assert seen and set(seen) == {env.cpu_cores()}  # the training step's and the forward's

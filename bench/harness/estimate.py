@@ -5,9 +5,9 @@ and how the batch is split, and an estimate of the wall time; a real run prints 
 one-line estimate first and warns when it is long. The estimate is a model, stated as
 such: per cell, the launcher's start-up and teardown (measured with benchmarks/startup.py)
 plus the steps times a training step's time, measured here on the run's own model and
-data for a few steps at batch 8 and larger ones up to the global batch while a step
-takes under a second, plus evaluation (a forward without gradients of held-out samples,
-timed likewise up to its own batch) and torch.compile's first step.
+data for a few steps of a small batch and scaled to the global batch, plus evaluation
+(a forward without gradients of held-out samples, timed at up to its own batch) and
+torch.compile's first step.
 """
 
 from __future__ import annotations
@@ -36,12 +36,10 @@ from strategies import precision as prec
 LAUNCH_S = {"inprocess": 3.8, "spawn": 6.0, "torchrun": 6.7, "horovodrun": 6.6}
 #: torch.compile's first step on a CPU (20-67 s cold, measured): counted once per cell
 COMPILE_S = 40.0
-#: a step is timed at batch 8, then at twice the batch while a step there would take at
-#: most this long, up to the run's batch: a small batch's step is mostly fixed costs (a
-#: GPU's kernel launches, a CPU's threads meeting at every operator: ResNet-18 on 32 px
-#: took 2-3x as long per sample at batch 8 as at 64 on a 2-core CPU), and a large model's
-#: step at the run's batch would take the estimate minutes
-STEP_BUDGET_S = 1.0
+#: the batch the evaluation's forward is timed at (it runs at EVAL_BATCH): a CPU's time per
+#: sample hardly falls past a few tens of samples, and a forward of 256 samples of a large
+#: model would take the estimate far longer than its training steps
+EVAL_TIMED_BATCH = min(64, EVAL_BATCH)
 #: the dtype of each value of the precision axis
 DTYPES = {"fp32": torch.float32, **prec.DTYPES}
 #: a run estimated past this says so when it starts
@@ -93,9 +91,7 @@ def per_sample_ms(
     """A training step's time per sample (forward, backward, SGD step) of the run's model in
     this process, on the run's device, in `precision` (autocast: bf16 on a CPU is several
     times slower than fp32), or (`forward`) the evaluation's: a forward without gradients in
-    eval mode, on held-out samples. Timed at batch 8, then doubled towards `batch` (and the
-    global batch, for training) while a step stays within STEP_BUDGET_S: the time at the
-    largest batch timed. At each, one warm-up step, then the fastest of 2 to 5 timed ones
+    eval mode, on held-out samples: one warm-up step, then the fastest of 2 to 5 timed ones
     (as many as fit in a second): on a machine busy with other work, one step in several runs
     at its own speed (a dry run on a loaded 2-core machine once timed 20x too slow)."""
     device = torch.device("cuda" if resolve_device(cfg.device) == "cuda" else "cpu")
@@ -103,49 +99,33 @@ def per_sample_ms(
     model = models.build(cfg, bundle.num_classes, fed).to(device)
     loss_fn = models.loss_of(model)
     samples = bundle.held_out if forward else bundle.train
-    top = batch if forward else min(batch, cfg.global_batch)
-    top = max(1, min(top, len(samples)))  # type: ignore[arg-type]
+    if not forward:
+        batch = min(batch, cfg.global_batch)
+    batch = max(1, min(batch, len(samples)))  # type: ignore[arg-type]
+    x, y = default_collate([_sample(cfg, samples, i, forward) for i in range(batch)])
+    x, y = x.to(device), y.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    autocast = torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32")
     if forward:
         model.eval()
-
-    def fastest(batch: int) -> float:  # seconds
-        x, y = default_collate([_sample(cfg, samples, i, forward) for i in range(batch)])
-        x, y = x.to(device), y.to(device)
-        autocast = torch.autocast(device.type, DTYPES[precision], enabled=precision != "fp32")
-        times: list[float] = []
-        while len(times) < 3 or (len(times) < 6 and sum(times[1:]) < 1.0):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            if forward:
-                with torch.no_grad(), autocast:
-                    model(x)
-            else:
-                opt.zero_grad()
-                with autocast:
-                    loss = loss_fn(model(x), y)
-                loss.backward()
-                opt.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        return sorted(times[1:])[0]
-
-    batch = min(8, top)
-    step = fastest(batch)
-    while batch < top:
-        bigger = min(2 * batch, top)
-        if step * bigger / batch > STEP_BUDGET_S:
-            break
-        try:
-            step = fastest(bigger)
-        except Exception as exc:  # a batch that does not fit: the last that did
-            if not proc.is_oom(exc):
-                raise
-            break
-        batch = bigger
-    return 1e3 * step / batch
+    times: list[float] = []
+    while len(times) < 3 or (len(times) < 6 and sum(times[1:]) < 1.0):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if forward:
+            with torch.no_grad(), autocast:
+                model(x)
+        else:
+            opt.zero_grad()
+            with autocast:
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * sorted(times[1:])[0] / batch
 
 
 def _sample(cfg: RunConfig, samples: Any, i: int, held_out: bool = False) -> Any:
@@ -183,8 +163,8 @@ def timed(
         evaluates = cfg.eval_samples and len(bundle.held_out)  # type: ignore[arg-type]
         return {
             p: (
-                per_sample_ms(cfg, bundle, p, cfg.global_batch),
-                per_sample_ms(cfg, bundle, p, EVAL_BATCH, forward=True) if evaluates else 0.0,
+                per_sample_ms(cfg, bundle, p),
+                per_sample_ms(cfg, bundle, p, EVAL_TIMED_BATCH, forward=True) if evaluates else 0.0,
             )
             for p in precisions
         }
