@@ -23,7 +23,7 @@ from matplotlib.legend import Legend
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
-from bench.harness.results import natural_key
+from bench.harness.results import case_key, natural_key
 
 Colour = tuple[float, float, float, float]
 #: line style per world size, so loss curves of one strategy stay in its colour
@@ -133,7 +133,7 @@ def _cells(df: pd.DataFrame) -> list[tuple[str, int]]:
     keys = df[["strategy", "world_size"]].drop_duplicates()
     # the report's order of cases: each strategy's plain setting first, numbers as numbers
     cells = ((str(s), int(w)) for s, w in keys.itertuples(index=False))
-    return sorted(cells, key=lambda c: (natural_key(c[0]), c[1]))
+    return sorted(cells, key=lambda c: case_key(*c))
 
 
 def _legend_outside(ax: Axes, **kw) -> None:

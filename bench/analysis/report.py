@@ -407,18 +407,14 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _order(row: pd.Series) -> tuple:
     """Cases in name order, numbers as numbers (a sweep's 1, 25, 100), then world size."""
-    return _case_key(row["strategy"], row["world_size"])
-
-
-def _case_key(case: Any, world_size: Any) -> tuple:
-    return results.natural_key(str(case)), int(world_size)
+    return results.case_key(row["strategy"], row["world_size"])
 
 
 def _by_case(rows: pd.DataFrame, *more: str) -> list[tuple[tuple, pd.DataFrame]]:
     """rows grouped by case and world size (and `more` columns), in the summary's order
     (_order: each strategy's plain setting first), not the text order groupby sorts in."""
     groups = rows.groupby([*KEY, *more], sort=True)
-    return sorted(groups, key=lambda g: _case_key(*g[0][:2]))
+    return sorted(groups, key=lambda g: results.case_key(*g[0][:2]))
 
 
 #: 95 % intervals over repeats (bench.harness.stats; nan with fewer than 3), the coefficient of

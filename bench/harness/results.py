@@ -579,6 +579,11 @@ def natural_key(label: str) -> tuple:
     return numbers(name), tuple((v not in _PLAIN, numbers(v)) for v in values)
 
 
+def case_key(case: Any, world_size: Any) -> tuple:
+    """A cell's place in every table and plot: its case by natural_key, then world size."""
+    return natural_key(str(case)), int(world_size)
+
+
 def case_labels(
     pairs: Iterable[tuple[str, str]], *, per_strategy: bool = False
 ) -> dict[tuple[str, str], str]:
