@@ -667,12 +667,10 @@ def test_timed_share_of_wall_time_counts_every_epoch_of_a_cell() -> None:
     assert "Timed training is 50% of the cells' wall time" in text
 
 
-def test_every_table_lists_a_strategys_plain_setting_first(reference) -> None:
-    """The summary lists `ddp_spawn [fp32]` before `ddp_spawn [bf16]` (natural_key): the
-    conditions, time-split and problems tables follow the same order, not text order."""
-    runs = reference.runs
+def _spawn_in_two_precisions(runs: pd.DataFrame) -> pd.DataFrame:
+    """The reference's runs with ddp_spawn's rows as two cases, `[fp32]` and `[bf16]`."""
     spawn = runs[runs["strategy"] == "ddp_spawn"]
-    both = pd.concat(
+    return pd.concat(
         [
             runs[runs["strategy"] != "ddp_spawn"],
             spawn.assign(strategy="ddp_spawn [fp32]"),
@@ -680,6 +678,12 @@ def test_every_table_lists_a_strategys_plain_setting_first(reference) -> None:
         ],
         ignore_index=True,
     )
+
+
+def test_every_table_lists_a_strategys_plain_setting_first(reference) -> None:
+    """The summary lists `ddp_spawn [fp32]` before `ddp_spawn [bf16]` (natural_key): the
+    conditions, time-split and problems tables follow the same order, not text order."""
+    both = _spawn_in_two_precisions(reference.runs)
     counted = report.counted_rows(both)
     tables = {
         "conditions": report.fairness_markdown(reference, counted),
@@ -697,16 +701,7 @@ def test_the_plots_draw_cases_in_the_tables_order(reference) -> None:
     where text order drew bf16 first beside tables that list fp32 first."""
     from matplotlib.figure import Figure
 
-    runs = reference.runs
-    spawn = runs[runs["strategy"] == "ddp_spawn"]
-    both = pd.concat(
-        [
-            runs[runs["strategy"] != "ddp_spawn"],
-            spawn.assign(strategy="ddp_spawn [fp32]"),
-            spawn.assign(strategy="ddp_spawn [bf16]"),
-        ],
-        ignore_index=True,
-    )
+    both = _spawn_in_two_precisions(reference.runs)
     summary = report.summarise(report.counted_rows(both))
     ax = Figure().subplots()
     plots._grouped_bars(ax, summary, "samples_per_s", plots.colour_map(both["strategy"]), "{:.0f}")
