@@ -519,17 +519,13 @@ class RunDir:
         """Hold the run for this process until `unlock` (or its exit, however it ends): a
         second harness on the same run, a `--resume` of a run still going, would run its
         cells again into the same cell folders and lose rows of both. ConfigError if another
-        process holds it; a file system without locks runs unguarded."""
+        process holds it; OSError where the folder cannot be written (open_run says so); a
+        file system without locks runs unguarded."""
         import fcntl
 
         path = self.path / ".lock"
         while True:
-            try:
-                f = open(path, "a+")  # noqa: SIM115 - held open while the run lasts
-            except OSError as exc:  # read-only, no permission: said before anything runs
-                raise ConfigError(
-                    f"{self.path}: cannot write the run there ({exc.strerror or exc})"
-                ) from None
+            f = open(path, "a+")  # noqa: SIM115 - held open while the run lasts
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -550,11 +546,9 @@ class RunDir:
             f.truncate(0)
             f.write(f"{os.getpid()}\n")
             f.flush()
-        except OSError as exc:  # a full disk: said as any folder that cannot be written
+        except OSError:  # a full disk
             f.close()
-            raise ConfigError(
-                f"{self.path}: cannot write the run there ({exc.strerror or exc})"
-            ) from None
+            raise
         self._lock = f
 
     def _being_run(self, pid: str) -> str:
@@ -581,7 +575,8 @@ class RunDir:
 
     def unlock(self) -> None:
         if self._lock is not None:  # removed while held: no run folder keeps one
-            Path(self._lock.name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a folder gone read-only: left, unheld
+                Path(self._lock.name).unlink(missing_ok=True)
             self._lock.close()  # closing the file releases its lock
             self._lock = None
 
@@ -1081,8 +1076,14 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         rd.done()  # a damaged or older runs.csv: one line, before anything is written
         cells = plan(saved)
-        rd.lock()
-        rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
+        try:
+            rd.lock()
+            rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
+        except OSError as exc:  # read-only now, a full disk: before anything runs
+            rd.unlock()
+            raise ConfigError(
+                f"{rd.path}: cannot write the run there ({exc.strerror or exc})"
+            ) from None
         return saved, rd, cells
     cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
     if cfg.multi_host:  # other hosts start in other folders: whole paths
@@ -1099,6 +1100,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
         rd.config_path.write_text(json.dumps(cfg.to_dict(), indent=1))
         rd.write_plan(cells)
     except OSError as exc:  # read-only, no permission, a file where a folder should be
+        rd.unlock()
         raise ConfigError(
             f"--out-dir {cfg.out_dir}: cannot write the run there ({exc.strerror or exc})"
         ) from None
