@@ -364,13 +364,10 @@ def compare(
                 noise_verdict(flag, ra.get(key, []), rb.get(key, []), metric) if use_stats else flag
             )
     table["verdict"] = verdicts
-    table = table.drop(columns="_merge")
-    table = table.iloc[sorted(range(len(table)), key=lambda i: report._order(table.iloc[i]))]
-    table = table.reset_index(drop=True)
+    table = report.in_case_order(table.drop(columns="_merge")).reset_index(drop=True)
 
     def only(side: str, other: pd.DataFrame) -> list[tuple[str, int, str]]:
-        rows = both[both["_merge"] == side]
-        rows = rows.iloc[sorted(range(len(rows)), key=lambda i: report._order(rows.iloc[i]))]
+        rows = report.in_case_order(both[both["_merge"] == side])
         out = []
         for label, n, s, w in rows[["strategy", *CELL]].itertuples(index=False):
             said = _status(other, (n, s, int(w)))
@@ -392,7 +389,7 @@ def compare(
         metric,
         factor,
         use_stats,
-        partly=sorted(partly, key=lambda p: (results.natural_key(p[0]), p[1])),  # the table's order
+        partly=sorted(partly, key=lambda p: results.case_key(p[0], p[1])),  # the table's order
         unlike=differ["work"],
         machine=differ["machine"],
         how=differ["how"],

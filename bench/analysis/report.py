@@ -401,18 +401,21 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     # more ranks than cores time-share the cores: correct results, but no speed to rank
     ratios = [c for c in table.columns if c.startswith(("speedup", "scaling_efficiency"))]
     table.loc[table["oversubscribed"] == 1, ratios] = math.nan
-    order = sorted(range(len(table)), key=lambda i: _order(table.iloc[i]))
-    return table.iloc[order].reset_index(drop=True)[cols]
+    return in_case_order(table).reset_index(drop=True)[cols]
 
 
-def _order(row: pd.Series) -> tuple:
-    """Cases in name order, numbers as numbers (a sweep's 1, 25, 100), then world size."""
-    return results.case_key(row["strategy"], row["world_size"])
+def in_case_order(rows: pd.DataFrame) -> pd.DataFrame:
+    """rows by case (each strategy's plain setting first, numbers as numbers: a sweep's 1,
+    25, 100), then world size: results.case_key, the order of every table and plot."""
+    keys = [
+        results.case_key(s, w) for s, w in zip(rows["strategy"], rows["world_size"], strict=True)
+    ]
+    return rows.iloc[sorted(range(len(rows)), key=keys.__getitem__)]
 
 
 def _by_case(rows: pd.DataFrame, *more: str) -> list[tuple[tuple, pd.DataFrame]]:
     """rows grouped by case and world size (and `more` columns), in the summary's order
-    (_order: each strategy's plain setting first), not the text order groupby sorts in."""
+    (in_case_order's), not the text order groupby sorts in."""
     groups = rows.groupby([*KEY, *more], sort=True)
     return sorted(groups, key=lambda g: results.case_key(*g[0][:2]))
 
