@@ -322,7 +322,9 @@ class Pipeline(TorchDistributed):
         return t
 
     def cell_metrics(self, warmup_steps: int) -> dict[str, Any]:
+        # asked once per epoch: this epoch's steps, cleared for the next epoch's
         timed = self.spans[warmup_steps:] or self.spans
+        self.spans = []
         span = sum(s for s, _, _ in timed)
         idle = 1.0 - sum(b for _, b, _ in timed) / span if span > 0 else float("nan")
         sent = sum(n for _, _, n in timed) / max(len(timed), 1)

@@ -21,6 +21,7 @@ from bench.harness import results
 from bench.harness.env import cpu_cores
 from bench.harness.runner import RunDir, plan, run_matrix
 from bench.workload.models import Transformer, build_model, sequence
+from strategies.base import RankContext
 from strategies.pipeline import balanced_cuts
 from strategies.tensor_parallel import tp_plan
 from tests.conftest import faulty_strategies, small_config
@@ -108,6 +109,21 @@ def test_shared_batch_samples_are_counted_once():
     assert results.measure(rec, 2, "cpu")["samples"] == 32
     rec["data_ranks"] = 2  # data parallel: each rank trained its own share
     assert results.measure(rec, 2, "cpu")["samples"] == 64
+
+
+def test_a_pipeline_epochs_bubble_and_bytes_are_its_own_timed_steps():
+    # cell_metrics is asked once per epoch with that epoch's warm-up: the steps of an epoch
+    # before it (and this epoch's warm-up) are not this epoch's figures
+    ctx = RankContext(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"), seed=0)
+    pipe = strategies.get("pipeline_gpipe").create(ctx)
+    pipe.gather = lambda obj: [obj]  # one rank's view: no process group here
+    pipe.n_stages, pipe.per_rank, pipe.spans = 2, 1, []
+    # (step s, busy s, bytes sent): epoch 0 idles half of each step, epoch 1 a quarter
+    for epoch, (busy, sent) in enumerate(((0.5, 100), (0.75, 300))):
+        pipe.spans += [(1.0, 0.0, 7)] + [(1.0, busy, sent)] * 3  # one warm-up step, then 3
+        got = pipe.cell_metrics(warmup_steps=1)
+        assert got["bubble_pct"] == pytest.approx(100 * (1 - busy)), epoch
+        assert got["p2p_mib_per_step"] == pytest.approx(sent / 2**20), epoch
 
 
 # ---- planning: what cannot run is a reason, or an error when asked for directly ----
