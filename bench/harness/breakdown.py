@@ -118,18 +118,24 @@ def stacked(
 ) -> dict[str, float]:
     """The parts of a mean step (PARTS, in ms): each phase's compute is its measured time less
     the communication exposed in it (clipped to [0, the phase]), the exposed communication is
-    their sum, and `other` closes the step. Without an ablation nothing is moved out of the
-    phases and exposed communication is nan."""
+    their sum, and `other` closes the step. The phases' exposed parts are scaled down together
+    where they add up to more than the ablation's signed total (`comm_exposed_ms`): a phase
+    that got faster with sync (the wait for the other rank moved into another phase) gives
+    back what it moved, so the part is what the step measured, as comm_hidden's is. Without
+    an ablation nothing is moved out of the phases and exposed communication is nan."""
     parts = {"data_wait": data_ms}
-    exposed = 0.0
-    have = not math.isnan(_num(probe.get("comm_exposed_ms")))
+    net = _num(probe.get("comm_exposed_ms"))
+    have = not math.isnan(net)
+    moved = {}
     for phase in PHASES:
         t = phase_ms.get(phase, float("nan"))
         e = _num(probe.get(f"comm_exposed_{phase}_ms")) if have else 0.0
-        e = min(max(e, 0.0), t) if not math.isnan(e) else 0.0
-        parts[phase] = t - e
-        exposed += e
-    parts["comm_exposed"] = exposed if have else float("nan")
+        moved[phase] = (t, min(max(e, 0.0), t) if not math.isnan(e) else 0.0)
+    clipped = sum(e for _, e in moved.values())
+    scale = max(net, 0.0) / clipped if have and clipped > max(net, 0.0) else 1.0
+    for phase, (t, e) in moved.items():
+        parts[phase] = t - e * scale
+    parts["comm_exposed"] = clipped * scale if have else float("nan")
     known = sum(v for v in parts.values() if not math.isnan(v))
     parts["other"] = step_ms - known
     return parts
