@@ -204,6 +204,29 @@ def test_a_peak_measured_low_gives_no_mfu_and_says_why() -> None:
     assert cols["mfu_pct"] == pytest.approx(10.0) and cols["peak_source"] == "measured: fp32 matmul"
 
 
+def test_apex_rows_take_the_peak_of_the_precision_their_products_run_in() -> None:
+    """apex.amp's rows say `apex_O1` etc., not a value of the precision axis: their MFU is
+    against fp16's peak (O1 to O3) or fp32's (O0), where it was once blank and unexplained."""
+    from bench.harness.runner import mfu_columns
+
+    info = {
+        "flops_per_sample": 1e9,
+        "peaks": {"fp16": (100.0, "datasheet: H100 SXM"), "fp32": (50.0, "datasheet: H100 SXM")},
+    }
+    row = {"threads_per_rank": "", "precision": "apex_O2", "samples_per_s_per_device": "1000"}
+    cols = mfu_columns(info, "cuda", row)  # 1 TFLOP/s achieved
+    assert cols["mfu_pct"] == pytest.approx(1.0)
+    assert cols["peak_source"] == "apex_O2 computes in fp16: datasheet: H100 SXM"
+    cols = mfu_columns(info, "cuda", {**row, "precision": "apex_O0"})
+    assert cols["mfu_pct"] == pytest.approx(2.0)
+    del info["peaks"]["fp16"]  # a run whose peaks left it out says so, not a blank
+    cols = mfu_columns(info, "cuda", row)
+    assert (
+        math.isnan(cols["mfu_pct"])
+        and cols["peak_source"] == "no fp16 peak was measured for this run"
+    )
+
+
 def test_a_cpu_peak_of_several_threads_is_at_least_one_threads(tmp_path, data_root, monkeypatch):
     """On a machine where another process holds a core, a 2-thread product waits on its
     slowest thread: its measured peak once came out 400x under one thread's."""

@@ -1229,6 +1229,16 @@ def peak_key(device: str, threads: Any, precision: Any) -> str:
     return f"{precision}" if device == "cuda" else f"{precision}/{threads}t"
 
 
+def products_precision(precision: Any) -> str:
+    """The precision whose device peak a row's MFU is against: the precision axis' value,
+    or for apex.amp's own (a row's `apex_O1`, a cell's `apex` with `opt_level`) the one its
+    products run in: fp32 at O0, fp16 at O1 to O3."""
+    p = str(precision)
+    if not p.startswith("apex"):
+        return p
+    return "fp32" if p == "apex_O0" else "fp16"
+
+
 def _epoch_status(diverged: str | None, eval_error: str, eval_oom: Any = False) -> dict[str, str]:
     """An epoch record's status and reason: a diverged epoch, or one whose evaluation
     failed (out of memory: `oom`), keeps every measurement but is not a result to rank."""
@@ -1247,13 +1257,18 @@ def mfu_columns(info: Mapping[str, Any], device: str, row: Mapping[str, Any]) ->
     from bench.workload import flops
 
     fps = info.get("flops_per_sample")
-    peak, source = info.get("peaks", {}).get(
-        peak_key(device, row.get("threads_per_rank"), row.get("precision")), (None, "")
-    )
+    precision = products_precision(row.get("precision"))
+    key = peak_key(device, row.get("threads_per_rank"), precision)
+    peak, source = info.get("peaks", {}).get(key, (None, ""))
+    if not fps:
+        source = info.get("flops_note", "") or source
+    elif "peaks" in info and not peak and not source:
+        source = f"no {precision} peak was measured for this run"
+    elif precision != row.get("precision"):
+        source = f"{row.get('precision')} computes in {precision}: {source}"
     per_device = float(row.get("samples_per_s_per_device") or "nan")
     achieved = fps * per_device / 1e12 if fps else float("nan")
     mfu = flops.mfu(fps, per_device, peak)
-    source = source or info.get("flops_note", "")
     if mfu > 1:  # faster than the peak: the peak is what is wrong, not a measurement
         source += f"; not used: the cell ran at {100 * mfu:.0f} % of it"
         mfu = float("nan")
@@ -1296,7 +1311,10 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
     for cell in cells:
         if cell.status:
             continue
-        precision = cell.setting.precision
+        opt_level = dict(cell.options).get("opt_level", "O1")
+        precision = products_precision(
+            f"apex_{opt_level}" if cell.setting.precision == "apex" else cell.setting.precision
+        )
         threads = rank_threads(cfg, cell)
         key = peak_key(device, threads, precision)
         if key in info["peaks"] or precision not in DTYPES:
