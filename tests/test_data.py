@@ -257,6 +257,24 @@ def test_an_empty_class_folder_is_named_in_one_line(tmp_path, data_root, empty):
         data.check(RunConfig(dataset="imagenet-subset", data_root=str(tree), image_size=32))
 
 
+def test_hidden_folders_and_files_of_an_image_tree_are_skipped(tmp_path, data_root):
+    """A notebook's `.ipynb_checkpoints` beside the class folders and in one, a `.cache` and
+    `.git`, macOS's `._x.JPEG`: no classes or images of the tree, though torchvision's
+    ImageFolder takes them for both (and, one sorting first, would shift every label)."""
+    tree = _image_tree(tmp_path, data_root)
+    cfg = RunConfig(dataset="imagenet-subset", data_root=str(tree), image_size=32)
+    plain = data.load(cfg)
+    for name in (".ipynb_checkpoints", ".cache", ".git"):  # as many as the class folders
+        (tree / name).mkdir()
+    image = next(tree.glob("[!.]*/*"))
+    (image.parent / ".ipynb_checkpoints").mkdir()
+    shutil.copy(image, image.parent / ".ipynb_checkpoints" / image.name)
+    (image.parent / f"._{image.name}").write_bytes(bytes(4096))  # no image
+    b = data.load(cfg)  # the tree found, though half the folders in it are hidden
+    assert b.num_classes == 3 and b.description == plain.description
+    assert [int(y) for _, y in b.train] == [int(y) for _, y in plain.train]
+
+
 def test_a_tree_of_one_class_is_refused(tmp_path, data_root):
     tree = _image_tree(tmp_path, data_root, classes=1)
     with pytest.raises(ConfigError, match="one class folder .*at least 2"):

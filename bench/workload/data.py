@@ -9,6 +9,7 @@ in every result row. Nothing is substituted silently: missing data is a ConfigEr
 
 from __future__ import annotations
 
+import functools
 import gzip
 import sys
 import sysconfig
@@ -381,8 +382,18 @@ def _limited(limit: int | None, n: int, what: str, held: int = 0) -> int:
 
 
 # ---------------------------------------------------------------- ImageNet subset
+def _hidden(p: Path) -> bool:
+    """A name starting with '.' (`.ipynb_checkpoints`, `.cache`, macOS's `._x.JPEG`): no class
+    folder or image of the tree, though ImageFolder would take it for one."""
+    return p.name.startswith(".")
+
+
+def _class_folders(p: Path) -> list[Path]:
+    return [c for c in p.iterdir() if c.is_dir() and not _hidden(c)]
+
+
 def _is_class_tree(p: Path) -> bool:
-    return p.is_dir() and any(c.is_dir() for c in p.iterdir())
+    return p.is_dir() and bool(_class_folders(p))
 
 
 def _imagenet_root(root: Path) -> Path:
@@ -398,10 +409,11 @@ def _imagenet_root(root: Path) -> Path:
         if cand.is_dir() and _is_class_tree(cand) and cand.name != "MNIST":
             # A tree of class folders, most of them holding images (not the data root holding
             # 'mnist/', 'imagenet-sample/' and a folder with a picture in it); a class folder
-            # left empty is ImageFolder's to name, below
-            folders = [c for c in cand.iterdir() if c.is_dir()]
+            # left empty is named below (_image_folder)
+            folders = _class_folders(cand)
             pictures = sum(
-                any(f.suffix.lower() in IMG_EXTENSIONS for f in c.iterdir()) for c in folders
+                any(f.suffix.lower() in IMG_EXTENSIONS and not _hidden(f) for f in c.iterdir())
+                for c in folders
             )
             if 2 * pictures > len(folders):
                 return cand
@@ -424,8 +436,44 @@ def _read_image(path: str) -> Any:
         raise OSError(f"{path} cannot be read as an image ({plugins.one_line(exc)})") from None
 
 
+def _visible_image(root: Path, path: str) -> bool:
+    """An image file of the tree under no hidden folder and not hidden itself."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    hidden = any(part.startswith(".") for part in Path(path).relative_to(root).parts)
+    return not hidden and path.lower().endswith(IMG_EXTENSIONS)
+
+
+def _image_folder(root: Path, transform: Any) -> Any:
+    """ImageFolder's dataset of the tree, less its hidden folders and files (`_hidden`): left
+    as classes, one such folder would shift every label, and refuse the tree as empty."""
+    from torchvision.datasets import ImageFolder
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    tree = ImageFolder(
+        str(root),
+        transform=transform,
+        loader=_read_image,
+        is_valid_file=functools.partial(_visible_image, root),
+        allow_empty=True,  # a hidden folder holds no image (said here of the others)
+    )
+    shown = [c for c in tree.classes if not c.startswith(".")]
+    number = {tree.class_to_idx[c]: i for i, c in enumerate(shown)}
+    tree.classes, tree.class_to_idx = shown, {c: i for i, c in enumerate(shown)}
+    tree.samples = tree.imgs = [(path, number[c]) for path, c in tree.samples]
+    tree.targets = [c for _, c in tree.samples]
+    empty = sorted(set(tree.classes) - {tree.classes[c] for c in set(tree.targets)})
+    if empty:
+        raise ConfigError(
+            f"imagenet-subset {root}: found no valid file for the classes {', '.join(empty)} "
+            f"(supported extensions: {', '.join(IMG_EXTENSIONS)}); remove the empty class "
+            "folders, or add images to them"
+        )
+    return tree
+
+
 def _imagenet_subset(cfg: RunConfig) -> DataBundle:
-    from torchvision import datasets, transforms
+    from torchvision import transforms
 
     root = _imagenet_root(cfg.data_path)
     norm = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
@@ -448,14 +496,8 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
     )
     if cfg.no_augment:  # parity (verify): every layout reads the same pixels
         train_tf = eval_tf
-    try:
-        train_full = datasets.ImageFolder(str(root), transform=train_tf, loader=_read_image)
-    except FileNotFoundError as exc:  # a class folder without an image
-        raise ConfigError(
-            f"imagenet-subset {root}: {str(exc).rstrip('.')}; remove the empty class "
-            "folders, or add images to them"
-        ) from None
-    eval_full = datasets.ImageFolder(str(root), transform=eval_tf, loader=_read_image)
+    train_full = _image_folder(root, train_tf)
+    eval_full = _image_folder(root, eval_tf)
     classes = len(train_full.classes)
     if classes < 2:
         raise ConfigError(
