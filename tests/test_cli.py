@@ -917,6 +917,33 @@ def test_verify_caps_the_samples_only_where_the_data_has_more(tmp_path, capsys, 
     assert "train first 4096 of 10000 (--limit)" in capsys.readouterr().out
 
 
+def test_a_verify_stopped_part_way_says_to_run_verify_again(
+    tmp_path, capsys, data_root, monkeypatch
+):
+    """Ctrl-C in verify's run: that run's `parabench run --resume` would finish it and give
+    no verdict (no baselines, no comparison), so verify says to run verify again; its run
+    id, stopped before a row, is then refused without advice to --resume it either."""
+    from bench.harness import runner
+
+    def interrupted(self, cells):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner.Runner, "run", interrupted)
+    args = ["verify", "--strategies", "dp", "--world-sizes", "1", "--steps", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--run-id", "v"]
+    assert main([*args, "--device", "cpu"]) == 130
+    out = capsys.readouterr().out
+    assert "interrupted: 0 finished rows kept in" in out, out
+    said = (
+        "verify has no --resume; for its verdict, run the same verify again under another --run-id"
+    )
+    assert said in out and "parabench run --resume" not in out
+    assert main([*args, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'v'} already holds a run; use another --run-id" in err
+    assert "--resume" not in err
+
+
 # ---------------------------------------------------------------- the Makefile's targets
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -786,6 +786,14 @@ def _apart(row: dict[str, str] | None) -> bool:
     return row is None or row["status"] == results.SKIPPED
 
 
+def again(cfg: RunConfig) -> str:
+    """How to go on from a verify stopped part-way (Ctrl-C, SIGTERM, a full disk): the
+    --resume of the run it stopped in would finish that run alone, with no verdict, which
+    takes the cells, their baselines and the comparison of one verify."""
+    other = " under another --run-id" if cfg.run_id else ""
+    return f"verify has no --resume; for its verdict, run the same verify again{other}"
+
+
 def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
     """One `single --set shares=R --accumulate K` run per layout the cells need, through
     the same harness, under run_dir/baselines/; the plain baseline there too where the
@@ -795,7 +803,7 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
     if _apart(_single_row(RunDir(run_dir))):
         echo("baseline: single at world size 1, fp32, on this machine")
         one = baseline_config(cfg, baselines_dir(run_dir), _layout_id((1, 1)), options={})
-        run_matrix(one, echo=echo)
+        run_matrix(one, echo=echo, again=again(cfg))
     runs = [(layout, "fp32") for layout in share_layouts(run_dir)]
     threads = _layout_threads(run_dir)
     for layout, precision in runs + reference_layouts(run_dir):
@@ -812,7 +820,7 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
             precisions=(precision,),
             threads_per_rank=threads.get(layout, 0),
         )
-        run_matrix(layout_cfg.replace(accumulate=(k,)), echo=echo)
+        run_matrix(layout_cfg.replace(accumulate=(k,)), echo=echo, again=again(cfg))
 
 
 def _layout_threads(run_dir: Path) -> dict[Layout, int]:
@@ -876,6 +884,7 @@ def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Condi
             cfg, out_dir, "conditioning", options={"shares": str(shares), "perturb": seeds}
         ),
         echo=echo,
+        again=again(cfg),
     )
     bad = [r for r in rows if r["status"] != results.OK]
     if bad:
@@ -911,7 +920,7 @@ def verify(
         cond = conditioning(cfg, steps, scratch, echo=echo)
         echo(cond.describe())
         cfg = parity_config(base, cond.horizon)
-    run_dir, _ = run_matrix(cfg, echo=echo)
+    run_dir, _ = run_matrix(cfg, echo=echo, again=again(cfg))
     if cond is not None:
         shutil.move(str(scratch / "conditioning"), str(run_dir / "conditioning"))
         shutil.rmtree(scratch, ignore_errors=True)
@@ -944,8 +953,9 @@ def cmd_verify(a: argparse.Namespace) -> int:
             "--exclude single: verify compares every strategy with single, its baseline; "
             "leave it in"
         )
-    if cfg.run_id and (Path(cfg.out_dir) / cfg.run_id / "runs.csv").exists():
-        path = Path(cfg.out_dir) / cfg.run_id
+    path = Path(cfg.out_dir) / cfg.run_id
+    # one stopped before its first row too (the runner would say to --resume it)
+    if cfg.run_id and any((path / f).exists() for f in ("runs.csv", "config.json")):
         raise ConfigError(f"{path} already holds a run; use another --run-id")
     # verify's own cap on the training samples, where the data has more (a --limit above
     # them is refused); synthetic data has as many as it says

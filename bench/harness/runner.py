@@ -1130,10 +1130,16 @@ def check_new_run(cfg: RunConfig) -> None:
 
 
 def run_matrix(
-    cfg: RunConfig, *, resume: Path | None = None, echo: Echo = print, progress: bool = False
+    cfg: RunConfig,
+    *,
+    resume: Path | None = None,
+    echo: Echo = print,
+    progress: bool = False,
+    again: str | None = None,
 ) -> tuple[Path, list[dict]]:
     """Plan, then run every cell not yet done. `progress`: show the running cell's steps,
-    speed and the ETAs (bench.harness.progress) on stderr."""
+    speed and the ETAs (bench.harness.progress) on stderr. `again`: how to go on, said where
+    the run stops (default: its --resume; a run of verify's is one step of verify's own)."""
     cfg, run_dir, cells = open_run(cfg, resume)
     proc.become_subreaper()
     runner: Runner | None = None
@@ -1156,7 +1162,8 @@ def run_matrix(
         if runner is not None:
             runner.interrupt()
         n = len(run_dir.runs.read())
-        line = f"{n} finished rows kept in {run_dir.runs.path}; continue with: {results.resume_command(cfg.launcher, run_dir.path)}"
+        again = again or f"continue with: {results.resume_command(cfg.launcher, run_dir.path)}"
+        line = f"{n} finished rows kept in {run_dir.runs.path}; {again}"
         if full:  # a long run filled its disk: the rows written are whole (CsvTable)
             raise RunStopped(
                 f"{stop.strerror} in {run_dir.path}, the run stopped: {line} once there is room"
