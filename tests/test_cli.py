@@ -917,6 +917,25 @@ def test_verify_caps_the_samples_only_where_the_data_has_more(tmp_path, capsys, 
     assert "train first 4096 of 10000 (--limit)" in capsys.readouterr().out
 
 
+def test_verify_reads_the_data_once_for_its_cap(tmp_path, capsys, data_root, monkeypatch):
+    """The cap needs the data's own size: that is read once, then the capped data once (by
+    the plan), not again (an image tree listed, or a plugin's factory called, each time)."""
+    from bench.workload import data
+
+    limits = []
+    checked = data.checked
+
+    def counted(cfg):
+        limits.append(cfg.limit)
+        return checked(cfg)
+
+    monkeypatch.setattr(data, "checked", counted)
+    args = ["verify", "--dry-run", "--strategies", "ddp_spawn", "--world-sizes", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--steps", "2"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert limits == [None, 4096]
+
+
 def test_a_verify_stopped_part_way_says_to_run_verify_again(
     tmp_path, capsys, data_root, monkeypatch
 ):

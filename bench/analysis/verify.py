@@ -959,10 +959,11 @@ def cmd_verify(a: argparse.Namespace) -> int:
         raise ConfigError(f"{path} already holds a run; use another --run-id")
     # verify's own cap on the training samples, where the data has more (a --limit above
     # them is refused); synthetic data has as many as it says
-    if a.limit is None and (
-        cfg.dataset == "synthetic" or data.checked(parity_config(cfg, a.steps))[1] > VERIFY_LIMIT
-    ):
+    if a.limit is None and cfg.dataset == "synthetic":
         cfg = cfg.replace(limit=VERIFY_LIMIT)
+    samples = data.checked(parity_config(cfg, a.steps))[1]
+    if a.limit is None and samples > VERIFY_LIMIT:
+        cfg, samples = cfg.replace(limit=VERIFY_LIMIT), VERIFY_LIMIT
     pcfg = parity_config(cfg, a.steps)
     added = added_settings(cfg, pcfg)
     cells = plan(pcfg)
@@ -971,7 +972,6 @@ def cmd_verify(a: argparse.Namespace) -> int:
             "nothing to compare: the only cell to run is the baseline, single at world size 1 "
             "in fp32; name other strategies, world sizes or settings"
         )
-    samples = data.checked(pcfg)[1]
     if samples // pcfg.global_batch < a.steps:
         raise ConfigError(
             f"--steps {a.steps}: the data holds {samples // pcfg.global_batch} steps of global "
