@@ -207,7 +207,7 @@ class _BrokenAt(torch.utils.data.Dataset):
     [
         ("record 3 has no label", "record 3 has no label"),
         ("record 3:\nno label", "record 3:"),  # its first line, as any message's
-        ("", "ValueError"),  # none: the type, once
+        ("", ""),  # none: the type, once
     ],
 )
 def test_a_sample_that_raises_in_a_loader_worker_is_named_in_one_line(workers, message, said):
@@ -219,7 +219,8 @@ def test_a_sample_that_raises_in_a_loader_worker_is_named_in_one_line(workers, m
     with pytest.raises(ValueError) as caught:
         list(loader)
     where = " (DataLoader worker process 0)" if workers else ""
-    assert proc.one_line(caught.value) == f"ValueError: {said}{where}"
+    assert proc.one_line(caught.value) == f"ValueError{': ' if said else ''}{said}{where}"
+    assert proc.first_line(caught.value) == f"{said or 'ValueError'}{where}"
 
 
 def _image_tree(tmp_path, data_root, classes: int = 3):

@@ -27,7 +27,7 @@ from bench.config import ConfigError, RunConfig
 from bench.harness import proc
 from bench.harness.env import cpu_cores, device_count, resolve_device
 from bench.harness.worker import EVAL_BATCH
-from bench.workload import data, models, plugins
+from bench.workload import data, models
 from strategies import precision as prec
 
 #: start-up to the first step plus teardown, seconds per cell, by launcher: medians over
@@ -146,7 +146,7 @@ def _sample(cfg: RunConfig, samples: Any, i: int, held_out: bool = False) -> Any
         raise ConfigError(
             f"data {cfg.dataset}: {'held-out' if held_out else 'training'} sample {i} cannot "
             "be read, and every cell would "
-            f"read it: {plugins.one_line(exc)}; {mend}"
+            f"read it: {proc.one_line(exc)}; {mend}"
         ) from None
 
 
@@ -206,7 +206,7 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
         if not proc.is_oom(exc):
             raise
         raise ConfigError(
-            f"the run's data does not fit in this machine's memory ({plugins.one_line(exc)}); "
+            f"the run's data does not fit in this machine's memory ({proc.one_line(exc)}); "
             "lower --image-size, --seq-len or --limit"
         ) from None
     runnable = [c for c in cells if not c.status]
@@ -222,7 +222,7 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
     except BrokenProcessPool as exc:  # the child ended abruptly: killed, or crashed
         why = (
             f"the process timing a step of {cfg.model} ended abruptly "
-            f"({plugins.one_line(exc)}); the cells will say what happens to them"
+            f"({proc.one_line(exc)}); the cells will say what happens to them"
         )
         return _estimate(cfg, cells, bundle, None, why)
     except Exception as exc:  # here, or raised again here from the child process
@@ -235,7 +235,7 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
             bundle,
             None,
             f"a step of the whole {cfg.model} at batch 8 does not fit in one {where}'s memory "
-            f"({plugins.one_line(exc)}); cells that shard it may still run",
+            f"({proc.one_line(exc)}); cells that shard it may still run",
         )
     finally:
         torch.set_num_threads(threads)
@@ -250,7 +250,7 @@ def cannot_train(cfg: RunConfig, exc: BaseException) -> ConfigError:
     starts rather than a traceback or a matrix of failed cells."""
     return ConfigError(
         f"model {cfg.model} on data {cfg.dataset}: a training step (forward, loss, backward, "
-        f"optimizer step on a batch of its samples) fails: {plugins.one_line(exc)}"
+        f"optimizer step on a batch of its samples) fails: {proc.one_line(exc)}"
     )
 
 

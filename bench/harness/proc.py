@@ -66,15 +66,15 @@ def stdout_gone() -> bool:
     return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, or its type's name where it has none. A
-    DataLoader worker's exception, raised again in the training process, says only "Caught
-    X in DataLoader worker process N." first and the worker's traceback after: the first
-    line of the message it ends with, the cause (a file that cannot be decoded, a sample
-    that raised), is taken."""
+def _said(exc: BaseException) -> tuple[str, str]:
+    """The first line of an exception's message ('' where it has none), and where it was
+    raised ('' here, or "DataLoader worker process N"). A DataLoader worker's exception,
+    raised again in the training process, says only "Caught X in DataLoader worker process
+    N." first and the worker's traceback after: the first line of the message it ends
+    with, the cause (a file that cannot be decoded, a sample that raised), is taken."""
     text = str(exc).strip()
     if not text:
-        return type(exc).__name__
+        return "", ""
     lines = text.splitlines()
     caught = lines[0].removeprefix("Caught ")
     if caught != lines[0] and "Original Traceback" in text:
@@ -82,15 +82,23 @@ def first_line(exc: BaseException) -> str:
         raised = text.rpartition("(most recent call last):")[2].splitlines()
         line = next((ln for ln in raised if ln.strip() and not ln[0].isspace()), "")
         name, sep, message = line.partition(": ")
-        cause = message.strip() if sep else ""
-        where = caught.partition(" in ")[2].rstrip(".")
-        return f"{cause or type(exc).__name__} ({where})"
-    return lines[0]
+        return message.strip() if sep else "", caught.partition(" in ")[2].rstrip(".")
+    return lines[0], ""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (`_said`), or its type's name where it
+    has none."""
+    said, where = _said(exc)
+    return (said or type(exc).__name__) + (f" ({where})" if where else "")
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    """`Type: first line of the message`, at most `limit` characters."""
-    return f"{type(exc).__name__}: {first_line(exc)}"[:limit]
+    """`Type: first line of the message` (`_said`; the type alone where it has none), at
+    most `limit` characters."""
+    said, where = _said(exc)
+    text = type(exc).__name__ + (f": {said}" if said else "") + (f" ({where})" if where else "")
+    return text[:limit]
 
 
 def is_oom(exc: BaseException) -> bool:

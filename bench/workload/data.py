@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 
 from bench.config import CPU_SYNTHETIC_IMAGE_SIZE, ConfigError, RunConfig
+from bench.harness import proc
 from bench.workload import models, plugins
 from bench.workload.models import InputSpec, input_shape
 
@@ -433,7 +434,7 @@ def _read_image(path: str) -> Any:
     except MemoryError:
         raise
     except Exception as exc:
-        raise OSError(f"{path} cannot be read as an image ({plugins.one_line(exc)})") from None
+        raise OSError(f"{path} cannot be read as an image ({proc.one_line(exc)})") from None
 
 
 def _visible_image(root: Path, path: str) -> bool:
@@ -769,7 +770,7 @@ def _plugin(cfg: RunConfig) -> DataBundle:
     except Exception as exc:
         raise ConfigError(
             f"{name}: its first sample is not a pair of tensors (input, target): "
-            f"{plugins.one_line(exc)}"
+            f"{proc.one_line(exc)}"
         ) from None
     _integer_targets(name, y0.dtype)  # a Dataset's read off its first sample
     # token data: a target per input position (next tokens), not one label per sample

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import ConfigError
+from bench.harness import proc
 
 MODEL_GROUP = "parabench.models"
 DATASET_GROUP = "parabench.datasets"
@@ -207,7 +208,7 @@ def raised(exc: BaseException) -> str:
         return f"parses the command line (argparse: {exc}): {main}"
     if isinstance(exc, SystemExit):
         return f"exits (SystemExit({exc.code!r})): a plug-in must not exit; {main}"
-    return f"raised {one_line(exc)}"
+    return f"raised {proc.one_line(exc)}"
 
 
 def factory(spec: str, group: str) -> Callable[..., Any]:
@@ -254,8 +255,3 @@ def call(
     except (Exception, SystemExit) as exc:
         given = ", ".join(f"{k}={v!r}" for k, v in args.items()) or "no arguments"
         raise ConfigError(f"{spec}({given}) {raised(exc)}") from None
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
