@@ -223,6 +223,36 @@ def test_a_sample_that_raises_in_a_loader_worker_is_named_in_one_line(workers, m
     assert proc.first_line(caught.value) == f"{said or 'ValueError'}{where}"
 
 
+def test_a_loader_worker_killed_during_the_evaluation_is_told_as_in_training():
+    """A training DataLoader worker the kernel kills after the timed steps: its death is
+    raised in the rank where it is then, the evaluation. The row keeps its figures and is
+    not ok; as for a death in the timed steps, it is `oom` where the kernel's log names the
+    worker, and says what the kernel does say otherwise."""
+    from bench.harness.proc import OomKills
+    from bench.harness.runner import _epoch_status
+
+    said = "RuntimeError: DataLoader worker (pid 4321) is killed by signal: Killed."
+    failed = f"evaluation after the timed steps failed: {said}"
+    line = "Out of memory: Killed process 4321 (pt_data_worker) total-vm:9kB, anon-rss:8kB"
+    logged = OomKills(frozenset({4300}), 1, (line,), True)
+    assert _epoch_status(None, said, False, logged) == {
+        "status": "oom",
+        "reason": f"{failed}; the kernel's OOM killer killed one of the cell's processes (its "
+        "log: Out of memory: Killed process 4321 (pt_data_worker))",
+    }
+    assert _epoch_status(None, said, False, OomKills(frozenset({4300}), 0)) == {
+        "status": "failed",
+        "reason": f"{failed} (not the kernel's OOM killer: it killed no process on this "
+        "machine while the cell ran (/proc/vmstat oom_kill))",
+    }
+    # another error of the evaluation says nothing of the OOM killer
+    other = _epoch_status(None, "ValueError: bad label", False, logged)
+    assert other == {
+        "status": "failed",
+        "reason": "evaluation after the timed steps failed: ValueError: bad label",
+    }
+
+
 def _image_tree(tmp_path, data_root, classes: int = 3):
     """The first `classes` class folders of the ImageNet sample, copied (one image each)."""
     src = data_root / "imagenet-sample"

@@ -877,7 +877,7 @@ class Runner:
                     "threads_per_rank": rec["threads_per_rank"],
                     "warmup_steps": rec["warmup_steps"],
                     "notes": rec["notes"],
-                    **_epoch_status(diverged, rec.get("eval_error", ""), rec.get("eval_oom")),
+                    **_epoch_status(diverged, rec.get("eval_error", ""), rec.get("eval_oom"), oom),
                     "cell_wall_s": wall,
                     **startup,
                     **results.measure(rec, cell.world_size, self.device),
@@ -957,7 +957,14 @@ def _failure(cell_dir: Path, rc: int | None, oom: proc.OomKills | None = None) -
     the CPU's), or where the kernel's log names one of the cell's processes as killed by
     its OOM killer. A SIGKILL alone is no proof of that: the reason says what the kernel
     does say (`oom`: what it logged and counted while the cell ran; None: not known here)."""
-    status, reason, sigkill = _failed(cell_dir, rc)
+    return _attributed(*_failed(cell_dir, rc), oom)
+
+
+def _attributed(
+    status: str, reason: str, sigkill: list[int] | None, oom: proc.OomKills | None
+) -> tuple[str, str]:
+    """`status` and `reason` of a failure, with what the kernel says of its OOM killer where
+    a process died of SIGKILL (`sigkill`: the pids named of those, or None), as _failure."""
     if status == results.OOM or oom is None:
         return status, reason + (" (the kernel's OOM killer?)" if sigkill is not None else "")
     killed = oom.of(sigkill or ())
@@ -1246,14 +1253,24 @@ def products_precision(precision: Any) -> str:
     return "fp32" if p == "apex_O0" else "fp16"
 
 
-def _epoch_status(diverged: str | None, eval_error: str, eval_oom: Any = False) -> dict[str, str]:
+def _epoch_status(
+    diverged: str | None, eval_error: str, eval_oom: Any = False, oom: proc.OomKills | None = None
+) -> dict[str, str]:
     """An epoch record's status and reason: a diverged epoch, or one whose evaluation
-    failed (out of memory: `oom`), keeps every measurement but is not a result to rank."""
+    failed (out of memory: `oom`), keeps every measurement but is not a result to rank. A
+    DataLoader worker of the training's that died meanwhile (its death is raised where the
+    rank is, here in the evaluation) is told of as in a failed cell (_failure)."""
     if diverged:
         return {"status": results.DIVERGED, "reason": diverged}
     if eval_error:
-        reason = f"evaluation after the timed steps failed: {eval_error}"
-        return {"status": results.OOM if eval_oom else results.FAILED, "reason": reason}
+        worker = _WORKER_DIED.search(eval_error)
+        status, reason = _attributed(
+            results.OOM if eval_oom else results.FAILED,
+            f"evaluation after the timed steps failed: {eval_error}",
+            [int(p) for p in worker[1].split(",")] if worker else None,
+            oom,
+        )
+        return {"status": status, "reason": reason}
     return {"status": results.OK, "reason": ""}
 
 
