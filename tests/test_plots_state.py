@@ -374,3 +374,19 @@ def test_tick_labels_that_run_into_each_other_are_slanted() -> None:
     assert all(t.get_rotation() for t in fig.axes[0].get_xticklabels())
     after = _tick_boxes(fig)
     assert len(after) == len(cells) and after[-1][1] <= fig.bbox.width
+
+
+def test_time_parts_names_a_pipeline_that_has_no_forward_part() -> None:
+    """A pipeline's schedule laps forward and backward as one (forward 0): its strategy
+    was drawn but missing from the legend, which named only strategies with a forward."""
+    parts = {col: 2.0 for col in plots.STEP_PARTS}
+    rows = pd.DataFrame(
+        [
+            {"strategy": "ddp_spawn", "world_size": 2, "step_time_ms_mean": 12.0} | parts,
+            {"strategy": "pipeline_gpipe", "world_size": 2, "step_time_ms_mean": 10.0}
+            | parts
+            | {"part_forward_ms": 0.0, "part_comm_exposed_ms": math.nan},
+        ]
+    )
+    labels = plots.legend_labels(plots.time_parts(rows))
+    assert labels[:2] == ["ddp_spawn", "pipeline_gpipe"]

@@ -852,12 +852,11 @@ def time_parts(
                 alpha=alpha,
                 hatch=hatch,
                 edgecolor="0.25" if hatch else None,
-                label=cell[0]
-                if col == "part_forward_ms" and cell[0] not in named
-                else f"_{cell[0]} {label}",
+                # the strategy's name on the first part drawn: a pipeline has no forward
+                label=f"_{cell[0]} {label}" if cell[0] in named else cell[0],
             )
+            named.add(cell[0])
             bottom += v
-        named.add(cell[0])
         step = float(values["step_time_ms_mean"])
         comm = float(values["part_comm_exposed_ms"])
         if np.isfinite(comm) and step > 0:
