@@ -390,3 +390,26 @@ def test_time_parts_names_a_pipeline_that_has_no_forward_part() -> None:
     )
     labels = plots.legend_labels(plots.time_parts(rows))
     assert labels[:2] == ["ddp_spawn", "pipeline_gpipe"]
+
+
+def _notes(fig: Figure) -> list[str]:
+    """The words written over the bars, left to right."""
+    texts = [t for t in fig.axes[0].texts if t.get_text()]
+    return [t.get_text() for t in sorted(texts, key=lambda t: t.xy[0])]
+
+
+def test_time_parts_says_which_communication_was_not_measured() -> None:
+    """Over a pipeline's bar the plot said "comm not measured" beside a table whose comm
+    total (the profiler's) it had measured: only the exposed part, an ablation's, is not."""
+    parts = {col: 2.0 for col in plots.STEP_PARTS}
+    rows = pd.DataFrame(
+        [
+            {"strategy": "ddp_spawn", "world_size": 2, "step_time_ms_mean": 12.0} | parts,
+            {"strategy": "pipeline_gpipe", "world_size": 2, "step_time_ms_mean": 10.0}
+            | parts
+            | {"part_comm_exposed_ms": math.nan, "comm_total_ms": 4.0},
+        ]
+    )
+    ddp, pipe = _notes(plots.time_parts(rows))
+    assert ddp == "17% comm exposed"
+    assert pipe == "exposed comm\nnot measured"

@@ -860,9 +860,10 @@ def time_parts(
         step = float(values["step_time_ms_mean"])
         comm = float(values["part_comm_exposed_ms"])
         if np.isfinite(comm) and step > 0:
-            said = [f"{100 * comm / step:.0f}% comm"]
+            said = [f"{100 * comm / step:.0f}% comm exposed"]
         else:  # one rank has no one to talk to; several without an ablation: not measured
-            said = ["no comm" if cell[1] == 1 else "comm not measured"]
+            # (a profiler may still have timed the whole of it: the report's comm total)
+            said = ["no comm" if cell[1] == 1 else "exposed comm\nnot measured"]
         bubble = (bubbles or {}).get(cell)
         if bubble is not None and np.isfinite(bubble):
             said.append(f"{bubble:.0f}% bubble")
