@@ -413,3 +413,25 @@ def test_time_parts_says_which_communication_was_not_measured() -> None:
     ddp, pipe = _notes(plots.time_parts(rows))
     assert ddp == "17% comm exposed"
     assert pipe == "exposed comm\nnot measured"
+
+
+def test_a_legend_taller_than_the_figure_makes_the_figure_taller() -> None:
+    """Thirty loss curves (every strategy of make bench at two world sizes): their legend
+    beside the axes ran past the figure's bottom, cut off in the PNG, with the axes
+    squeezed to a strip above it; fit_titles grows the figure until the legend fits."""
+    steps = pd.DataFrame(
+        [
+            {"strategy": f"s{i:02d}", "world_size": ws, "repeat": 0, "epoch": 0, "step": k}
+            | {"loss": 2.0 / (k + 1)}
+            for i in range(15)
+            for ws in (1, 2)
+            for k in range(10)
+        ]
+    )
+    fig = plots.loss_curves(steps)
+    height = fig.get_figheight()
+    plots.fit_titles(fig)
+    fig.draw_without_rendering()
+    box = fig.axes[0].get_legend().get_window_extent(fig.canvas.get_renderer())
+    assert fig.get_figheight() > height
+    assert box.y0 >= 0 and box.y1 <= fig.bbox.height

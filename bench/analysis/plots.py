@@ -70,7 +70,9 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
     """Wrap each axes title that runs past the figure's edge (a narrow figure whose axes a
     legend outside pushes aside: the title, centred on the axes, would be cut at the left)
     onto more lines until it fits, and slant x tick labels that run into each other (the
-    same legend narrows the bars they stand under); `pad`: pixels kept clear of the edge.
+    same legend narrows the bars they stand under), and makes a figure taller where its
+    legend beside the axes runs past its bottom (the layout had squeezed the axes to a
+    strip above a legend cut off in the PNG); `pad`: pixels kept clear of the edge.
     Lays the figure out to measure; returns it."""
     for _ in range(4):  # wrapping makes a title taller, and the layout moves the axes
         fig.draw_without_rendering()
@@ -80,6 +82,11 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
         for ax in fig.axes:
             if _ticks_overlap(ax, renderer):
                 _slant(ax)
+                done = False
+            legend = ax.get_legend()
+            short = pad - legend.get_window_extent(renderer).y0 if legend else 0.0
+            if short > 0:  # the legend hangs from the axes' top: grow the figure below it
+                fig.set_figheight(fig.get_figheight() + short / fig.dpi)
                 done = False
             title = ax.title
             text = title.get_text()
