@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -514,3 +515,28 @@ def test_predictions_name_each_setting_and_check_nothing_at_one_process(
         ["ddp_spawn", "[bf16]"],
     ]
     assert all(ln.split()[-1] == "–" and "%" not in ln for ln in lines[2:4]), lines
+
+
+def _with_cells_of(run: Path, dest: Path, names: Sequence[str]) -> Path:
+    """A copy of the probed run whose ddp_spawn rows at world size 2 also stand for each of
+    `names` (rows only: no world-size-1 cell of theirs, no cells/ folder)."""
+    copy = Path(shutil.copytree(run, dest))
+    runs = pd.read_csv(copy / "runs.csv", dtype=str, keep_default_na=False)
+    ws2 = runs[runs["world_size"] == "2"]
+    pd.concat([runs, *(ws2.assign(strategy=n) for n in names)]).to_csv(
+        copy / "runs.csv", index=False
+    )
+    return copy
+
+
+def test_report_says_why_a_strategy_it_ran_is_not_predicted(probed_run, tmp_path) -> None:
+    """make bench ran ddp_powersgd at world size 2, and the scaling section left it out of
+    both tables without a word, while other strategies were predicted."""
+    from bench.analysis import report
+
+    run, _ = probed_run
+    odd = _with_cells_of(run, tmp_path / "odd", ["ddp_powersgd"])
+    text = report.scaling_markdown(report.load_run(odd))
+    assert "Checked against" in text and "| ddp_powersgd |" not in text
+    last = text.rsplit("\n\n", 1)[1]
+    assert last.startswith("Not predicted: ") and "(ddp_powersgd)" in last

@@ -1216,6 +1216,8 @@ def scaling_markdown(run: Run) -> str:
                 ],
             )
         )
+    if why:  # a strategy measured here but in neither table says why
+        text += f"\n\nNot predicted: {_why_none(why)}."
     return text
 
 
