@@ -540,3 +540,17 @@ def test_report_says_why_a_strategy_it_ran_is_not_predicted(probed_run, tmp_path
     assert "Checked against" in text and "| ddp_powersgd |" not in text
     last = text.rsplit("\n\n", 1)[1]
     assert last.startswith("Not predicted: ") and "(ddp_powersgd)" in last
+
+
+def test_a_strategy_not_modelled_says_so_even_without_a_one_process_cell(
+    probed_run, tmp_path
+) -> None:
+    """A pipeline never runs at world size 1 (it is `single` there), so predict said "no
+    world-size-1 cell finished ok", as if one had failed: the reason is that its
+    communication is not modelled at all. A modelled strategy keeps the first reason."""
+    run, _ = probed_run
+    odd = _with_cells_of(run, tmp_path / "odd", ["pipeline_gpipe", "ddp_torchrun"])
+    why: list[str] = []
+    predict.predict_run(odd, [2], holdout=True, why=why)
+    assert "pipeline_gpipe: Pipeline's communication is not modelled" in why
+    assert "ddp_torchrun: no world-size-1 cell finished ok to predict from" in why

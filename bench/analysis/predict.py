@@ -257,8 +257,14 @@ def predict_run(
         if spec is None or spec.cls is None:
             _say(why, f"{case}: not a strategy this parabench has")
             continue
-        if one.empty:
-            _say(why, f"{case}: no world-size-1 cell finished ok to predict from")
+        if one.empty:  # where the strategy is not modelled at all (pipelines), that first
+            row = group.iloc[0]
+            options = json.loads(_text(row["options"]) or "{}")
+            traffic = spec.cls.traffic(
+                options, int(row["world_size"]), shape, _text(row["precision"])
+            )
+            missing = "no world-size-1 cell finished ok to predict from"
+            _say(why, f"{case}: {traffic if isinstance(traffic, str) else missing}")
             continue
         first = one.iloc[0]
         cpu = first["device"] != "cuda"  # where the run ran, not where this runs
