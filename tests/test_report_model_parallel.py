@@ -615,3 +615,15 @@ def test_figures_pass_the_bubble_of_relabelled_cases(tmp_path: Path) -> None:
     assert bars["_pipeline_1f1b [fp32] pipeline bubble"][0].get_height() == pytest.approx(20.0)
     assert bars["_pipeline_1f1b [bf16] pipeline bubble"][0].get_height() == pytest.approx(40.0)
     assert not any(k.startswith("_single") and "bubble" in k for k in bars)
+
+
+def test_the_summary_says_a_cpu_memory_figure_is_the_whole_process() -> None:
+    """make bench on a CPU: every cell near 800 MiB of 'peak mem/device' beside 13.7 MiB
+    of model state, and FSDP no lower than DDP: the text called it memory per device, not
+    the ranks' resident set, most of which is torch itself."""
+    runs = _mixed()
+    text = report.report_markdown(_hand_run(runs), report.summarise(runs), [])
+    assert "peak resident memory (host RSS)" in text
+    gpu = runs.assign(mem_source="cuda_allocator")
+    text = report.report_markdown(_hand_run(gpu), report.summarise(gpu), [])
+    assert "host RSS" not in text

@@ -1236,6 +1236,15 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         else ""
     )
     over += shared_cores_markdown(counted)
+    # a CPU's figure is the ranks' whole processes: it cannot show what sharding saves
+    rss = any("host_rss" in str(v) for v in summary.get("mem_source", []))
+    memory = (
+        " On a CPU that is each rank process's peak resident memory (host RSS): mostly "
+        "torch's own libraries and the data, whatever the strategy, so what sharding saves "
+        "shows in the model state, not there."
+        if rss
+        else ""
+    )
     model_parallel = model_parallel_markdown(counted, summary)
     base = (
         ""
@@ -1252,7 +1261,8 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
             "same ratio over `single` in the row's own run options (precision, layout, compile, "
             "accumulation) where the run has that cell, divided by world size: how well the "
             "cell scales, not what its precision gains. Memory is the peak per device (the "
-            "maximum over ranks; per rank where ranks share a GPU, each with its own allocator). "
+            "maximum over ranks; per rank where ranks share a GPU, each with its own allocator)."
+            f"{memory} "
             "Model state is what the rank holding most keeps of parameters / gradients / optimizer "
             "state after the first step (local shards for FSDP and ZeRO; 'least': the lightest "
             "rank where they differ; per rank in ranks.csv and the model-state plot). "
