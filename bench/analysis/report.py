@@ -1020,6 +1020,13 @@ def _median_of(grp: pd.DataFrame, col: str) -> float:
     return float(pd.to_numeric(grp[col], errors="coerce").median())
 
 
+def _spread_text(grp: pd.DataFrame, col: str, digits: int) -> str:
+    """A column's median over a cell's repeats with their range, as the summary shows it."""
+    values = pd.to_numeric(grp.get(col, pd.Series(dtype=float)), errors="coerce").dropna()
+    row = {f"{col}_{k}": v for k, v in _spread(values).items()} | {"n_repeats": len(values)}
+    return _with_range(row, col, digits)
+
+
 def lapped(counted: pd.DataFrame) -> bool:
     """Whether the run's steps were lapped into parts (runs from before the laps were not)."""
     return "part_forward_ms" in counted and bool(counted["part_forward_ms"].notna().any())
@@ -1064,7 +1071,7 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
                 "–" if schedule else _num(m["part_forward_ms"], 2),
                 _num(m["part_backward_ms"], 2),
                 _num(m["part_optimizer_ms"], 2),
-                _num(m["part_comm_exposed_ms"], 2),
+                _spread_text(grp, "part_comm_exposed_ms", 2),
                 _num(m["comm_total_ms"], 2),
                 _num(m["comm_hidden_ms"], 2),
                 _num(100 * m["part_other_ms"] / step if step > 0 else float("nan"), 1),
@@ -1088,7 +1095,9 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         "cannot be switched off and stay in forward/backward; ZeRO-1's broadcast stays in the "
         "optimizer step); *profiler* reads the collectives in a torch.profiler window: "
         "communication in flight in all (waiting for the slower rank included), of which "
-        "*hidden* ran under compute. Skew: the slowest rank's median step over the fastest's. "
+        "*hidden* ran under compute. Comm exposed is a difference of two noisy step times: "
+        "in brackets its range over repeats; where it reads more than the profiler's total, "
+        "hidden is 0. Skew: the slowest rank's median step over the fastest's. "
         "MFU: model FLOPs (FlopCounterMode) per sample x samples/s per device over the "
         "device's peak (a GPU's datasheet, or a matrix product timed on this CPU at the "
         "rank's threads). `--profile` keeps each cell's trace (open it in Perfetto or "
