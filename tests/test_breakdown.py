@@ -168,6 +168,9 @@ def test_predicted_step_and_band() -> None:
     # overlap cannot make the step shorter than its longer part
     assert predict.predict_step(5.0, 0.0, 10.0, exposed_fraction=0.0).step_ms == 10.0
     assert p.samples_per_s(64) == pytest.approx(64 / 0.052)
+    # the repeats' compute from 30 to 60 ms: the band spans it, the figure stays the median's
+    wide = predict.predict_step(40.0, 2.0, 10.0, 0.5, compute_range=(30.0, 60.0))
+    assert (wide.step_ms, wide.low_ms, wide.high_ms) == (47.0, 32.0, 72.0)
 
 
 def test_compute_at_uses_the_point_or_the_line_through_its_nearest_points() -> None:
@@ -515,6 +518,45 @@ def test_predictions_name_each_setting_and_check_nothing_at_one_process(
         ["ddp_spawn", "[bf16]"],
     ]
     assert all(ln.split()[-1] == "–" and "%" not in ln for ln in lines[2:4]), lines
+
+
+def test_two_cases_whose_repeats_differ_only_by_noise_predict_overlapping_bands(
+    probed_run, tmp_path
+) -> None:
+    """make bench's ddp_spawn and ddp_torchrun run the same computation, yet at 64 ranks
+    predicted 8,630 and 16,720 samples/s with bands apart: each took the median of its own
+    three compute curves (batch 2: 4.2 to 10.8 ms over repeats) and the band covered only
+    overlap. Two cases with the same three repeats, one fast and one slow twice: their
+    figures differ, their bands each hold both figures."""
+    from bench.harness.runner import cell_dirname
+
+    run, _ = probed_run
+    two = Path(shutil.copytree(run, tmp_path / "two"))
+    runs = pd.read_csv(two / "runs.csv", dtype=str, keep_default_na=False)
+    (one,) = runs[runs["world_size"] == "1"].to_dict("records")
+    src = two / "cells" / cell_dirname("ddp_spawn", 1, "fp32", int(one["repeat"]))
+    record = json.loads((src / "epochs.jsonl").read_text().splitlines()[-1])
+    curve = record["probe"]["compute_curve"]
+    added = []
+    for setting, slow in (("fp32", (False, False, True)), ("bf16", (False, True, True))):
+        for rep, factor in enumerate(2.0 if s else 1.0 for s in slow):
+            scaled = [{**p, "ms": p["ms"] * factor} for p in curve]
+            probe = {**record["probe"], "compute_curve": scaled}
+            cell = two / "cells" / cell_dirname("ddp_spawn", 1, setting, rep)
+            cell.mkdir(exist_ok=True)
+            (cell / "epochs.jsonl").write_text(json.dumps({**record, "probe": probe}) + "\n")
+            added.append({**one, "setting": setting, "precision": setting, "repeat": str(rep)})
+    rest = runs[runs["world_size"] != "1"]
+    pd.concat([rest, pd.DataFrame(added)]).to_csv(two / "runs.csv", index=False)
+    rows = predict.predict_run(two, [16], link="nvlink-h100")  # past the cores: the curves
+    fast, slow = sorted(rows, key=lambda r: -r["samples_per_s"])
+    assert fast["samples_per_s"] > 1.5 * slow["samples_per_s"]  # the medians: 1x and 2x
+    for r in rows:
+        for other in rows:
+            assert r["samples_per_s_low"] <= other["samples_per_s"] <= r["samples_per_s_high"]
+        assert r["compute_ms_high"] == pytest.approx(2 * r["compute_ms_low"])
+        assert r["efficiency_low"] <= r["efficiency"] <= r["efficiency_high"]
+        assert r["efficiency_low"] < r["efficiency_high"]
 
 
 def _with_cells_of(run: Path, dest: Path, names: Sequence[str]) -> Path:

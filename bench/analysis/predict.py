@@ -3,10 +3,13 @@ samples/s and scaling efficiency at world sizes not run, from what the run measu
 
 The model, per strategy and run option, from its one-process (world size 1) cell:
 
-    step(N) = data(N) + compute(N) + f * comm(N),   band [data + max(compute, comm), data + compute + comm]
+    step(N) = data(N) + compute(N) + f * comm(N),   band [data + max(fastest, comm), data + slowest + comm]
 
 - compute(N): the cell's own step time at the per-rank batch of N ranks (the global batch
-  split N ways), measured after its timed steps (`Strategy.compute_curve`). On a CPU, a rank
+  split N ways), measured after its timed steps (`Strategy.compute_curve`), the median over
+  the cell's repeats; fastest and slowest: the repeats' extremes, which the band spans (on a
+  busy machine they differ up to twofold at small batches, far more than overlap moves the
+  step, and a strategy's median of three is no steadier). On a CPU, a rank
   of N shares the cores (cores / N threads each) while N fits the machine; past it each
   rank is assumed a device like this run's one-process cell (all its threads), and beyond
   the measured batches the time is a straight line fitted through them.
@@ -93,17 +96,24 @@ def comm_ms(
 
 
 def predict_step(
-    compute: float, data: float, comm: float, exposed_fraction: float | None = None
+    compute: float,
+    data: float,
+    comm: float,
+    exposed_fraction: float | None = None,
+    compute_range: tuple[float, float] | None = None,
 ) -> Prediction:
     """One step from its parts (ms): comm exposed by `exposed_fraction` (1 when unknown),
-    between full overlap and none."""
+    between full overlap and none. `compute_range`: the fastest and slowest compute over the
+    repeats, which the band spans too (the repeats of one cell vary more than overlap does)."""
     f = 1.0 if exposed_fraction is None or math.isnan(exposed_fraction) else exposed_fraction
     f = min(max(f, 0.0), 1.0)
+    fast, slow = compute_range or (compute, compute)
+    fast, slow = min(fast, compute), max(slow, compute)
     # overlap cannot make a step shorter than its longer part
     return Prediction(
         step_ms=max(data + compute + f * comm, data + max(compute, comm)),
-        low_ms=data + max(compute, comm),
-        high_ms=data + compute + comm,
+        low_ms=data + max(fast, comm),
+        high_ms=data + slow + comm,
         compute_ms=compute,
         data_ms=data,
         comm_ms=comm,
@@ -291,12 +301,16 @@ def predict_run(
                 # N ranks on cores/N threads each share this machine's cores: together they
                 # do the one-process cell's work on the same cores, in about its time
                 compute, basis = compute1, "the one-process cell's compute: ranks share its cores"
+                times = tuple(one[[f"{p}_ms" for p in PHASES]].sum(axis=1, min_count=1))
             else:
                 times, bases = zip(
                     *(compute_at(c, cfg.global_batch // n) for c in curves), strict=True
                 )
                 compute, basis = float(np.median(times)), bases[0]
                 basis += "; each rank a device like the one-process cell's"
+            # the repeats' spread: their compute differs more than a strategy's does
+            spread = [float(t) for t in times if t == t] or [compute]
+            compute_range = (min(spread), max(spread))
             data_ms = float(one["data_wait_ms_mean"].median()) / n
             comm = (
                 comm_ms(traffic, fits, n, busbw_GBps=busbw_GBps, alpha_us=alpha) if n > 1 else 0.0
@@ -306,13 +320,20 @@ def predict_run(
                 [np.inf, -np.inf], np.nan
             )
             f = float(shares.clip(0, 1).median()) if shares.notna().any() else None
-            pred = predict_step(compute, data_ms, comm, f)
+            pred = predict_step(compute, data_ms, comm, f, compute_range)
             measured = (
                 float("nan")
                 if what_if
                 else group[group["world_size"] == n]["samples_per_s"].median()
             )
             sps = pred.samples_per_s(cfg.global_batch)
+            sps_low = pred.samples_per_s(cfg.global_batch, pred.high_ms)
+            sps_high = pred.samples_per_s(cfg.global_batch, pred.low_ms)
+            # over N times the strategy's own one-process samples/s
+            eff, eff_low, eff_high = (
+                x / (n * measured1) if measured1 > 0 else float("nan")
+                for x in (sps, sps_low, sps_high)
+            )
             out.append(
                 {
                     "strategy": name,
@@ -324,6 +345,8 @@ def predict_run(
                     if what_if
                     else fits.get("all_reduce", {}).get("busbw_GBps"),
                     "compute_ms": compute,
+                    "compute_ms_low": compute_range[0],
+                    "compute_ms_high": compute_range[1],
                     "data_ms": data_ms,
                     "comm_ms": comm,
                     "exposed_fraction": 1.0 if f is None else f,
@@ -331,9 +354,11 @@ def predict_run(
                     "step_ms_low": pred.low_ms,
                     "step_ms_high": pred.high_ms,
                     "samples_per_s": sps,
-                    "samples_per_s_low": pred.samples_per_s(cfg.global_batch, pred.high_ms),
-                    "samples_per_s_high": pred.samples_per_s(cfg.global_batch, pred.low_ms),
-                    "efficiency": sps / (n * measured1) if measured1 > 0 else float("nan"),
+                    "samples_per_s_low": sps_low,
+                    "samples_per_s_high": sps_high,
+                    "efficiency": eff,
+                    "efficiency_low": eff_low,
+                    "efficiency_high": eff_high,
                     "measured_samples_per_s": measured,
                     # at one process the prediction is built from the measured cell itself:
                     # no check of it
@@ -413,6 +438,8 @@ COLUMNS = [
     "link",
     "busbw_GBps",
     "compute_ms",
+    "compute_ms_low",
+    "compute_ms_high",
     "data_ms",
     "comm_ms",
     "exposed_fraction",
@@ -423,6 +450,8 @@ COLUMNS = [
     "samples_per_s_low",
     "samples_per_s_high",
     "efficiency",
+    "efficiency_low",
+    "efficiency_high",
     "measured_samples_per_s",
     "error_pct",
     "basis",

@@ -1182,7 +1182,11 @@ def scaling_markdown(run: Run) -> str:
         "`parabench predict` (bench/analysis/predict.py: the model and its assumptions) from each "
         "strategy's one-process cell (its compute, measured again at smaller batches after "
         "its timed steps), the collectives' latency and bandwidth measured at the start of "
-        "the run (collectives.json) and the bytes each strategy moves per step. "
+        "the run (collectives.json) and the bytes each strategy moves per step. The figure "
+        "takes the median compute over the one-process cell's repeats; its band runs from the "
+        "fastest repeat's compute with communication wholly hidden behind it to the slowest "
+        "repeat's with none hidden (one repeat: overlap alone), so where two strategies' bands "
+        "overlap, the model does not tell them apart. "
     )
     if checked:
         text += (
@@ -1212,14 +1216,15 @@ def scaling_markdown(run: Run) -> str:
             "one-process cell's; efficiency is predicted samples/s over N times the same "
             "strategy's one-process samples/s.\n\n"
             + md_table(
-                ["strategy", "ws", "link", "samples/s (band)", "efficiency"],
+                ["strategy", "ws", "link", "samples/s (band)", "efficiency (band)"],
                 [
                     [
                         r["case"],
                         r["world_size"],
                         r["link"],
                         _band(r),
-                        _num(r["efficiency"], 2),
+                        f"{_num(r['efficiency'], 2)} ({_num(r['efficiency_low'], 2)}–"
+                        f"{_num(r['efficiency_high'], 2)})",
                     ]
                     for r in what_if
                 ],
