@@ -51,6 +51,16 @@ LINKS: dict[str, tuple[float, float]] = {
 }
 WHAT_IF_SIZES = (8, 64)
 WHAT_IF_LINKS = ("nvlink-h100", "ib-400g", "eth-25g")
+#: a check (predicted against measured at a world size run) off by more than this, in %,
+#: makes the strategy's predictions doubtful: well past the ±12 % that make bench's other
+#: checks reach (the repeats' noise), the model misses part of what the strategy's steps do
+DOUBTFUL_PCT = 25.0
+#: what the tables' `exposed` column means, in one sentence
+EXPOSED_KEY = (
+    "exposed: the share of the step's communication that the step waits for (not hidden "
+    "behind compute), the probes' exposed over total at the strategy's other world sizes; "
+    "1.00 where none was measured (none hidden assumed)."
+)
 
 
 @dataclass(frozen=True)
@@ -371,6 +381,41 @@ def predict_run(
     return out
 
 
+def check_run(run_dir: Path, *, why: list[str] | None = None, run: Any = None) -> list[dict]:
+    """The predictions at the world sizes above one the run measured, each without its own
+    measurement, that have a measurement to check them against."""
+    import pandas as pd
+
+    from bench.analysis import report
+
+    if run is None:
+        run = report.load_run(run_dir)
+    sizes = sorted(
+        {int(w) for w in pd.to_numeric(run.runs["world_size"], errors="coerce").dropna()} - {1}
+    )
+    rows = predict_run(run_dir, sizes, holdout=True, run=run, why=why)
+    return [r for r in rows if r["measured_samples_per_s"] == r["measured_samples_per_s"]]
+
+
+def doubtful(checked: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The cases whose check is off by more than DOUBTFUL_PCT, each with where and by how
+    much ("+45.7% at world size 2")."""
+    out: dict[str, list[str]] = {}
+    for r in checked:
+        err = r["error_pct"]
+        if err == err and abs(err) > DOUBTFUL_PCT:
+            out.setdefault(r["case"], []).append(f"{err:+.1f}% at world size {r['world_size']}")
+    return {case: ", ".join(where) for case, where in out.items()}
+
+
+def doubtful_line(case: str, where: str) -> str:
+    return (
+        f"{case}: the prediction is off what was measured by {where} (more than "
+        f"±{DOUBTFUL_PCT:g}%): the model misses part of what its steps do, so its predictions "
+        "are doubtful"
+    )
+
+
 def _cores(threads: Any, environment: Mapping[str, Any]) -> int:
     """The cores the one-process cell had: its row's threads_per_rank (it had them all);
     where the row does not say (a run older than that column, or edited), the cores the
@@ -461,7 +506,7 @@ COLUMNS = [
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
     wide = max([18, *(len(str(r["case"])) + 1 for r in rows)])
     head = (
-        f"{'strategy':<{wide}}{'ws':>4}{'link':>13}{'compute ms':>11}{'comm ms':>9}{'f':>6}"
+        f"{'strategy':<{wide}}{'ws':>4}{'link':>13}{'compute ms':>11}{'comm ms':>9}{'exposed':>8}"
         f"{'samples/s':>11}{'band':>19}{'eff':>6}{'measured':>10}{'error':>8}"
     )
     lines = [head, "-" * len(head)]
@@ -471,7 +516,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         err = r["error_pct"]
         lines.append(
             f"{r['case']:<{wide}}{r['world_size']:>4}{r['link']:>13}{r['compute_ms']:>11.2f}"
-            f"{r['comm_ms']:>9.2f}{r['exposed_fraction']:>6.2f}{r['samples_per_s']:>11.1f}"
+            f"{r['comm_ms']:>9.2f}{r['exposed_fraction']:>8.2f}{r['samples_per_s']:>11.1f}"
             f"{band:>19}"
             + (f"{r['efficiency']:>6.2f}" if r["efficiency"] == r["efficiency"] else f"{'–':>6}")
             + (f"{meas:>10.1f}" if meas == meas else f"{'–':>10}")
@@ -518,6 +563,11 @@ def cmd_predict(a: argparse.Namespace) -> int:
             print(f"  {line}")
         return 1
     print(table(rows))
+    print(EXPOSED_KEY)
+    # a strategy whose check at a world size run is far off: its every prediction is doubtful
+    for case, where in doubtful(check_run(run_dir)).items():
+        if any(r["case"] == case for r in rows):
+            print(f"doubtful: {doubtful_line(case, where)}")
     for line in why:  # the cases and sizes left out of the table, each with its reason
         print(f"parabench: not predicted: {line}", file=sys.stderr)
     path = run_dir / "predict.csv"

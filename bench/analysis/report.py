@@ -1150,10 +1150,7 @@ def scaling_markdown(run: Run) -> str:
         return ""
     why: list[str] = []
     try:
-        measured_sizes = sorted(
-            {int(w) for w in pd.to_numeric(run.runs["world_size"], errors="coerce").dropna()} - {1}
-        )
-        checked = predict.predict_run(run.path, measured_sizes, holdout=True, run=run, why=why)
+        checked = predict.check_run(run.path, why=why, run=run)
         what_if = [
             r
             for link in predict.WHAT_IF_LINKS
@@ -1163,9 +1160,9 @@ def scaling_markdown(run: Run) -> str:
         ]
     except (ConfigError, ValueError, KeyError) as exc:
         return f"No prediction: {_first_line(exc)}"
-    checked = [r for r in checked if r["measured_samples_per_s"] == r["measured_samples_per_s"]]
     if not checked and not what_if:
         return f"No prediction: {_why_none(why)}."
+    doubtful = predict.doubtful(checked)
     head = ["strategy", "ws", "compute ms", "comm ms", "exposed", "samples/s (band)"]
     body = [
         [
@@ -1195,11 +1192,25 @@ def scaling_markdown(run: Run) -> str:
             + md_table(
                 [*head, "measured", "error"],
                 [
-                    [*b, _num(r["measured_samples_per_s"]), f"{r['error_pct']:+.1f}%"]
+                    [
+                        *b,
+                        _num(r["measured_samples_per_s"]),
+                        f"{r['error_pct']:+.1f}%"
+                        + (" (doubtful)" if abs(r["error_pct"]) > predict.DOUBTFUL_PCT else ""),
+                    ]
                     for b, r in zip(body, checked, strict=True)
                 ],
             )
+            + f"\n\n{predict.EXPOSED_KEY}"
         )
+        if doubtful:
+            text += "\n\nDoubtful: " + "; ".join(
+                predict.doubtful_line(c, w) for c, w in doubtful.items()
+            )
+            text += (
+                " (the what-if ones included; compare the case's parts at that world "
+                'size with its one-process cell\'s under "Where the time goes").'
+            )
     else:
         text += (
             "No cell of a modelled strategy above one process finished ok here, so nothing "
@@ -1219,7 +1230,7 @@ def scaling_markdown(run: Run) -> str:
                 ["strategy", "ws", "link", "samples/s (band)", "efficiency (band)"],
                 [
                     [
-                        r["case"],
+                        r["case"] + (" (doubtful)" if r["case"] in doubtful else ""),
                         r["world_size"],
                         r["link"],
                         _band(r),
