@@ -709,3 +709,80 @@ def test_the_plots_draw_cases_in_the_tables_order(reference) -> None:
     assert labels.index("ddp_spawn [fp32]") < labels.index("ddp_spawn [bf16]"), labels
     cells = plots._cells(summary)
     assert cells.index(("ddp_spawn [fp32]", 1)) < cells.index(("ddp_spawn [bf16]", 1))
+
+
+def _pick(run: report.Run) -> str:
+    text = report.report_markdown(run, report.summarise(run.runs), [])
+    return _section(text, "Which to pick") if "## Which to pick" in text else ""
+
+
+def _faster(runs: pd.DataFrame, name: str, ws: int, factor: float) -> pd.DataFrame:
+    cell = (runs["strategy"] == name) & (runs["world_size"] == ws)
+    runs = runs.copy()
+    runs.loc[cell, "samples_per_s"] = pd.to_numeric(runs.loc[cell, "samples_per_s"]) * factor
+    return runs
+
+
+def test_which_to_pick_ranks_singles_numerics_apart_from_the_fastest_of_all(reference) -> None:
+    """A cell with compressed gradients (fp16) made fastest of all is named as such, with its
+    recipe and its accuracy beside single's, while the fastest with single's exact fp32
+    numerics is named apart: the ranking alone named the fp16 cell fastest."""
+    run = dataclasses.replace(reference, runs=_faster(reference.runs, "ddp_fp16_hook", 2, 3.0))
+    lines = {line.split(":")[0]: line for line in _pick(run).splitlines() if line.startswith("-")}
+    exact = lines["- world size 2, with single's numerics (`exact`)"]
+    assert "ddp_fp16_hook" not in exact and "fastest ddp_spawn, 0.86x single (0.82–0.98)" in exact
+    assert "within noise of it: ddp_torchrun" in exact and "slowest model_split" in exact
+    top = lines["- world size 2, fastest of all"]
+    assert "ddp_fp16_hook (`grad_fp16`)" in top and "eval accuracy" in top and "(single " in top
+    # where the fastest of all trains as single does, it is not named twice
+    assert "- world size 2, fastest of all" not in _pick(reference)
+
+
+def test_which_to_pick_says_no_cell_beats_single_on_shared_cores_as_the_data_says(
+    reference,
+) -> None:
+    """On 2 cores shared by 2 ranks no exact cell at world size 2 is faster than single at
+    world size 1, and the section says why; a cell made faster removes the sentence."""
+    said = "world size 2: no cell with single's numerics is shown faster than single"
+    pick = _pick(reference)
+    assert said in pick and "their ranks share the 2 thread(s) single computed with" in pick
+    assert said not in _pick(
+        dataclasses.replace(reference, runs=_faster(reference.runs, "zero1", 2, 3.0))
+    )
+
+
+def test_which_to_pick_names_the_lightest_state_and_the_departing_losses(reference) -> None:
+    """FSDP holds half the model state on its heaviest rank, ZeRO-1's uneven split saves
+    nothing there, and PowerSGD's loss departs from single's while the exact cells' does not."""
+    pick = _pick(reference)
+    state = next(t for t in pick.splitlines() if "lightest model state" in t)
+    assert state.startswith("- world size 2,") and "fsdp, fsdp_zero2 (6.9 MiB" in state
+    assert "saving nothing on the heaviest: zero1 (least 9.2)" in state
+    loss = next(t for t in pick.splitlines() if "training loss more than 10 %" in t)
+    assert "ddp_powersgd ws=1 (+32 %)" in loss and "ddp_powersgd ws=2" in loss
+    assert "ddp_spawn" not in loss and "zero1" not in loss
+
+
+def test_which_to_pick_holds_with_one_cell_one_world_size_and_no_single(reference) -> None:
+    runs = reference.runs
+    only_single = _pick(dataclasses.replace(reference, runs=runs[runs["strategy"] == "single"]))
+    assert "only single, 1.00x single" in only_single and "within noise of" not in only_single
+    ws1 = _pick(dataclasses.replace(reference, runs=runs[runs["world_size"] == 1]))
+    assert "world size 2" not in ws1 and "world size 1, with single's numerics" in ws1
+    # no single: samples/s, not speed-ups over a baseline that is not there
+    none = _pick(dataclasses.replace(reference, runs=runs[runs["strategy"] != "single"]))
+    assert "samples/s" in none and "x single" not in none and "shown faster" not in none
+    assert "training loss more than" not in none
+    failed = runs.assign(status="failed", reason="boom")
+    assert _pick(dataclasses.replace(reference, runs=failed)) == ""
+
+
+def test_which_to_pick_of_a_run_from_before_the_numerics_column() -> None:
+    """An older runs.csv has precision but no numerics: cells are told apart by precision and
+    the section says so (horovod_fp16's compressed gradients cannot be seen there)."""
+    old = Path(__file__).resolve().parent.parent / "results/reference/cpu-2core-mnist"
+    if not (old / "runs.csv").exists():
+        pytest.skip(f"{old} is not in this checkout")
+    pick = _pick(report.load_run(old))
+    assert "fastest of all: amp_ddp (`amp_bf16`)" in pick
+    assert "predates the `numerics` column" in pick

@@ -507,27 +507,83 @@ def baseline_row(summary: pd.DataFrame) -> pd.Series | None:
     return (plain if len(plain) else single).iloc[0]
 
 
+def shared_threads(counted: pd.DataFrame) -> float | None:
+    """On a CPU, the threads `single` at world size 1 computed with where ranks of a larger
+    world size computed with fewer (a node's cores split among its ranks); else None."""
+    if counted.empty or not {"device", "threads_per_rank"} <= set(counted.columns):
+        return None
+    cpu = counted[counted["device"] == "cpu"]
+    threads = pd.to_numeric(_singles(cpu)["threads_per_rank"], errors="coerce").dropna()
+    if threads.empty:
+        return None
+    ranks = cpu[cpu["world_size"] > 1]
+    fewer = ranks[pd.to_numeric(ranks["threads_per_rank"], errors="coerce") < threads.min()]
+    return None if fewer.empty else float(threads.min())
+
+
 def shared_cores_markdown(counted: pd.DataFrame) -> str:
     """On a CPU, where ranks computed with fewer threads than `single` at world size 1 (a
     node's cores are split among its ranks): a sentence saying so, since efficiency
     divides by world size as if each rank had what single had."""
-    if counted.empty or not {"device", "threads_per_rank"} <= set(counted.columns):
-        return ""
-    cpu = counted[counted["device"] == "cpu"]
-    threads = pd.to_numeric(_singles(cpu)["threads_per_rank"], errors="coerce").dropna()
-    if threads.empty:
-        return ""
-    ranks = cpu[cpu["world_size"] > 1]
-    fewer = ranks[pd.to_numeric(ranks["threads_per_rank"], errors="coerce") < threads.min()]
-    if fewer.empty:
+    threads = shared_threads(counted)
+    if threads is None:
         return ""
     return (
-        f" On this CPU `single` at world size 1 computed with {_plain(threads.min())} "
+        f" On this CPU `single` at world size 1 computed with {_plain(threads)} "
         "thread(s), and the ranks of a cell with a share of their node's cores (threads per "
         "rank, under Conditions): N ranks sharing one machine have the cores single had, "
         "not N times them, so there a cell exactly as fast as single has speed-up 1 and "
         "efficiency 1/N."
     )
+
+
+def median_loss_by_step(steps: pd.DataFrame) -> dict[tuple[str, int], pd.Series]:
+    """Each cell's training loss by global step (its position in the repeat across epochs),
+    median over repeats: the curves of the loss plot."""
+    curves = {}
+    for (name, ws), one in steps.groupby(KEY, sort=False):
+        one = one.sort_values(["repeat", "epoch", "step"])
+        one = one.assign(gstep=one.groupby("repeat").cumcount())
+        curves[(str(name), int(ws))] = (
+            pd.to_numeric(one["loss"], errors="coerce").groupby(one["gstep"]).median()
+        )
+    return curves
+
+
+#: a loss curve whose mean over the steps differs from single's by more than this (% of
+#: single's mean) departs from it. Strategies that compute what single computes differ by
+#: the order of float additions, and at world size 2 by the dropout masks of a split batch:
+#: make bench on MNIST (140 steps) put every exact fp32, bf16 and fp16 cell within 2 %,
+#: PowerSGD's rank-1 gradients 32-35 % above.
+DEPART_PCT = 10.0
+
+
+def loss_departures(steps: pd.DataFrame, base: str) -> dict[tuple[str, int], float] | None:
+    """Each cell's training loss against `base` (single's label) at world size 1: the mean
+    over their common steps of the difference of the two curves, in % of base's mean there;
+    None where `steps` has no curve of base's."""
+    curves = median_loss_by_step(steps)
+    ref = curves.get((base, 1))
+    if ref is None or ref.dropna().empty:
+        return None
+    out = {}
+    for key, curve in curves.items():
+        both = pd.concat([curve, ref], axis=1, join="inner").dropna()
+        mean = both.iloc[:, 1].mean()
+        if len(both) and mean:
+            out[key] = 100.0 * (both.iloc[:, 0].mean() - mean) / abs(mean)
+    return out
+
+
+def departing(departures: Mapping[tuple[str, int], float] | None) -> list[str]:
+    """The cells whose loss departs from single's (DEPART_PCT), as `name ws=N (+x %)`."""
+    return [
+        f"{name} ws={ws} ({pct:+.0f} %)"
+        for (name, ws), pct in sorted(
+            (departures or {}).items(), key=lambda kv: results.case_key(*kv[0])
+        )
+        if abs(pct) > DEPART_PCT
+    ]
 
 
 # ---------------------------------------------------------------- markdown
@@ -611,30 +667,39 @@ def per_round(runs: pd.DataFrame | None) -> dict[tuple[str, int], dict[int, floa
     return out
 
 
+def _leaders(grp: pd.DataFrame, rounds: Mapping[tuple[str, int], Mapping[int, float]]):
+    """The fastest of these summary rows (one world size) and those within noise of it
+    (stats.leaders: paired round by round where `rounds` has them), and how that was decided;
+    rows oversubscribed or with no samples/s left out; how is "" where fewer than 2 are left
+    (nothing to rank against)."""
+    grp = grp[(grp["oversubscribed"] != 1) & grp["samples_per_s_median"].notna()]
+    cells = [
+        (
+            cell_name(r),
+            r["samples_per_s_median"],
+            (r["samples_per_s_ci_low"], r["samples_per_s_ci_high"]),
+        )
+        for _, r in grp.iterrows()
+    ]
+    mine = {
+        cell_name(r): rounds[(r["strategy"], int(r["world_size"]))]
+        for _, r in grp.iterrows()
+        if (r["strategy"], int(r["world_size"])) in rounds
+    }
+    if len(cells) < 2:
+        return [c[0] for c in cells], ""
+    return stats.leaders(cells, rounds=mine)
+
+
 def ranking_markdown(summary: pd.DataFrame, runs: pd.DataFrame | None = None) -> str:
     """Per world size, the fastest cell and those tied with it within noise (paired round by
     round where `runs` has the rounds)."""
     lines = []
     rounds = per_round(runs)
     for ws, grp in summary.groupby("world_size"):
-        grp = grp[grp["oversubscribed"] != 1]
-        cells = [
-            (
-                cell_name(r),
-                r["samples_per_s_median"],
-                (r["samples_per_s_ci_low"], r["samples_per_s_ci_high"]),
-            )
-            for _, r in grp.iterrows()
-            if r["samples_per_s_median"] == r["samples_per_s_median"]
-        ]
-        if len(cells) < 2:
-            continue
-        mine = {
-            cell_name(r): rounds[(r["strategy"], int(ws))]
-            for _, r in grp.iterrows()
-            if (r["strategy"], int(ws)) in rounds
-        }
-        best, how = stats.leaders(cells, rounds=mine)
+        best, how = _leaders(grp, rounds)
+        if not how:
+            continue  # one cell: nothing to rank it against
         tied = (
             f"; within noise of it: {', '.join(best[1:])}"
             if best[1:]
@@ -654,6 +719,150 @@ def ranking_markdown(summary: pd.DataFrame, runs: pd.DataFrame | None = None) ->
             f"{names}. More repeats (--repeats) or a quieter machine would narrow them."
         )
     return "\n".join(lines)
+
+
+def cell_numerics(counted: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """Each cell's numeric recipe, its `numerics` (`exact` fp32, `autocast_bf16`, `grad_fp16`,
+    `powersgd`, ...); in a run from before that column, `exact` for fp32 and else its
+    precision, gradient compression not told apart; none where neither is there."""
+    out = {}
+    for (name, ws), grp in counted.groupby(KEY):
+        r = grp.iloc[0]
+        recipe = str(r["numerics"]) if pd.notna(r.get("numerics")) else ""
+        if not recipe and pd.notna(r.get("precision")):
+            p = str(r["precision"])
+            recipe = "exact" if p == "fp32" else p
+        if recipe:
+            out[(str(name), int(ws))] = recipe
+    return out
+
+
+def _pace(r: Mapping[str, Any]) -> str:
+    """A cell's speed-up over single with its interval, or its samples/s where it has none."""
+    if r["speedup_vs_single"] != r["speedup_vs_single"]:
+        return f"{_num(r['samples_per_s_median'], 1)} samples/s"
+    ci = _interval(r, "speedup", 2)
+    return f"{_num(r['speedup_vs_single'], 2)}x single" + ("" if ci == "–" else f" ({ci})")
+
+
+def _beside(r: Mapping[str, Any], base: Mapping[str, Any] | None, metric: str, what: str) -> str:
+    """`what` of a cell, beside single's where there is one."""
+    mine = r[f"{metric}_median"]
+    if mine != mine:
+        return ""
+    theirs = math.nan if base is None else base[f"{metric}_median"]
+    return f"{what} {_num(mine, 3)}" + ("" if theirs != theirs else f" (single {_num(theirs, 3)})")
+
+
+def pick_markdown(run: Run, summary: pd.DataFrame) -> str:
+    """Which strategy to pick, from this run's measurements: per world size the fastest cell
+    that trains what single trains (its numerics) and those within noise of it, the fastest
+    of all where that is another recipe (with what it does to accuracy and loss), whether any
+    beats single at world size 1, the lightest model state, and losses that depart."""
+    if summary.empty:
+        return ""
+    counted = counted_rows(run.runs)
+    recipes = cell_numerics(counted)
+    base = baseline_row(summary)
+    want = recipes.get((str(base["strategy"]), 1), "exact") if base is not None else "exact"
+    rounds = per_round(run.runs)
+    threads = shared_threads(counted)
+    lines = []
+    for ws, rows in summary.groupby("world_size"):
+        ws = int(ws)
+        grp = rows[(rows["oversubscribed"] != 1) & rows["samples_per_s_median"].notna()]
+        named = {cell_name(r): r for _, r in grp.iterrows()}
+        mine = [recipes.get((str(s), ws), want) == want for s in grp["strategy"]]
+        same = grp[pd.Series(mine, index=grp.index, dtype=bool)]
+        best, how = _leaders(same, rounds)
+        if grp.empty:
+            pass  # no speed to rank here (oversubscribed, or no samples/s)
+        elif not best:
+            lines.append(f"world size {ws}: no cell with single's numerics (`{want}`) timed")
+        else:
+            first = "fastest" if len(same) > 1 else "only"
+            line = f"world size {ws}, with single's numerics (`{want}`): {first} {best[0]}, "
+            line += _pace(named[best[0]])
+            if "no interval" in how:
+                line += f" ({how})"
+            elif how:
+                line += f"; within noise of it: {', '.join(best[1:])}" if best[1:] else ""
+                line += "" if best[1:] else "; no other within noise"
+            slowest = cell_name(same.loc[same["samples_per_s_median"].idxmin()])
+            if slowest not in best:
+                line += f"; slowest {slowest}, {_pace(named[slowest])}"
+            lines.append(line)
+        top, _ = _leaders(grp, rounds)
+        if top and top[0] not in best:
+            r = named[top[0]]
+            recipe = recipes.get((str(r["strategy"]), ws), "?")
+            said = [
+                t
+                for t in (
+                    _beside(r, base, "eval_accuracy", "eval accuracy"),
+                    _beside(r, base, "train_loss_final", "final loss"),
+                )
+                if t
+            ]
+            lines.append(
+                f"world size {ws}, fastest of all: {top[0]} (`{recipe}`), {_pace(r)}"
+                + (f"; {', '.join(said)}" if said else "")
+            )
+        if ws > 1 and base is not None and len(same):
+            low = same["speedup_ci_low"].where(
+                same["speedup_ci_low"].notna(), same["speedup_vs_single"]
+            )
+            if not (low > 1).any():
+                why = (
+                    f": their ranks share the {_plain(threads)} thread(s) single computed with "
+                    "alone (threads per rank, under Conditions)"
+                    if threads is not None
+                    else ""
+                )
+                lines.append(
+                    f"world size {ws}: no cell with single's numerics is shown faster than "
+                    f"single at world size 1 (speed-up, or its 95 % interval where it has one, above 1){why}"
+                )
+        state = rows.dropna(subset=["model_state_mib_median"])
+        if (
+            len(state) > 1
+            and state["model_state_mib_median"].min() < 0.99 * state["model_state_mib_median"].max()
+        ):
+            most = state["model_state_mib_median"].max()
+            least = state["model_state_mib_median"].min()
+            light = state[state["model_state_mib_median"] <= 1.01 * least]
+            line = (
+                f"world size {ws}, lightest model state on the heaviest rank: "
+                f"{', '.join(cell_name(r) for _, r in light.iterrows())} "
+                f"({_num(least, 1)} MiB, against up to {_num(most, 1)})"
+            )
+            lop = state[
+                (state["model_state_mib_median"] >= 0.99 * most)
+                & (state["model_state_mib_lightest_median"] < 0.99 * most)
+            ]
+            if len(lop):
+                line += "; split unevenly over ranks, saving nothing on the heaviest: " + ", ".join(
+                    f"{cell_name(r)} (least {_num(r['model_state_mib_lightest_median'], 1)})"
+                    for _, r in lop.iterrows()
+                )
+            lines.append(line)
+    if base is not None and not run.steps.empty:
+        steps = counted_steps(run.steps, counted, timed_only=False, all_epochs=True)
+        gone = departing(loss_departures(steps, str(base["strategy"])))
+        if gone:
+            lines.append(
+                f"training loss more than {DEPART_PCT:g} % off single's (mean over the "
+                f"steps; loss plot): {', '.join(gone)}"
+            )
+    if recipes and ("numerics" not in counted or counted["numerics"].isna().all()):
+        lines.append(
+            "this run predates the `numerics` column: cells are told apart by precision "
+            "only, so compressed gradients count as single's numerics"
+        )
+    return (
+        "From this run alone (speed-up over `single` at world size 1, in brackets its 95 % "
+        "interval; within noise as under Summary):\n\n" + "\n".join(f"- {t}" for t in lines)
+    )
 
 
 def _busy(row: Mapping[str, Any]) -> str:
@@ -1309,6 +1518,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
             if len(run.runs)
             else []
         ),
+        *(["## Which to pick", pick] if (pick := pick_markdown(run, summary)) else []),
         "## Environment",
         environment_markdown(run),
         "## Conditions (what makes the comparison fair)",
