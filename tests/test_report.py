@@ -786,3 +786,26 @@ def test_which_to_pick_of_a_run_from_before_the_numerics_column() -> None:
     pick = _pick(report.load_run(old))
     assert "fastest of all: amp_ddp (`amp_bf16`)" in pick
     assert "predates the `numerics` column" in pick
+
+
+def test_the_loss_plot_title_names_the_curves_that_depart_from_singles(reference) -> None:
+    """make bench's loss plot read "coinciding curves: the strategies agree" above PowerSGD's
+    curve, 32-35 % above single's: the title names the departing curves, says none departs
+    where none does, and claims nothing where there is no single to compare with."""
+    summary = report.summarise(reference.runs)
+    title = report.figures(reference, summary)["loss.png"].axes[0].get_title()
+    assert "more than 10 % off single's" in title and "agree" not in title
+    assert "ddp_powersgd ws=1 (+32 %)" in title and "ddp_powersgd ws=2" in title
+    assert "ddp_spawn" not in title
+    counted = report.counted_rows(reference.runs)
+    steps = report.counted_steps(reference.steps, counted, timed_only=False, all_epochs=True)
+    exact = steps[steps["strategy"] != "ddp_powersgd"]
+    gone = report.departing(report.loss_departures(exact, "single"))
+    assert (
+        plots.loss_curves(exact, departing=gone)
+        .axes[0]
+        .get_title()
+        .startswith("Training loss per step (none more than 10 % off single's")
+    )
+    assert report.loss_departures(steps[steps["strategy"] != "single"], "single") is None
+    assert plots.loss_curves(steps).axes[0].get_title() == "Training loss per step"

@@ -366,10 +366,20 @@ def step_time_distribution(
 SMOOTH_FROM = 50
 
 
-def loss_curves(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None) -> Figure:
-    """Training loss vs step, median over repeats; a line per strategy and world size."""
+def loss_curves(
+    steps: pd.DataFrame,
+    colours: Mapping[str, Colour] | None = None,
+    departing: Sequence[str] | None = None,
+    tolerance_pct: float = 10.0,
+) -> Figure:
+    """Training loss vs step, median over repeats; a line per strategy and world size. The
+    title names the `departing` curves (more than `tolerance_pct` off single's, as the report
+    decides: bench.analysis.report.loss_departures), or says none does; None: not compared."""
+    from bench.analysis.report import median_loss_by_step
+
     fig, ax = _figure()
     cells = _cells(steps)
+    curves = median_loss_by_step(steps)
     cmap = _colours([c[0] for c in cells], colours)
     sizes = sorted({w for _, w in cells})
     # Strategies that agree (the point of a parity check) draw the same curve; wider lines
@@ -377,11 +387,7 @@ def loss_curves(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None
     widths = np.linspace(5.0, 1.5, len(cells)) if len(cells) > 1 else [1.5]
     window = 1
     for i, (name, ws) in enumerate(cells):
-        one = steps[(steps["strategy"] == name) & (steps["world_size"] == ws)]
-        one = one.sort_values(["repeat", "epoch", "step"])
-        # global step: position in the repeat across epochs
-        one = one.assign(gstep=one.groupby("repeat").cumcount())
-        curve = one.groupby("gstep")["loss"].median()
+        curve = curves[(name, ws)]
         # Per-step losses of a long run are noise around the trend, and a dozen noisy
         # curves hide each other: past SMOOTH_FROM steps, draw a centred rolling mean.
         if len(curve) >= SMOOTH_FROM:
@@ -405,7 +411,13 @@ def loss_curves(steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None
     ax.set_xlabel("training step (across epochs, warm-up included)")
     smoothed = f", rolling mean over {window} steps" if window > 1 else ""
     ax.set_ylabel(f"training loss (median over repeats{smoothed})")
-    ax.set_title("Training loss per step (coinciding curves: the strategies agree)")
+    off = f"more than {tolerance_pct:g} % off single's, mean over the steps"
+    if departing is None:
+        ax.set_title("Training loss per step")
+    elif departing:
+        ax.set_title(f"Training loss per step ({off}: {', '.join(departing)})")
+    else:
+        ax.set_title(f"Training loss per step (none {off})")
     _legend_outside(ax)
     ax.grid(alpha=0.3)
     return fig

@@ -1569,7 +1569,15 @@ def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
         "model_state": counted_steps(run.ranks, counted, timed_only=False),
         "option_sweep": summary,
     }
-    extra: dict[str, dict[str, Any]] = {"time_split": {"bubbles": bubble_pcts(counted)}}
+    base = baseline_row(summary)
+    gone = None if base is None else loss_departures(every_step, str(base["strategy"]))
+    extra: dict[str, dict[str, Any]] = {
+        "time_split": {"bubbles": bubble_pcts(counted)},
+        "loss_curves": {
+            "departing": None if gone is None else departing(gone),
+            "tolerance_pct": DEPART_PCT,
+        },
+    }
     plot_of = dict(PLOTS)
     if lapped(counted):
         # the step lapped: its parts stacked (a run from before the laps: compute and wait)
