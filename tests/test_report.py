@@ -809,3 +809,22 @@ def test_the_loss_plot_title_names_the_curves_that_depart_from_singles(reference
     )
     assert report.loss_departures(steps[steps["strategy"] != "single"], "single") is None
     assert plots.loss_curves(steps).axes[0].get_title() == "Training loss per step"
+
+
+def test_the_efficiency_plot_marks_as_fast_as_single_where_ranks_shared_its_cores(
+    reference,
+) -> None:
+    """Two ranks on single's 2 cores, one thread each: a cell exactly as fast as single has
+    efficiency 0.5, which the plot marks at world size 2 beside the ideal 1.0 no cell there
+    can reach; where every rank had single's threads it marks nothing."""
+    summary = report.summarise(reference.runs)
+    ax = report.figures(reference, summary)["scaling_efficiency.png"].axes[0]
+    (bar,) = [c for c in ax.collections if c.get_label().startswith("as fast as single")]
+    (seg,) = bar.get_segments()
+    assert list(seg[:, 1]) == [0.5, 0.5] and seg[0, 0] < 2 < seg[1, 0]
+    assert "dotted: as fast as single, where the ranks shared its cores" in ax.get_title()
+    counted = report.counted_rows(reference.runs)
+    assert report.thread_shares(counted) == (2.0, {2: 0.5})
+    assert report.thread_shares(counted.assign(threads_per_rank=2)) == (None, {})
+    plain = plots.scaling_efficiency(summary, shares={}).axes[0]
+    assert not plain.collections and "dotted" not in plain.get_title()

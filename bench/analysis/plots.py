@@ -273,16 +273,34 @@ def peak_memory(summary: pd.DataFrame, colours: Mapping[str, Colour] | None = No
 
 
 def scaling_efficiency(
-    summary: pd.DataFrame, colours: Mapping[str, Colour] | None = None
+    summary: pd.DataFrame,
+    colours: Mapping[str, Colour] | None = None,
+    shares: Mapping[int, float] | None = None,
 ) -> Figure:
     """Speed-up over `single` divided by world size, one line per strategy; ideal is 1.
 
     Oversubscribed cells (more CPU ranks than cores) are left out, named under the axis.
+    `shares` (bench.analysis.report.thread_shares): per world size whose ranks computed
+    with fewer threads than single, their threads over single's, drawn as the efficiency of
+    a cell exactly as fast per thread as single (0.5 for 2 ranks on single's cores), since
+    1.0 cannot be reached on cores the ranks share.
     """
     fig, ax = _figure()
     kept, left_out = comparable(summary)
     sizes = sorted(int(w) for w in kept["world_size"].unique()) or [1]
     ax.axhline(1.0, color="0.4", linestyle="--", linewidth=1, label="ideal (linear scaling)")
+    shared = sorted(w for w in (shares or {}) if w in sizes)
+    for i, w in enumerate(shared):  # a bar across each such world size, over the lines
+        ax.hlines(
+            shares[w],  # type: ignore[index]
+            w / 1.25,
+            w * 1.25,
+            colors="0.15",
+            linestyles=":",
+            linewidth=2.5,
+            zorder=4,
+            label="" if i else "as fast as single on its cores\n(threads per rank / single's)",
+        )
     data = kept.dropna(subset=["scaling_efficiency"])
     if data.empty and len(summary) and kept.empty:
         _empty(ax, "speed-up for cells that are not oversubscribed")
@@ -302,7 +320,10 @@ def scaling_efficiency(
     ax.set_xlabel("world size (ranks)")
     _note_left_out(ax, left_out)
     ax.set_ylabel("scaling efficiency (speed-up over single / world size)")
-    ax.set_title("Scaling efficiency (1.0 = linear scaling over single at world size 1)")
+    title = "Scaling efficiency (1.0 = linear scaling over single at world size 1"
+    if shared:
+        title += "; dotted: as fast as single, where the ranks shared its cores"
+    ax.set_title(title + ")")
     _legend_outside(ax)
     return fig
 

@@ -507,25 +507,29 @@ def baseline_row(summary: pd.DataFrame) -> pd.Series | None:
     return (plain if len(plain) else single).iloc[0]
 
 
-def shared_threads(counted: pd.DataFrame) -> float | None:
-    """On a CPU, the threads `single` at world size 1 computed with where ranks of a larger
-    world size computed with fewer (a node's cores split among its ranks); else None."""
+def thread_shares(counted: pd.DataFrame) -> tuple[float | None, dict[int, float]]:
+    """On a CPU, the threads `single` at world size 1 computed with, and per larger world
+    size where ranks computed with fewer (a node's cores split among its ranks) the most a
+    rank had over single's: the efficiency of a cell exactly as fast per thread as single.
+    (None, {}) where no rank had fewer threads than single."""
     if counted.empty or not {"device", "threads_per_rank"} <= set(counted.columns):
-        return None
+        return None, {}
     cpu = counted[counted["device"] == "cpu"]
     threads = pd.to_numeric(_singles(cpu)["threads_per_rank"], errors="coerce").dropna()
     if threads.empty:
-        return None
+        return None, {}
     ranks = cpu[cpu["world_size"] > 1]
-    fewer = ranks[pd.to_numeric(ranks["threads_per_rank"], errors="coerce") < threads.min()]
-    return None if fewer.empty else float(threads.min())
+    mine = pd.to_numeric(ranks["threads_per_rank"], errors="coerce")
+    most = mine.groupby(ranks["world_size"].astype(int)).max()
+    shares = {int(ws): float(t / threads.min()) for ws, t in most.items() if t < threads.min()}
+    return (float(threads.min()) if shares else None), shares
 
 
 def shared_cores_markdown(counted: pd.DataFrame) -> str:
     """On a CPU, where ranks computed with fewer threads than `single` at world size 1 (a
     node's cores are split among its ranks): a sentence saying so, since efficiency
     divides by world size as if each rank had what single had."""
-    threads = shared_threads(counted)
+    threads, _ = thread_shares(counted)
     if threads is None:
         return ""
     return (
@@ -766,7 +770,7 @@ def pick_markdown(run: Run, summary: pd.DataFrame) -> str:
     base = baseline_row(summary)
     want = recipes.get((str(base["strategy"]), 1), "exact") if base is not None else "exact"
     rounds = per_round(run.runs)
-    threads = shared_threads(counted)
+    threads, shares = thread_shares(counted)
     lines = []
     for ws, rows in summary.groupby("world_size"):
         ws = int(ws)
@@ -816,7 +820,7 @@ def pick_markdown(run: Run, summary: pd.DataFrame) -> str:
                 why = (
                     f": their ranks share the {_plain(threads)} thread(s) single computed with "
                     "alone (threads per rank, under Conditions)"
-                    if threads is not None
+                    if ws in shares
                     else ""
                 )
                 lines.append(
@@ -1573,6 +1577,7 @@ def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
     gone = None if base is None else loss_departures(every_step, str(base["strategy"]))
     extra: dict[str, dict[str, Any]] = {
         "time_split": {"bubbles": bubble_pcts(counted)},
+        "scaling_efficiency": {"shares": thread_shares(counted)[1]},
         "loss_curves": {
             "departing": None if gone is None else departing(gone),
             "tolerance_pct": DEPART_PCT,
