@@ -828,3 +828,21 @@ def test_the_efficiency_plot_marks_as_fast_as_single_where_ranks_shared_its_core
     assert report.thread_shares(counted.assign(threads_per_rank=2)) == (None, {})
     plain = plots.scaling_efficiency(summary, shares={}).axes[0]
     assert not plain.collections and "dotted" not in plain.get_title()
+
+
+def test_bar_values_turn_upright_only_where_they_would_run_into_each_other(reference) -> None:
+    """make bench's 17 bars per world size printed their values level, one over the next;
+    a few bars keep them level."""
+    summary = report.summarise(reference.runs)
+
+    def notes(rows: pd.DataFrame) -> list:
+        fig = plots.throughput(rows)
+        fig.draw_without_rendering()
+        return [t for t in fig.axes[0].texts if t.get_text().isdigit()]
+
+    many = notes(summary)
+    assert len(many) == len(summary) and {t.get_rotation() for t in many} == {90.0}
+    boxes = [t.get_window_extent() for t in many]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    few = notes(summary[summary["strategy"].isin(["single", "ddp_spawn", "fsdp"])])
+    assert len(few) == 5 and {t.get_rotation() for t in few} == {0.0}

@@ -21,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.legend import Legend
 from matplotlib.patches import Patch
+from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
 from bench.harness.results import case_key, natural_key
@@ -209,6 +210,7 @@ def _grouped_bars(
     # at most 0.3 wide: a lone bar would otherwise fill its whole group
     width = min(0.3, 0.8 / max(1, summary.groupby("world_size").size().max()))
     pos: dict[tuple[str, int], float] = {}
+    notes: list[Annotation] = []
     for g, ws in enumerate(sizes):
         present = sorted(summary.loc[summary["world_size"] == ws, "strategy"], key=natural_key)
         for i, name in enumerate(present):
@@ -230,12 +232,24 @@ def _grouped_bars(
         )
         # the value sits above the error bar, where a bar label would be crossed by it
         for xi, top, value in zip(x, np.fmax(med + err[1], med), med, strict=True):
-            _note_above(ax, xi, top, fmt % value)
+            notes.append(_note_above(ax, xi, top, fmt % value))
     ax.set_xticks(range(len(sizes)), [str(w) for w in sizes])
     ax.set_xlim(-0.5, len(sizes) - 0.5)
     ax.set_xlabel("world size (ranks)")
     _legend_outside(ax, title="strategy")
     ax.margins(y=0.12)
+    fig = ax.get_figure()
+    assert fig is not None
+    if not isinstance(fig.canvas, FigureCanvasAgg):  # a bare Figure(): what _figure gives
+        FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    boxes = [n.get_window_extent(renderer) for n in notes]
+    if any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]):
+        # many narrow bars: their values upright run into each other; turned, each fits
+        # its own bar's width, with room above for the taller text
+        for n in notes:
+            n.set(rotation=90, fontsize=7)
+        ax.margins(y=0.2)
 
 
 def throughput(summary: pd.DataFrame, colours: Mapping[str, Colour] | None = None) -> Figure:
@@ -444,9 +458,9 @@ def loss_curves(
     return fig
 
 
-def _note_above(ax: Axes, x: float, y: float, text: str) -> None:
+def _note_above(ax: Axes, x: float, y: float, text: str) -> Annotation:
     """Small text just above a bar's top."""
-    ax.annotate(
+    return ax.annotate(
         text,
         (x, y),
         xytext=(0, 2),
