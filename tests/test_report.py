@@ -846,3 +846,22 @@ def test_bar_values_turn_upright_only_where_they_would_run_into_each_other(refer
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
     few = notes(summary[summary["strategy"].isin(["single", "ddp_spawn", "fsdp"])])
     assert len(few) == 5 and {t.get_rotation() for t in few} == {0.0}
+
+
+def test_the_per_cell_plots_are_no_wider_than_their_bars_and_notes_need(reference) -> None:
+    """make bench's 28 cells made 36-inch (3,928 px) time-split and step-time PNGs, with a
+    band of 5 % margin either side: now 0.75 inch a cell, the x axis ending at the bars, and
+    the notes over the bars neither running into each other nor out of the axes."""
+    summary = report.summarise(reference.runs)
+    figs = report.figures(reference, summary)
+    n = len(summary)
+    for name in ("time_split.png", "step_time.png"):
+        fig = plots.fit_titles(figs[name])
+        assert fig.get_figwidth() <= 0.75 * n + 2, name
+    ax = figs["time_split.png"].axes[0]
+    assert ax.get_xlim() == (-0.6, n - 0.4)
+    notes = [t for t in ax.texts if t.get_text()]
+    assert len(notes) == n
+    boxes = [t.get_window_extent() for t in notes]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    assert max(b.y1 for b in boxes) <= ax.bbox.y1

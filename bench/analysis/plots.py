@@ -67,11 +67,22 @@ def _figure(width: float = 8.0, height: float = 4.8) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
+#: inches of figure per cell of a plot with a bar or box per (strategy, world size): room for
+#: a note of two short lines over each bar; long tick labels are slanted (fit_titles)
+CELL_INCHES = 0.75
+
+
+def _cells_width(n: int) -> float:
+    """The width (inches) of a figure with a bar or box for each of `n` cells."""
+    return max(6.0, CELL_INCHES * n + 2)
+
+
 def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
     """Wrap each axes title that runs past the figure's edge (a narrow figure whose axes a
     legend outside pushes aside: the title, centred on the axes, would be cut at the left)
     onto more lines until it fits, and slant x tick labels that run into each other (the
-    same legend narrows the bars they stand under), and makes a figure taller where its
+    same legend narrows the bars they stand under), raise the y axis over notes on bars
+    that the final layout leaves too little room (_headroom), and makes a figure taller where its
     legend beside the axes runs past its bottom (the layout had squeezed the axes to a
     strip above a legend cut off in the PNG); `pad`: pixels kept clear of the edge.
     Lays the figure out to measure; returns it."""
@@ -84,6 +95,8 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
             if _ticks_overlap(ax, renderer):
                 _slant(ax)
                 done = False
+            elif _headroom(ax, [t for t in ax.texts if isinstance(t, Annotation)], renderer):
+                done = False  # the layout (slanted ticks) left a note too little room
             legend = ax.get_legend()
             short = pad - legend.get_window_extent(renderer).y0 if legend else 0.0
             if short > 0:  # the legend hangs from the axes' top: grow the figure below it
@@ -238,18 +251,14 @@ def _grouped_bars(
     ax.set_xlabel("world size (ranks)")
     _legend_outside(ax, title="strategy")
     ax.margins(y=0.12)
-    fig = ax.get_figure()
-    assert fig is not None
-    if not isinstance(fig.canvas, FigureCanvasAgg):  # a bare Figure(): what _figure gives
-        FigureCanvasAgg(fig)
-    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    renderer = _renderer(ax)
     boxes = [n.get_window_extent(renderer) for n in notes]
     if any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]):
-        # many narrow bars: their values upright run into each other; turned, each fits
-        # its own bar's width, with room above for the taller text
+        # many narrow bars: their values level run into each other; turned, each fits
+        # its own bar's width
         for n in notes:
             n.set(rotation=90, fontsize=7)
-        ax.margins(y=0.2)
+    _headroom(ax, notes)
 
 
 def throughput(summary: pd.DataFrame, colours: Mapping[str, Colour] | None = None) -> Figure:
@@ -362,7 +371,7 @@ def step_time_distribution(
     """Box plot of step time per strategy and world size, warm-up steps excluded."""
     timed = _timed(steps)
     cells = _cells(timed)
-    fig, ax = _figure(max(6.0, 1.2 * len(cells) + 2))
+    fig, ax = _figure(_cells_width(len(cells)))
     if not cells:
         _empty(ax, "timed steps")
     else:
@@ -471,10 +480,43 @@ def _note_above(ax: Axes, x: float, y: float, text: str) -> Annotation:
     )
 
 
+def _renderer(ax: Axes) -> Any:
+    """A renderer for ax's figure, laid out (on an Agg canvas if it had none)."""
+    fig = ax.get_figure()
+    assert fig is not None
+    if not isinstance(fig.canvas, FigureCanvasAgg):  # a bare Figure(): what _figure gives
+        FigureCanvasAgg(fig)
+    fig.draw_without_rendering()
+    return fig.canvas.get_renderer()  # type: ignore[attr-defined]
+
+
+def _headroom(ax: Axes, notes: Sequence[Annotation], renderer: Any = None) -> bool:
+    """Raise the y axis' top so every note over a bar (_note_above) stays inside the axes,
+    where a fixed margin let a tall note (three or four lines) run into the title; whether
+    it was raised. `renderer`: of the figure as laid out (else it is laid out here)."""
+    notes = [n for n in notes if n.xycoords == "data" and n.get_text()]
+    if not notes:
+        return False
+    renderer = renderer or _renderer(ax)
+    bottom, top = ax.get_ylim()
+    need = top
+    for n in notes:
+        # the note keeps its height in pixels: its bar's top y needs y + h/H * span <= top
+        share = (n.get_window_extent(renderer).height + 4) / ax.bbox.height
+        if share < 0.8:
+            need = max(need, bottom + (n.xy[1] - bottom) / (1 - share))
+    if need <= top * (1 + 1e-9):
+        return False
+    ax.set_ylim(bottom, need)
+    return True
+
+
 def _step_axes(ax: Axes, cells: Sequence[tuple[str, int]]) -> None:
     """The time-split plots' axes: a tick per (strategy, world size), time per step."""
     if not cells:
         _empty(ax, "timed steps")
+    else:  # matplotlib's 5 % margins are a wide empty band beside many bars
+        ax.set_xlim(-0.6, len(cells) - 0.4)
     _cell_ticks(ax, [_cell_label(*c) for c in cells])
     ax.set_xlabel("strategy, world size")
     ax.set_ylabel("time per step (ms, mean over timed steps)")
@@ -512,7 +554,7 @@ def time_split(
     """
     timed = _timed(steps)
     cells = _cells(timed)
-    fig, ax = _figure(max(6.0, 1.2 * len(cells) + 2))
+    fig, ax = _figure(_cells_width(len(cells)))
     cmap = _colours([c[0] for c in cells], colours)
     means = timed.groupby(["strategy", "world_size"])[["compute_ms", "data_wait_ms"]].mean()
     bubble_pct = {
@@ -521,6 +563,7 @@ def time_split(
         if v is not None and np.isfinite(float(v))
     }
     drew_bubble = False
+    notes: list[Annotation] = []
     for name in sorted({c[0] for c in cells}, key=natural_key):
         idx = [i for i, c in enumerate(cells) if c[0] == name]
         comp = [means.loc[cells[i], "compute_ms"] for i in idx]
@@ -556,7 +599,7 @@ def time_split(
         for i, c, w, b in zip(idx, comp, wait, bub, strict=True):
             pct = 100 / (c + w) if c + w > 0 else 0.0  # percent of the step per ms
             said = f"{pct * b:.1f}% bubble\n" if cells[i] in bubble_pct else ""
-            _note_above(ax, i, c + w, f"{said}{pct * w:.1f}% wait")
+            notes.append(_note_above(ax, i, c + w, f"{said}{pct * w:.1f}% wait"))
     _step_axes(ax, cells)
     ax.set_title(
         "Where a step's time goes: compute, pipeline bubble, waiting for data"
@@ -578,6 +621,7 @@ def time_split(
     if cells:
         _parts_legend(ax, parts, "bar parts:")
     ax.margins(y=0.1)
+    _headroom(ax, notes)
     return fig
 
 
@@ -887,9 +931,10 @@ def time_parts(
     rows = rows[rows["part_forward_ms"].notna()]
     med = rows.groupby(["strategy", "world_size"])[[*STEP_PARTS, "step_time_ms_mean"]].median()
     cells = [(str(s), int(w)) for s, w in med.index]
-    fig, ax = _figure(max(6.0, 1.2 * len(cells) + 2))
+    fig, ax = _figure(_cells_width(len(cells)))
     cmap = _colours([c[0] for c in cells], colours)
     named: set[str] = set()
+    notes: list[Annotation] = []
     for i, cell in enumerate(cells):
         values = med.iloc[i]
         bottom = 0.0
@@ -914,14 +959,14 @@ def time_parts(
         step = float(values["step_time_ms_mean"])
         comm = float(values["part_comm_exposed_ms"])
         if np.isfinite(comm) and step > 0:
-            said = [f"{100 * comm / step:.0f}% comm exposed"]
+            said = [f"{100 * comm / step:.0f}% comm\nexposed"]
         else:  # one rank has no one to talk to; several without an ablation: not measured
             # (a profiler may still have timed the whole of it: the report's comm total)
-            said = ["no comm" if cell[1] == 1 else "exposed comm\nnot measured"]
+            said = ["no comm" if cell[1] == 1 else "exposed\ncomm not\nmeasured"]
         bubble = (bubbles or {}).get(cell)
         if bubble is not None and np.isfinite(bubble):
             said.append(f"{bubble:.0f}% bubble")
-        _note_above(ax, i, bottom, "\n".join(said))
+        notes.append(_note_above(ax, i, bottom, "\n".join(said)))
     _step_axes(ax, cells)
     ax.set_title("Where a step's time goes: compute, exposed communication, data wait")
     parts = [
@@ -931,4 +976,5 @@ def time_parts(
     if cells:
         _parts_legend(ax, parts, "bar parts, bottom up:")
     ax.margins(y=0.12)
+    _headroom(ax, notes)
     return fig
