@@ -581,7 +581,7 @@ def test_a_users_model_and_data_run_and_verify_against_the_share_baseline(tmp_pa
     cfg = RunConfig(
         model=MODEL,
         dataset=DATASET,
-        strategies=("ddp_spawn", "test_nosync"),
+        strategies=("ddp_spawn", "test_nosync", "test_extra_forward"),
         world_sizes=(2,),  # the baselines (single, whole and in 2 shares) run apart
         device="cpu",
         global_batch=32,  # verify's own batch and steps, as the README's example runs
@@ -597,6 +597,10 @@ def test_a_users_model_and_data_run_and_verify_against_the_share_baseline(tmp_pa
     assert good.status == "pass" and good.baseline == "single, 2 shares", good
     assert good.buffer_abs <= 1e-5  # running statistics follow rank 0's rule
     assert bad.status == "FAIL" and bad.baseline == "single, 2 shares", bad
+    # weights exact, running statistics updated twice a step: a FAIL that says so
+    twice = by[("test_extra_forward", 2)]
+    assert twice.status == "FAIL" and twice.param_rel <= 1e-4, twice
+    assert "num_batches_tracked" in twice.reason, twice
     # the share baseline computed with the cells' threads per rank: a convolution's
     # gradient depends on how many threads reduce it (at 2 threads against the ranks' 1,
     # this correct ddp_spawn once FAILed by step 8)

@@ -169,6 +169,40 @@ def test_batch_norm_cells_are_checked_against_the_baseline_cut_into_their_shares
     assert why.startswith("3 BatchNorm layers normalise over each device's 8 samples"), why
 
 
+def test_running_statistics_off_the_baseline_fail_though_the_weights_match():
+    """An extra forward in train mode (a metric, a recompute) leaves the weights and losses
+    exact and BatchNorm's running statistics wrong, which evaluation normalises by."""
+    import torch
+    from torch import nn
+
+    from bench.analysis.verify import _Baseline, _gaps
+
+    torch.manual_seed(0)
+    norm, x = nn.BatchNorm1d(3), torch.randn(8, 3)
+    init = {k: v.clone() for k, v in norm.state_dict().items()}
+    buffers = {"running_mean", "running_var", "num_batches_tracked"}
+
+    def run(*batches):
+        bn = nn.BatchNorm1d(3)
+        bn.load_state_dict(init)
+        for b in batches:
+            bn(b)
+        state = {k: v.clone() for k, v in bn.state_dict().items()}
+        params = {k: v for k, v in state.items() if k not in buffers}
+        held = {k: v for k, v in state.items() if k in buffers}
+        return _Baseline("", [1.0, 0.9], init, params, held)
+
+    exact, base = RECIPES["exact"], run(x)
+    assert _gaps(run(x), base, norms=1).within(exact)
+    twice = _gaps(run(x, x), base, norms=1)  # the weights as the baseline's, a count ahead
+    assert twice.param_rel == 0 and twice.loss_abs == 0 and not twice.within(exact)
+    assert "num_batches_tracked" in twice.buffers_off(exact)
+    other = _gaps(run(x + 1), base, norms=1)  # the right count, statistics of other samples
+    assert not other.within(exact) and "of their update" in other.buffers_off(exact)
+    # a model without BatchNorm has no running statistics to judge
+    assert _gaps(run(x, x), base, norms=0).within(exact)
+
+
 def test_verification_turns_off_every_dropout_layer():
     import torch
 

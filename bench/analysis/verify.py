@@ -238,12 +238,21 @@ def _split_buffers(
     return params, {k: v for k, v in state.items() if k in buffers}
 
 
-def _buffer_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """Largest |difference| of the buffers both hold (infinite if the cell lacks one)."""
+def _buffer_diff(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], init: dict[str, torch.Tensor]
+) -> tuple[float, float]:
+    """Largest |difference| of the buffers both hold, and the running statistics' difference
+    relative to how far the baseline's moved from their start, as the weights' (both
+    infinite if the cell lacks one; the relative one where a count such as BatchNorm's
+    num_batches_tracked differs at all: a forward too many or too few in train mode)."""
     if b.keys() - a.keys():
-        return math.inf
+        return math.inf, math.inf
     diffs = [(a[k].double() - b[k].double()).abs().max().item() for k in b if b[k].numel()]
-    return max(diffs, default=math.nan)
+    floats = [k for k in b if b[k].is_floating_point()]
+    _, rel = _param_diff({k: a[k] for k in floats}, {k: b[k] for k in floats}, init)
+    if any(not torch.equal(a[k], b[k]) for k in b.keys() - set(floats)):
+        rel = math.inf
+    return max(diffs, default=math.nan), rel
 
 
 def _param_diff(
@@ -370,12 +379,32 @@ class _Gaps:
     same_start: float  # max |difference| of the initial weights
     same_steps: bool
     buffer_abs: float
+    #: running statistics, relative to the baseline's own move, held to the weights'
+    #: tolerance (NaN: the model has none): a strategy can train the weights right and leave
+    #: them wrong (an extra forward in train mode), and evaluation normalises by them
+    buffer_rel: float = math.nan
 
     def within(self, tol: Tolerance) -> bool:
         good = self.same_start <= tol.init_abs and self.same_steps
         if tol.approximate:
             return good and self.late <= tol.loss_abs
+        good = good and not self.buffer_rel > tol.param_rel
         return good and self.loss_abs <= tol.loss_abs and self.param_rel <= tol.param_rel
+
+    def buffers_off(self, tol: Tolerance) -> str:
+        """Why the running statistics fail `tol` where the weights do not, or ""."""
+        if tol.approximate or not self.buffer_rel > tol.param_rel:
+            return ""
+        if math.isinf(self.buffer_rel):
+            return (
+                "running statistics (BatchNorm buffers) differ from the baseline's: a count "
+                "(num_batches_tracked) differs (a forward too many or too few in train "
+                "mode?), or the cell lacks a buffer"
+            )
+        return (
+            f"running statistics (BatchNorm buffers) {self.buffer_rel:.3g} of their update "
+            f"from the baseline's, past {tol.param_rel:.3g}"
+        )
 
 
 def _gaps(mine: _Baseline, base: _Baseline, norms: int) -> _Gaps:
@@ -390,7 +419,7 @@ def _gaps(mine: _Baseline, base: _Baseline, norms: int) -> _Gaps:
         p_rel,
         same_start,
         len(mine.losses) == len(base.losses),
-        _buffer_diff(mine.buffers, base.buffers) if norms else math.nan,
+        *(_buffer_diff(mine.buffers, base.buffers, base.init) if norms else (math.nan,) * 2),
     )
 
 
@@ -453,6 +482,8 @@ def _reference(
     # what is past the recipe: the weights, the loss or both
     past = [f"the weights {g.param_rel:.3g} of an update"] if g.param_rel > tol.param_rel else []
     past += [f"the loss by {g.loss_abs:.3g}"] if g.loss_abs > tol.loss_abs else []
+    if g.buffers_off(tol):
+        past += [f"the running statistics {g.buffer_rel:.3g} of their update"]
     moves = f"{precision} alone moves {' and '.join(past)} from fp32, past {tol.describe()}"
     reason = ""
     if g.within(tol):
@@ -564,7 +595,15 @@ def compare(run_dir: Path) -> list[Parity]:
         measured = (g.late if tol.approximate else g.loss_abs, g.param_abs, g.param_rel, tol)
         status = "pass" if g.within(tol) else "FAIL"
         out.append(
-            Parity(*case, numerics, *measured, status, baseline=base.label, buffer_abs=g.buffer_abs)
+            Parity(
+                *case,
+                numerics,
+                *measured,
+                status,
+                reason=g.buffers_off(tol) if status == "FAIL" else "",
+                baseline=base.label,
+                buffer_abs=g.buffer_abs,
+            )
         )
     return out + [ref for ref in refs.values() if ref is not None]
 
@@ -608,9 +647,10 @@ def table(parity: list[Parity]) -> str:
     if buffered:
         worst = max(buffered, key=lambda p: p.buffer_abs)
         lines.append(
-            "running statistics (BatchNorm buffers), reported apart: every strategy keeps rank "
-            "0's (DDP broadcasts rank 0's buffers each forward; the others save rank 0's), and "
-            "the baseline updates them from the first share only; largest |difference| "
+            "running statistics (BatchNorm buffers), held to the weights' tolerance relative to "
+            "their own update, counts exactly: every strategy keeps rank 0's (DDP broadcasts "
+            "rank 0's buffers each forward; the others save rank 0's), and the baseline updates "
+            "them from the first share only; largest |difference| "
             f"{worst.buffer_abs:.2e} ({worst.label} ws={worst.world_size})"
         )
     return "\n".join(lines)

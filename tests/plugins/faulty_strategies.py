@@ -83,6 +83,19 @@ class NoGradientSync(DistributedDataParallel):
         return model, optimizer
 
 
+class ExtraForward(DistributedDataParallel):
+    """Runs each batch forward once more in train mode before its step (a metric, a
+    recompute): weights and losses exact, BatchNorm's running statistics updated twice a
+    step. Parity must catch it: evaluation normalises by them."""
+
+    variants = {"test_extra_forward": Variant("spawn", "DDP with an extra train-mode forward")}
+
+    def forward_loss(self, x, y):
+        with torch.no_grad():
+            self.unwrap(self.model)(x)
+        return super().forward_loss(x, y)
+
+
 class PipelineSkipsStep(Pipeline):
     """Rank 1's stage never takes its optimizer step: its layers keep their initial
     weights while the loss still falls through the other stage. Parity must catch it."""
