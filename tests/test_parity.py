@@ -36,7 +36,7 @@ def _horovod_required() -> bool:
 def parity_run(tmp_path_factory, data_root):
     """The multi-process strategies at world size 2 (their baseline, single, runs apart):
     the run's directory, its rows by (strategy, world size) and their parity."""
-    names = (*FP32, "amp_ddp", "test_nosync")
+    names = (*FP32, "amp_ddp", "test_nosync", "test_amp_fp32")
     if strategies.get("horovod").unavailable("cpu") is None:
         names += HOROVOD
     cfg = small_config(
@@ -130,6 +130,15 @@ def test_a_cell_that_did_not_run_keeps_its_reason(parity_run, tmp_path):
 def test_a_strategy_that_skips_gradient_sync_fails_parity(parity):
     bad = parity[("test_nosync", 2)]
     assert bad.status == "FAIL" and bad.param_rel > 100 * RECIPES["exact"].param_rel
+
+
+def test_a_cell_that_never_rounds_in_its_precision_fails_parity(parity):
+    """Within every tolerance of the model, yet as close to fp32 as fp32 itself while
+    single in bf16 is not: its autocast never took effect."""
+    bad, good = parity[("test_amp_fp32", 2)], parity[("amp_ddp", 2)]
+    assert good.status == "pass", good
+    assert bad.status == "FAIL" and bad.param_rel <= RECIPES["exact"].param_rel, bad
+    assert "does not train in bf16" in bad.reason, bad
 
 
 @pytest.mark.parametrize("name", HOROVOD)

@@ -423,6 +423,16 @@ def _gaps(mine: _Baseline, base: _Baseline, norms: int) -> _Gaps:
     )
 
 
+def unrounded(g: _Gaps, ref: Parity) -> bool:
+    """Whether a cell in a reduced precision matches fp32 as fp32 itself does, where its
+    precision reference (single in that precision, same layout) shows that precision's
+    rounding: a tenth of the reference's gap at most, and within the exact recipe. Such a
+    cell trains in fp32 whatever it says (autocast that never took effect)."""
+    exact = RECIPES["exact"]
+    shown = ref.status in ("pass", AMPLIFIED) and ref.param_rel > exact.param_rel
+    return shown and g.param_rel <= min(exact.param_rel, ref.param_rel / 10)
+
+
 def amplifies_rounding(run_dir: Path) -> bool:
     """Whether verify's conditioning found the model amplifies rounding: one ulp moved the
     baseline's loss past half the exact tolerance within the steps asked for."""
@@ -594,13 +604,21 @@ def compare(run_dir: Path) -> list[Parity]:
         g = _gaps(_load(rd, case, buffers, "", numerics, losses), base, norms)
         measured = (g.late if tol.approximate else g.loss_abs, g.param_abs, g.param_rel, tol)
         status = "pass" if g.within(tol) else "FAIL"
+        reason = g.buffers_off(tol) if status == "FAIL" else ""
+        if status == "pass" and ref is not None and unrounded(g, ref):
+            status = "FAIL"
+            reason = (
+                f"{g.param_rel:.3g} of an update from fp32, within fp32's own tolerance, while "
+                f"{precision} alone moves {ref.label} {ref.param_rel:.3g}: it does not train in "
+                f"{precision} (its rows' speed and memory are not {precision}'s)"
+            )
         out.append(
             Parity(
                 *case,
                 numerics,
                 *measured,
                 status,
-                reason=g.buffers_off(tol) if status == "FAIL" else "",
+                reason=reason,
                 baseline=base.label,
                 buffer_abs=g.buffer_abs,
             )

@@ -5,12 +5,14 @@ refuses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 
 import torch
 
+from strategies.amp_ddp import AmpDDP
 from strategies.base import Strategy, Variant
 from strategies.ddp import DistributedDataParallel
 from strategies.pipeline import Pipeline
@@ -94,6 +96,16 @@ class ExtraForward(DistributedDataParallel):
         with torch.no_grad():
             self.unwrap(self.model)(x)
         return super().forward_loss(x, y)
+
+
+class AmpNeverCasts(AmpDDP):
+    """amp_ddp whose autocast never takes effect: it trains in fp32 under a bf16 row, the
+    model right, its speed and memory not bf16's. Parity must say so."""
+
+    variants = {"test_amp_fp32": Variant("spawn", "amp_ddp without autocast (wrong on purpose)")}
+
+    def autocast(self):
+        return contextlib.nullcontext()
 
 
 class PipelineSkipsStep(Pipeline):
