@@ -223,6 +223,17 @@ def test_a_sample_that_raises_in_a_loader_worker_is_named_in_one_line(workers, m
     assert proc.first_line(caught.value) == f"{said or 'ValueError'}{where}"
 
 
+def test_a_long_message_from_a_loader_worker_is_cut_not_the_worker_it_names():
+    from bench.harness import proc
+
+    loader = torch.utils.data.DataLoader(_BrokenAt("y" * 400), batch_size=2, num_workers=1)
+    with pytest.raises(ValueError) as caught:
+        list(loader)
+    line = proc.one_line(caught.value, limit=120)
+    assert len(line) == 120 and line.startswith("ValueError: yyy")
+    assert line.endswith("y (DataLoader worker process 0)")
+
+
 def test_a_loader_worker_killed_during_the_evaluation_is_told_as_in_training():
     """A training DataLoader worker the kernel kills after the timed steps: its death is
     raised in the rank where it is then, the evaluation. The row keeps its figures and is

@@ -95,10 +95,11 @@ def first_line(exc: BaseException) -> str:
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """`Type: first line of the message` (`_said`; the type alone where it has none), at
-    most `limit` characters."""
+    most `limit` characters: a long message is cut, never the worker it was raised in."""
     said, where = _said(exc)
-    text = type(exc).__name__ + (f": {said}" if said else "") + (f" ({where})" if where else "")
-    return text[:limit]
+    where = f" ({where})" if where else ""
+    head = type(exc).__name__ + (f": {said}" if said else "")
+    return head[: max(limit - len(where), 0)] + where
 
 
 def is_oom(exc: BaseException) -> bool:
