@@ -178,7 +178,9 @@ def _reason(hook: Any, *args: Any) -> str | None:
 def _raised(hook: Any, exc: Exception) -> str:
     owner = getattr(hook, "__self__", None)  # the class of a class method
     name = f"{owner.__name__}.{hook.__name__}" if isinstance(owner, type) else hook.__name__
-    return f"{name}() raised {type(exc).__name__}: {exc}".splitlines()[0]
+    from bench.harness.proc import one_line
+
+    return f"{name}() raised {one_line(exc)}"
 
 
 def _module_names() -> list[str]:
