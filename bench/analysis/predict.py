@@ -210,6 +210,27 @@ def _fits(run_dir: Path) -> dict[str, dict]:
     return best
 
 
+def _config(run_dir: Path, link: str | None = None) -> Any:
+    """The run's RunConfig, or a ConfigError where `run_dir` holds no run to predict from
+    or `link` is not one of LINKS."""
+    from bench.harness.runner import RunDir
+
+    rd = RunDir(run_dir)
+    if not rd.config_path.exists():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.json)")
+    if not rd.runs.path.exists():
+        raise ConfigError(
+            f"{run_dir}: no cell has finished yet (no runs.csv); `parabench run --resume "
+            f"{run_dir}` continues the run"
+        )
+    if link is not None and link not in LINKS:
+        raise ConfigError(f"unknown link {link!r}; choose one of {', '.join(LINKS)}")
+    try:
+        return rd.config()
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{run_dir}: unreadable run ({type(exc).__name__}: {exc})") from None
+
+
 def predict_run(
     run_dir: Path,
     world_sizes: Sequence[int],
@@ -233,22 +254,8 @@ def predict_run(
     from bench.analysis import report
     from bench.harness import results
     from bench.harness.probes import PHASES
-    from bench.harness.runner import RunDir
 
-    rd = RunDir(run_dir)
-    if not rd.config_path.exists():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.json)")
-    if not rd.runs.path.exists():
-        raise ConfigError(
-            f"{run_dir}: no cell has finished yet (no runs.csv); `parabench run --resume "
-            f"{run_dir}` continues the run"
-        )
-    if link is not None and link not in LINKS:
-        raise ConfigError(f"unknown link {link!r}; choose one of {', '.join(LINKS)}")
-    try:
-        cfg = rd.config()
-    except (OSError, ValueError, TypeError) as exc:
-        raise ConfigError(f"{run_dir}: unreadable run ({type(exc).__name__}: {exc})") from None
+    cfg = _config(run_dir, link)
     # read as the report reads it: numbers as numbers, columns an older run lacks empty
     if run is None:
         run = report.load_run(run_dir)
@@ -542,15 +549,16 @@ def _sizes(text: str) -> tuple[int, ...]:
 def cmd_predict(a: argparse.Namespace) -> int:
     import csv
 
-    from bench.harness.runner import RunDir
+    from bench.analysis import report
 
     run_dir = Path(a.run_dir)
     if a.busbw is not None and not (a.busbw > 0 and math.isfinite(a.busbw)):
         raise ConfigError(f"--busbw must be a positive number of GB/s, got {a.busbw}")
     why: list[str] = []
     sizes = a.world_sizes or DEFAULT_SIZES
-    rows = predict_run(run_dir, sizes, busbw_GBps=a.busbw, link=a.link, why=why)
-    batch = RunDir(run_dir).config().global_batch  # predict_run read it: it is readable
+    batch = _config(run_dir, a.link).global_batch
+    run = report.load_run(run_dir)  # once, for the predictions and their checks
+    rows = predict_run(run_dir, sizes, busbw_GBps=a.busbw, link=a.link, why=why, run=run)
     uneven = [str(n) for n in a.world_sizes or () if batch % n]
     if uneven:  # asked for: no rank count that cannot split the batch has a prediction
         raise ConfigError(
@@ -565,7 +573,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     print(table(rows))
     print(EXPOSED_KEY)
     # a strategy whose check at a world size run is far off: its every prediction is doubtful
-    for case, where in doubtful(check_run(run_dir)).items():
+    for case, where in doubtful(check_run(run_dir, run=run)).items():
         if any(r["case"] == case for r in rows):
             print(f"doubtful: {doubtful_line(case, where)}")
     for line in why:  # the cases and sizes left out of the table, each with its reason
