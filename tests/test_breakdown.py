@@ -621,7 +621,7 @@ def test_report_says_why_a_strategy_it_ran_is_not_predicted(probed_run, tmp_path
     text = report.scaling_markdown(report.load_run(odd))
     assert "Checked against" in text and "| ddp_powersgd |" not in text
     last = text.rsplit("\n\n", 1)[1]
-    assert last.startswith("Not predicted: ") and "(ddp_powersgd)" in last
+    assert last.startswith("Left out of the tables: ") and "(ddp_powersgd)" in last
 
 
 def test_a_strategy_not_modelled_says_so_even_without_a_one_process_cell(

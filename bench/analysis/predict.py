@@ -404,13 +404,18 @@ def check_run(run_dir: Path, *, why: list[str] | None = None, run: Any = None) -
     return [r for r in rows if r["measured_samples_per_s"] == r["measured_samples_per_s"]]
 
 
+def is_doubtful(error_pct: float) -> bool:
+    """Whether a check's error (%, predicted against measured) is past DOUBTFUL_PCT."""
+    return abs(error_pct) > DOUBTFUL_PCT  # (nan: not past)
+
+
 def doubtful(checked: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """The cases whose check is off by more than DOUBTFUL_PCT, each with where and by how
     much ("+45.7% at world size 2")."""
     out: dict[str, list[str]] = {}
     for r in checked:
         err = r["error_pct"]
-        if err == err and abs(err) > DOUBTFUL_PCT:
+        if is_doubtful(err):
             out.setdefault(r["case"], []).append(f"{err:+.1f}% at world size {r['world_size']}")
     return {case: ", ".join(where) for case, where in out.items()}
 

@@ -176,7 +176,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         got = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is unreadable ({proc.first_line(exc)}); fix or remove it") from None
+        raise ConfigError(
+            f"{path} is unreadable ({proc.first_line(exc)}); fix or remove it"
+        ) from None
     if not isinstance(got, dict):
         raise ConfigError(f"{path} holds {type(got).__name__}, not an object; fix or remove it")
     return got
@@ -1405,7 +1407,7 @@ def scaling_markdown(run: Run) -> str:
                         *b,
                         _num(r["measured_samples_per_s"]),
                         f"{r['error_pct']:+.1f}%"
-                        + (" (doubtful)" if abs(r["error_pct"]) > predict.DOUBTFUL_PCT else ""),
+                        + (" (doubtful)" if predict.is_doubtful(r["error_pct"]) else ""),
                     ]
                     for b, r in zip(body, checked, strict=True)
                 ],
@@ -1417,8 +1419,8 @@ def scaling_markdown(run: Run) -> str:
                 predict.doubtful_line(c, w) for c, w in doubtful.items()
             )
             text += (
-                " (the what-if ones included; compare the case's parts at that world "
-                'size with its one-process cell\'s under "Where the time goes").'
+                f" ({'the what-if ones included; ' if what_if else ''}compare the case's parts "
+                'at that world size with its one-process cell\'s under "Where the time goes").'
             )
     else:
         text += (
@@ -1450,8 +1452,8 @@ def scaling_markdown(run: Run) -> str:
                 ],
             )
         )
-    if why:  # a strategy measured here but in neither table says why
-        text += f"\n\nNot predicted: {_why_none(why)}."
+    if why:  # a strategy measured here but in neither table, or a world size, says why
+        text += f"\n\nLeft out of the tables: {_why_none(why)}."
     return text
 
 
