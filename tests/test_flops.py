@@ -219,6 +219,7 @@ def test_apex_rows_take_the_peak_of_the_precision_their_products_run_in() -> Non
     assert cols["peak_source"] == "apex_O2 computes in fp16: datasheet: H100 SXM"
     cols = mfu_columns(info, "cuda", {**row, "precision": "apex_O0"})
     assert cols["mfu_pct"] == pytest.approx(2.0)
+    assert mfu_columns({"flops_per_sample": 1e9}, "cuda", row)["peak_source"] == ""  # no peaks
     del info["peaks"]["fp16"]  # a run whose peaks left it out says so, not a blank
     cols = mfu_columns(info, "cuda", row)
     assert (

@@ -1288,7 +1288,7 @@ def mfu_columns(info: Mapping[str, Any], device: str, row: Mapping[str, Any]) ->
         source = info.get("flops_note", "") or source
     elif "peaks" in info and not peak and not source:
         source = f"no {precision} peak was measured for this run"
-    elif precision != row.get("precision"):
+    elif precision != row.get("precision") and source:
         source = f"{row.get('precision')} computes in {precision}: {source}"
     per_device = float(row.get("samples_per_s_per_device") or "nan")
     achieved = fps * per_device / 1e12 if fps else float("nan")
