@@ -830,6 +830,34 @@ def test_the_efficiency_plot_marks_as_fast_as_single_where_ranks_shared_its_core
     assert not plain.collections and "dotted" not in plain.get_title()
 
 
+def test_as_fast_as_single_is_marked_only_where_the_ranks_split_singles_threads(
+    reference,
+) -> None:
+    """1/N is as fast as single only where N ranks together had single's threads on one
+    host: 3 cores at world size 2 (one thread each) or 2 nodes x 2 cores at world size 4
+    (single on 2 threads) put the ranks at threads per rank / single's = 0.33 and 0.5, where
+    a cell as fast as single is at 0.5 and 0.25: neither the plot nor the text may say so."""
+    counted = report.counted_rows(reference.runs)
+    single = (counted["strategy"] == "single") | (counted["world_size"] == 1)
+    three = counted.assign(threads_per_rank=counted["threads_per_rank"].where(~single, 3))
+    assert report.thread_shares(three) == (3.0, {})
+    nodes = counted.assign(world_size=counted["world_size"].where(single, 4), nodes=2, hosts="a,b")
+    nodes.loc[single, ["nodes", "hosts"]] = (1, "a")
+    assert report.thread_shares(nodes) == (2.0, {})
+    for rows in (three, nodes):
+        text = report.shared_cores_markdown(rows)
+        assert "falls short of 1" in text and "the cores single had" not in text
+        summary = report.summarise(rows)
+        ax = plots.scaling_efficiency(summary, shares=report.thread_shares(rows)[1]).axes[0]
+        assert not ax.collections and "dotted" not in ax.get_title()
+    # two ranks on one host's 2 cores, as the reference ran: marked at 1/2
+    one = counted.assign(nodes=1, hosts="a")
+    assert report.thread_shares(one) == (2.0, {2: 0.5})
+    assert "At world size 2 (N ranks) the ranks split single's 2 thread(s)" in (
+        report.shared_cores_markdown(one)
+    )
+
+
 def test_bar_values_turn_upright_only_where_they_would_run_into_each_other(reference) -> None:
     """make bench's 17 bars per world size printed their values level, one over the next;
     a few bars keep them level."""

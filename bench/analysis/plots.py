@@ -303,10 +303,10 @@ def scaling_efficiency(
     """Speed-up over `single` divided by world size, one line per strategy; ideal is 1.
 
     Oversubscribed cells (more CPU ranks than cores) are left out, named under the axis.
-    `shares` (bench.analysis.report.thread_shares): per world size whose ranks computed
-    with fewer threads than single, their threads over single's, drawn as the efficiency of
-    a cell exactly as fast per thread as single (0.5 for 2 ranks on single's cores), since
-    1.0 cannot be reached on cores the ranks share.
+    `shares` (bench.analysis.report.thread_shares): per world size N whose ranks split
+    single's threads on one host, 1/N, drawn as the efficiency of a cell exactly as fast as
+    single (0.5 for 2 ranks on single's cores), since 1.0 cannot be reached on cores the
+    ranks share.
     """
     fig, ax = _figure()
     kept, left_out = comparable(summary)

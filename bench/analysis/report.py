@@ -505,38 +505,59 @@ def baseline_row(summary: pd.DataFrame) -> pd.Series | None:
     return (plain if len(plain) else single).iloc[0]
 
 
+def _one_host(rows: pd.DataFrame) -> pd.Series:
+    """Per row, whether its ranks ran on one host (its `hosts`, else its `nodes`; a run from
+    before those columns ran on this machine)."""
+    hosts = rows["hosts"] if "hosts" in rows else pd.Series(math.nan, index=rows.index)
+    nodes = pd.to_numeric(rows.get("nodes", hosts), errors="coerce")
+    named = hosts.map(lambda h: len({x for x in str(h).split(",") if x}) if pd.notna(h) else 0)
+    return named.where(named > 0, nodes.fillna(1)) <= 1
+
+
 def thread_shares(counted: pd.DataFrame) -> tuple[float | None, dict[int, float]]:
-    """On a CPU, the threads `single` at world size 1 computed with, and per larger world
-    size where ranks computed with fewer (a node's cores split among its ranks) the most a
-    rank had over single's: the efficiency of a cell exactly as fast per thread as single.
-    (None, {}) where no rank had fewer threads than single."""
+    """On a CPU, the threads `single` at world size 1 computed with where the ranks of a
+    larger world size computed with fewer (a node's cores split among its ranks), and per
+    world size whose N ranks together had exactly single's threads on one host (single's
+    cores split evenly), 1/N: the efficiency of a cell exactly as fast as single, the most
+    it can reach there. (None, {}) where no rank had fewer threads than single."""
     if counted.empty or not {"device", "threads_per_rank"} <= set(counted.columns):
         return None, {}
     cpu = counted[counted["device"] == "cpu"]
     threads = pd.to_numeric(_singles(cpu)["threads_per_rank"], errors="coerce").dropna()
     if threads.empty:
         return None, {}
+    single = threads.min()
     ranks = cpu[cpu["world_size"] > 1]
     mine = pd.to_numeric(ranks["threads_per_rank"], errors="coerce")
-    most = mine.groupby(ranks["world_size"].astype(int)).max()
-    shares = {int(ws): float(t / threads.min()) for ws, t in most.items() if t < threads.min()}
-    return (float(threads.min()) if shares else None), shares
+    whole = (mine * ranks["world_size"] == single) & _one_host(ranks)
+    by_ws = pd.DataFrame({"most": mine, "whole": whole}).groupby(ranks["world_size"].astype(int))
+    fewer = {int(ws): g["whole"].all() for ws, g in by_ws if g["most"].max() < single}
+    shares = {ws: 1.0 / ws for ws, split in fewer.items() if split}
+    return (float(single) if fewer else None), shares
 
 
 def shared_cores_markdown(counted: pd.DataFrame) -> str:
     """On a CPU, where ranks computed with fewer threads than `single` at world size 1 (a
     node's cores are split among its ranks): a sentence saying so, since efficiency
-    divides by world size as if each rank had what single had."""
-    threads, _ = thread_shares(counted)
+    divides by world size as if each rank had what single had; and where N ranks split
+    single's threads on one host, that a cell as fast as single is at 1/N there."""
+    threads, shares = thread_shares(counted)
     if threads is None:
         return ""
-    return (
+    text = (
         f" On this CPU `single` at world size 1 computed with {_plain(threads)} "
-        "thread(s), and the ranks of a cell with a share of their node's cores (threads per "
-        "rank, under Conditions): N ranks sharing one machine have the cores single had, "
-        "not N times them, so there a cell exactly as fast as single has speed-up 1 and "
-        "efficiency 1/N."
+        "thread(s), and each rank of a larger cell with fewer, a share of its node's cores "
+        "(threads per rank, under Conditions): efficiency divides speed-up by world size as "
+        "if each rank had what single had, so it falls short of 1 on that count alone."
     )
+    if shares:
+        sizes = ", ".join(str(ws) for ws in sorted(shares))
+        text += (
+            f" At world size {sizes} (N ranks) the ranks split single's {_plain(threads)} thread(s) "
+            "on one machine, together the cores single had, not N times them: there a cell "
+            "exactly as fast as single has speed-up 1 and efficiency 1/N."
+        )
+    return text
 
 
 def median_loss_by_step(steps: pd.DataFrame) -> dict[tuple[str, int], pd.Series]:
