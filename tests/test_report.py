@@ -777,6 +777,16 @@ def test_which_to_pick_holds_with_one_cell_one_world_size_and_no_single(referenc
     assert _pick(dataclasses.replace(reference, runs=failed)) == ""
 
 
+def test_which_to_pick_is_left_out_where_it_has_nothing_to_say(reference) -> None:
+    """Only oversubscribed cells and no single (--world-sizes 4 on a 2-core machine): no speed
+    to rank, no state or loss to compare. The section had its heading and intro over no line."""
+    runs = reference.runs
+    over = runs[(runs["world_size"] == 2) & (runs["strategy"] == "ddp_spawn")]
+    run = dataclasses.replace(reference, runs=over.assign(oversubscribed=1))
+    assert report.pick_markdown(run, report.summarise(run.runs)) == ""
+    assert "## Which to pick" not in report.report_markdown(run, report.summarise(run.runs), [])
+
+
 def test_which_to_pick_of_a_run_from_before_the_numerics_column() -> None:
     """An older runs.csv has precision but no numerics: cells are told apart by precision and
     the section says so (horovod_fp16's compressed gradients cannot be seen there)."""

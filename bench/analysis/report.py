@@ -882,6 +882,8 @@ def pick_markdown(run: Run, summary: pd.DataFrame) -> str:
             "this run predates the `numerics` column: cells are told apart by precision "
             "only, so compressed gradients count as single's numerics"
         )
+    if not lines:
+        return ""
     return (
         "From this run alone (speed-up over `single` at world size 1, in brackets its 95 % "
         "interval; within noise as under Summary):\n\n" + "\n".join(f"- {t}" for t in lines)
