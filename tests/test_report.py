@@ -777,6 +777,22 @@ def test_which_to_pick_holds_with_one_cell_one_world_size_and_no_single(referenc
     assert _pick(dataclasses.replace(reference, runs=failed)) == ""
 
 
+def test_which_to_pick_ranks_a_world_size_once_where_every_cell_trains_as_single_does(
+    reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where every timed cell has single's numerics, the fastest of all is the fastest of
+    those: one ranking per world size, not a second over the same rows."""
+    runs = reference.runs
+    exact = runs[runs["numerics"] == "exact"]
+    run = dataclasses.replace(reference, runs=exact)
+    summary = report.summarise(exact)
+    calls = []
+    leaders = report._leaders
+    monkeypatch.setattr(report, "_leaders", lambda *a: calls.append(1) or leaders(*a))
+    assert "world size 2, with single's numerics" in report.pick_markdown(run, summary)
+    assert len(calls) == summary["world_size"].nunique()
+
+
 def test_which_to_pick_is_left_out_where_it_has_nothing_to_say(reference) -> None:
     """Only oversubscribed cells and no single (--world-sizes 4 on a 2-core machine): no speed
     to rank, no state or loss to compare. The section had its heading and intro over no line."""

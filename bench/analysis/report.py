@@ -777,11 +777,122 @@ def _beside(r: Mapping[str, Any], base: Mapping[str, Any] | None, metric: str, w
     return f"{what} {_num(mine, 3)}" + ("" if theirs != theirs else f" (single {_num(theirs, 3)})")
 
 
+def _speed_lines(
+    ws: int,
+    grp: pd.DataFrame,
+    same: pd.DataFrame,
+    rounds: Mapping[tuple[str, int], Mapping[int, float]],
+    recipes: Mapping[tuple[str, int], str],
+    want: str,
+    base: pd.Series | None,
+) -> list[str]:
+    """At world size `ws`, of its timed cells `grp`: the fastest of those with single's
+    numerics (`same`), those within noise of it and the slowest; and the fastest of all where
+    it is another recipe, with its accuracy and loss beside single's."""
+    if grp.empty:
+        return []  # no speed to rank here (oversubscribed, or no samples/s)
+    named = {cell_name(r): r for _, r in grp.iterrows()}
+    best, how = _leaders(same, rounds) if len(same) else ([], "")
+    if not best:
+        lines = [f"world size {ws}: no cell with single's numerics (`{want}`) timed"]
+    else:
+        first = "fastest" if len(same) > 1 else "only"
+        line = f"world size {ws}, with single's numerics (`{want}`): {first} {best[0]}, "
+        line += _pace(named[best[0]])
+        if "no interval" in how:
+            line += f" ({how})"
+        elif how:
+            line += f"; within noise of it: {', '.join(best[1:])}" if best[1:] else ""
+            line += "" if best[1:] else "; no other within noise"
+        slowest = cell_name(same.loc[same["samples_per_s_median"].idxmin()])
+        if slowest not in best:
+            line += f"; slowest {slowest}, {_pace(named[slowest])}"
+        lines = [line]
+    top = best if len(same) == len(grp) else _leaders(grp, rounds)[0]
+    if top and top[0] not in best:
+        r = named[top[0]]
+        recipe = recipes.get((str(r["strategy"]), ws), "?")
+        said = [
+            t
+            for t in (
+                _beside(r, base, "eval_accuracy", "eval accuracy"),
+                _beside(r, base, "train_loss_final", "final loss"),
+            )
+            if t
+        ]
+        lines.append(
+            f"world size {ws}, fastest of all: {top[0]} (`{recipe}`), {_pace(r)}"
+            + (f"; {', '.join(said)}" if said else "")
+        )
+    return lines
+
+
+def _no_gain_line(
+    ws: int, same: pd.DataFrame, threads: float | None, shares: Mapping[int, float]
+) -> str:
+    """At world size `ws` > 1, a line where no cell of `same` (single's numerics) is shown
+    faster than single at world size 1, and why where its ranks split single's threads."""
+    if ws == 1 or same.empty:
+        return ""
+    low = same["speedup_ci_low"].where(same["speedup_ci_low"].notna(), same["speedup_vs_single"])
+    if (low > 1).any():
+        return ""
+    why = (
+        f": their ranks share the {_plain(threads)} thread(s) single computed with "
+        "alone (threads per rank, under Conditions)"
+        if ws in shares
+        else ""
+    )
+    return (
+        f"world size {ws}: no cell with single's numerics is shown faster than "
+        f"single at world size 1 (speed-up, or its 95 % interval where it has one, above 1){why}"
+    )
+
+
+def _state_line(ws: int, rows: pd.DataFrame) -> str:
+    """At world size `ws`, the cells with the lightest model state on their heaviest rank,
+    and those split unevenly that save nothing there; "" where all hold the same."""
+    state = rows.dropna(subset=["model_state_mib_median"])
+    mib = state["model_state_mib_median"]
+    if len(state) < 2 or mib.min() >= 0.99 * mib.max():
+        return ""
+    most, least = mib.max(), mib.min()
+    light = state[mib <= 1.01 * least]
+    line = (
+        f"world size {ws}, lightest model state on the heaviest rank: "
+        f"{', '.join(cell_name(r) for _, r in light.iterrows())} "
+        f"({_num(least, 1)} MiB, against up to {_num(most, 1)})"
+    )
+    lop = state[(mib >= 0.99 * most) & (state["model_state_mib_lightest_median"] < 0.99 * most)]
+    if len(lop):
+        line += "; split unevenly over ranks, saving nothing on the heaviest: " + ", ".join(
+            f"{cell_name(r)} (least {_num(r['model_state_mib_lightest_median'], 1)})"
+            for _, r in lop.iterrows()
+        )
+    return line
+
+
+def _loss_line(run: Run, counted: pd.DataFrame, base: pd.Series | None) -> str:
+    """The cells whose training loss departs from single's (DEPART_PCT); "" where none does
+    or there is no single to compare with."""
+    if base is None or run.steps.empty:
+        return ""
+    steps = counted_steps(run.steps, counted, timed_only=False, all_epochs=True)
+    gone = departing(loss_departures(steps, str(base["strategy"])))
+    if not gone:
+        return ""
+    return (
+        f"training loss more than {DEPART_PCT:g} % off single's (mean over the "
+        f"steps; loss plot): {', '.join(gone)}"
+    )
+
+
 def pick_markdown(run: Run, summary: pd.DataFrame) -> str:
     """Which strategy to pick, from this run's measurements: per world size the fastest cell
     that trains what single trains (its numerics) and those within noise of it, the fastest
     of all where that is another recipe (with what it does to accuracy and loss), whether any
-    beats single at world size 1, the lightest model state, and losses that depart."""
+    beats single at world size 1, the lightest model state, and losses that depart; "" where
+    there is none of these."""
     if summary.empty:
         return ""
     counted = counted_rows(run.runs)
@@ -794,94 +905,19 @@ def pick_markdown(run: Run, summary: pd.DataFrame) -> str:
     for ws, rows in summary.groupby("world_size"):
         ws = int(ws)
         grp = rows[(rows["oversubscribed"] != 1) & rows["samples_per_s_median"].notna()]
-        named = {cell_name(r): r for _, r in grp.iterrows()}
-        mine = [recipes.get((str(s), ws), want) == want for s in grp["strategy"]]
-        same = grp[pd.Series(mine, index=grp.index, dtype=bool)]
-        best, how = _leaders(same, rounds)
-        if grp.empty:
-            pass  # no speed to rank here (oversubscribed, or no samples/s)
-        elif not best:
-            lines.append(f"world size {ws}: no cell with single's numerics (`{want}`) timed")
-        else:
-            first = "fastest" if len(same) > 1 else "only"
-            line = f"world size {ws}, with single's numerics (`{want}`): {first} {best[0]}, "
-            line += _pace(named[best[0]])
-            if "no interval" in how:
-                line += f" ({how})"
-            elif how:
-                line += f"; within noise of it: {', '.join(best[1:])}" if best[1:] else ""
-                line += "" if best[1:] else "; no other within noise"
-            slowest = cell_name(same.loc[same["samples_per_s_median"].idxmin()])
-            if slowest not in best:
-                line += f"; slowest {slowest}, {_pace(named[slowest])}"
-            lines.append(line)
-        top, _ = _leaders(grp, rounds)
-        if top and top[0] not in best:
-            r = named[top[0]]
-            recipe = recipes.get((str(r["strategy"]), ws), "?")
-            said = [
-                t
-                for t in (
-                    _beside(r, base, "eval_accuracy", "eval accuracy"),
-                    _beside(r, base, "train_loss_final", "final loss"),
-                )
-                if t
-            ]
-            lines.append(
-                f"world size {ws}, fastest of all: {top[0]} (`{recipe}`), {_pace(r)}"
-                + (f"; {', '.join(said)}" if said else "")
-            )
-        if ws > 1 and base is not None and len(same):
-            low = same["speedup_ci_low"].where(
-                same["speedup_ci_low"].notna(), same["speedup_vs_single"]
-            )
-            if not (low > 1).any():
-                why = (
-                    f": their ranks share the {_plain(threads)} thread(s) single computed with "
-                    "alone (threads per rank, under Conditions)"
-                    if ws in shares
-                    else ""
-                )
-                lines.append(
-                    f"world size {ws}: no cell with single's numerics is shown faster than "
-                    f"single at world size 1 (speed-up, or its 95 % interval where it has one, above 1){why}"
-                )
-        state = rows.dropna(subset=["model_state_mib_median"])
-        if (
-            len(state) > 1
-            and state["model_state_mib_median"].min() < 0.99 * state["model_state_mib_median"].max()
-        ):
-            most = state["model_state_mib_median"].max()
-            least = state["model_state_mib_median"].min()
-            light = state[state["model_state_mib_median"] <= 1.01 * least]
-            line = (
-                f"world size {ws}, lightest model state on the heaviest rank: "
-                f"{', '.join(cell_name(r) for _, r in light.iterrows())} "
-                f"({_num(least, 1)} MiB, against up to {_num(most, 1)})"
-            )
-            lop = state[
-                (state["model_state_mib_median"] >= 0.99 * most)
-                & (state["model_state_mib_lightest_median"] < 0.99 * most)
-            ]
-            if len(lop):
-                line += "; split unevenly over ranks, saving nothing on the heaviest: " + ", ".join(
-                    f"{cell_name(r)} (least {_num(r['model_state_mib_lightest_median'], 1)})"
-                    for _, r in lop.iterrows()
-                )
-            lines.append(line)
-    if base is not None and not run.steps.empty:
-        steps = counted_steps(run.steps, counted, timed_only=False, all_epochs=True)
-        gone = departing(loss_departures(steps, str(base["strategy"])))
-        if gone:
-            lines.append(
-                f"training loss more than {DEPART_PCT:g} % off single's (mean over the "
-                f"steps; loss plot): {', '.join(gone)}"
-            )
+        mine = grp["strategy"].map(lambda s, ws=ws: recipes.get((str(s), ws), want) == want)
+        same = grp[mine.astype(bool)]
+        lines += _speed_lines(ws, grp, same, rounds, recipes, want, base)
+        if base is not None:
+            lines.append(_no_gain_line(ws, same, threads, shares))
+        lines.append(_state_line(ws, rows))
+    lines.append(_loss_line(run, counted, base))
     if recipes and ("numerics" not in counted or counted["numerics"].isna().all()):
         lines.append(
             "this run predates the `numerics` column: cells are told apart by precision "
             "only, so compressed gradients count as single's numerics"
         )
+    lines = [t for t in lines if t]
     if not lines:
         return ""
     return (
