@@ -772,6 +772,9 @@ def test_which_to_pick_holds_with_one_cell_one_world_size_and_no_single(referenc
     # no single: samples/s, not speed-ups over a baseline that is not there
     none = _pick(dataclasses.replace(reference, runs=runs[runs["strategy"] != "single"]))
     assert "samples/s" in none and "x single" not in none and "shown faster" not in none
+    assert "no `single` at world size 1 to compare with" in none and "speed-up over" not in none
+    assert "- world size 2, with numerics `exact`: fastest ddp_spawn, 824.0 samples/s" in none
+    assert "single's" not in none
     assert "training loss more than" not in none
     failed = runs.assign(status="failed", reason="boom")
     assert _pick(dataclasses.replace(reference, runs=failed)) == ""

@@ -787,17 +787,19 @@ def _speed_lines(
     base: pd.Series | None,
 ) -> list[str]:
     """At world size `ws`, of its timed cells `grp`: the fastest of those with single's
-    numerics (`same`), those within noise of it and the slowest; and the fastest of all where
-    it is another recipe, with its accuracy and loss beside single's."""
+    numerics (`same`; `want`, named plainly where there is no single `base`), those within
+    noise of it and the slowest; and the fastest of all where it is another recipe, with its
+    accuracy and loss beside single's."""
     if grp.empty:
         return []  # no speed to rank here (oversubscribed, or no samples/s)
     named = {cell_name(r): r for _, r in grp.iterrows()}
     best, how = _leaders(same, rounds) if len(same) else ([], "")
+    numerics = f"numerics `{want}`" if base is None else f"single's numerics (`{want}`)"
     if not best:
-        lines = [f"world size {ws}: no cell with single's numerics (`{want}`) timed"]
+        lines = [f"world size {ws}: no cell with {numerics} timed"]
     else:
         first = "fastest" if len(same) > 1 else "only"
-        line = f"world size {ws}, with single's numerics (`{want}`): {first} {best[0]}, "
+        line = f"world size {ws}, with {numerics}: {first} {best[0]}, "
         line += _pace(named[best[0]])
         if "no interval" in how:
             line += f" ({how})"
@@ -920,9 +922,13 @@ def pick_markdown(run: Run, summary: pd.DataFrame) -> str:
     lines = [t for t in lines if t]
     if not lines:
         return ""
-    return (
-        "From this run alone (speed-up over `single` at world size 1, in brackets its 95 % "
-        "interval; within noise as under Summary):\n\n" + "\n".join(f"- {t}" for t in lines)
+    against = (
+        "no `single` at world size 1 to compare with, so samples/s and no speed-ups"
+        if base is None
+        else "speed-up over `single` at world size 1, in brackets its 95 % interval"
+    )
+    return f"From this run alone ({against}; within noise as under Summary):\n\n" + "\n".join(
+        f"- {t}" for t in lines
     )
 
 
