@@ -388,8 +388,14 @@ def test_time_parts_names_a_pipeline_that_has_no_forward_part() -> None:
             | {"part_forward_ms": 0.0, "part_comm_exposed_ms": math.nan},
         ]
     )
-    labels = plots.legend_labels(plots.time_parts(rows))
+    fig = plots.time_parts(rows)
+    labels = plots.legend_labels(fig)
     assert labels[:2] == ["ddp_spawn", "pipeline_gpipe"]
+    # each key in its strategy's full colour: the pipeline's took its pale backward's alpha
+    keys = fig.axes[0].get_legend().legend_handles[:2]
+    for key, name in zip(keys, labels[:2], strict=True):
+        (bar, *_) = (c for c in fig.axes[0].containers if c.get_label().startswith(f"_{name} "))
+        assert key.get_facecolor() == (*bar[0].get_facecolor()[:3], 1.0), name
 
 
 def _notes(fig: Figure) -> list[str]:

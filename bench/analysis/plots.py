@@ -522,10 +522,13 @@ def _step_axes(ax: Axes, cells: Sequence[tuple[str, int]]) -> None:
     ax.set_ylabel("time per step (ms, mean over timed steps)")
 
 
-def _parts_legend(ax: Axes, parts: list[Patch], heading: str) -> None:
+def _parts_legend(
+    ax: Axes, parts: list[Patch], heading: str, handles: list[Patch] | None = None
+) -> None:
     """One legend, so a long list of strategies cannot run into the key of the bar parts:
-    the colours name strategies, the fill says which part of the bar is which."""
-    handles, _ = ax.get_legend_handles_labels()
+    the colours name strategies (`handles`, else the bars labelled with a strategy), the fill
+    says which part of the bar is which."""
+    handles = ax.get_legend_handles_labels()[0] if handles is None else handles
     title = Patch(facecolor="none", edgecolor="none", label=heading)
     ax.legend(
         handles=[*handles, title, *parts],
@@ -933,7 +936,6 @@ def time_parts(
     cells = [(str(s), int(w)) for s, w in med.index]
     fig, ax = _figure(_cells_width(len(cells)))
     cmap = _colours([c[0] for c in cells], colours)
-    named: set[str] = set()
     notes: list[Annotation] = []
     for i, cell in enumerate(cells):
         values = med.iloc[i]
@@ -951,10 +953,8 @@ def time_parts(
                 alpha=alpha,
                 hatch=hatch,
                 edgecolor="0.25" if hatch else None,
-                # the strategy's name on the first part drawn: a pipeline has no forward
-                label=f"_{cell[0]} {label}" if cell[0] in named else cell[0],
+                label=f"_{cell[0]} {label}",
             )
-            named.add(cell[0])
             bottom += v
         step = float(values["step_time_ms_mean"])
         comm = float(values["part_comm_exposed_ms"])
@@ -973,8 +973,11 @@ def time_parts(
         Patch(facecolor="0.3", alpha=alpha, hatch=hatch, edgecolor="0.25", label=label)
         for label, alpha, hatch in STEP_PARTS.values()
     ]
+    # each strategy in its full colour: its first part drawn may be a pale one (a pipeline
+    # has no forward, its backward is at alpha 0.75)
+    names = [Patch(facecolor=cmap[n], label=n) for n in dict.fromkeys(c[0] for c in cells)]
     if cells:
-        _parts_legend(ax, parts, "bar parts, bottom up:")
+        _parts_legend(ax, parts, "bar parts, bottom up:", names)
     ax.margins(y=0.12)
     _headroom(ax, notes)
     return fig
