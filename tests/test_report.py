@@ -905,6 +905,26 @@ def test_bar_values_turn_upright_only_where_they_would_run_into_each_other(refer
     assert len(few) == 5 and {t.get_rotation() for t in few} == {0.0}
 
 
+def test_bar_values_that_collide_only_in_the_final_layout_turn_upright() -> None:
+    """14 bars of 5-digit values with one long name in the legend: level, the values just
+    clear each other until the y label and title narrow the axes, after which they ran into
+    each other in the saved PNG; fit_titles, which lays out the final figure, turns them."""
+    names = [f"s{i:02d}" for i in range(13)] + ["s99" + "i" * 11]
+    summary = pd.DataFrame(
+        [
+            {"strategy": s, "world_size": 2}
+            | {f"samples_per_s_{m}": 99999.0 for m in ("median", "min", "max")}
+            for s in names
+        ]
+    )
+    fig = plots.fit_titles(plots.throughput(summary))
+    fig.draw_without_rendering()
+    values = [t for t in fig.axes[0].texts if t.get_text() == "99999"]
+    boxes = [t.get_window_extent() for t in values]
+    assert len(boxes) == 14
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
 def test_the_per_cell_plots_are_no_wider_than_their_bars_and_notes_need(reference) -> None:
     """make bench's 28 cells made 36-inch (3,928 px) time-split and step-time PNGs, with a
     band of 5 % margin either side: now 0.75 inch a cell, the x axis ending at the bars, and

@@ -81,7 +81,8 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
     """Wrap each axes title that runs past the figure's edge (a narrow figure whose axes a
     legend outside pushes aside: the title, centred on the axes, would be cut at the left)
     onto more lines until it fits, and slant x tick labels that run into each other (the
-    same legend narrows the bars they stand under), raise the y axis over notes on bars
+    same legend narrows the bars they stand under), turn the values over grouped bars
+    upright where they now collide (_upright_values), raise the y axis over notes on bars
     that the final layout leaves too little room (_headroom), and makes a figure taller where its
     legend beside the axes runs past its bottom (the layout had squeezed the axes to a
     strip above a legend cut off in the PNG); `pad`: pixels kept clear of the edge.
@@ -95,6 +96,8 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
             if _ticks_overlap(ax, renderer):
                 _slant(ax)
                 done = False
+            elif _upright_values(ax, renderer):
+                done = False  # the final layout narrowed the bars under their values
             elif _headroom(ax, [t for t in ax.texts if isinstance(t, Annotation)], renderer):
                 done = False  # the layout (slanted ticks) left a note too little room
             legend = ax.get_legend()
@@ -148,6 +151,22 @@ def _ticks_overlap(ax: Axes, renderer: Any) -> bool:
         return False  # slanted already
     boxes = sorted((b.x0, b.x1) for b in (t.get_window_extent(renderer) for t in shown))
     return any(nxt[0] < prev[1] for prev, nxt in pairwise(boxes))
+
+
+#: the gid of the values written over grouped bars, which turn upright where they collide
+BAR_VALUE = "bar value"
+
+
+def _upright_values(ax: Axes, renderer: Any) -> bool:
+    """Turn the values over grouped bars upright where, level as laid out, they run into each
+    other (many narrow bars: turned, each fits its own bar's width); whether it turned them."""
+    notes = [t for t in ax.texts if t.get_gid() == BAR_VALUE and not t.get_rotation()]
+    boxes = [n.get_window_extent(renderer) for n in notes]
+    if not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]):
+        return False
+    for n in notes:
+        n.set(rotation=90, fontsize=7)
+    return True
 
 
 def _cells(df: pd.DataFrame) -> list[tuple[str, int]]:
@@ -251,13 +270,10 @@ def _grouped_bars(
     ax.set_xlabel("world size (ranks)")
     _legend_outside(ax, title="strategy")
     ax.margins(y=0.12)
+    for n in notes:
+        n.set_gid(BAR_VALUE)
     renderer = _renderer(ax)
-    boxes = [n.get_window_extent(renderer) for n in notes]
-    if any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]):
-        # many narrow bars: their values level run into each other; turned, each fits
-        # its own bar's width
-        for n in notes:
-            n.set(rotation=90, fontsize=7)
+    _upright_values(ax, renderer)  # again in fit_titles, once the labels narrow the axes
     _headroom(ax, notes)
 
 
