@@ -610,7 +610,7 @@ def test_efficiency_on_a_cpu_says_the_ranks_shared_the_cores_single_had(referenc
     text = report.report_markdown(reference, report.summarise(reference.runs), [])
     summary = _section(text, "Summary")
     assert "On this CPU `single` at world size 1 computed with 2 thread(s)" in summary
-    assert "speed-up 1 and efficiency 1/N" in summary
+    assert "speed-up 1 and efficiency 1/2" in summary
     # each rank with as many threads as single (--threads-per-rank), or a GPU: nothing to say
     counted = report.counted_rows(reference.runs)
     assert report.shared_cores_markdown(counted.assign(threads_per_rank=2)) == ""
@@ -882,7 +882,7 @@ def test_as_fast_as_single_is_marked_only_where_the_ranks_split_singles_threads(
     # two ranks on one host's 2 cores, as the reference ran: marked at 1/2
     one = counted.assign(nodes=1, hosts="a")
     assert report.thread_shares(one) == (2.0, {2: 0.5})
-    assert "At world size 2 (N ranks) the ranks split single's 2 thread(s)" in (
+    assert "At world size 2 the ranks split single's 2 thread(s)" in (
         report.shared_cores_markdown(one)
     )
 

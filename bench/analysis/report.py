@@ -552,10 +552,12 @@ def shared_cores_markdown(counted: pd.DataFrame) -> str:
     )
     if shares:
         sizes = ", ".join(str(ws) for ws in sorted(shares))
+        many = len(shares) > 1
         text += (
-            f" At world size {sizes} (N ranks) the ranks split single's {_plain(threads)} thread(s) "
-            "on one machine, together the cores single had, not N times them: there a cell "
-            "exactly as fast as single has speed-up 1 and efficiency 1/N."
+            f" At world size{'s' if many else ''} {sizes} the ranks split single's "
+            f"{_plain(threads)} thread(s) on one machine, together the cores single had, not "
+            f"{'world size' if many else sizes} times them: there a cell exactly as fast as "
+            f"single has speed-up 1 and efficiency 1/{'world size' if many else sizes}."
         )
     return text
 
