@@ -13,6 +13,11 @@ micro-batches, as it does on each rank.
 place (fp32), in directions drawn with seed N: a twin of the baseline that differs only
 by rounding, which `parabench verify` uses to measure how far rounding alone carries a
 model within its steps (see bench.analysis.verify.conditioning).
+
+`--set compress=fp16|bf16` rounds each step's gradients to that dtype before the optimizer
+step: what compressing a one-rank all-reduce does (a DDP fp16/bf16 comm hook at world size
+1), the least rounding any compressed all-reduce does. `parabench verify` runs it as the
+reference of the cells whose gradients are compressed.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ from strategies.base import Strategy, Variant, buffers_kept
 class Single(Strategy):
     variants = {"single": Variant("inprocess", "one device, no wrapper (the baseline)")}
     #: perturb: 0 (none) or the seed of a twin's one-ulp moves
-    accepts = {"shares": int, "perturb": ("0", "1", "2", "3", "4")}
+    accepts = {
+        "shares": int,
+        "perturb": ("0", "1", "2", "3", "4"),
+        "compress": ("none", "fp16", "bf16"),
+    }
 
     @classmethod
     def unsuitable(cls, cfg, world_size, options) -> str | None:
@@ -50,6 +59,24 @@ class Single(Strategy):
     @property
     def shares(self) -> int:
         return int(self.options.get("shares", 1))
+
+    @property
+    def compress(self) -> str:
+        return self.options.get("compress", "none")
+
+    def numerics(self) -> tuple[str, ...]:
+        extra = () if self.compress == "none" else (f"grad_{self.compress}",)
+        return (*super().numerics(), *extra)
+
+    def optimizer_step(self, optimizer) -> None:
+        if self.compress != "none":
+            dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[self.compress]
+            with torch.no_grad():
+                for group in optimizer.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.grad.copy_(p.grad.to(dtype))
+        super().optimizer_step(optimizer)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         seed = int(self.options.get("perturb", 0))

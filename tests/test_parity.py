@@ -36,7 +36,7 @@ def _horovod_required() -> bool:
 def parity_run(tmp_path_factory, data_root):
     """The multi-process strategies at world size 2 (their baseline, single, runs apart):
     the run's directory, its rows by (strategy, world size) and their parity."""
-    names = (*FP32, "amp_ddp", "test_nosync", "test_amp_fp32")
+    names = (*FP32, "amp_ddp", "test_nosync", "test_amp_fp32", "ddp_fp16_hook", "test_hook_fp32")
     if strategies.get("horovod").unavailable("cpu") is None:
         names += HOROVOD
     cfg = small_config(
@@ -46,7 +46,9 @@ def parity_run(tmp_path_factory, data_root):
         run_dir, result = verify(cfg, steps=8, echo=lambda m: None)
     print(table(result))
     rows = {(r["strategy"], int(r["world_size"])): r for r in RunDir(run_dir).runs.read()}
-    return run_dir, rows, {(p.strategy, p.world_size): p for p in result}
+    # the precision references (single at world size 1) by their setting too
+    refs = {(p.strategy, p.world_size, p.setting): p for p in result if p.reference}
+    return run_dir, rows, {(p.strategy, p.world_size): p for p in result} | refs
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,7 @@ def test_amp_matches_at_its_looser_tolerance(parity):
     assert p.numerics == "autocast_bf16" and p.status == "pass", p
     assert p.param_rel > 0  # bf16 really changes the numbers; the check is not vacuous
     assert p.tol == RECIPES["autocast_bf16"]  # MNIST does not amplify rounding: not widened
-    ref = parity[("single", 1)]  # single in bf16 (no cell at world size 1: run apart)
+    ref = parity[("single", 1, "bf16")]  # single in bf16 (no cell at world size 1: run apart)
     assert ref.reference and ref.setting == "bf16" and ref.status == "pass", ref
 
 
@@ -139,6 +141,17 @@ def test_a_cell_that_never_rounds_in_its_precision_fails_parity(parity):
     assert good.status == "pass", good
     assert bad.status == "FAIL" and bad.param_rel <= RECIPES["exact"].param_rel, bad
     assert "does not train in bf16" in bad.reason, bad
+
+
+def test_a_compression_hook_that_never_compresses_fails_parity(parity):
+    """Within every tolerance of the model, yet as close to fp32 as fp32 itself while single
+    with its gradients rounded to fp16 is not: the hook all-reduces uncompressed."""
+    bad, good = parity[("test_hook_fp32", 2)], parity[("ddp_fp16_hook", 2)]
+    assert bad.status == "FAIL" and bad.param_rel <= RECIPES["exact"].param_rel, bad
+    assert "does not compress its gradients" in bad.reason, bad
+    ref = parity[("single", 1, "fp32,compress=fp16")]
+    assert ref.reference and ref.numerics == "grad_fp16" and ref.status == "pass", ref
+    assert good.status == "pass" and good.param_rel > ref.param_rel / 10, good
 
 
 @pytest.mark.parametrize("name", HOROVOD)

@@ -15,7 +15,10 @@ layout, against fp32, which shows what rounding alone moves. Where that is past 
 recipe's tolerance (resnet18 at 32 px, whose conditioning shows it amplifies rounding: bf16
 alone is 0.38 of an update from fp32 after one step), the reference is reported as such
 and the cells in that precision are held to 1.5x its gap, so a correct strategy does not
-FAIL for bf16's sake while one that skips its all-reduce still does.
+FAIL for bf16's sake while one that skips its all-reduce still does. Cells in fp32 whose
+gradients are compressed (grad_fp16/grad_bf16) get a reference of the same kind, `single
+--set compress=...` (COMPRESSED). Against its reference, a cell that is as close to fp32 as
+fp32 itself FAILs: it does not round as it says (bench.analysis.verify.unrounded).
 """
 
 from __future__ import annotations
@@ -104,6 +107,20 @@ NOT_COMPARABLE = "not comparable"
 #: precisions of the axis that `single` runs as a precision reference: what rounding in that
 #: precision alone does to the baseline, on the same layout (bench.analysis.verify.compare)
 REDUCED = ("bf16", "fp16")
+#: gradient compressions (numerics parts) whose fp32 cells get a reference of their own, in
+#: the precision references' place: `single --set compress=...`, its gradients rounded once
+#: before each step. That is what a compressed all-reduce does at one rank, and the least it
+#: does at any: at 2 ranks each rank's share is rounded before the sum, so a correct hook is
+#: at least about as far from fp32 as the reference, and one that never compresses is as
+#: close as fp32 itself (bench.analysis.verify.unrounded)
+COMPRESSED = {"grad_fp16": "fp16", "grad_bf16": "bf16"}
+
+
+def compressed(numerics: str) -> str:
+    """The gradient compression of a recipe such as `exact+grad_fp16` (a COMPRESSED key), or ''."""
+    return next((p for p in numerics.split("+") if p in COMPRESSED), "")
+
+
 #: where a precision reference is past its recipe (AMPLIFIED), a cell in that precision is
 #: held to this multiple of the reference's gap from fp32 where that is wider: its own
 #: rounding is of the same size. resnet18 at 32 px in bf16, 2 ranks: one step compared,
@@ -424,10 +441,11 @@ def _gaps(mine: _Baseline, base: _Baseline, norms: int) -> _Gaps:
 
 
 def unrounded(g: _Gaps, ref: Parity) -> bool:
-    """Whether a cell in a reduced precision matches fp32 as fp32 itself does, where its
-    precision reference (single in that precision, same layout) shows that precision's
-    rounding: a tenth of the reference's gap at most, and within the exact recipe. Such a
-    cell trains in fp32 whatever it says (autocast that never took effect)."""
+    """Whether a cell in a reduced precision (or with compressed gradients) matches fp32 as
+    fp32 itself does, where its precision reference (single in that precision, or with its
+    gradients rounded, same layout) shows that rounding: a tenth of the reference's gap at
+    most, and within the exact recipe. Such a cell trains in fp32 whatever it says
+    (autocast that never took effect, a compression hook that does not compress)."""
     exact = RECIPES["exact"]
     shown = ref.status in ("pass", AMPLIFIED) and ref.param_rel > exact.param_rel
     return shown and g.param_rel <= min(exact.param_rel, ref.param_rel / 10)
@@ -593,7 +611,8 @@ def compare(run_dir: Path) -> list[Parity]:
         if tol is None:
             out.append(_unmeasured(case, numerics, UNKNOWN, "no tolerance", baseline=base.label))
             continue
-        ref = reference(layout, precision) if precision in REDUCED else None
+        rounding = precision if precision in REDUCED else compressed(numerics)
+        ref = reference(layout, rounding) if rounding else None
         if ref is not None and not tol.approximate and not math.isnan(ref.param_rel):
             if not ref.param_rel <= REFERENCE_LIMIT:
                 why = f"its precision reference, {ref.label}: {ref.reason}"
@@ -609,8 +628,14 @@ def compare(run_dir: Path) -> list[Parity]:
             status = "FAIL"
             reason = (
                 f"{g.param_rel:.3g} of an update from fp32, within fp32's own tolerance, while "
-                f"{precision} alone moves {ref.label} {ref.param_rel:.3g}: it does not train in "
-                f"{precision} (its rows' speed and memory are not {precision}'s)"
+                f"{rounding} alone moves {ref.label} {ref.param_rel:.3g}: "
+                + (
+                    f"it does not train in {precision} (its rows' speed and memory are not "
+                    f"{precision}'s)"
+                    if rounding == precision
+                    else "it does not compress its gradients (its rows' speed is an "
+                    "uncompressed all-reduce's)"
+                )
             )
         out.append(
             Parity(
@@ -655,8 +680,9 @@ def table(parity: list[Parity]) -> str:
         )
     if any(p.reference for p in parity):
         lines.append(
-            "precision reference: single in bf16/fp16 against single at fp32 on the same "
-            "layout, what rounding in that precision alone moves (not a strategy's cell); "
+            "precision reference: single in bf16/fp16, or in fp32 with its gradients rounded "
+            "to fp16/bf16 (compress=), against single at fp32 on the same layout, what that "
+            "rounding alone moves (not a strategy's cell); "
             f"'{AMPLIFIED}': past its recipe's tolerance (rounding carried further than the "
             "recipes' calibration, SGD on MNIST), and the cells in that precision are then held "
             f"to {REFERENCE_FACTOR:g}x its gap ('{REFERENCE_FACTOR:g}x ref') where that is wider"
@@ -828,10 +854,13 @@ def baseline_config(cfg: RunConfig, out_dir: Path, run_id: str, **changes) -> Ru
 
 def reference_layouts(run_dir: Path) -> list[tuple[Layout, str]]:
     """The precision references a run's cells need and its own cells do not hold: per
-    layout and reduced precision a comparable cell ran in, `single` in that precision."""
+    layout and reduced precision a comparable cell ran in, `single` in that precision; per
+    layout and gradient compression of a cell in fp32, `single --set compress=...`."""
     rd = RunDir(run_dir)
     wanted = {
-        (layout, r["precision"]) for r, layout in _baselined(rd) if r.get("precision") in REDUCED
+        (layout, r["precision"] if r.get("precision") in REDUCED else compressed(r["numerics"]))
+        for r, layout in _baselined(rd)
+        if r.get("precision") in REDUCED or compressed(r.get("numerics") or "")
     }
     return sorted(
         (layout, p) for layout, p in wanted if layout != (1, 1) or _apart(_single_row(rd, p))
@@ -866,16 +895,20 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
     threads = _layout_threads(run_dir)
     for layout, precision in runs + reference_layouts(run_dir):
         r, k = layout
+        options = {"shares": str(r)} if r > 1 else {}
         if precision == "fp32":
             echo(f"baseline for BatchNorm over shares: {baseline_label(layout)}")
+        elif precision in COMPRESSED:
+            echo(f"precision reference: {baseline_label(layout)}, {precision} (gradients rounded)")
+            options["compress"] = COMPRESSED[precision]
         else:
             echo(f"precision reference: {baseline_label(layout)}, in {precision}")
         layout_cfg = baseline_config(
             cfg,
             baselines_dir(run_dir),
             _baseline_id(layout, precision),
-            options={"shares": str(r)} if r > 1 else {},
-            precisions=(precision,),
+            options=options,
+            precisions=("fp32",) if precision in COMPRESSED else (precision,),
             threads_per_rank=threads.get(layout, 0),
         )
         run_matrix(layout_cfg.replace(accumulate=(k,)), echo=echo, again=again(cfg))

@@ -15,6 +15,7 @@ import torch
 from strategies.amp_ddp import AmpDDP
 from strategies.base import Strategy, Variant
 from strategies.ddp import DistributedDataParallel
+from strategies.ddp_hooks import DDPCommHook
 from strategies.pipeline import Pipeline
 
 
@@ -106,6 +107,24 @@ class AmpNeverCasts(AmpDDP):
 
     def autocast(self):
         return contextlib.nullcontext()
+
+
+class HookNeverCompresses(DDPCommHook):
+    """ddp_fp16_hook whose hook all-reduces in fp32: its model is right, its row's numerics
+    say grad_fp16 and its speed is an uncompressed all-reduce's. Parity must say so."""
+
+    variants = {
+        "test_hook_fp32": Variant(
+            "spawn", "fp16 hook that never compresses (wrong on purpose)", {"comm_hook": "fp16"}
+        )
+    }
+
+    def setup(self, model, optimizer):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model, optimizer = DistributedDataParallel.setup(self, model, optimizer)
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
+        return model, optimizer
 
 
 class PipelineSkipsStep(Pipeline):
