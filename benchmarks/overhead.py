@@ -17,7 +17,7 @@ the harness with CUDA events instead (no synchronisation inside its loop).
 
 Paired rounds: in each round, for each strategy, the hand-written loop and the harness run
 back to back (which goes first alternates by round), and the round's ratio harness / hand
-is one sample: a machine that drifts over minutes moves both sides of a pair alike, which
+(samples/s: below 1, the harness is slower) is one sample: a machine that drifts over minutes moves both sides of a pair alike, which
 unpaired medians cannot cancel. The figure is the median ratio over rounds with its 95 %
 distribution-free interval (order statistics, bench.harness.stats.median_interval; at least 6
 rounds). Rounds go on until every interval is no wider than --width (0.02: two points of
@@ -363,10 +363,13 @@ def main() -> None:
             print(
                 f"  {strategy}: this machine did not narrow the interval to {a.width:g} in "
                 f"{len(ratios[strategy])} rounds (--max-minutes {a.max_minutes:g}, "
-                f"--max-rounds {a.max_rounds}): the rounds disagree by more than the harness costs"
+                f"--max-rounds {a.max_rounds}): the rounds' ratios scatter more than that, so "
+                "the ratio is known only to within this interval"
             )
     print(
-        f"(ratio harness / hand per round, paired back to back; {a.steps} timed steps after "
+        "(ratio: the harness's samples/s over the hand-written loop's, the two back to back "
+        "in each round; below 1 the harness is slower, 0.98 = 2 % fewer samples/s; "
+        f"{a.steps} timed steps after "
         f"{a.warmup} warm-up, global batch {a.batch}, MNIST CNN, {a.device}, data path {a.feed}, "
         f"harness step timing {a.step_timing})"
     )

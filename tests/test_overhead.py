@@ -29,3 +29,28 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one():
     assert m, line
     mine, bare, added = map(int, m.groups())
     assert mine > 0 and bare > 0 and abs(added) < max(mine, bare)
+
+
+def test_the_summary_says_which_way_the_ratio_reads(monkeypatch, capsys):
+    """The ratio is the harness's samples/s over the hand-written loop's: the summary says
+    that below 1 the harness is slower, and where the interval stays wide it blames the
+    rounds' scatter, not the harness's cost (here the harness is 10-30 % slower, far more
+    than the interval's width)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    speeds = iter([0.7, 0.9, 0.8, 0.75, 0.85, 0.72, 0.88, 0.78] * 4)
+    monkeypatch.setattr(overhead, "hand", lambda strategy, world, args: 100.0)
+    monkeypatch.setattr(overhead, "harness", lambda *a: 100.0 * next(speeds))
+    monkeypatch.setattr(overhead, "pairs", lambda device: (("single", 1),))
+    monkeypatch.setattr(overhead, "print_loop_cost", lambda *a: None)
+    argv = ["overhead.py", "--min-rounds", "6", "--max-rounds", "8", "--width", "0.02"]
+    monkeypatch.setattr(sys, "argv", argv)
+    overhead.main()
+    out = capsys.readouterr().out
+    assert "ratio: the harness's samples/s over the hand-written loop's" in out
+    assert "below 1 the harness is slower" in out
+    assert "more than the harness costs" not in out
+    assert "single: this machine did not narrow the interval to 0.02 in 8 rounds" in out
