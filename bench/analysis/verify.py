@@ -7,8 +7,9 @@ layout), then compares each run's per-step losses and final parameters with thos
 cell declares (its `numerics` column: exact fp32, bf16/fp16 autocast, fp16/bf16 gradient
 compression, PowerSGD, apex), never from a precision string; a recipe of several parts
 takes the loosest part's. PowerSGD is lossy by design: its check is the mean loss of the last steps within a
-stated band of the baseline's, and the table marks it approximate. Exit code 1 if any
-strategy fails.
+stated band of the baseline's, and the table marks it approximate (inconclusive where the
+baseline's own loss moves less than the band: a run that never trained would pass too).
+Exit code 1 if any strategy fails.
 
 Cells in bf16 or fp16 get a precision reference: `single` in that precision on the same
 layout, against fp32, which shows what rounding alone moves. Where that is past the
@@ -103,6 +104,9 @@ def tolerance(numerics: str) -> Tolerance | None:
 
 UNKNOWN = Tolerance(loss_abs=math.nan, param_rel=math.nan)
 NOT_COMPARABLE = "not comparable"
+#: an approximate check (PowerSGD's late loss) within its band, where the baseline's own
+#: loss moved less than the band: a run that never trained would be within it too
+INCONCLUSIVE = "inconclusive"
 
 #: precisions of the axis that `single` runs as a precision reference: what rounding in that
 #: precision alone does to the baseline, on the same layout (bench.analysis.verify.compare)
@@ -221,7 +225,7 @@ class Parity:
 
     @property
     def ok(self) -> bool:
-        ok = ("pass", AMPLIFIED, results.SKIPPED, results.UNAVAILABLE, NOT_COMPARABLE)
+        ok = ("pass", AMPLIFIED, INCONCLUSIVE, results.SKIPPED, results.UNAVAILABLE, NOT_COMPARABLE)
         return self.status in ok
 
     @property
@@ -300,6 +304,22 @@ def late_loss_gap(mine: list[float], base: list[float]) -> float:
     a, b = sum(mine[half:]) / len(mine[half:]), sum(base[half:]) / len(base[half:])
     gap = abs(a - b) / abs(b)
     return math.inf if math.isnan(gap) else gap
+
+
+def untrained_passes(base: list[float], tol: Tolerance) -> str:
+    """Why an approximate check cannot tell training from none here ('' where it can): the
+    baseline's late loss is within the band of its first step's, the loss of the initial
+    weights, so a run whose loss never left that would pass too."""
+    if not tol.approximate:
+        return ""
+    still = late_loss_gap(base[:1] * len(base), base)
+    if still > tol.loss_abs:
+        return ""
+    return (
+        f"the baseline's mean loss over the second half of the steps is only {still:.1%} off "
+        f"its first step's, inside the {tol.loss_abs:.0%} band: a run that never trained would "
+        "pass too; give more --steps, over which the baseline's loss falls further"
+    )
 
 
 def baselines_dir(run_dir: Path) -> Path:
@@ -637,6 +657,8 @@ def compare(run_dir: Path) -> list[Parity]:
                     "uncompressed all-reduce's)"
                 )
             )
+        if status == "pass" and (why := untrained_passes(base.losses, tol)):
+            status, reason = INCONCLUSIVE, why
         out.append(
             Parity(
                 *case,
@@ -1100,6 +1122,12 @@ def cmd_verify(a: argparse.Namespace) -> int:
     apart = [p for p in parity if p.status == NOT_COMPARABLE]
     if apart:
         print(f"{len(apart)} cell(s) not comparable with any baseline (reasons above)")
+    untold = [p for p in parity if p.status == INCONCLUSIVE]
+    if untold:
+        print(
+            f"{len(untold)} approximate check(s) inconclusive: within their band, as a run "
+            "that never trained would be (reasons above)"
+        )
     failed = [p for p in parity if not p.ok]
     if failed:
         refs = sum(p.reference for p in failed)
