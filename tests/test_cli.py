@@ -975,6 +975,33 @@ def test_a_verify_stopped_part_way_says_to_run_verify_again(
     assert "--resume" not in err
 
 
+def test_verify_closes_with_what_passed_and_why_the_rest_did_not():
+    """verify's closing lines count each kind of row apart: a cell that crashed or has no
+    tolerance fails verify but is not said to mismatch, nor a precision reference counted
+    as a cell; where all pass, a line says so."""
+    from bench.analysis.verify import RECIPES, Parity, summary
+
+    def row(name, status, reference=False):
+        return Parity(
+            name, 2, "fp32", "exact", 0.0, 0.0, 0.0, RECIPES["exact"], status, reference=reference
+        )
+
+    good = [row("ddp_spawn", "pass"), row("fsdp", "pass"), row("dp", "skipped")]
+    assert summary(good) == [
+        "2 of 3 cell(s) match their baseline",
+        "1 cell(s) skipped or unavailable here (reasons above)",
+    ]
+    bad = good + [row("zero1", "FAIL"), row("tp", "error"), row("mine", "no tolerance")]
+    bad += [row("single", "FAIL", reference=True)]
+    lines = summary(bad)
+    assert lines[0] == "2 of 6 cell(s) match their baseline"
+    assert "1 cell(s) do not match their baseline: FAIL" in lines
+    assert "1 cell(s) did not run to the end (1 error): no verdict" in lines
+    assert any(line.startswith("1 cell(s) have no stated tolerance") for line in lines)
+    assert "1 precision reference(s) failed (reasons above)" in lines
+    assert not any("strategy/world-size" in line for line in lines)
+
+
 # ---------------------------------------------------------------- the Makefile's targets
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -1119,24 +1120,45 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if cond.exists():
         print(cond.read_text().strip())
     print(f"parity results: {run_dir / 'verify.csv'}")
-    apart = [p for p in parity if p.status == NOT_COMPARABLE]
-    if apart:
-        print(f"{len(apart)} cell(s) not comparable with any baseline (reasons above)")
-    untold = [p for p in parity if p.status == INCONCLUSIVE]
-    if untold:
-        print(
-            f"{len(untold)} approximate check(s) inconclusive: within their band, as a run "
+    print("\n".join(summary(parity)))
+    return 0 if all(p.ok for p in parity) else 1
+
+
+def summary(parity: list[Parity]) -> list[str]:
+    """verify's closing lines: how many cells pass, and of the rest, why, each kind apart (a
+    cell that did not run or has no tolerance fails verify, but it does not mismatch)."""
+    cells = [p for p in parity if not p.reference]
+    count = Counter(p.status for p in cells)
+    lines = [f"{count['pass']} of {len(cells)} cell(s) match their baseline"]
+    if count.get(NOT_COMPARABLE):
+        lines.append(
+            f"{count[NOT_COMPARABLE]} cell(s) not comparable with any baseline (reasons above)"
+        )
+    if count.get(INCONCLUSIVE):
+        lines.append(
+            f"{count[INCONCLUSIVE]} approximate check(s) inconclusive: within their band, as a run "
             "that never trained would be (reasons above)"
         )
-    failed = [p for p in parity if not p.ok]
-    if failed:
-        refs = sum(p.reference for p in failed)
-        print(
-            f"{len(failed) - refs} strategy/world-size pair(s) do not match the single baseline"
-            + (f"; {refs} precision reference(s) failed (reasons above)" if refs else "")
+    idle = sum(count[s] for s in (results.SKIPPED, results.UNAVAILABLE))
+    if idle:
+        lines.append(f"{idle} cell(s) skipped or unavailable here (reasons above)")
+    if count.get("FAIL"):
+        lines.append(f"{count['FAIL']} cell(s) do not match their baseline: FAIL")
+    if count.get("no tolerance"):
+        lines.append(
+            f"{count['no tolerance']} cell(s) have no stated tolerance for their numerics: "
+            "not judged, and verify fails"
         )
-        return 1
-    return 0
+    known = {"pass", "FAIL", "no tolerance", NOT_COMPARABLE, INCONCLUSIVE}
+    known |= {results.SKIPPED, results.UNAVAILABLE}
+    broken = {s: n for s, n in sorted(count.items()) if s not in known}
+    if broken:
+        what = ", ".join(f"{n} {s}" for s, n in broken.items())
+        lines.append(f"{sum(broken.values())} cell(s) did not run to the end ({what}): no verdict")
+    refs = sum(p.reference and not p.ok for p in parity)
+    if refs:
+        lines.append(f"{refs} precision reference(s) failed (reasons above)")
+    return lines
 
 
 def add_parser(sub) -> None:
