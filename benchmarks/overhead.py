@@ -26,8 +26,9 @@ Each side runs in a fresh process; only the timed steps after warm-up are counte
 
 Last, in one process, what the harness's loop adds to every step: its loop and a bare one on
 a model too small to hide either (microseconds a step, per step timing on CUDA, and as a
-share of the hand-written MNIST step). `--loop-cost-only` prints only that (a few seconds). On a
-GPU a launch-bound step shows the harness's host work one for one.
+share of the hand-written MNIST step; the median of paired rounds with its 95 % interval,
+which on a busy machine can hold zero or less). `--loop-cost-only` prints only that (a few
+seconds). On a GPU a launch-bound step shows the harness's host work one for one.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
 # ------------------------------------------------------- the loop's own cost, per step
 def loop_cost(
     device: str, timing: str, steps: int = 400, rounds: int = 15
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float, float]:
     """Microseconds a step: as the harness's loop reports it (`Strategy.train_epoch` of
     `single`, its timer and phase laps included; the timed steps' sum over their count, the
     figure its samples/s come from) and as a bare loop doing the same work takes on the wall
@@ -171,12 +172,13 @@ def loop_cost(
     batch already on the device): the difference is what the harness adds to every step,
     free of the between-process drift that the paired rounds must average out. Medians over
     `rounds`, the two loops back to back in each (which goes first alternating): harness,
-    bare, and the median of the rounds' differences."""
+    bare, and the median of the rounds' differences with its 95 % interval (low, high)."""
     import statistics
 
     import torch
     import torch.nn.functional as F
 
+    from bench.harness.stats import median_interval
     from strategies.base import RankContext, Setting
     from strategies.single import Single
 
@@ -214,14 +216,16 @@ def loop_cost(
     for r in range(rounds):
         for name, fn in (("harness", harness), ("bare", bare))[:: 1 if r % 2 == 0 else -1]:
             times[name].append(fn() * 1e6)
-    added = statistics.median(a - b for a, b in zip(times["harness"], times["bare"], strict=True))
-    return statistics.median(times["harness"]), statistics.median(times["bare"]), added
+    added, low, high = median_interval(
+        [a - b for a, b in zip(times["harness"], times["bare"], strict=True)]
+    )
+    return statistics.median(times["harness"]), statistics.median(times["bare"]), added, low, high
 
 
 def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float | None) -> None:
     """One line per step timing: what the harness's loop adds to each step (loop_cost)."""
     for timing in timings:
-        mine, bare, added = loop_cost(device, timing)
+        mine, bare, added, low, high = loop_cost(device, timing)
         share = (
             f", {100 * added / hand_step_us:.1f} % of the hand-written MNIST step "
             f"above ({hand_step_us:.0f} us)"
@@ -231,7 +235,7 @@ def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float |
         print(
             f"loop cost ({device}, step timing {timing}): harness {mine:.0f} us a step, bare loop "
             f"{bare:.0f} us; the harness adds {added:.0f} us a step (median of paired "
-            f"rounds){share}",
+            f"rounds, 95 % interval {low:.0f} to {high:.0f} us){share}",
             flush=True,
         )
 
