@@ -123,6 +123,9 @@ def test_a_cell_that_did_not_run_keeps_its_reason(parity_run, tmp_path):
     (p,) = [p for p in parity if p.strategy == "dp"]
     assert (p.status, p.reason) == ("skipped", why) and p.ok
     assert f"dp ws=2: {why}" in table([p])
+    # compared with nothing: no baseline named, in the table or verify.csv
+    assert p.baseline == "" and " single " not in table([p]).splitlines()[2]
+    assert "single, N shares" not in table([p])
     # single at world size 2 is no comparison: left out; the rest in a stable order
     assert ("single", 2) not in {(p.strategy, p.world_size) for p in parity}
     cells = [(p.strategy, p.world_size, p.setting) for p in parity if not p.reference]

@@ -491,9 +491,10 @@ def _apart_row(rd: RunDir, layout: Layout, precision: str) -> dict[str, str] | N
 
 
 def _unmeasured(case: Case, numerics: str, tol: Tolerance, status: str, **kw: Any) -> Parity:
-    """The row of a cell that was not compared (did not run, not comparable, no tolerance)."""
+    """The row of a cell that was not compared (did not run, not comparable, no tolerance):
+    no baseline unless `baseline` names the one it would have had."""
     nan = math.nan
-    return Parity(*case, numerics, nan, nan, nan, tol, status, **kw)
+    return Parity(*case, numerics, nan, nan, nan, tol, status, **{"baseline": "", **kw})
 
 
 def _reference(
@@ -687,7 +688,7 @@ def table(parity: list[Parity]) -> str:
         lines.append(
             f"{p.label:<{width}}{p.world_size:>3}  {p.numerics or '-':<20}{p.loss_abs:>12.2e}"
             f"{p.param_abs:>13.2e}{p.param_rel:>12.2e}  {p.tol.describe():<{twidth}}"
-            f"{p.baseline:<{bwidth}}{p.status}{' (precision reference)' if p.reference else ''}"
+            f"{p.baseline or '-':<{bwidth}}{p.status}{' (precision reference)' if p.reference else ''}"
         )
     lines += [f"{p.label} ws={p.world_size}: {p.reason}" for p in parity if p.reason]
     lines.append(
@@ -695,7 +696,7 @@ def table(parity: list[Parity]) -> str:
         "(approximate: relative gap of the mean loss over the second half of the steps); "
         "rel dparam: ||w - w_base|| / ||w_base - w_init|| over parameters"
     )
-    if any(p.baseline != "single" for p in parity):
+    if any(p.baseline not in ("single", "") for p in parity):
         lines.append(
             "single, N shares x K micro-batches: the global batch cut as the cell's ranks and "
             "micro-batches cut it, each part's BatchNorm over that part, gradients averaged "
