@@ -17,11 +17,13 @@ the harness with CUDA events instead (no synchronisation inside its loop).
 
 Paired rounds: in each round, for each strategy, the hand-written loop and the harness run
 back to back (which goes first alternates by round), and the round's ratio harness / hand
-(samples/s: below 1, the harness is slower) is one sample: a machine that drifts over minutes moves both sides of a pair alike, which
-unpaired medians cannot cancel. The figure is the median ratio over rounds with its 95 %
-distribution-free interval (order statistics, bench.harness.stats.median_interval; at least 6
-rounds). Rounds go on until every interval is no wider than --width (0.02: two points of
-ratio) or --max-minutes have passed; a line then says the interval this machine reached.
+(samples/s: below 1, the harness is slower) is one sample: a machine that drifts over
+minutes moves both sides of a pair alike, which unpaired medians cannot cancel. The figure
+is the median ratio over rounds with its 95 % distribution-free interval (order statistics,
+bench.harness.stats.median_interval; at least 6 rounds). Rounds go on until every interval
+is no wider than --width (0.02: two points of ratio) or --max-minutes have passed; a line
+then says the interval this machine reached. The --min-rounds come first whatever the
+deadline (a line says so where it passes before them).
 Each side runs in a fresh process; only the timed steps after warm-up are counted.
 
 Last, in one process, what the harness's loop adds to every step: its loop and a bare one on
@@ -314,7 +316,15 @@ def main() -> None:
     deadline = time.monotonic() + 60 * a.max_minutes
     with tempfile.TemporaryDirectory() as out_dir:
         r = 0
+        late = False  # said that the deadline passed before the rounds an interval needs
         while r < a.max_rounds:
+            if r < a.min_rounds and not late and time.monotonic() > deadline:
+                late = True
+                print(
+                    f"--max-minutes {a.max_minutes:g} passed after {r} round(s); going on to "
+                    f"--min-rounds {a.min_rounds}, the fewest that give an interval",
+                    flush=True,
+                )
             if r >= a.min_rounds and (
                 time.monotonic() > deadline or not any(wide(v, a.width) for v in ratios.values())
             ):

@@ -59,3 +59,11 @@ def test_the_summary_says_which_way_the_ratio_reads(monkeypatch, capsys):
     assert "below 1 the harness is slower" in out
     assert "more than the harness costs" not in out
     assert "single: this machine did not narrow the interval to 0.02 in 8 rounds" in out
+    assert "passed after" not in out  # no deadline passed
+    # a deadline that passes before the rounds an interval needs is said, once
+    monkeypatch.setattr(sys, "argv", [*argv, "--max-minutes", "0"])
+    speeds = iter([0.7, 0.9, 0.8, 0.75, 0.85, 0.72, 0.88, 0.78] * 4)
+    overhead.main()
+    out = capsys.readouterr().out
+    said = "--max-minutes 0 passed after 0 round(s); going on to --min-rounds 6"
+    assert out.count(said) == 1 and "6 rounds" not in out.split(said)[0]
