@@ -4,6 +4,7 @@ K steps match the single-process baseline within the precision's stated toleranc
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 
@@ -226,6 +227,15 @@ def test_running_statistics_off_the_baseline_fail_though_the_weights_match():
     assert not other.within(exact) and "of their update" in other.buffers_off(exact)
     # a model without BatchNorm has no running statistics to judge
     assert _gaps(run(x, x), base, norms=0).within(exact)
+    # a NaN in them is not within anything, nor shown as a difference of 0
+    nan = run(x)
+    nan.buffers["running_var"][0] = float("nan")
+    broken = _gaps(nan, base, norms=1)
+    assert not broken.within(exact) and broken.buffer_abs == math.inf
+    # weights off too: the weights are the cause named, not the statistics that follow them
+    wrong = _gaps(run(x + 1), base, norms=1)
+    wrong = dataclasses.replace(wrong, param_rel=1.2, loss_abs=0.3)
+    assert not wrong.within(exact) and wrong.buffers_off(exact) == ""
 
 
 def test_verification_turns_off_every_dropout_layer():

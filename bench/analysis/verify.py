@@ -274,6 +274,8 @@ def _buffer_diff(
     _, rel = _param_diff({k: a[k] for k in floats}, {k: b[k] for k in floats}, init)
     if any(not torch.equal(a[k], b[k]) for k in b.keys() - set(floats)):
         rel = math.inf
+    if math.isnan(rel) or any(math.isnan(d) for d in diffs):  # a NaN statistic: not within
+        return math.inf, math.inf
     return max(diffs, default=math.nan), rel
 
 
@@ -430,8 +432,12 @@ class _Gaps:
         return good and self.loss_abs <= tol.loss_abs and self.param_rel <= tol.param_rel
 
     def buffers_off(self, tol: Tolerance) -> str:
-        """Why the running statistics fail `tol` where the weights do not, or ""."""
+        """Why the running statistics fail `tol` where the weights do not, or "" (also where
+        the weights or the loss are off too: statistics follow wrong weights, and the
+        weights' gap is the cause to name)."""
         if tol.approximate or not self.buffer_rel > tol.param_rel:
+            return ""
+        if not (self.loss_abs <= tol.loss_abs and self.param_rel <= tol.param_rel):
             return ""
         if math.isinf(self.buffer_rel):
             return (
