@@ -1150,7 +1150,10 @@ def summary(parity: list[Parity]) -> list[str]:
     if idle:
         lines.append(f"{idle} cell(s) skipped or unavailable here (reasons above)")
     if count.get("FAIL"):
-        lines.append(f"{count['FAIL']} cell(s) do not match their baseline: FAIL")
+        lines.append(
+            f"{count['FAIL']} cell(s) FAIL: outside their tolerance, or too close to fp32 "
+            "for the rounding they claim (reasons above)"
+        )
     if count.get("no tolerance"):
         lines.append(
             f"{count['no tolerance']} cell(s) have no stated tolerance for their numerics: "
