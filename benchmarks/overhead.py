@@ -322,7 +322,7 @@ def main() -> None:
                 late = True
                 print(
                     f"--max-minutes {a.max_minutes:g} passed after {r} round(s); going on to "
-                    f"--min-rounds {a.min_rounds}, the fewest that give an interval",
+                    f"--min-rounds {a.min_rounds} first",
                     flush=True,
                 )
             if r >= a.min_rounds and (
