@@ -337,6 +337,13 @@ class Strategy:
         """The precision plugin for the precision axis value `name`."""
         return prec.make(name, self.ctx.device.type)
 
+    @classmethod
+    def compresses(cls, options: Mapping[str, str]) -> str:
+        """The dtype ("fp16", "bf16") these options compress the gradients to for their
+        all-reduce, or "" (verify runs a reference of that rounding alone, and says so in
+        its --dry-run before any cell has run)."""
+        return ""
+
     def numerics(self) -> tuple[str, ...]:
         """The numeric recipe, as parts that each carry a parity tolerance (bench.analysis.verify):
         `autocast_bf16`, `grad_fp16` (compressed gradients), `powersgd`, ...; () is exact fp32."""

@@ -96,6 +96,11 @@ class DDPCommHook(DistributedDataParallel):
     def hook(self) -> str:
         return self.options.get("comm_hook", "fp16")
 
+    @classmethod
+    def compresses(cls, options) -> str:
+        hook = options.get("comm_hook", "fp16")
+        return hook if hook in ("fp16", "bf16") else ""
+
     def numerics(self) -> tuple[str, ...]:
         part = "powersgd" if self.hook == "powersgd" else f"grad_{self.hook}"
         return (*super().numerics(), part)

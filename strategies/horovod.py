@@ -81,8 +81,12 @@ class Horovod(Strategy):
         if self.ctx.device.type == "cuda":
             torch.cuda.set_device(self.ctx.device)
 
+    @classmethod
+    def compresses(cls, options) -> str:
+        return "fp16" if options.get("compression", "none") == "fp16" else ""
+
     def numerics(self) -> tuple[str, ...]:
-        extra = ("grad_fp16",) if self.compression_name == "fp16" else ()
+        extra = ("grad_fp16",) if self.compresses(self.options) else ()
         return (*super().numerics(), *extra)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):

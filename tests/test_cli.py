@@ -914,7 +914,21 @@ def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsy
     out = capsys.readouterr().out
     assert "also run: --precision fp32 beside what was asked: single there is the baseline" in out
     assert main([*args, "--precision", "fp32,bf16"]) == 0, capsys.readouterr().err
-    assert "also run:" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "also run:" not in out and "compression references" not in out
+
+
+def test_verify_dry_run_names_the_compression_references(tmp_path, capsys, data_root):
+    """The cells that compress their gradients in fp32 get a reference run of single with
+    its gradients rounded alike: the plan says so before anything runs (their numerics are
+    known only once they run); a cell that does not compress adds none."""
+    args = ["verify", "--dry-run", "--world-sizes", "2", "--steps", "3"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path)]
+    assert main([*args, "--strategies", "ddp_bf16_hook,ddp_fp16_hook"]) == 0
+    said = "and single with its gradients rounded to bf16, fp16 on each layout"
+    assert said in capsys.readouterr().out
+    assert main([*args, "--strategies", "ddp_powersgd"]) == 0
+    assert "compression references" not in capsys.readouterr().out
 
 
 def test_verify_caps_the_samples_only_where_the_data_has_more(tmp_path, capsys, data_root):

@@ -1111,6 +1111,13 @@ def cmd_verify(a: argparse.Namespace) -> int:
                 f"and single in {', '.join(reduced)} on each layout the cells use, where the "
                 "run does not hold it: the precision references (what rounding alone moves)"
             )
+        squeezed = sorted({_compresses(c) for c in cells if c.setting.precision == "fp32"} - {""})
+        if squeezed:
+            print(
+                f"and single with its gradients rounded to {', '.join(squeezed)} on each layout "
+                "the compressing cells use: the compression references (what that rounding "
+                "alone moves)"
+            )
         if added:
             print(added)
         return 0
@@ -1129,6 +1136,16 @@ def cmd_verify(a: argparse.Namespace) -> int:
     print(f"parity results: {run_dir / 'verify.csv'}")
     print("\n".join(summary(parity)))
     return 0 if all(p.ok for p in parity) else 1
+
+
+def _compresses(cell: Any) -> str:
+    """The dtype a runnable cell's gradients are compressed to (Strategy.compresses), or ""."""
+    import strategies as registry
+
+    spec = registry.get(cell.strategy)
+    if cell.status or spec is None or spec.cls is None or spec.variant is None:
+        return ""
+    return spec.cls.compresses({**spec.variant.options, **dict(cell.options)})
 
 
 def summary(parity: list[Parity]) -> list[str]:
