@@ -24,7 +24,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
-from bench.config import ConfigError
+from bench.config import ConfigError, one_line
 from strategies.base import RankContext, Setting, Strategy, Variant
 
 __all__ = [
@@ -178,8 +178,6 @@ def _reason(hook: Any, *args: Any) -> str | None:
 def _raised(hook: Any, exc: Exception) -> str:
     owner = getattr(hook, "__self__", None)  # the class of a class method
     name = f"{owner.__name__}.{hook.__name__}" if isinstance(owner, type) else hook.__name__
-    from bench.harness.proc import one_line
-
     return f"{name}() raised {one_line(exc)}"
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from bench.config import first_line, one_line  # noqa: F401 (the harness says proc.one_line)
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -64,42 +66,6 @@ def stdout_gone() -> bool:
     poller = poll()
     poller.register(fd, select.POLLOUT)
     return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
-
-
-def _said(exc: BaseException) -> tuple[str, str]:
-    """The first line of an exception's message ('' where it has none), and where it was
-    raised ('' here, or "DataLoader worker process N"). A DataLoader worker's exception,
-    raised again in the training process, says only "Caught X in DataLoader worker process
-    N." first and the worker's traceback after: the first line of the message it ends
-    with, the cause (a file that cannot be decoded, a sample that raised), is taken."""
-    text = str(exc).strip()
-    if not text:
-        return "", ""
-    lines = text.splitlines()
-    caught = lines[0].removeprefix("Caught ")
-    if caught != lines[0] and "Original Traceback" in text:
-        # the last traceback's frames are indented; its exception's line is the first not
-        raised = text.rpartition("(most recent call last):")[2].splitlines()
-        line = next((ln for ln in raised if ln.strip() and not ln[0].isspace()), "")
-        name, sep, message = line.partition(": ")
-        return message.strip() if sep else "", caught.partition(" in ")[2].rstrip(".")
-    return lines[0], ""
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (`_said`), or its type's name where it
-    has none."""
-    said, where = _said(exc)
-    return (said or type(exc).__name__) + (f" ({where})" if where else "")
-
-
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    """`Type: first line of the message` (`_said`; the type alone where it has none), at
-    most `limit` characters: a long message is cut, never the worker it was raised in."""
-    said, where = _said(exc)
-    where = f" ({where})" if where else ""
-    head = type(exc).__name__ + (f": {said}" if said else "")
-    return head[: max(limit - len(where), 0)] + where
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
 
-from bench.config import CPU_SYNTHETIC_IMAGE_SIZE, ConfigError, RunConfig
-from bench.harness import proc
+from bench.config import CPU_SYNTHETIC_IMAGE_SIZE, ConfigError, RunConfig, one_line
 from bench.workload import models, plugins
 from bench.workload.models import InputSpec, input_shape
 
@@ -434,7 +433,7 @@ def _read_image(path: str) -> Any:
     except MemoryError:
         raise
     except Exception as exc:
-        raise OSError(f"{path} cannot be read as an image ({proc.one_line(exc)})") from None
+        raise OSError(f"{path} cannot be read as an image ({one_line(exc)})") from None
 
 
 def _visible_image(root: Path, path: str) -> bool:
@@ -769,8 +768,7 @@ def _plugin(cfg: RunConfig) -> DataBundle:
         x0, y0 = torch.as_tensor(x0), torch.as_tensor(y0)
     except Exception as exc:
         raise ConfigError(
-            f"{name}: its first sample is not a pair of tensors (input, target): "
-            f"{proc.one_line(exc)}"
+            f"{name}: its first sample is not a pair of tensors (input, target): {one_line(exc)}"
         ) from None
     _integer_targets(name, y0.dtype)  # a Dataset's read off its first sample
     # token data: a target per input position (next tokens), not one label per sample

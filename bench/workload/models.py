@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.config import ConfigError, RunConfig
-from bench.harness import proc
+from bench.config import ConfigError, RunConfig, one_line
 from bench.workload import plugins
 
 
@@ -558,7 +557,7 @@ def check_forward(cfg: RunConfig, spec: InputSpec, num_classes: int) -> None:
         raise
     except Exception as exc:
         raise ConfigError(
-            f"{cfg.model}: forward on a batch of {spec.describe()} fails: {proc.one_line(exc)}"
+            f"{cfg.model}: forward on a batch of {spec.describe()} fails: {one_line(exc)}"
         ) from None
     if not isinstance(out, torch.Tensor):
         raise ConfigError(f"{cfg.model}: forward returned {type(out).__name__}, not a tensor")

@@ -33,8 +33,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from bench.config import ConfigError
-from bench.harness import proc
+from bench.config import ConfigError, one_line
 
 MODEL_GROUP = "parabench.models"
 DATASET_GROUP = "parabench.datasets"
@@ -208,7 +207,7 @@ def raised(exc: BaseException) -> str:
         return f"parses the command line (argparse: {exc}): {main}"
     if isinstance(exc, SystemExit):
         return f"exits (SystemExit({exc.code!r})): a plug-in must not exit; {main}"
-    return f"raised {proc.one_line(exc)}"
+    return f"raised {one_line(exc)}"
 
 
 def factory(spec: str, group: str) -> Callable[..., Any]:
