@@ -70,10 +70,6 @@ class Horovod(Strategy):
     def backend(self) -> str:
         return "nccl" if self.ctx.device.type == "cuda" else "gloo"
 
-    @property
-    def compression_name(self) -> str:
-        return self.options.get("compression", "none")
-
     def setup_distributed(self) -> None:
         import horovod.torch as hvd
 
@@ -95,7 +91,7 @@ class Horovod(Strategy):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         compression = (
-            hvd.Compression.fp16 if self.compression_name == "fp16" else hvd.Compression.none
+            hvd.Compression.fp16 if self.compresses(self.options) else hvd.Compression.none
         )
         # Accumulation: Horovod counts backward passes and all-reduces after the last one.
         with _hooks_at_any_size():

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from strategies.base import Strategy, Variant, buffers_kept
+from strategies.precision import DTYPES
 
 
 class Single(Strategy):
@@ -70,7 +71,7 @@ class Single(Strategy):
 
     def optimizer_step(self, optimizer) -> None:
         if self.compress != "none":
-            dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[self.compress]
+            dtype = DTYPES[self.compress]
             with torch.no_grad():
                 for group in optimizer.param_groups:
                     for p in group["params"]:
