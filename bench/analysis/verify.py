@@ -126,6 +126,12 @@ def compressed(numerics: str) -> str:
     return next((p for p in numerics.split("+") if p in COMPRESSED), "")
 
 
+def rounding(precision: str, numerics: str) -> str:
+    """The rounding whose reference a cell is held against: its precision where REDUCED,
+    else its gradient compression (`compressed`), else '' (exact fp32: none)."""
+    return precision if precision in REDUCED else compressed(numerics)
+
+
 #: where a precision reference is past its recipe (AMPLIFIED), a cell in that precision is
 #: held to this multiple of the reference's gap from fp32 where that is wider: its own
 #: rounding is of the same size. resnet18 at 32 px in bf16, 2 ranks: one step compared,
@@ -639,8 +645,8 @@ def compare(run_dir: Path) -> list[Parity]:
         if tol is None:
             out.append(_unmeasured(case, numerics, UNKNOWN, "no tolerance", baseline=base.label))
             continue
-        rounding = precision if precision in REDUCED else compressed(numerics)
-        ref = reference(layout, rounding) if rounding else None
+        rounds = rounding(precision, numerics)
+        ref = reference(layout, rounds) if rounds else None
         if ref is not None and not tol.approximate and not math.isnan(ref.param_rel):
             if not ref.param_rel <= REFERENCE_LIMIT:
                 why = f"its precision reference, {ref.label}: {ref.reason}"
@@ -656,11 +662,11 @@ def compare(run_dir: Path) -> list[Parity]:
             status = "FAIL"
             reason = (
                 f"{g.param_rel:.3g} of an update from fp32, within fp32's own tolerance, while "
-                f"{rounding} alone moves {ref.label} {ref.param_rel:.3g}: "
+                f"{rounds} alone moves {ref.label} {ref.param_rel:.3g}: "
                 + (
                     f"it does not train in {precision} (its rows' speed and memory are not "
                     f"{precision}'s)"
-                    if rounding == precision
+                    if rounds == precision
                     else "it does not compress its gradients (its rows' speed is an "
                     "uncompressed all-reduce's)"
                 )
@@ -888,9 +894,9 @@ def reference_layouts(run_dir: Path) -> list[tuple[Layout, str]]:
     layout and gradient compression of a cell in fp32, `single --set compress=...`."""
     rd = RunDir(run_dir)
     wanted = {
-        (layout, r["precision"] if r.get("precision") in REDUCED else compressed(r["numerics"]))
+        (layout, rounds)
         for r, layout in _baselined(rd)
-        if r.get("precision") in REDUCED or compressed(r.get("numerics") or "")
+        if (rounds := rounding(r.get("precision") or "", r.get("numerics") or ""))
     }
     return sorted(
         (layout, p) for layout, p in wanted if layout != (1, 1) or _apart(_single_row(rd, p))
