@@ -23,8 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from bench.config import ConfigError
-from bench.harness import proc, results, stats
+from bench.config import ConfigError, first_line
+from bench.harness import results, stats
 
 #: the per-repeat measurements that summary.csv gives a median and spread for
 SUMMARY_METRICS = (
@@ -126,7 +126,7 @@ def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) 
             return pd.DataFrame(columns=list(columns))
         df = pd.read_csv(path, keep_default_na=False, na_values=[""])
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise ConfigError(f"{path} is unreadable ({proc.first_line(exc)})") from None
+        raise ConfigError(f"{path} is unreadable ({first_line(exc)})") from None
     if not isinstance(df.index, pd.RangeIndex):  # pandas made the surplus fields an index
         raise ConfigError(f"{path} is unreadable (its rows have more fields than its header)")
     df = df.rename(columns=results.renamed(df.columns))  # an older parabench's names
@@ -176,9 +176,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         got = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(
-            f"{path} is unreadable ({proc.first_line(exc)}); fix or remove it"
-        ) from None
+        raise ConfigError(f"{path} is unreadable ({first_line(exc)}); fix or remove it") from None
     if not isinstance(got, dict):
         raise ConfigError(f"{path} holds {type(got).__name__}, not an object; fix or remove it")
     return got
@@ -1437,7 +1435,7 @@ def scaling_markdown(run: Run) -> str:
             )
         ]
     except (ConfigError, ValueError, KeyError) as exc:
-        return f"No prediction: {proc.first_line(exc)}"
+        return f"No prediction: {first_line(exc)}"
     if not checked and not what_if:
         return f"No prediction: {_why_none(why)}."
     doubtful = predict.doubtful(checked)
