@@ -985,6 +985,13 @@ _WORKER_DIED = re.compile(
 )
 
 
+def _worker_pids(message: str) -> list[int] | None:
+    """The pids a rank's message names of DataLoader workers that died of a signal
+    (_WORKER_DIED), or None where it names none."""
+    worker = _WORKER_DIED.search(message)
+    return [int(p) for p in worker[1].split(",")] if worker else None
+
+
 def _failed(cell_dir: Path, rc: int | None) -> tuple[str, str, list[int] | None]:
     """_failure's status and reason from the cell's own files, and where a process of it
     died of SIGKILL (a rank, a launcher, a DataLoader worker), the pids it names of them."""
@@ -996,8 +1003,7 @@ def _failed(cell_dir: Path, rc: int | None) -> tuple[str, str, list[int] | None]
         first = min(errors, key=lambda e: e["time"])  # the root cause, not the peers it took down
         status = results.OOM if first["oom"] else results.FAILED
         reason = f"rank {first['rank']}: {first['type']}: {first['message']}"
-        worker = _WORKER_DIED.search(first["message"])
-        return status, reason, [int(p) for p in worker[1].split(",")] if worker else None
+        return status, reason, _worker_pids(first["message"])
     rank, code = _first_failed_rank(cell_dir / "log.txt") or (None, rc)
     who = "" if rank is None else f"rank {rank} "
     if code is not None and code < 0:
@@ -1263,11 +1269,10 @@ def _epoch_status(
     if diverged:
         return {"status": results.DIVERGED, "reason": diverged}
     if eval_error:
-        worker = _WORKER_DIED.search(eval_error)
         status, reason = _attributed(
             results.OOM if eval_oom else results.FAILED,
             f"evaluation after the timed steps failed: {eval_error}",
-            [int(p) for p in worker[1].split(",")] if worker else None,
+            _worker_pids(eval_error),
             oom,
         )
         return {"status": status, "reason": reason}
