@@ -250,6 +250,12 @@ BUILD_ENV=(
     HOROVOD_CPU_OPERATIONS=gloo
     CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
     MAKEFLAGS="-j${PARABENCH_HOROVOD_JOBS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}"
+    # CMake 4 refuses the cmake_minimum_required(< 3.5) of the bundled gloo and friends
+    # ("Compatibility with CMake < 3.5 has been removed"); this lets it configure them
+    CMAKE_POLICY_VERSION_MINIMUM=3.5
+    # g++ 13 and newer no longer pull <string> and <stdexcept> in through other headers,
+    # and horovod/common's group_table.h and common.h rely on that
+    "CXXFLAGS=${CXXFLAGS:-} -include string -include stdexcept"
 )
 if [[ "$VARIANT" == cpu ]]; then
     # torch is a CUDA build and CUDA_HOME exists, so horovod would otherwise
