@@ -3,8 +3,10 @@
 #   scripts/gpu_check.sh [PART ...]      (make gpu-check runs every part)
 # Parts (minutes on one H100, 2026-11-24, GPU_CHECK_REPEATS=1: tests 6, resnet50 5, mnist 7,
 # apex 2, compile about 4 (resnet50 alone), overhead about 4 per timing mode (its 6 paired
-# rounds at least); not yet timed: resnet50-all, horovod's build, compile's MNIST runs;
-# results/reference/nvidia-h100-80gb-hbm3-20261124):
+# rounds at least); results/reference/nvidia-h100-80gb-hbm3-20261124. On one H200,
+# 2026-11-26: resnet50-all's world size 1 3.5, horovod 2.5 after a 2-minute build (16 cores);
+# not yet timed: resnet50-all's world size 2, compile's MNIST runs;
+# results/reference/nvidia-h200-20261126):
 #   install   the project from this working tree into the machine's Python; fetches nothing
 #   tests     pytest tests/test_gpu.py (its log beside the results)
 #   mnist     every strategy on MNIST at world sizes 1 and 2 (2: ranks sharing the GPU over
