@@ -344,6 +344,13 @@ class Strategy:
         its --dry-run before any cell has run)."""
         return ""
 
+    @classmethod
+    def gradient_wire_bytes(cls, options: Mapping[str, str], shape: ModelShape) -> float:
+        """Bytes of gradients one step all-reduces in full: half where these options compress
+        them to a 16-bit dtype (`compresses`), as DDP's fp16/bf16 hooks and Horovod's fp16
+        compression do."""
+        return shape.param_bytes / (2 if cls.compresses(options) else 1)
+
     def numerics(self) -> tuple[str, ...]:
         """The numeric recipe, as parts that each carry a parity tolerance (bench.analysis.verify):
         `autocast_bf16`, `grad_fp16` (compressed gradients), `powersgd`, ...; () is exact fp32."""

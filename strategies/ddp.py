@@ -12,7 +12,6 @@ import contextlib
 import datetime
 import math
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -87,11 +86,6 @@ class DistributedDataParallel(TorchDistributed):
         cap = float(options.get("bucket_cap_mb", 25)) * 2**20
         calls = max(1, math.ceil(shape.param_bytes / cap))
         return [("all_reduce", cls.gradient_wire_bytes(options, shape), calls)]
-
-    @classmethod
-    def gradient_wire_bytes(cls, options: Mapping[str, str], shape) -> float:
-        """Bytes of gradients on the wire (a compression hook halves them)."""
-        return float(shape.param_bytes)
 
     def ddp_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}

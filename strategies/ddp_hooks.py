@@ -88,10 +88,6 @@ class DDPCommHook(DistributedDataParallel):
             return "PowerSGD sends low-rank factors whose size depends on each layer's shape: not modelled"
         return super().traffic(options, world_size, shape, precision)
 
-    @classmethod
-    def gradient_wire_bytes(cls, options, shape) -> float:
-        return shape.param_bytes / 2  # fp16 / bf16 on the wire
-
     @property
     def hook(self) -> str:
         return self.options.get("comm_hook", "fp16")

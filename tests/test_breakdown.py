@@ -197,6 +197,14 @@ def test_traffic_of_each_strategy_family() -> None:
     assert isinstance(
         reg["ddp_powersgd"].cls.traffic({"comm_hook": "powersgd"}, 2, shape, "fp32"), str
     )
+    # Horovod fuses its all-reduces up to 128 MiB (0.28.1's threshold): 100 MiB is one; its
+    # fp16 compression halves the bytes as the DDP hooks' does, and fits twice the gradients
+    assert reg["horovod"].cls.traffic({}, 2, shape, "fp32") == [("all_reduce", 100 * 2**20, 1)]
+    big = dataclasses.replace(shape, param_bytes=300 * 2**20)
+    assert reg["horovod"].cls.traffic({}, 2, big, "fp32") == [("all_reduce", 300 * 2**20, 3)]
+    assert reg["horovod_fp16"].cls.traffic({"compression": "fp16"}, 2, big, "fp32") == [
+        ("all_reduce", 150 * 2**20, 2)
+    ]
     zero = reg["zero1"].cls.traffic({}, 2, shape, "fp32")
     assert zero[1] == ("all_gather", 100 * 2**20, 10)
     fsdp = reg["fsdp"].cls.traffic({}, 2, shape, "fp32")
