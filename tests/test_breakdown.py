@@ -189,7 +189,12 @@ def test_traffic_of_each_strategy_family() -> None:
     shape = ModelShape(param_bytes=100 * 2**20, tensors=10, units=4)
     reg = strategies.registry()
     ddp = reg["ddp_torchrun"].cls.traffic({}, 2, shape, "fp32")
-    assert ddp == [("all_reduce", 100 * 2**20, 4)]  # 25 MiB buckets
+    # 25 MiB buckets, after a first of 1 MiB (DDP's own, where bucket_cap_mb is not set)
+    assert ddp == [("all_reduce", 100 * 2**20, 5)]
+    set25 = reg["ddp_torchrun"].cls.traffic({"bucket_cap_mb": "25"}, 2, shape, "fp32")
+    assert set25 == [("all_reduce", 100 * 2**20, 4)]
+    small = dataclasses.replace(shape, param_bytes=2**20)
+    assert reg["ddp_torchrun"].cls.traffic({}, 2, small, "fp32") == [("all_reduce", 2**20, 1)]
     assert (
         reg["ddp_fp16_hook"].cls.traffic({"comm_hook": "fp16"}, 2, shape, "fp32")[0][1]
         == 50 * 2**20
