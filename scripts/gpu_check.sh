@@ -8,6 +8,9 @@
 # not yet timed: resnet50-all's world size 2, compile's MNIST runs;
 # results/reference/nvidia-h200-20261126):
 #   install   the project from this working tree into the machine's Python; fetches nothing
+#   horovod   build Horovod with NCCL (scripts/build_horovod.sh; from .whl/horovod-0.28.1.tar.gz
+#             when carried, so nothing is fetched), then horovod and horovod_fp16 at world
+#             size 1 and their parity with single
 #   tests     pytest tests/test_gpu.py (its log beside the results)
 #   mnist     every strategy on MNIST at world sizes 1 and 2 (2: ranks sharing the GPU over
 #             gloo where a strategy can), data on the device; then single and ddp through the
@@ -20,9 +23,6 @@
 #             compiled, and compiled with CUDA graphs (--compile-mode reduce-overhead)
 #   overhead  the harness against a hand-written loop on the GPU (benchmarks/overhead.py),
 #             the harness timing steps by synchronising, then by CUDA events
-#   horovod   build Horovod with NCCL (scripts/build_horovod.sh; from .whl/horovod-0.28.1.tar.gz
-#             when carried, so nothing is fetched), then horovod and horovod_fp16 at world
-#             size 1 and their parity with single
 #   apex      apex_amp_ddp at O1 and O2 and their parity with single, where NVIDIA apex
 #             (<= 25.05, with apex.amp) is installed; otherwise one line says it is not
 # Results: results/reference/<gpu>-<date>/<part>/ (runs.csv, report.md, plots).
@@ -36,7 +36,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-ALL=(install tests mnist resnet50 resnet50-all compile overhead horovod apex)
+# Horovod is built second, so that its rows join the matrices after it and the GPU tests'
+# Horovod test runs
+ALL=(install horovod tests mnist resnet50 resnet50-all compile overhead apex)
 PARTS=("$@")
 [ ${#PARTS[@]} -gt 0 ] || PARTS=("${ALL[@]}")
 for part in "${PARTS[@]}"; do

@@ -45,20 +45,20 @@ def test_an_unknown_part_is_refused_before_anything(tmp_path):
     done = _check(tmp_path, sys.executable, "mnist", "resnet")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "gpu-check: unknown part 'resnet'; parts: install tests mnist resnet50 resnet50-all "
-        "compile overhead horovod apex"
+        "gpu-check: unknown part 'resnet'; parts: install horovod tests mnist resnet50 "
+        "resnet50-all compile overhead apex"
     ]
     assert not (tmp_path / "out").exists()
 
 
 def _dry_run(tmp_path, parts=("mnist", "horovod", "apex"), **env) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ,
-        PYTHON=sys.executable,
-        GPU_CHECK_OUT=str(tmp_path / "out"),
-        GPU_CHECK_DRY_RUN="1",
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "GPU_CHECK_OUT": str(tmp_path / "out"),
+        "GPU_CHECK_DRY_RUN": "1",
         **env,
-    )
+    }
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *parts],
         env=env,
@@ -90,6 +90,30 @@ def test_a_dry_run_plans_each_matrix_here_and_writes_nothing(tmp_path):
     assert "would run: parabench run --run-id apex" in done.stdout
     assert done.stderr.strip().endswith("gpu-check: dry run, nothing run or written")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_whole_check_builds_horovod_before_the_tests_and_matrices(tmp_path):
+    """Run whole, the check builds Horovod right after installing: built last (as it was),
+    every matrix before it had horovod and horovod_fp16 as unavailable rows and the GPU
+    tests skipped their Horovod test. A stand-in interpreter answers `-m bench.cli` (each
+    matrix's planning, minutes on this CPU) with one line, so only the order is checked."""
+    shim = tmp_path / "python"
+    shim.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = -m ] && [ "$2" = bench.cli ]; then echo "bench.cli ${*:3}"; exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    shim.chmod(0o755)
+    done = _dry_run(tmp_path, parts=(), PYTHON=str(shim))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout.splitlines()
+
+    def first(text: str) -> int:
+        return next(i for i, line in enumerate(out) if text in line)
+
+    build = first("would run: scripts/build_horovod.sh")
+    assert build < first("tests/test_gpu.py") < first("--run-id mnist-device"), out
+    assert build < first("--run-id resnet50-strategies "), out
 
 
 def test_a_dry_run_without_horovod_says_its_matrix_waits_for_the_build(tmp_path):
