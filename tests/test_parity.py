@@ -158,6 +158,28 @@ def test_a_compression_hook_that_never_compresses_fails_parity(parity):
     assert good.status == "pass" and good.param_rel > ref.param_rel / 10, good
 
 
+def test_a_compression_hook_that_never_compresses_fails_parity_in_bf16(tmp_path, data_root):
+    """In bf16 both hooks are 5.5e-2 of an update from fp32, bf16's own rounding: the
+    unrounded check cannot tell them. Against single in bf16 on the cell's layout (2 shares
+    at 2 ranks: autocast rounds each rank's gradient), the one that never compresses is
+    exact while single with its gradients rounded to fp16 is not. Rounding to bf16 what
+    autocast already rounded changes nothing at one rank: a bf16 hook passes there."""
+    names = ("ddp_fp16_hook", "test_hook_fp32", "ddp_bf16_hook")
+    cfg = small_config(
+        tmp_path, data_root, strategies=names, world_sizes=(1, 2), precisions=("bf16",)
+    )
+    with faulty_strategies():
+        _, result = verify(cfg, steps=8, echo=lambda m: None)
+    print(table(result))
+    parity = {(p.strategy, p.world_size, p.setting): p for p in result}
+    for ws in (1, 2):
+        bad, good = parity[("test_hook_fp32", ws, "bf16")], parity[("ddp_fp16_hook", ws, "bf16")]
+        assert bad.status == "FAIL" and "does not compress its gradients" in bad.reason, bad
+        assert bad.param_rel > RECIPES["exact"].param_rel  # not the unrounded check's FAIL
+        assert good.status == "pass", good
+        assert parity[("ddp_bf16_hook", ws, "bf16")].status == "pass"
+
+
 @pytest.mark.parametrize("name", HOROVOD)
 def test_horovod_matches_the_baseline(parity, name):
     if (name, 2) not in parity:

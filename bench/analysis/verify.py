@@ -19,7 +19,9 @@ and the cells in that precision are held to 1.5x its gap, so a correct strategy 
 FAIL for bf16's sake while one that skips its all-reduce still does. Cells in fp32 whose
 gradients are compressed (grad_fp16/grad_bf16) get a reference of the same kind, `single
 --set compress=...` (COMPRESSED). Against its reference, a cell that is as close to fp32 as
-fp32 itself FAILs: it does not round as it says (bench.analysis.verify.unrounded).
+fp32 itself FAILs: it does not round as it says (bench.analysis.verify.unrounded). A
+compressing cell in bf16/fp16 is told apart on its own layout, against single in that
+precision with and without its gradients rounded (bench.analysis.verify.uncompressed).
 """
 
 from __future__ import annotations
@@ -132,6 +134,15 @@ def rounding(precision: str, numerics: str) -> str:
     return precision if precision in REDUCED else compressed(numerics)
 
 
+def compression_key(precision: str, numerics: str) -> str:
+    """The reference a cell in a REDUCED precision that compresses its gradients is told
+    from an uncompressed one by (bench.analysis.verify.uncompressed): `single` in that
+    precision with its gradients rounded alike, keyed as `bf16+grad_fp16`; '' for any other
+    cell (its `rounding` reference tells all)."""
+    squeeze = compressed(numerics)
+    return f"{precision}+{squeeze}" if precision in REDUCED and squeeze else ""
+
+
 #: where a precision reference is past its recipe (AMPLIFIED), a cell in that precision is
 #: held to this multiple of the reference's gap from fp32 where that is wider: its own
 #: rounding is of the same size. resnet18 at 32 px in bf16, 2 ranks: one step compared,
@@ -196,6 +207,15 @@ def batch_norm_reason(row: dict[str, str], norms: int) -> str:
             "comparable)"
         )
     return ""
+
+
+def rounding_layout(row: dict[str, str]) -> Layout:
+    """The parts whose gradients a cell rounds apart, as a Layout: in a reduced precision
+    autocast's backward hands each rank's micro-batch its gradient already rounded, so the
+    sum of two shares is not the gradient of the whole batch, BatchNorm or not (MNIST in
+    bf16, 8 steps: DDP at 2 ranks is 9.7e-3 of an update from single in bf16, 1.2e-6 from
+    `single --set shares=2` in bf16)."""
+    return batch_norm_layout({**row, "sync_bn": "0"}, norms=1)
 
 
 def baseline_label(layout: Layout) -> str:
@@ -484,6 +504,27 @@ def unrounded(g: _Gaps, ref: Parity) -> bool:
     return shown and g.param_rel <= min(exact.param_rel, ref.param_rel / 10)
 
 
+def uncompressed(
+    mine: _Baseline, plain: _Baseline, squeeze: _Baseline
+) -> tuple[float, float] | None:
+    """Where a cell in a reduced precision that compresses its gradients is as close to
+    `plain` (single in that precision, on the cell's rounding_layout) as a tenth of what
+    rounding the gradients alone moves it (`squeeze`: the same run with its gradients
+    rounded, bench.analysis.verify.compression_key) at most, while that moves it at all: (the
+    cell's gap, the reference's), relative to plain's update; else None. There the unrounded
+    check cannot tell: both are dominated by the precision's own rounding, far past the
+    exact recipe (MNIST in bf16, 8 steps: 5.5e-2 of an update from fp32), while rounding
+    gradients autocast already rounded to bf16 moves single in bf16 by 3.2e-6 (fp16; bf16:
+    not at all, nothing to tell). On one layout, a hook that does not compress is
+    plain's run (DDP at one rank: 0), one that does is the reference's."""
+    steps = len(plain.losses)
+    if len(mine.losses) != steps or len(squeeze.losses) != steps:
+        return None
+    _, shown = _param_diff(squeeze.params, plain.params, plain.init)
+    _, gap = _param_diff(mine.params, plain.params, plain.init)
+    return (gap, shown) if shown > 0 and gap <= shown / 10 else None
+
+
 def amplifies_rounding(run_dir: Path) -> bool:
     """Whether verify's conditioning found the model amplifies rounding: one ulp moved the
     baseline's loss past half the exact tolerance within the steps asked for."""
@@ -601,6 +642,13 @@ def compare(run_dir: Path) -> list[Parity]:
     if bases[(1, 1)] is None:
         raise ConfigError("the single baseline (fp32) did not run; parity needs it")
     refs: dict[tuple[Layout, str], Parity | None] = {}
+    #: the references of the uncompressed check (bench.analysis.verify.uncompressed)
+    squeezes: dict[tuple[Layout, str], _Baseline | None] = {}
+
+    def squeezing(layout: Layout, key: str) -> _Baseline | None:
+        if (layout, key) not in squeezes:
+            squeezes[(layout, key)] = _baseline(rd, layout, buffers, key)
+        return squeezes[(layout, key)]
 
     def reference(layout: Layout, precision: str) -> Parity | None:
         if (layout, precision) not in refs:
@@ -654,7 +702,8 @@ def compare(run_dir: Path) -> list[Parity]:
                 continue
             if ref.status == AMPLIFIED:
                 tol = widened(tol, ref)
-        g = _gaps(_load(rd, case, buffers, "", numerics, losses), base, norms)
+        mine = _load(rd, case, buffers, "", numerics, losses)
+        g = _gaps(mine, base, norms)
         measured = (g.late if tol.approximate else g.loss_abs, g.param_abs, g.param_rel, tol)
         status = "pass" if g.within(tol) else "FAIL"
         reason = g.buffers_off(tol) if status == "FAIL" else ""
@@ -671,6 +720,18 @@ def compare(run_dir: Path) -> list[Parity]:
                     "uncompressed all-reduce's)"
                 )
             )
+        key = compression_key(precision, numerics)
+        if status == "pass" and key:
+            parts = rounding_layout(r)
+            plain, squeeze = squeezing(parts, precision), squeezing(parts, key)
+            if plain and squeeze and (gaps := uncompressed(mine, plain, squeeze)):
+                status = "FAIL"
+                reason = (
+                    f"{gaps[0]:.3g} of an update from {plain.label} in {precision} (on its "
+                    f"layout), while rounding the gradients to {COMPRESSED[compressed(key)]} "
+                    f"moves that {gaps[1]:.3g}: it does not compress its gradients (its rows' "
+                    "speed is an uncompressed all-reduce's)"
+                )
         if status == "pass" and (why := untrained_passes(base.losses, tol)):
             status, reason = INCONCLUSIVE, why
         out.append(
@@ -891,12 +952,23 @@ def baseline_config(cfg: RunConfig, out_dir: Path, run_id: str, **changes) -> Ru
 def reference_layouts(run_dir: Path) -> list[tuple[Layout, str]]:
     """The precision references a run's cells need and its own cells do not hold: per
     layout and reduced precision a comparable cell ran in, `single` in that precision; per
-    layout and gradient compression of a cell in fp32, `single --set compress=...`."""
+    layout and gradient compression of a cell in fp32, `single --set compress=...`; per
+    rounding layout of a compressing cell in a reduced precision, single in that precision
+    with and without `--set compress=...` (in that order: the first's threads are the
+    second's)."""
     rd = RunDir(run_dir)
     wanted = {
         (layout, rounds)
         for r, layout in _baselined(rd)
         if (rounds := rounding(r.get("precision") or "", r.get("numerics") or ""))
+    }
+    # a compressing cell in a reduced precision: single in it, plain and with its gradients
+    # rounded alike, on the cell's rounding layout (bench.analysis.verify.uncompressed)
+    wanted |= {
+        (rounding_layout(r), p)
+        for r, _ in _baselined(rd)
+        if (key := compression_key(r.get("precision") or "", r.get("numerics") or ""))
+        for p in (r["precision"], key)
     }
     return sorted(
         (layout, p) for layout, p in wanted if layout != (1, 1) or _apart(_single_row(rd, p))
@@ -932,11 +1004,21 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
     for layout, precision in runs + reference_layouts(run_dir):
         r, k = layout
         options = {"shares": str(r)} if r > 1 else {}
+        # the precision the reference trains in, where it is not its key (a compression)
+        trains = next((p for p in precision.split("+") if p in REDUCED), "fp32")
+        n = threads.get(layout, 0)
         if precision == "fp32":
             echo(f"baseline for BatchNorm over shares: {baseline_label(layout)}")
-        elif precision in COMPRESSED:
+        elif squeeze := compressed(precision):
             echo(f"precision reference: {baseline_label(layout)}, {precision} (gradients rounded)")
-            options["compress"] = COMPRESSED[precision]
+            options["compress"] = COMPRESSED[squeeze]
+            # in a reduced precision: run as single in it on this layout ran, which it is
+            # compared with (bench.analysis.verify.uncompressed)
+            plain = _apart_row(RunDir(run_dir), layout, trains) or (
+                _single_row(RunDir(run_dir), trains) if layout == (1, 1) else None
+            )
+            if trains != "fp32" and plain and (plain.get("threads_per_rank") or "").isdigit():
+                n = int(plain["threads_per_rank"])
         else:
             echo(f"precision reference: {baseline_label(layout)}, in {precision}")
         layout_cfg = baseline_config(
@@ -944,8 +1026,8 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
             baselines_dir(run_dir),
             _baseline_id(layout, precision),
             options=options,
-            precisions=("fp32",) if precision in COMPRESSED else (precision,),
-            threads_per_rank=threads.get(layout, 0),
+            precisions=(trains,),
+            threads_per_rank=n,
         )
         run_matrix(layout_cfg.replace(accumulate=(k,)), echo=echo, again=again(cfg))
 
@@ -960,7 +1042,11 @@ def _layout_threads(run_dir: Path) -> dict[Layout, int]:
     for r, layout in _baselined(RunDir(run_dir)):
         n = r.get("threads_per_rank") or ""
         if r.get("device") != "cuda" and n.isdigit():
-            out[layout] = min(out.get(layout, int(n)), int(n))
+            # and the rounding layout of a compressing cell in a reduced precision, whose
+            # references run on it (bench.analysis.verify.reference_layouts)
+            squeezes = compression_key(r.get("precision") or "", r.get("numerics") or "")
+            for each in {layout, *([rounding_layout(r)] if squeezes else [])}:
+                out[each] = min(out.get(each, int(n)), int(n))
     return out
 
 
@@ -1117,7 +1203,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
                 f"and single in {', '.join(reduced)} on each layout the cells use, where the "
                 "run does not hold it: the precision references (what rounding alone moves)"
             )
-        squeezed = sorted({_compresses(c) for c in cells if c.setting.precision == "fp32"} - {""})
+        squeezed = sorted({_compresses(c) for c in cells} - {""})
         if squeezed:
             print(
                 f"and single with its gradients rounded to {', '.join(squeezed)} on each layout "
