@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import math
 import os
+import shutil
 
 import pytest
 
@@ -17,6 +18,8 @@ from bench.analysis.verify import (
     RECIPES,
     REFERENCE_FACTOR,
     REFERENCE_LIMIT,
+    baselines_dir,
+    compare,
     table,
     verify,
 )
@@ -169,7 +172,7 @@ def test_a_compression_hook_that_never_compresses_fails_parity_in_bf16(tmp_path,
         tmp_path, data_root, strategies=names, world_sizes=(1, 2), precisions=("bf16",)
     )
     with faulty_strategies():
-        _, result = verify(cfg, steps=8, echo=lambda m: None)
+        run_dir, result = verify(cfg, steps=8, echo=lambda m: None)
     print(table(result))
     parity = {(p.strategy, p.world_size, p.setting): p for p in result}
     for ws in (1, 2):
@@ -178,6 +181,15 @@ def test_a_compression_hook_that_never_compresses_fails_parity_in_bf16(tmp_path,
         assert bad.param_rel > RECIPES["exact"].param_rel  # not the unrounded check's FAIL
         assert good.status == "pass", good
         assert parity[("ddp_bf16_hook", ws, "bf16")].status == "pass"
+    # where a reference of that check did not run, the cell says it was not checked rather
+    # than passing as if it had been
+    shutil.rmtree(baselines_dir(run_dir) / "shares1-acc1-bf16+grad_fp16")
+    with faulty_strategies():
+        again = {(p.strategy, p.world_size, p.setting): p for p in compare(run_dir)}
+    unchecked = again[("ddp_fp16_hook", 1, "bf16")]
+    assert unchecked.status == "inconclusive", unchecked
+    assert "whether it compresses its gradients is not checked" in unchecked.reason
+    assert again[("ddp_fp16_hook", 2, "bf16")].status == "pass"  # its layout's are there
 
 
 @pytest.mark.parametrize("name", HOROVOD)

@@ -724,7 +724,14 @@ def compare(run_dir: Path) -> list[Parity]:
         if status == "pass" and key:
             parts = rounding_layout(r)
             plain, squeeze = squeezing(parts, precision), squeezing(parts, key)
-            if plain and squeeze and (gaps := uncompressed(mine, plain, squeeze)):
+            if plain is None or squeeze is None:
+                status = INCONCLUSIVE
+                reason = (
+                    f"single in {precision} on its layout ({baseline_label(parts)}), plain or "
+                    f"with its gradients rounded to {COMPRESSED[compressed(key)]}, did not "
+                    "run: whether it compresses its gradients is not checked"
+                )
+            elif gaps := uncompressed(mine, plain, squeeze):
                 status = "FAIL"
                 reason = (
                     f"{gaps[0]:.3g} of an update from {plain.label} in {precision} (on its "
