@@ -1017,6 +1017,20 @@ def test_verify_closes_with_what_passed_and_why_the_rest_did_not():
     assert any(line.startswith("1 cell(s) have no stated tolerance") for line in lines)
     assert "1 precision reference(s) failed (reasons above)" in lines
     assert not any("strategy/world-size" in line for line in lines)
+    # an inconclusive exact cell (its compression not checked) is not called an approximate
+    # check that an untrained run would pass
+    loose = Parity(
+        "ddp_powersgd", 2, "fp32", "powersgd", 0.0, 0.0, 0.0, RECIPES["powersgd"], "inconclusive"
+    )
+    lines = summary(good + [row("ddp_fp16_hook", "inconclusive"), loose])
+    assert (
+        "1 approximate check(s) inconclusive: within their band, as a run that never trained "
+        "would be (reasons above)" in lines
+    )
+    assert (
+        "1 cell(s) inconclusive: within their tolerance, but whether they compress their "
+        "gradients is not checked (reasons above)" in lines
+    )
 
 
 # ---------------------------------------------------------------- the Makefile's targets

@@ -108,7 +108,9 @@ def tolerance(numerics: str) -> Tolerance | None:
 UNKNOWN = Tolerance(loss_abs=math.nan, param_rel=math.nan)
 NOT_COMPARABLE = "not comparable"
 #: an approximate check (PowerSGD's late loss) within its band, where the baseline's own
-#: loss moved less than the band: a run that never trained would be within it too
+#: loss moved less than the band: a run that never trained would be within it too; or a
+#: compressing cell in bf16/fp16 within its tolerance whose compression references did not
+#: run (bench.analysis.verify.uncompressed)
 INCONCLUSIVE = "inconclusive"
 
 #: precisions of the axis that `single` runs as a precision reference: what rounding in that
@@ -1257,10 +1259,18 @@ def summary(parity: list[Parity]) -> list[str]:
         lines.append(
             f"{count[NOT_COMPARABLE]} cell(s) not comparable with any baseline (reasons above)"
         )
-    if count.get(INCONCLUSIVE):
+    # inconclusive: an approximate check a run that never trained would pass too, or a
+    # compressing cell in bf16/fp16 whose compression references did not run
+    loose = sum(p.status == INCONCLUSIVE and p.tol.approximate for p in cells)
+    if loose:
         lines.append(
-            f"{count[INCONCLUSIVE]} approximate check(s) inconclusive: within their band, as a run "
+            f"{loose} approximate check(s) inconclusive: within their band, as a run "
             "that never trained would be (reasons above)"
+        )
+    if count[INCONCLUSIVE] > loose:
+        lines.append(
+            f"{count[INCONCLUSIVE] - loose} cell(s) inconclusive: within their tolerance, but "
+            "whether they compress their gradients is not checked (reasons above)"
         )
     idle = sum(count[s] for s in (results.SKIPPED, results.UNAVAILABLE))
     if idle:
