@@ -86,7 +86,9 @@ class DistributedDataParallel(TorchDistributed):
         # its default, the first bucket (the last layers') closes at 1 MiB: 4.8 MB of MNIST
         # CNN went out as two (4.51 + 0.07 MiB, the row's notes), not one
         cap = float(options.get("bucket_cap_mb", 25)) * 2**20
-        first = cap if "bucket_cap_mb" in options else float(dist._DEFAULT_FIRST_BUCKET_BYTES)
+        # (torch's private constant, 1 MiB since DDP had it; the figure where a torch drops it)
+        default_first = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)
+        first = cap if "bucket_cap_mb" in options else float(default_first)
         calls = 1 + max(0, math.ceil((shape.param_bytes - first) / cap))
         return [("all_reduce", cls.gradient_wire_bytes(options, shape), calls)]
 
