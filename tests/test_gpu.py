@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 import strategies
 from bench.harness.runner import run_matrix
@@ -88,6 +89,18 @@ def test_fsdp_bf16_channels_last_batchnorm_units(tmp_path):
         notes.add(r["notes"])
     assert any("as one fp32 unit" in n for n in notes)
     assert any("fp32 units, one each" in n for n in notes)
+
+
+def test_held_memory_is_the_allocators_allocated_bytes():
+    """held_mib reads the allocator's stats unflattened, each step: the same figure as
+    torch.cuda.memory_allocated."""
+    from bench.harness.probes import held_mib
+
+    device = torch.device("cuda", 0)
+    block = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
+    assert held_mib(device) == torch.cuda.memory_allocated(device) / 2**20
+    assert held_mib(device) >= 64
+    del block
 
 
 def test_apex_amp_ddp_when_installed(tmp_path, data_root):

@@ -159,6 +159,32 @@ def test_each_epoch_has_its_own_peak_resident_set():
     assert after >= held_mib(torch.device("cpu")) - 1  # what is held now is held at peak
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux's /proc")
+def test_held_memory_is_each_processs_own_after_a_fork():
+    """held_mib keeps /proc/self/statm open between steps; a forked child (a DataLoader
+    worker, a launcher's fork) reads its own resident set, not its parent's through the
+    inherited file, and the reading is the file's own."""
+    cpu = torch.device("cpu")
+    held_mib(cpu)  # opens the file in this process
+    with open("/proc/self/statm") as f:
+        fresh = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    assert abs(held_mib(cpu) - fresh) < 16, (held_mib(cpu), fresh)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child (no torch op: its thread pool does not survive a fork)
+        try:
+            before = held_mib(cpu)
+            extra = b"\x01" * (256 * 2**20)  # 256 MiB more, written
+            os.write(write, f"{held_mib(cpu) - before + extra[0] - 1:.1f}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    grown = float(os.read(read, 64).decode())
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert grown > 200, grown  # through the parent's file: the parent's RSS, unchanged
+
+
 def test_divergence_names_the_first_bad_step():
     from bench.harness.results import divergence
 

@@ -144,18 +144,30 @@ class StepTimer:
         return out
 
 
+#: (pid, fd) of this process's /proc/self/statm, kept open for held_mib: opened once per
+#: process (a forked child opens its own: the fd names the process that opened it)
+_statm: tuple[int, int] | None = None
+_PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def held_mib(device: torch.device) -> float:
     """Memory this process holds now: the CUDA allocator's allocated bytes on `device`
     (a host-side counter: no synchronisation), else its resident set size. Read at each
-    step's end, outside its timing: a figure that climbs step after step is a leak."""
+    step's end, outside its timing: a figure that climbs step after step is a leak.
+    Cheaply, as it is read every step: the allocator's stats unflattened (memory_allocated
+    flattens and sorts all of them into one dict each call), and RSS re-read from a file
+    kept open (2 us here, against 17 us opening it each step)."""
+    global _statm
     if device.type == "cuda":
-        return torch.cuda.memory_allocated(device) / 2**20
+        stats = torch.cuda.memory_stats_as_nested_dict(device)
+        return stats["allocated_bytes"]["all"]["current"] / 2**20
     try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
+        if _statm is None or _statm[0] != os.getpid():
+            _statm = (os.getpid(), os.open("/proc/self/statm", os.O_RDONLY))
+        pages = int(os.pread(_statm[1], 256, 0).split()[1])
     except (OSError, ValueError, IndexError):  # no /proc (macOS): peak RSS is what there is
         return peak_rss_mib()
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return pages * _PAGE_MIB
 
 
 def peak_rss_mib() -> float:
