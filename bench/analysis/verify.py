@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -553,7 +554,12 @@ def _unmeasured(case: Case, numerics: str, tol: Tolerance, status: str, **kw: An
 
 
 def _reference(
-    rd: RunDir, layout: Layout, precision: str, base: _Baseline, buffers: set[str], norms: int
+    rd: RunDir,
+    layout: Layout,
+    precision: str,
+    ref: _Baseline | None,
+    base: _Baseline,
+    norms: int,
 ) -> Parity | None:
     """The row of `single` in a reduced precision on `layout` against fp32 on the same
     layout: what rounding in that precision alone moves (None: it did not run). Within the
@@ -562,8 +568,8 @@ def _reference(
     conditioning showed the model amplifying rounding and up to UNSHOWN_FACTOR times the
     recipe where it did not; past that, or where it did not start or run as the baseline
     did, it FAILs. A reference run apart that did not end ok is
-    a row with its status and reason; its cells keep their recipe's tolerance."""
-    ref = _baseline(rd, layout, buffers, precision)
+    a row with its status and reason; its cells keep their recipe's tolerance. `ref`: that
+    run of single, loaded (`_baseline`)."""
     if ref is None:
         row = _apart_row(rd, layout, precision)
         if row is None:  # not run apart: the run's own row of it (not ok) is in the table
@@ -640,23 +646,22 @@ def compare(run_dir: Path) -> list[Parity]:
     norms = batch_norms(cfg)
     buffers = {name for name, _ in meta_model(cfg).named_buffers()}
     losses = _losses(rd)  # every cell's, read once
-    bases: dict[Layout, _Baseline | None] = {(1, 1): _baseline(rd, (1, 1), buffers)}
-    if bases[(1, 1)] is None:
+
+    @functools.cache
+    def baseline(layout: Layout, precision: str = "fp32") -> _Baseline | None:
+        """single on `layout` in `precision` (or a compression's key), its weights read once
+        for every cell and reference that is held against it"""
+        return _baseline(rd, layout, buffers, precision)
+
+    if baseline((1, 1)) is None:
         raise ConfigError("the single baseline (fp32) did not run; parity needs it")
     refs: dict[tuple[Layout, str], Parity | None] = {}
-    #: the references of the uncompressed check (bench.analysis.verify.uncompressed)
-    squeezes: dict[tuple[Layout, str], _Baseline | None] = {}
-
-    def squeezing(layout: Layout, key: str) -> _Baseline | None:
-        if (layout, key) not in squeezes:
-            squeezes[(layout, key)] = _baseline(rd, layout, buffers, key)
-        return squeezes[(layout, key)]
 
     def reference(layout: Layout, precision: str) -> Parity | None:
         if (layout, precision) not in refs:
-            base = bases[layout]
+            base = baseline(layout)
             refs[(layout, precision)] = base and _reference(
-                rd, layout, precision, base, buffers, norms
+                rd, layout, precision, baseline(layout, precision), base, norms
             )
         return refs[(layout, precision)]
 
@@ -682,9 +687,7 @@ def compare(run_dir: Path) -> list[Parity]:
             continue
         layout = batch_norm_layout(r, norms)
         why = batch_norm_reason(r, norms)
-        if not why and layout not in bases:
-            bases[layout] = _baseline(rd, layout, buffers)
-        base = None if why else bases[layout]
+        base = None if why else baseline(layout)
         if base is None:
             why = why or f"its baseline ({baseline_label(layout)}) did not run"
             out.append(_unmeasured(case, numerics, UNKNOWN, NOT_COMPARABLE, reason=why))
@@ -725,7 +728,7 @@ def compare(run_dir: Path) -> list[Parity]:
         key = compression_key(precision, numerics)
         if status == "pass" and key:
             parts = rounding_layout(r)
-            plain, squeeze = squeezing(parts, precision), squeezing(parts, key)
+            plain, squeeze = baseline(parts, precision), baseline(parts, key)
             if plain is None or squeeze is None:
                 status = INCONCLUSIVE
                 reason = (
