@@ -298,7 +298,8 @@ def test_the_harness_itself_holds_no_cuda_context(data_root):
         "import sys, torch\n"
         "from bench.cli import main\n"
         f"assert main(['run', '--device', 'cuda', '--data-root', {str(data_root)!r}, "
-        "'--strategies', 'single,ddp_torchrun', '--max-steps', '3', '--dry-run']) == 0\n"
+        "'--strategies', 'single,ddp_torchrun', '--max-steps', '3', '--warmup-steps', '1', "
+        "'--dry-run']) == 0\n"
         "print('initialised', torch.cuda.is_initialized())\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
