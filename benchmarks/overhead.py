@@ -29,8 +29,10 @@ Each side runs in a fresh process; only the timed steps after warm-up are counte
 Last, in one process, what the harness's loop adds to every step: its loop and a bare one on
 a model too small to hide either (microseconds a step, per step timing on CUDA, and as a
 share of the hand-written MNIST step; the median of paired rounds with its 95 % interval,
-which on a busy machine can hold zero or less). `--loop-cost-only` prints only that (a few
-seconds). On a GPU a launch-bound step shows the harness's host work one for one.
+which on a busy machine can hold zero or less), then the per-step parts of it (a step
+timer's marks, the phase clock's laps, the held-memory read: microseconds a call, alone).
+`--loop-cost-only` prints only that (a few seconds). On a GPU a launch-bound step shows the
+harness's host work one for one.
 """
 
 from __future__ import annotations
@@ -224,10 +226,52 @@ def loop_cost(
     return statistics.median(times["harness"]), statistics.median(times["bare"]), added, low, high
 
 
+#: what the loop does in every step beside the step's own work: (part, calls a step)
+LOOP_PARTS = (("step-timer mark", 3), ("phase-clock mark", 5), ("held-memory read", 1))
+
+
+def loop_parts(device: str, timing: str, calls: int = 2000, rounds: int = 7) -> dict[str, float]:
+    """Microseconds one call of each of the loop's per-step parts (LOOP_PARTS) takes, alone
+    in a tight loop on an idle device, the median of `rounds`: a step timer's mark (under
+    "sync" on CUDA, a synchronisation with nothing queued: its latency, not the overlap a
+    real step loses), a lap of the phase clock (on CUDA an event created and recorded), the
+    held-memory read. Which of them the loop's added microseconds are, and what is left
+    (Python around them; under "sync", the queue drained at each mark)."""
+    import statistics
+
+    import torch
+
+    from bench.harness.probes import PhaseClock, StepTimer, held_mib
+
+    dev = torch.device(device)
+    timer, clock = StepTimer(dev, timing), PhaseClock(dev)
+    clock.begin()
+    parts = {
+        "step-timer mark": timer.start,
+        "phase-clock mark": lambda: clock.lap("forward"),
+        "held-memory read": lambda: held_mib(dev),
+    }
+    out = {}
+    for name, fn in parts.items():
+        fn()  # the first call pays for lazy set-up (a file opened, an event pool)
+        per = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per.append((time.perf_counter() - t0) / calls * 1e6)
+        out[name] = statistics.median(per)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return out
+
+
 def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float | None) -> None:
-    """One line per step timing: what the harness's loop adds to each step (loop_cost)."""
+    """Two lines per step timing: what the harness's loop adds to each step (loop_cost),
+    then the per-step parts it is made of (loop_parts)."""
     for timing in timings:
         mine, bare, added, low, high = loop_cost(device, timing)
+        each = loop_parts(device, timing)
         share = (
             f", {100 * added / hand_step_us:.1f} % of the hand-written MNIST step "
             f"above ({hand_step_us:.0f} us)"
@@ -238,6 +282,14 @@ def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float |
             f"loop cost ({device}, step timing {timing}): harness {mine:.0f} us a step, bare loop "
             f"{bare:.0f} us; the harness adds {added:.0f} us a step (median of paired "
             f"rounds, 95 % interval {low:.0f} to {high:.0f} us){share}",
+            flush=True,
+        )
+        said = sum(each[part] * n for part, n in LOOP_PARTS)
+        print(
+            "  of which, per step: "
+            + ", ".join(f"{n} x {part} {each[part]:.1f} us" for part, n in LOOP_PARTS)
+            + f" = {said:.0f} us; the rest, {added - said:.0f} us: Python around them"
+            + (", and the queue each mark drains" if timing == "sync" and device == "cuda" else ""),
             flush=True,
         )
 

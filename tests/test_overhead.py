@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_loop_cost_reports_the_harness_step_against_a_bare_one():
     """--loop-cost-only runs the real loop (single's train_epoch) and a bare loop on a tiny
     model and prints both per-step figures and their difference with its interval, with no
-    paired rounds."""
+    paired rounds; then the per-step parts of that difference, timed alone."""
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--loop-cost-only"],
         capture_output=True,
@@ -21,7 +21,7 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one():
         timeout=300,
         check=True,
     ).stdout
-    (line,) = out.strip().splitlines()
+    line, parts = out.strip().splitlines()
     m = re.fullmatch(
         r"loop cost \(cpu, step timing sync\): harness (\d+) us a step, bare loop (\d+) us; "
         r"the harness adds (-?\d+) us a step \(median of paired rounds, "
@@ -34,6 +34,18 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one():
     # how far the rounds' differences scatter: on a busy machine the median alone (-113 us
     # once, the harness's loop 'faster' than a bare one) reads as a finding
     assert low <= added <= high
+    # then the parts every step pays for, each timed alone, and what they leave unexplained
+    m = re.fullmatch(
+        r"  of which, per step: 3 x step-timer mark ([\d.]+) us, 5 x phase-clock mark ([\d.]+) "
+        r"us, 1 x held-memory read ([\d.]+) us = (\d+) us; the rest, (-?\d+) us: Python around "
+        r"them",
+        parts,
+    )
+    assert m, parts
+    mark, lap, held, said, rest = map(float, m.groups())
+    assert held > 0 and min(mark, lap) >= 0  # a read of /proc: a microsecond or more
+    assert abs(3 * mark + 5 * lap + held - said) <= 1  # the sum it prints is of its parts
+    assert abs(said + rest - added) <= 1
 
 
 def test_the_summary_says_which_way_the_ratio_reads(monkeypatch, capsys):
