@@ -5,9 +5,10 @@
 # apex 2, compile about 4 (resnet50 alone), overhead about 4 per timing mode (its 6 paired
 # rounds at least); results/reference/nvidia-h100-80gb-hbm3-20261124. On one H200,
 # 2026-11-26: resnet50-all's world size 1 3.5, horovod 2.5 after a 2-minute build (16 cores);
-# MNIST eager and with CUDA graphs, single alone, 1; not yet timed: resnet50-all's world
-# size 2, compile's MNIST runs whole;
-# results/reference/nvidia-h200-20261126):
+# MNIST eager and with CUDA graphs, single alone, 1; results/reference/nvidia-h200-20261126.
+# On the H100 again, 2026-11-26: resnet50-all's world size 1 4.7 with Horovod's rows, the
+# build 2 minutes on 8 cores; results/reference/nvidia-h100-80gb-hbm3-20261126. Not yet
+# timed: resnet50-all's world size 2, compile's MNIST runs whole):
 #   install   the project from this working tree into the machine's Python; fetches nothing
 #   horovod   build Horovod with NCCL (scripts/build_horovod.sh; from .whl/horovod-0.28.1.tar.gz
 #             when carried, so nothing is fetched), then horovod and horovod_fp16 at world
