@@ -48,6 +48,10 @@ def serialised(hook: Callable, state: Any) -> Callable:
     return run
 
 
+#: the hooks that cast each bucket to a 16-bit float before the all-reduce
+CASTS = ("fp16", "bf16")
+
+
 class DDPCommHook(DistributedDataParallel):
     variants = {
         "ddp_fp16_hook": Variant(
@@ -82,20 +86,25 @@ class DDPCommHook(DistributedDataParallel):
                 )
         return super().unsuitable(cfg, world_size, options)
 
+    @staticmethod
+    def hook_of(options) -> str:
+        """The comm hook these options choose (every variant names one; fp16 where none)."""
+        return options.get("comm_hook", "fp16")
+
     @classmethod
     def traffic(cls, options, world_size, shape, precision):
-        if options.get("comm_hook", "fp16") == "powersgd":
+        if cls.hook_of(options) == "powersgd":
             return "PowerSGD sends low-rank factors whose size depends on each layer's shape: not modelled"
         return super().traffic(options, world_size, shape, precision)
 
     @property
     def hook(self) -> str:
-        return self.options.get("comm_hook", "fp16")
+        return self.hook_of(self.options)
 
     @classmethod
     def compresses(cls, options) -> str:
-        hook = options.get("comm_hook", "fp16")
-        return hook if hook in ("fp16", "bf16") else ""
+        hook = cls.hook_of(options)
+        return hook if hook in CASTS else ""
 
     def numerics(self) -> tuple[str, ...]:
         part = "powersgd" if self.hook == "powersgd" else f"grad_{self.hook}"
@@ -103,7 +112,7 @@ class DDPCommHook(DistributedDataParallel):
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         model, optimizer = super().setup(model, optimizer)
-        if self.hook in ("fp16", "bf16"):
+        if self.hook in CASTS:
             fn = getattr(default_hooks, f"{self.hook}_compress_hook")
             model.register_comm_hook(None, fn)  # state None: the default process group
             self.notes.append(f"{self.hook}_compress_hook")
