@@ -230,6 +230,14 @@ def loop_cost(
 LOOP_PARTS = (("step-timer mark", 3), ("phase-clock mark", 5), ("held-memory read", 1))
 
 
+def timed_parts(device: str, timing: str) -> set[str]:
+    """The LOOP_PARTS inside a step's timing: all but the held-memory read, which falls
+    between one step's end and the next's start, except timing by events on CUDA (a step
+    there is the stream's time from its start to the next step's)."""
+    every = {part for part, _ in LOOP_PARTS}
+    return every if device == "cuda" and timing == "events" else every - {"held-memory read"}
+
+
 def loop_parts(device: str, timing: str, calls: int = 2000, rounds: int = 7) -> dict[str, float]:
     """Microseconds one call of each of the loop's per-step parts (LOOP_PARTS) takes, alone
     in a tight loop on an idle device, the median of `rounds`: a step timer's mark (under
@@ -253,7 +261,7 @@ def loop_parts(device: str, timing: str, calls: int = 2000, rounds: int = 7) -> 
     }
     out = {}
     for name, fn in parts.items():
-        fn()  # the first call pays for lazy set-up (a file opened, an event pool)
+        fn()  # the first call pays for lazy set-up (a file opened, CUDA's first event)
         per = []
         for _ in range(rounds):
             t0 = time.perf_counter()
@@ -284,12 +292,19 @@ def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float |
             f"rounds, 95 % interval {low:.0f} to {high:.0f} us){share}",
             flush=True,
         )
-        said = sum(each[part] * n for part, n in LOOP_PARTS)
+        inside = timed_parts(device, timing)
+        said = sum(each[part] * n for part, n in LOOP_PARTS if part in inside)
+        outside = [
+            f"{n} x {part} {each[part]:.1f} us" for part, n in LOOP_PARTS if part not in inside
+        ]
         print(
             "  of which, per step: "
-            + ", ".join(f"{n} x {part} {each[part]:.1f} us" for part, n in LOOP_PARTS)
+            + ", ".join(
+                f"{n} x {part} {each[part]:.1f} us" for part, n in LOOP_PARTS if part in inside
+            )
             + f" = {said:.0f} us; the rest, {added - said:.0f} us: Python around them"
-            + (", and the queue each mark drains" if timing == "sync" and device == "cuda" else ""),
+            + (", and the queue each mark drains" if timing == "sync" and device == "cuda" else "")
+            + (f"; between the steps' timing: {', '.join(outside)}" if outside else ""),
             flush=True,
         )
 

@@ -35,16 +35,17 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one():
     # once, the harness's loop 'faster' than a bare one) reads as a finding
     assert low <= added <= high
     # then the parts every step pays for, each timed alone, and what they leave unexplained
+    # (on a CPU the held-memory read falls between one step's timing and the next's)
     m = re.fullmatch(
         r"  of which, per step: 3 x step-timer mark ([\d.]+) us, 5 x phase-clock mark ([\d.]+) "
-        r"us, 1 x held-memory read ([\d.]+) us = (\d+) us; the rest, (-?\d+) us: Python around "
-        r"them",
+        r"us = (\d+) us; the rest, (-?\d+) us: Python around them; between the steps' "
+        r"timing: 1 x held-memory read ([\d.]+) us",
         parts,
     )
     assert m, parts
-    mark, lap, held, said, rest = map(float, m.groups())
+    mark, lap, said, rest, held = map(float, m.groups())
     assert held > 0 and min(mark, lap) >= 0  # a read of /proc: a microsecond or more
-    assert abs(3 * mark + 5 * lap + held - said) <= 1  # the sum it prints is of its parts
+    assert abs(3 * mark + 5 * lap - said) <= 1  # the sum it prints is of its parts
     assert abs(said + rest - added) <= 1
 
 
