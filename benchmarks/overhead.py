@@ -294,14 +294,11 @@ def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float |
         )
         inside = timed_parts(device, timing)
         said = sum(each[part] * n for part, n in LOOP_PARTS if part in inside)
-        outside = [
-            f"{n} x {part} {each[part]:.1f} us" for part, n in LOOP_PARTS if part not in inside
-        ]
+        shown = {part: f"{n} x {part} {each[part]:.1f} us" for part, n in LOOP_PARTS}
+        outside = [text for part, text in shown.items() if part not in inside]
         print(
             "  of which, per step: "
-            + ", ".join(
-                f"{n} x {part} {each[part]:.1f} us" for part, n in LOOP_PARTS if part in inside
-            )
+            + ", ".join(text for part, text in shown.items() if part in inside)
             + f" = {said:.0f} us; the rest, {added - said:.0f} us: Python around them"
             + (", and the queue each mark drains" if timing == "sync" and device == "cuda" else "")
             + (f"; between the steps' timing: {', '.join(outside)}" if outside else ""),
