@@ -277,6 +277,8 @@ def loop_parts(device: str, timing: str, calls: int = 2000, rounds: int = 7) -> 
 def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float | None) -> None:
     """Two lines per step timing: what the harness's loop adds to each step (loop_cost),
     then the per-step parts it is made of (loop_parts)."""
+    from bench.harness.probes import HELD_EVERY_S
+
     for timing in timings:
         mine, bare, added, low, high = loop_cost(device, timing)
         each = loop_parts(device, timing)
@@ -293,8 +295,15 @@ def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float |
             flush=True,
         )
         inside = timed_parts(device, timing)
-        said = sum(each[part] * n for part, n in LOOP_PARTS if part in inside)
+        calls: dict[str, float] = dict(LOOP_PARTS)
         shown = {part: f"{n} x {part} {each[part]:.1f} us" for part, n in LOOP_PARTS}
+        every = HELD_EVERY_S.get(device, 0.0)
+        if every * 1e6 > mine:  # read at most every `every` s: one step in so many
+            calls["held-memory read"] = mine / (every * 1e6)
+            shown["held-memory read"] += (
+                f" in 1 of {every * 1e6 / mine:.0f} steps (at most every {every * 1e3:g} ms)"
+            )
+        said = sum(each[part] * calls[part] for part in calls if part in inside)
         outside = [text for part, text in shown.items() if part not in inside]
         print(
             "  of which, per step: "

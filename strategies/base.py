@@ -23,10 +23,10 @@ from torch.utils.data import DistributedSampler, Sampler
 from bench.config import CUDA_GRAPH_MODES
 from bench.harness.probes import (
     PHASES,
+    HeldReads,
     PhaseClock,
     StepRecord,
     StepTimer,
-    held_mib,
     memory_snapshot,
     model_state_mib,
 )
@@ -113,7 +113,8 @@ class EpochStats:
     model_state: Mapping[str, float] = field(default_factory=dict)
     #: per step (warm-up included), milliseconds of forward, backward and optimizer
     phase_ms: tuple[Mapping[str, float], ...] = ()
-    #: per step (warm-up included), MiB this rank held at its end (probes.held_mib)
+    #: per step (warm-up included), MiB this rank held at its end (probes.HeldReads: on
+    #: CUDA NaN at a step ended within 20 ms of the last read)
     held_mib: tuple[float, ...] = ()
 
 
@@ -668,7 +669,7 @@ class Strategy:
         timer = StepTimer(self.ctx.device, step_timing)
         self.clock = PhaseClock(self.ctx.device)
         losses: list[torch.Tensor] = []
-        held: list[float] = []  # MiB this rank holds at each step's end
+        held = HeldReads(self.ctx.device)  # MiB this rank holds at each step's end
         batches: Iterator = iter(loader)
         while max_steps is None or timer.steps < max_steps:
             timer.start()
@@ -684,7 +685,7 @@ class Strategy:
             loss = self._step(x, y)
             step_ms = timer.stop(len(y))
             self.last_batch = (x, y)
-            held.append(held_mib(self.ctx.device))
+            held.step_end(force=timer.steps in (1, warmup_steps + 1))
             losses.append(loss)
             if on_step is not None:
                 on_step(step_ms)
@@ -695,7 +696,7 @@ class Strategy:
                     self.unwrap(self.model).parameters(), self.optimizer_states()
                 )
         return self._epoch_stats(
-            epoch, timer.records(), losses, warmup_steps, self.clock.steps(), held
+            epoch, timer.records(), losses, warmup_steps, self.clock.steps(), held.readings()
         )
 
     def precise_enough(self, timer: StepTimer, warmup: int, target: float) -> bool:

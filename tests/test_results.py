@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from bench.harness import results
-from bench.harness.probes import StepTimer, held_mib, memory_snapshot, reset_peaks
+from bench.harness import probes, results
+from bench.harness.probes import HeldReads, StepTimer, held_mib, memory_snapshot, reset_peaks
 
 
 def _record(**kw):
@@ -183,6 +183,32 @@ def test_held_memory_is_each_processs_own_after_a_fork():
     os.waitpid(pid, 0)
     os.close(read)
     assert grown > 200, grown  # through the parent's file: the parent's RSS, unchanged
+
+
+def test_held_memory_is_read_at_most_so_often_where_a_read_is_dear(monkeypatch):
+    """Where a read costs (the CUDA allocator's stats: about 100 us a step in the loop), a
+    step ended within the interval of the last read is NaN; the first step, a forced one
+    (the first timed) and the last are always read. On a CPU every step is."""
+    cpu = torch.device("cpu")
+    every = HeldReads(cpu)
+    for _ in range(5):
+        every.step_end()
+    assert not any(math.isnan(m) for m in every.readings())
+    monkeypatch.setitem(probes.HELD_EVERY_S, "cpu", 3600.0)
+    sparse = HeldReads(cpu)
+    for step in range(1, 7):
+        sparse.step_end(force=step == 3)
+    got = sparse.readings()
+    assert [math.isnan(m) for m in got] == [False, True, False, True, True, False]
+
+
+def test_memory_growth_from_the_steps_that_were_read():
+    """Growth is the median of the readings in the last timed quarter less the first's,
+    NaN between reads ignored; a quarter with no reading has no growth to tell."""
+    nan = math.nan
+    held = [0.0, 0.0, 100.0, nan, 102.0, nan, nan, 150.0, nan, 160.0]  # 2 warm-up steps
+    assert results.held_growth(held, 2) == pytest.approx(160.0 - 100.0)
+    assert math.isnan(results.held_growth([0.0, 0.0, nan, nan, 5.0, 6.0, 7.0, 8.0], 2))
 
 
 def test_divergence_names_the_first_bad_step():

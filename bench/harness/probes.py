@@ -7,6 +7,7 @@ apart (data wait), as pytorch/examples' `data_time` and torchtitan's `data_loadi
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import sys
@@ -153,7 +154,7 @@ _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 def held_mib(device: torch.device) -> float:
     """Memory this process holds now: the CUDA allocator's allocated bytes on `device`
     (a host-side counter: no synchronisation), else its resident set size. Read at each
-    step's end, outside its timing: a figure that climbs step after step is a leak.
+    step's end, outside its timing (HeldReads): a figure that climbs step after step is a leak.
     Cheaply, as it is read every step: the allocator's stats unflattened (memory_allocated
     flattens and sorts all of them into one dict each call), and RSS re-read from a file
     kept open (2 us here, against 17 us opening it each step)."""
@@ -168,6 +169,41 @@ def held_mib(device: torch.device) -> float:
     except (OSError, ValueError, IndexError):  # no /proc (macOS): peak RSS is what there is
         return peak_rss_mib()
     return pages * _PAGE_MIB
+
+
+#: on CUDA, seconds at least between two held-memory reads: the allocator's stats cost
+#: 18-34 us read alone and about 100 us a step inside the loop on an H100 (2026-11-26,
+#: benchmarks/overhead.py --loop-cost-only), 6 % of MNIST's 1.7 ms step; read at most every
+#: 20 ms they cost under 0.5 %, and a step longer than that is still read at every end. On a
+#: CPU the read is 2-3 us (a file kept open) and is taken at every step.
+HELD_EVERY_S = {"cuda": 0.02}
+
+
+class HeldReads:
+    """held_mib at each step's end, on CUDA at most every HELD_EVERY_S (NaN between), and
+    always at the first step, the first timed one (`step_end(force=True)`) and the last
+    (`readings()`): growth compares the first timed quarter with the last."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._every = HELD_EVERY_S.get(device.type, 0.0)
+        self._next = 0.0
+        self._mib: list[float] = []
+
+    def step_end(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if force or now >= self._next:
+            self._next = now + self._every
+            self._mib.append(held_mib(self._device))
+        else:
+            self._mib.append(math.nan)
+
+    def readings(self) -> list[float]:
+        """Per step so far; the last step's read now if it was skipped (nothing has run
+        since its end)."""
+        if self._mib and math.isnan(self._mib[-1]):
+            self._mib[-1] = held_mib(self._device)
+        return self._mib
 
 
 def peak_rss_mib() -> float:

@@ -369,13 +369,18 @@ GROWTH_MIB, GROWTH_SHARE = 64.0, 0.10
 
 def held_growth(held: Sequence[float], warmup: int) -> float:
     """How much more rank 0 held at the end of its last timed steps than of its first: the
-    median of the last quarter of them less the first quarter's (so one step's wobble is
-    not growth); NaN with fewer than 4 timed steps or no readings (a run before them)."""
+    median of the readings in the last quarter of them less the first quarter's (so one
+    step's wobble is not growth; on CUDA a step is read at most every 20 ms, NaN between,
+    probes.HeldReads); NaN with fewer than 4 timed steps or a quarter with no reading (a
+    run before them)."""
     timed = np.asarray(held[warmup:], dtype=float)
-    if timed.size < 4 or np.isnan(timed).any():
+    if timed.size < 4:
         return float("nan")
     q = timed.size // 4
-    return float(np.median(timed[-q:]) - np.median(timed[:q]))
+    first, last = timed[:q], timed[-q:]
+    if np.isnan(first).all() or np.isnan(last).all():
+        return float("nan")
+    return float(np.nanmedian(last) - np.nanmedian(first))
 
 
 def grew(growth: float, peak: float) -> bool:
