@@ -105,6 +105,11 @@ class RunConfig:
     #: random crop or flip (parity: which crops are drawn depends on which rank and loader
     #: worker reads a sample)
     no_augment: bool = False
+    #: fp32 products in fp32 on CUDA: TF32 off for cuDNN's convolutions (on by default) and
+    #: matrix products (parity: TF32 keeps 10 bits of mantissa, and BatchNorm over a few
+    #: samples carries that rounding a thousandfold: one-ulp twins of resnet18 at 32 px were
+    #: 6.3e-4 apart in their first loss on an H100 with it on)
+    no_tf32: bool = False
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     #: key=value passed to a user's data-set factory (--dataset-arg)
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)

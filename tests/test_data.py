@@ -330,7 +330,7 @@ def test_verify_reads_the_imagenet_subset_without_random_crops(data_root):
 
     cfg = RunConfig(dataset="imagenet-subset", data_root=str(data_root), max_classes=4)
     parity = verify.parity_config(cfg.replace(image_size=32), 3)
-    assert parity.no_augment
+    assert parity.no_augment and parity.no_tf32 and not cfg.no_tf32
     b = data.load(parity)
     torch.manual_seed(1)
     first = b.train[0][0]

@@ -210,6 +210,38 @@ def test_sync_bn_on_a_gpu(tmp_path):
     assert r["sync_bn"] == "1" and "SyncBatchNorm: 20 layers" in r["notes"]
 
 
+def test_verify_sync_bn_at_two_ranks_sharing_one_gpu(tmp_path):
+    """SyncBatchNorm's two ranks (gloo, one GPU) against single on the whole batch. With
+    cuDNN's TF32 on, one-ulp twins of resnet18 at 32 px were 6.3e-4 apart in their first
+    loss on an H100, and this correct cell FAILed at the exact tolerance (2026-11-26);
+    verify turns TF32 off in every cell and baseline, and each row says so."""
+    import pandas as pd
+
+    from bench.analysis.verify import verify
+
+    if torch.cuda.device_count() != 1:
+        pytest.skip("needs exactly one GPU (with two, each rank has its own)")
+    cfg = small_config(
+        tmp_path,
+        tmp_path,
+        device="cuda",
+        dataset="synthetic",
+        model="resnet18",
+        image_size=32,
+        strategies=("ddp_torchrun",),
+        world_sizes=(1, 2),
+        sync_bn=(True,),
+        oversubscribe=True,
+        limit=None,
+    )
+    run_dir, parity = verify(cfg, steps=8, echo=lambda m: None)
+    assert all(p.status in ("pass", "skipped") for p in parity), parity
+    (synced,) = [p for p in parity if p.world_size == 2 and "syncbn" in p.setting]
+    assert synced.status == "pass" and synced.baseline == "single"
+    notes = pd.read_csv(run_dir / "runs.csv").query("status == 'ok'")["notes"]
+    assert notes.str.contains("TF32 off").all()
+
+
 def test_two_ranks_share_one_gpu_over_gloo(tmp_path, data_root):
     """World size 2 on one GPU: torch.distributed over gloo with CUDA tensors under
     --oversubscribe (nccl refuses two ranks on one GPU); without the flag a skipped row."""

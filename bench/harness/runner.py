@@ -1354,8 +1354,11 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
                 # fp32 products may run on the tensor cores in TF32: cuDNN's convolutions do
                 # by default, matrix products where torch allows it (not by default); the
                 # peak is the two peaks weighted by the FLOPs each part of the step does
+                # (none where the ranks turn TF32 off: verify's, RunConfig.no_tf32)
                 share = (
-                    1.0
+                    0.0
+                    if cfg.no_tf32
+                    else 1.0
                     if torch.backends.cuda.matmul.allow_tf32
                     else flops.conv_share(cfg, bundle.num_classes, bundle.spec or models.spec(cfg))
                     if torch.backends.cudnn.allow_tf32

@@ -173,6 +173,9 @@ def _train(
     strategy.loss_fn = models.loss_of(model)
     if cfg.no_dropout:
         without_dropout(model)
+    if cfg.no_tf32 and ctx.device.type == "cuda":
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+        strategy.notes.append("TF32 off: fp32 convolutions and matrix products in fp32")
     model = model.to(ctx.device)
     optimizer = OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
     strategy.attach(model, optimizer)
