@@ -140,6 +140,25 @@ def test_model_state_leaves_out_rows_without_figures() -> None:
     assert "old" not in plots.legend_labels(fig)
 
 
+def test_model_state_wraps_a_wide_matrix_onto_rows_of_one_scale() -> None:
+    """Twenty strategies at world sizes 1 and 2 (60 bars): the groups wrap onto rows of at
+    most STATE_ROW_SLOTS bars and gaps, every bar drawn once, in order, a group never split,
+    every row on one y scale and one x span (one bar width)."""
+    cells = {(f"s{i:02d}", ws): [(1.0, 1.0, float(i))] * ws for i in range(20) for ws in (1, 2)}
+    fig = plots.model_state(_ranks(cells))
+    axes = fig.axes
+    assert len(axes) >= 2
+    drawn = []
+    for ax in axes:
+        bars = [p for p in ax.patches if isinstance(p, Rectangle)]
+        groups = [lab.get_text().split("\n")[0] for lab in ax.get_xticklabels()]
+        assert len(bars) // 3 + len(groups) <= plots.STATE_ROW_SLOTS
+        assert ax.get_xlim() == axes[0].get_xlim() and ax.get_ylim() == axes[0].get_ylim()
+        drawn += [t.get_text() for t in ax.texts]
+    assert drawn == [f"{2 + i:.1f}" for i in range(20) for ws in (1, 2) for _ in range(ws)]
+    assert fig.get_size_inches()[0] < 20  # not a third of an inch times 60 bars and gaps
+
+
 @pytest.mark.parametrize(
     "ranks",
     [

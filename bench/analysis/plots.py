@@ -712,35 +712,82 @@ STATE_PARTS = (
 )
 
 
+#: bar slots (a rank's bar, or the empty slot after each group) in one row of model_state:
+#: past it the groups go on in a row below (about 18 inches wide with the legend)
+STATE_ROW_SLOTS = 44
+
+
 def model_state(ranks: pd.DataFrame, colours: Mapping[str, Colour] | None = None) -> Figure:
     """What each rank holds of the training state: a bar per rank of every strategy and world
     size, stacked parameters / gradients / optimizer state (MiB, median over repeats).
 
     Every rank gets its own bar, never a mean over ranks: sharding that leaves the ranks
     uneven (ZeRO-1's optimizer partition) must show as uneven bars. The total is written on
-    top of each bar, so a thin part still adds up in words.
+    top of each bar, so a thin part still adds up in words. Past STATE_ROW_SLOTS bars the
+    groups wrap onto rows below, on one y scale, so a matrix of every strategy stays as
+    wide as a page rather than a bar's third of an inch times all of them.
     """
     cols = [c for c, _, _ in STATE_PARTS]
     have = all(c in ranks for c in cols)
     data = ranks.dropna(subset=cols, how="all") if have else ranks.iloc[0:0]
     cells = _cells(data) if len(data) else []
-    n_bars = data[["strategy", "world_size", "rank"]].drop_duplicates().shape[0] if cells else 0
-    # about a third of an inch per bar and per gap between groups, plus the legend
-    fig, ax = _figure(max(8.0, 0.32 * (n_bars + len(cells)) + 3.5), 5.2)
-    ax.set_ylabel("model state held per rank (MiB)")
-    ax.set_title(
-        "Model state per rank: parameters, gradients, optimizer state (after the first step)"
-    )
+    title = "Model state per rank: parameters, gradients, optimizer state (after the first step)"
     if not cells:
+        fig, ax = _figure(8.0, 5.2)
+        ax.set_ylabel("model state held per rank (MiB)")
+        ax.set_title(title)
         _empty(ax, "model-state figures")
         return fig
-    cmap = _colours([c[0] for c in cells], colours)
     med = (
         data.assign(rank=data["rank"].astype(int), world_size=data["world_size"].astype(int))
         .groupby(["strategy", "world_size", "rank"])[cols]
         .median()
         .fillna(0.0)  # a part one old run did not record draws as nothing, not as a hole
     )
+    rows: list[list[tuple[str, int]]] = [[]]
+    used = 0
+    for cell in cells:
+        slots = len(med.loc[cell]) + 1  # its ranks' bars and the empty slot after them
+        if rows[-1] and used + slots > STATE_ROW_SLOTS:
+            rows.append([])
+            used = 0
+        rows[-1].append(cell)
+        used += slots
+    widest = max(sum(len(med.loc[c]) + 1 for c in row) for row in rows)
+    # about a third of an inch per bar and per gap between groups, plus the legend
+    fig = Figure(
+        figsize=(max(8.0, 0.32 * widest + 3.5), 1.0 + 4.2 * len(rows)), layout="constrained"
+    )
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(rows), 1, sharey=True, squeeze=False)[:, 0]
+    cmap = _colours([c[0] for c in cells], colours)
+    ends = [_state_row(ax, row, med, cmap) for ax, row in zip(axes, rows, strict=True)]
+    for ax in axes:  # one bar width on every row: the widest row's span
+        ax.set_xlim(-0.7, max(ends) - 1.3)
+        ax.set_ylabel("model state held per rank (MiB)")
+    axes[0].set_title(title)
+    axes[-1].set_xlabel("rank (r0, r1, …), grouped by strategy and world size")
+    # one key: grey swatches say which part of a bar is which, colours name the strategies
+    parts = [
+        Patch(facecolor="0.5", alpha=s["alpha"], hatch=s["hatch"], edgecolor="0.25", label=lab)
+        for _, lab, s in STATE_PARTS
+    ]
+    names = sorted({c[0] for c in cells}, key=natural_key)
+    strategies = [Patch(facecolor=cmap[n], edgecolor="0.25", label=n) for n in names]
+    axes[0].legend(
+        handles=parts + strategies,
+        title="bar parts; colour: strategy",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+    )
+    return fig
+
+
+def _state_row(
+    ax: Axes, cells: list[tuple[str, int]], med: pd.DataFrame, cmap: Mapping[str, Colour]
+) -> float:
+    """model_state's bars for `cells`, left to right on `ax`; where the next group would start."""
     x, ranks_at, centres = 0.0, [], []
     for name, ws in cells:
         one = med.loc[(name, ws)].sort_index()
@@ -783,25 +830,9 @@ def model_state(ranks: pd.DataFrame, colours: Mapping[str, Colour] | None = None
     ax.set_xticks([p for p, _ in centres], [t for _, t in centres])
     ax.tick_params(axis="x", which="minor", labelsize=7, length=2)
     ax.tick_params(axis="x", which="major", labelsize=7, length=0, pad=12)
-    ax.set_xlim(-0.7, x - 1.3)
-    ax.set_xlabel("rank (r0, r1, …), grouped by strategy and world size")
     ax.margins(y=0.1)
     ax.grid(axis="y", alpha=0.3)
-    # one key: grey swatches say which part of a bar is which, colours name the strategies
-    parts = [
-        Patch(facecolor="0.5", alpha=s["alpha"], hatch=s["hatch"], edgecolor="0.25", label=lab)
-        for _, lab, s in STATE_PARTS
-    ]
-    names = sorted({c[0] for c in cells}, key=natural_key)
-    strategies = [Patch(facecolor=cmap[n], edgecolor="0.25", label=n) for n in names]
-    ax.legend(
-        handles=parts + strategies,
-        title="bar parts; colour: strategy",
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        fontsize=8,
-    )
-    return fig
+    return x
 
 
 # ---------------------------------------------------------------- option sweeps
