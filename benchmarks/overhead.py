@@ -30,20 +30,26 @@ Last, in one process, what the harness's loop adds to every step: its loop and a
 a model too small to hide either (microseconds a step, per step timing on CUDA, and as a
 share of the hand-written MNIST step; the median of paired rounds with its 95 % interval,
 which on a busy machine can hold zero or less), then the per-step parts of it (a step
-timer's marks, the phase clock's laps, the held-memory read: microseconds a call, alone).
-`--loop-cost-only` prints only that (a few seconds). On a GPU a launch-bound step shows the
-harness's host work one for one.
+timer's marks, the phase clock's laps, the held-memory read: microseconds a call, alone),
+and what the loop adds with the laps, the held read and both switched off inside it (a part
+timed alone can read far less than it costs in the loop). `--loop-cost-only` prints only
+that (15 s on a 2-core CPU). On a GPU a launch-bound step shows the harness's host work one
+for one.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -167,7 +173,7 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
 
 # ------------------------------------------------------- the loop's own cost, per step
 def loop_cost(
-    device: str, timing: str, steps: int = 400, rounds: int = 15
+    device: str, timing: str, steps: int = 400, rounds: int = 15, without: tuple[str, ...] = ()
 ) -> tuple[float, float, float, float, float]:
     """Microseconds a step: as the harness's loop reports it (`Strategy.train_epoch` of
     `single`, its timer and phase laps included; the timed steps' sum over their count, the
@@ -176,7 +182,8 @@ def loop_cost(
     batch already on the device): the difference is what the harness adds to every step,
     free of the between-process drift that the paired rounds must average out. Medians over
     `rounds`, the two loops back to back in each (which goes first alternating): harness,
-    bare, and the median of the rounds' differences with its 95 % interval (low, high)."""
+    bare, and the median of the rounds' differences with its 95 % interval (low, high).
+    `without`: parts of the harness's loop switched off in its rounds (SWITCHABLE)."""
     import statistics
 
     import torch
@@ -215,15 +222,54 @@ def loop_cost(
         sync()
         return (time.perf_counter() - t0) / (steps - 1)
 
-    harness(), bare()  # warm: the first of each pays for lazy initialisation
     times: dict[str, list[float]] = {"harness": [], "bare": []}
-    for r in range(rounds):
-        for name, fn in (("harness", harness), ("bare", bare))[:: 1 if r % 2 == 0 else -1]:
-            times[name].append(fn() * 1e6)
+    with switched_off(without):
+        harness(), bare()  # warm: the first of each pays for lazy initialisation
+        for r in range(rounds):
+            for name, fn in (("harness", harness), ("bare", bare))[:: 1 if r % 2 == 0 else -1]:
+                times[name].append(fn() * 1e6)
     added, low, high = median_interval(
         [a - b for a, b in zip(times["harness"], times["bare"], strict=True)]
     )
     return statistics.median(times["harness"]), statistics.median(times["bare"]), added, low, high
+
+
+#: parts of the harness's loop that can be switched off inside it, to see what each costs
+#: there: timed alone (loop_parts) they can read far less (the held-memory read on an H100:
+#: 18-34 us alone, about 100 us a step in the loop, 2026-11-26)
+SWITCHABLE = ("phase laps", "held-memory read")
+
+
+@contextlib.contextmanager
+def switched_off(parts: tuple[str, ...]) -> Iterator[None]:
+    """The harness's loop with `parts` (of SWITCHABLE) doing nothing, for this block: the
+    phase clock's laps record no mark (each step's phases read 0), the held-memory read
+    reads nothing (NaN)."""
+    from bench.harness import probes
+
+    unknown = set(parts) - set(SWITCHABLE)
+    if unknown:
+        raise ValueError(f"cannot switch off {sorted(unknown)}: only {SWITCHABLE}")
+    saved = {name: getattr(probes.PhaseClock, name) for name in ("begin", "lap", "steps")} | {
+        "held_mib": probes.held_mib
+    }
+    if "phase laps" in parts:
+
+        def begin(self: Any) -> None:
+            self._steps.append(None)
+
+        def steps(self: Any) -> list[dict[str, float]]:
+            return [dict.fromkeys(probes.PHASES, 0.0) for _ in self._steps]
+
+        probes.PhaseClock.begin, probes.PhaseClock.steps = begin, steps
+        probes.PhaseClock.lap = lambda self, phase: None
+    if "held-memory read" in parts:
+        probes.held_mib = lambda device: math.nan
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(probes if name == "held_mib" else probes.PhaseClock, name, fn)
 
 
 #: what the loop does in every step beside the step's own work: (part, calls a step)
@@ -275,8 +321,9 @@ def loop_parts(device: str, timing: str, calls: int = 2000, rounds: int = 7) -> 
 
 
 def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float | None) -> None:
-    """Two lines per step timing: what the harness's loop adds to each step (loop_cost),
-    then the per-step parts it is made of (loop_parts)."""
+    """Three lines per step timing: what the harness's loop adds to each step (loop_cost),
+    the per-step parts it is made of, each timed alone (loop_parts), and what it adds with
+    each SWITCHABLE part, then all of them, switched off inside the loop."""
     from bench.harness.probes import HELD_EVERY_S
 
     for timing in timings:
@@ -313,6 +360,12 @@ def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float |
             + (f"; between the steps' timing: {', '.join(outside)}" if outside else ""),
             flush=True,
         )
+        offs = [(part,) for part in SWITCHABLE] + [SWITCHABLE]
+        said = []
+        for off in offs:
+            _, _, left, lo, hi = loop_cost(device, timing, without=off)
+            said.append(f"without {' and '.join(off)} {left:.0f} us ({lo:.0f} to {hi:.0f})")
+        print("  switched off inside the loop, the harness adds: " + "; ".join(said), flush=True)
 
 
 def pairs(device: str) -> tuple[tuple[str, int], ...]:

@@ -24,7 +24,7 @@
 #   compile   resnet50 with and without torch.compile, bf16 and channels-last; MNIST eager,
 #             compiled, and compiled with CUDA graphs (--compile-mode reduce-overhead)
 #   overhead  what the harness's loop adds to each step, and of which parts (overhead.py
-#             --loop-cost-only, a minute); then the harness against a hand-written loop on
+#             --loop-cost-only, two minutes); then the harness against a hand-written loop on
 #             the GPU (benchmarks/overhead.py), timing steps by synchronising, then by events
 #   apex      apex_amp_ddp at O1 and O2 and their parity with single, where NVIDIA apex
 #             (<= 25.05, with apex.amp) is installed; otherwise one line says it is not
@@ -193,7 +193,7 @@ for part in "${PARTS[@]}"; do
                 --data-path device --strategies single,ddp_torchrun --compile \
                 --compile-mode reduce-overhead ;;
         overhead)
-            # first, in a minute, what the harness's loop adds to a step and its parts under
+            # first, in two minutes, what the harness's loop adds to a step and its parts under
             # each timing (the paired rounds after it print it again, if not cut off)
             logged "$OUT/overhead/loop-cost.txt" "$PY" benchmarks/overhead.py --device cuda \
                 --loop-cost-only

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +24,7 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one():
         timeout=300,
         check=True,
     ).stdout
-    line, parts = out.strip().splitlines()
+    line, parts, off = out.strip().splitlines()
     m = re.fullmatch(
         r"loop cost \(cpu, step timing sync\): harness (\d+) us a step, bare loop (\d+) us; "
         r"the harness adds (-?\d+) us a step \(median of paired rounds, "
@@ -47,6 +50,52 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one():
     assert held > 0 and min(mark, lap) >= 0  # a read of /proc: a microsecond or more
     assert abs(3 * mark + 5 * lap - said) <= 1  # the sum it prints is of its parts
     assert abs(said + rest - added) <= 1
+    # then what it adds with each part, and both, switched off inside the loop itself
+    n = r"(-?\d+) us \((-?\d+) to (-?\d+)\)"
+    m = re.fullmatch(
+        rf"  switched off inside the loop, the harness adds: without phase laps {n}; without "
+        rf"held-memory read {n}; without phase laps and held-memory read {n}",
+        off,
+    )
+    assert m, off
+    for k in range(3):
+        mid, low, high = map(int, m.groups()[3 * k : 3 * k + 3])
+        assert low <= mid <= high and abs(mid) < max(mine, bare)
+
+
+def test_switching_a_part_off_leaves_the_loop_training_and_comes_back():
+    """Inside switched_off the harness's loop still trains (losses fall as with the part
+    on), its steps' phases read 0 and its held memory nothing; after it, both are back."""
+    import importlib.util
+
+    import torch
+
+    from strategies.base import RankContext, Setting
+    from strategies.single import Single
+
+    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+
+    def epoch():
+        torch.manual_seed(0)
+        x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+        ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+        strategy = Single(ctx, {}, Setting())
+        model = torch.nn.Linear(8, 2)
+        strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.5))
+        return strategy.train_epoch([(x, y)] * 6, 0, warmup_steps=1)
+
+    with overhead.switched_off(overhead.SWITCHABLE):
+        off = epoch()
+    on = epoch()
+    assert off.losses == on.losses  # the same training, to the bit
+    assert all(v == 0 for step in off.phase_ms for v in step.values())
+    assert all(math.isnan(m) for m in off.held_mib)
+    assert any(v > 0 for step in on.phase_ms for v in step.values())
+    assert not any(math.isnan(m) for m in on.held_mib)
+    with pytest.raises(ValueError, match="cannot switch off"), overhead.switched_off(("optim",)):
+        pass
 
 
 def test_the_summary_says_which_way_the_ratio_reads(monkeypatch, capsys):
