@@ -202,6 +202,46 @@ def test_held_memory_is_read_at_most_so_often_where_a_read_is_dear(monkeypatch):
     assert [math.isnan(m) for m in got] == [False, True, False, True, True, False]
 
 
+def test_cuda_marks_go_on_the_stream_looked_up_once(monkeypatch):
+    """On CUDA a lap or an events-timed mark is an event recorded on the current stream,
+    looked up at the first mark, not at each (current_stream() builds a Stream object per
+    call, inside every timed step); what the clock and timer read back is unchanged. A fake
+    CUDA here: the events' times are the order they were recorded in."""
+    from bench.harness.probes import PhaseClock
+
+    looked_up, recorded = [], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            assert stream is not None  # never left to Event.record's own lookup
+            recorded.append(stream)
+            self.t = len(recorded)
+
+        def elapsed_time(self, end):
+            return float(end.t - self.t)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: looked_up.append(d) or "s0")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    gpu = torch.device("cuda:0")
+    clock, timer = PhaseClock(gpu), StepTimer(gpu, "events")
+    assert not looked_up  # nothing asked of CUDA before the first mark
+    for _ in range(3):
+        timer.start()
+        timer.data_ready()
+        clock.begin()
+        clock.lap("forward")
+        clock.lap("backward")
+        clock.end()
+        timer.stop(4)
+    assert looked_up == [gpu, gpu] and set(recorded) == {"s0"}  # once each, for 15 marks
+    assert clock.steps() == [{"forward": 1.0, "backward": 1.0, "optimizer": 0.0}] * 3
+    assert [(r.total_ms, r.data_ms) for r in timer.records()] == [(6.0, 1.0)] * 2 + [(5.0, 1.0)]
+
+
 def test_memory_growth_from_the_steps_that_were_read():
     """Growth is the median of the readings in the last timed quarter less the first's,
     NaN between reads ignored; a quarter with no reading has no growth to tell."""

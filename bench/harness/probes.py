@@ -32,6 +32,15 @@ class StepRecord:
 PHASES = ("forward", "backward", "optimizer")
 
 
+def cuda_mark(stream: Any) -> Any:
+    """A timing event recorded on `stream` now. The stream is looked up once by the caller:
+    `Event.record()` with none asks torch.cuda.current_stream(), which builds a new Stream
+    object at every call, inside every timed step."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return event
+
+
 class PhaseClock:
     """Laps inside a step: forward, backward, optimizer. A lap adds the time since the last
     lap (or `begin`) to a phase, so the laps of a step add up to its compute time exactly.
@@ -44,14 +53,16 @@ class PhaseClock:
 
     def __init__(self, device: torch.device) -> None:
         self._cuda = device.type == "cuda"
+        self._device = device
+        self._stream: Any = None  # CUDA: the stream laps are recorded on, from the first lap
         self._steps: list[list[Any]] = []  # per step: mark, phase, mark, phase, mark, ...
         self._open: list[Any] | None = None  # the step being lapped
 
     def _now(self) -> Any:
         if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
+            if self._stream is None:
+                self._stream = torch.cuda.current_stream(self._device)
+            return cuda_mark(self._stream)
         return time.perf_counter()
 
     def begin(self) -> None:
@@ -102,6 +113,7 @@ class StepTimer:
         self._cuda = device.type == "cuda"
         self._device = device
         self._events = self._cuda and mode == "events"
+        self._stream: Any = None  # under "events": the stream marks go on, from the first
         self._m0: Any = None
         self._m1: Any = None
         self._h0 = 0.0
@@ -113,9 +125,9 @@ class StepTimer:
 
     def _mark(self) -> Any:
         if self._events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
+            if self._stream is None:
+                self._stream = torch.cuda.current_stream(self._device)
+            return cuda_mark(self._stream)
         if self._cuda:
             torch.cuda.synchronize(self._device)
         return time.perf_counter()
