@@ -324,7 +324,7 @@ def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float |
     """Three lines per step timing: what the harness's loop adds to each step (loop_cost),
     the per-step parts it is made of, each timed alone (loop_parts), and what it adds with
     each SWITCHABLE part, then all of them, switched off inside the loop."""
-    from bench.harness.probes import HELD_EVERY_S
+    from bench.harness.probes import SPARSE_EVERY_S
 
     for timing in timings:
         mine, bare, added, low, high = loop_cost(device, timing)
@@ -344,12 +344,12 @@ def print_loop_cost(device: str, timings: tuple[str, ...], hand_step_us: float |
         inside = timed_parts(device, timing)
         calls: dict[str, float] = dict(LOOP_PARTS)
         shown = {part: f"{n} x {part} {each[part]:.1f} us" for part, n in LOOP_PARTS}
-        every = HELD_EVERY_S.get(device, 0.0)
-        if every * 1e6 > mine:  # read at most every `every` s: one step in so many
-            calls["held-memory read"] = mine / (every * 1e6)
-            shown["held-memory read"] += (
-                f" in 1 of {every * 1e6 / mine:.0f} steps (at most every {every * 1e3:g} ms)"
-            )
+        every = SPARSE_EVERY_S.get(device, 0.0)
+        if every * 1e6 > mine:  # lapped and read at most every `every` s: 1 step in so many
+            for part in ("phase-clock mark", "held-memory read"):
+                calls[part] *= mine / (every * 1e6)
+                shown[part] += f" in 1 of {every * 1e6 / mine:.0f} steps"
+            shown["held-memory read"] += f" (both at most every {every * 1e3:g} ms)"
         said = sum(each[part] * calls[part] for part in calls if part in inside)
         outside = [text for part, text in shown.items() if part not in inside]
         print(

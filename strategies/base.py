@@ -23,6 +23,7 @@ from torch.utils.data import DistributedSampler, Sampler
 from bench.config import CUDA_GRAPH_MODES
 from bench.harness.probes import (
     PHASES,
+    SPARSE_EVERY_S,
     HeldReads,
     PhaseClock,
     StepRecord,
@@ -667,7 +668,10 @@ class Strategy:
             sampler.set_epoch(epoch)
         self.model.train()
         timer = StepTimer(self.ctx.device, step_timing)
-        self.clock = PhaseClock(self.ctx.device)
+        # on CUDA, steps at most every SPARSE_EVERY_S apart are lapped (the first timed one
+        # always): a lap's event costs host time the step would not have
+        every = SPARSE_EVERY_S.get(self.ctx.device.type, 0.0)
+        self.clock = PhaseClock(self.ctx.device, every, always=(0, warmup_steps))
         losses: list[torch.Tensor] = []
         held = HeldReads(self.ctx.device)  # MiB this rank holds at each step's end
         batches: Iterator = iter(loader)

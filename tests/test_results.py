@@ -194,7 +194,7 @@ def test_held_memory_is_read_at_most_so_often_where_a_read_is_dear(monkeypatch):
     for _ in range(5):
         every.step_end()
     assert not any(math.isnan(m) for m in every.readings())
-    monkeypatch.setitem(probes.HELD_EVERY_S, "cpu", 3600.0)
+    monkeypatch.setitem(probes.SPARSE_EVERY_S, "cpu", 3600.0)
     sparse = HeldReads(cpu)
     for step in range(1, 7):
         sparse.step_end(force=step == 3)
@@ -240,6 +240,32 @@ def test_cuda_marks_go_on_the_stream_looked_up_once(monkeypatch):
     assert looked_up == [gpu, gpu] and set(recorded) == {"s0"}  # once each, for 15 marks
     assert clock.steps() == [{"forward": 1.0, "backward": 1.0, "optimizer": 0.0}] * 3
     assert [(r.total_ms, r.data_ms) for r in timer.records()] == [(6.0, 1.0)] * 2 + [(5.0, 1.0)]
+
+
+def test_the_phase_clock_laps_steps_at_most_so_often_where_asked():
+    """A clock with every_s laps a step only where that long has passed since the last
+    lapped one began, and always the steps it names (the first, the first timed): the
+    others read {} and add no mark. The breakdown's phases are the means over the timed
+    steps that were lapped."""
+    from bench.harness.probes import PhaseClock
+
+    clock = PhaseClock(torch.device("cpu"), every_s=3600.0, always=(0, 2))
+    for _ in range(5):
+        clock.begin()
+        clock.lap("forward")
+        clock.lap("backward")
+        clock.end()
+    steps = clock.steps()
+    assert [bool(s) for s in steps] == [True, False, True, False, False]
+    assert set(steps[2]) == {"forward", "backward", "optimizer"} and steps[2]["optimizer"] == 0
+    every = PhaseClock(torch.device("cpu"))
+    for _ in range(3):
+        every.begin()
+        every.end()
+    assert all(s for s in every.steps())  # the default: every step
+    rec = _record(phase_ms=[{}, {}, {"forward": 2.0, "backward": 4.0, "optimizer": 1.0}] + [{}] * 3)
+    m = results.measure(rec, world_size=2, device="cpu")
+    assert (m["forward_ms"], m["backward_ms"], m["optimizer_ms"]) == (2.0, 4.0, 1.0)
 
 
 def test_memory_growth_from_the_steps_that_were_read():

@@ -49,13 +49,21 @@ class PhaseClock:
     is an event recorded on the current stream (no synchronisation inside the step); the
     events are read once, after the epoch, by `steps()`. A lap is a mark and a phase
     appended to the step's list: the clock runs inside every timed step, so it does as
-    little as it can (benchmarks/overhead.py --loop-cost-only measures what the loop adds)."""
+    little as it can (benchmarks/overhead.py --loop-cost-only measures what the loop adds).
 
-    def __init__(self, device: torch.device) -> None:
+    `every_s`: a step is lapped only where at least that long has passed since the last
+    lapped step began (the training loop's on CUDA: SPARSE_EVERY_S), and always the steps
+    numbered in `always` (the first, the first timed); 0, every step (the probes')."""
+
+    def __init__(
+        self, device: torch.device, every_s: float = 0.0, always: tuple[int, ...] = (0,)
+    ) -> None:
         self._cuda = device.type == "cuda"
         self._device = device
         self._stream: Any = None  # CUDA: the stream laps are recorded on, from the first lap
-        self._steps: list[list[Any]] = []  # per step: mark, phase, mark, phase, mark, ...
+        self._every, self._always, self._next = every_s, always, 0.0
+        #: per step: mark, phase, mark, phase, mark, ...; None: a step not lapped
+        self._steps: list[list[Any] | None] = []
         self._open: list[Any] | None = None  # the step being lapped
 
     def _now(self) -> Any:
@@ -66,6 +74,13 @@ class PhaseClock:
         return time.perf_counter()
 
     def begin(self) -> None:
+        if self._every:
+            now = time.perf_counter()
+            if now < self._next and len(self._steps) not in self._always:
+                self._open = None
+                self._steps.append(None)
+                return
+            self._next = now + self._every
         self._open = [self._now()]
         self._steps.append(self._open)
 
@@ -78,11 +93,15 @@ class PhaseClock:
         self._open = None
 
     def steps(self) -> list[dict[str, float]]:
-        """Per step, milliseconds per phase (every phase present, 0 where none ran)."""
+        """Per step, milliseconds per phase (every phase present, 0 where none ran; none
+        for a step not lapped)."""
         if self._cuda:
             torch.cuda.synchronize()
-        out = []
+        out: list[dict[str, float]] = []
         for marks in self._steps:
+            if marks is None:
+                out.append({})
+                continue
             ms = dict.fromkeys(PHASES, 0.0)
             for i in range(1, len(marks), 2):
                 a, phase, b = marks[i - 1], marks[i], marks[i + 1]
@@ -183,22 +202,24 @@ def held_mib(device: torch.device) -> float:
     return pages * _PAGE_MIB
 
 
-#: on CUDA, seconds at least between two held-memory reads: the allocator's stats cost
-#: 18-34 us read alone and about 100 us a step inside the loop on an H100 (2026-11-26,
-#: benchmarks/overhead.py --loop-cost-only), 6 % of MNIST's 1.7 ms step; read at most every
-#: 20 ms they cost under 0.5 %, and a step longer than that is still read at every end. On a
-#: CPU the read is 2-3 us (a file kept open) and is taken at every step.
-HELD_EVERY_S = {"cuda": 0.02}
+#: on CUDA, seconds at least between two steps that the phase clock laps, and between two
+#: held-memory reads, in the training loop: inside it, on an H100 (2026-11-26,
+#: benchmarks/overhead.py --loop-cost-only), each cost about 100 us a step (the five laps'
+#: CUDA events; the allocator's stats, 18-34 us read alone), 6 % of MNIST's 1.7 ms step
+#: each. Taken at most every 20 ms they cost under 0.5 %, and a step longer than that is
+#: still lapped and read at every end. On a CPU a lap is the host clock and the read 2-3 us
+#: (a file kept open): every step has both.
+SPARSE_EVERY_S = {"cuda": 0.02}
 
 
 class HeldReads:
-    """held_mib at each step's end, on CUDA at most every HELD_EVERY_S (NaN between), and
+    """held_mib at each step's end, on CUDA at most every SPARSE_EVERY_S (NaN between), and
     always at the first step, the first timed one (`step_end(force=True)`) and the last
     (`readings()`): growth compares the first timed quarter with the last."""
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
-        self._every = HELD_EVERY_S.get(device.type, 0.0)
+        self._every = SPARSE_EVERY_S.get(device.type, 0.0)
         self._next = 0.0
         self._mib: list[float] = []
 

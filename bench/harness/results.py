@@ -394,7 +394,8 @@ def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) ->
     """The breakdown columns (BREAKDOWN) of one epoch record."""
     nan = float("nan")
     warm = record["warmup_steps"]
-    laps = list(record.get("phase_ms") or ())[warm:]
+    # the timed steps that were lapped (on CUDA, steps at most every 20 ms apart: {} between)
+    laps = [s for s in list(record.get("phase_ms") or ())[warm:] if s]
     phases = {p: float(np.mean([s.get(p, 0.0) for s in laps])) if laps else nan for p in PHASES}
     probe = dict(record.get("probe") or {})
     mean_step = float(step.mean()) if step.size else nan
