@@ -45,6 +45,32 @@ def test_single_dp_ddp_on_one_gpu_with_nccl(tmp_path, data_root):
     assert _ok(rows, "amp_ddp")["precision"] == "fp16"  # its default on a GPU
 
 
+def test_the_loop_laps_and_reads_memory_at_most_every_20_ms_on_a_gpu(tmp_path, data_root):
+    """MNIST's 2 ms steps on a GPU: the phase clock laps, and the allocator's stats are
+    read, only at steps at least 20 ms apart (each cost about 100 us a step in the loop on
+    an H100), the first, the first timed and the last step always read; the row still has
+    its phases (means over the lapped steps) and its memory growth."""
+    import pandas as pd
+
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        device="cuda",
+        world_sizes=(1,),
+        strategies=("single",),
+        max_steps=80,
+        warmup_steps=5,
+        limit=None,
+    )
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    r = _ok(rows, "single")
+    assert all(float(r[f"{p}_ms"]) > 0 for p in ("forward", "backward", "optimizer"))
+    assert math.isfinite(float(r["held_growth_mib"]))
+    held = pd.read_csv(run_dir / "steps.csv")["held_mib"]
+    assert len(held) == 80 and held.isna().sum() > 40, held.tolist()
+    assert held.iloc[[0, 5, 79]].notna().all()
+
+
 def test_resnet50_synthetic(tmp_path):
     cfg = small_config(
         tmp_path,
