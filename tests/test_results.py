@@ -238,8 +238,11 @@ def test_cuda_marks_go_on_the_stream_looked_up_once(monkeypatch):
         clock.end()
         timer.stop(4)
     assert looked_up == [gpu, gpu] and set(recorded) == {"s0"}  # once each, for 15 marks
+    assert len(recorded) == 15  # a step's end is the next one's start: no mark of its own
     assert clock.steps() == [{"forward": 1.0, "backward": 1.0, "optimizer": 0.0}] * 3
-    assert [(r.total_ms, r.data_ms) for r in timer.records()] == [(6.0, 1.0)] * 2 + [(5.0, 1.0)]
+    # 5 marks a step apart; the last step ends at a mark its first reading records
+    assert [(r.total_ms, r.data_ms) for r in timer.records()] == [(5.0, 1.0)] * 3
+    assert len(recorded) == 16 and len(timer.records()) == 3 and len(recorded) == 16
 
 
 def test_the_phase_clock_laps_steps_at_most_so_often_where_asked():

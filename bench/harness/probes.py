@@ -119,12 +119,14 @@ class StepTimer:
 
     "sync" (the default): the host clock, read after `torch.cuda.synchronize()` at the
     step's start, when its batch is on the device and at its end, so a step's time covers
-    its device work. "events", on CUDA: events recorded on the stream at the same three
-    points and no synchronisation inside the loop, so the host queues work ahead of the GPU
-    as a plain training loop does; a step's time is the stream's, from its start to the next
-    step's start (the last one's, to its end), and its data wait the stream's from its start
-    to its batch. `records()` reads them (one synchronisation). On a CPU both are the host
-    clock: the work is done when the call returns."""
+    its device work. "events", on CUDA: events recorded on the stream at a step's start and
+    when its batch is on the device, and no synchronisation inside the loop, so the host
+    queues work ahead of the GPU as a plain training loop does; a step's time is the
+    stream's, from its start to the next step's start (the last one's, to an event recorded
+    when `records()` first reads it: each step so carries the loop's work after it), and its
+    data wait the stream's from its start to its batch. `records()` reads them (one
+    synchronisation). On a CPU both are the host clock: the work is done when the call
+    returns."""
 
     def __init__(self, device: torch.device, mode: str = "sync") -> None:
         if mode not in STEP_TIMINGS:
@@ -136,7 +138,8 @@ class StepTimer:
         self._m0: Any = None
         self._m1: Any = None
         self._h0 = 0.0
-        self._marks: list[tuple[Any, Any, Any, int]] = []  # per step: start, data, end, samples
+        #: per step: start, data, end (under "events" None: the next step's start), samples
+        self._marks: list[tuple[Any, Any, Any, int]] = []
 
     @property
     def steps(self) -> int:
@@ -160,14 +163,19 @@ class StepTimer:
 
     def stop(self, samples: int) -> float:
         """Ends the step; its milliseconds on the host clock (under "events" the time to
-        queue it, which progress reports may show; `records()` has the stream's)."""
-        self._marks.append((self._m0, self._m1, self._mark(), samples))
+        queue it, which progress reports may show; `records()` has the stream's). Under
+        "events" it records nothing: a step ends where the next starts."""
+        end = None if self._events else self._mark()
+        self._marks.append((self._m0, self._m1, end, samples))
         return (time.perf_counter() - self._h0) * 1e3
 
     def records(self) -> list[StepRecord]:
         """Every step so far."""
         if not self._events:
             return [StepRecord((c - a) * 1e3, (b - a) * 1e3, n) for a, b, c, n in self._marks]
+        if self._marks and self._marks[-1][2] is None:  # the last step so far ends now
+            a, b, _, n = self._marks[-1]
+            self._marks[-1] = (a, b, self._mark(), n)
         torch.cuda.synchronize(self._device)
         out = []
         for k, (a, b, c, n) in enumerate(self._marks):
