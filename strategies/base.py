@@ -668,10 +668,12 @@ class Strategy:
             sampler.set_epoch(epoch)
         self.model.train()
         timer = StepTimer(self.ctx.device, step_timing)
-        # on CUDA, steps at most every SPARSE_EVERY_S apart are lapped (the first timed one
-        # always): a lap's event costs host time the step would not have
+        # on CUDA, steps at least SPARSE_EVERY_S apart are lapped and their memory read, and
+        # always the first and the first timed (of an epoch no longer than its warm-up, the
+        # last, which _epoch_stats then times): a lap's event costs host time
+        first_timed = warmup_steps if max_steps is None else min(warmup_steps, max_steps - 1)
         every = SPARSE_EVERY_S.get(self.ctx.device.type, 0.0)
-        self.clock = PhaseClock(self.ctx.device, every, always=(0, warmup_steps))
+        self.clock = PhaseClock(self.ctx.device, every, always=(0, first_timed))
         losses: list[torch.Tensor] = []
         held = HeldReads(self.ctx.device)  # MiB this rank holds at each step's end
         batches: Iterator = iter(loader)
@@ -689,7 +691,7 @@ class Strategy:
             loss = self._step(x, y)
             step_ms = timer.stop(len(y))
             self.last_batch = (x, y)
-            held.step_end(force=timer.steps in (1, warmup_steps + 1))
+            held.step_end(force=timer.steps in (1, first_timed + 1))
             losses.append(loss)
             if on_step is not None:
                 on_step(step_ms)

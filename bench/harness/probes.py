@@ -32,24 +32,50 @@ class StepRecord:
 PHASES = ("forward", "backward", "optimizer")
 
 
-def cuda_mark(stream: Any) -> Any:
-    """A timing event recorded on `stream` now. The stream is looked up once by the caller:
-    `Event.record()` with none asks torch.cuda.current_stream(), which builds a new Stream
-    object at every call, inside every timed step."""
-    event = torch.cuda.Event(enable_timing=True)
-    event.record(stream)
-    return event
+class CudaMarks:
+    """Timing events recorded on the stream current at the first one. The stream is looked
+    up once: `Event.record()` with none asks torch.cuda.current_stream(), which builds a new
+    Stream object at every call, inside every timed step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._stream: Any = None
+
+    def now(self) -> Any:
+        if self._stream is None:
+            self._stream = torch.cuda.current_stream(self._device)
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self._stream)
+        return event
+
+
+class Due:
+    """Whether a sparse probe is taken now: where at least `every_s` has passed since it
+    was last taken, or it is forced (every_s 0: always)."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every, self._next = every_s, 0.0
+
+    def __call__(self, force: bool = False) -> bool:
+        if not self._every:
+            return True
+        now = time.perf_counter()
+        if force or now >= self._next:
+            self._next = now + self._every
+            return True
+        return False
 
 
 class PhaseClock:
     """Laps inside a step: forward, backward, optimizer. A lap adds the time since the last
-    lap (or `begin`) to a phase, so the laps of a step add up to its compute time exactly.
+    lap (or `begin`) to a phase, so the laps of a lapped step add up to its compute time
+    exactly.
 
     On a CPU a lap is the host clock: the work is done when the call returns. On CUDA a lap
     is an event recorded on the current stream (no synchronisation inside the step); the
     events are read once, after the epoch, by `steps()`. A lap is a mark and a phase
-    appended to the step's list: the clock runs inside every timed step, so it does as
-    little as it can (benchmarks/overhead.py --loop-cost-only measures what the loop adds).
+    appended to the step's list: the clock runs inside timed steps, so it does as little
+    as it can (benchmarks/overhead.py --loop-cost-only measures what the loop adds).
 
     `every_s`: a step is lapped only where at least that long has passed since the last
     lapped step began (the training loop's on CUDA: SPARSE_EVERY_S), and always the steps
@@ -58,29 +84,20 @@ class PhaseClock:
     def __init__(
         self, device: torch.device, every_s: float = 0.0, always: tuple[int, ...] = (0,)
     ) -> None:
-        self._cuda = device.type == "cuda"
-        self._device = device
-        self._stream: Any = None  # CUDA: the stream laps are recorded on, from the first lap
-        self._every, self._always, self._next = every_s, always, 0.0
+        self._cuda = CudaMarks(device) if device.type == "cuda" else None
+        self._due, self._always = Due(every_s), always
         #: per step: mark, phase, mark, phase, mark, ...; None: a step not lapped
         self._steps: list[list[Any] | None] = []
         self._open: list[Any] | None = None  # the step being lapped
 
     def _now(self) -> Any:
-        if self._cuda:
-            if self._stream is None:
-                self._stream = torch.cuda.current_stream(self._device)
-            return cuda_mark(self._stream)
-        return time.perf_counter()
+        return self._cuda.now() if self._cuda else time.perf_counter()
 
     def begin(self) -> None:
-        if self._every:
-            now = time.perf_counter()
-            if now < self._next and len(self._steps) not in self._always:
-                self._open = None
-                self._steps.append(None)
-                return
-            self._next = now + self._every
+        if not self._due(force=len(self._steps) in self._always):
+            self._open = None
+            self._steps.append(None)
+            return
         self._open = [self._now()]
         self._steps.append(self._open)
 
@@ -133,8 +150,7 @@ class StepTimer:
             raise ValueError(f"step timing {mode!r}: choose {' or '.join(STEP_TIMINGS)}")
         self._cuda = device.type == "cuda"
         self._device = device
-        self._events = self._cuda and mode == "events"
-        self._stream: Any = None  # under "events": the stream marks go on, from the first
+        self._events = CudaMarks(device) if self._cuda and mode == "events" else None
         self._m0: Any = None
         self._m1: Any = None
         self._h0 = 0.0
@@ -147,9 +163,7 @@ class StepTimer:
 
     def _mark(self) -> Any:
         if self._events:
-            if self._stream is None:
-                self._stream = torch.cuda.current_stream(self._device)
-            return cuda_mark(self._stream)
+            return self._events.now()
         if self._cuda:
             torch.cuda.synchronize(self._device)
         return time.perf_counter()
@@ -192,11 +206,12 @@ _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
 def held_mib(device: torch.device) -> float:
     """Memory this process holds now: the CUDA allocator's allocated bytes on `device`
-    (a host-side counter: no synchronisation), else its resident set size. Read at each
-    step's end, outside its timing (HeldReads): a figure that climbs step after step is a leak.
-    Cheaply, as it is read every step: the allocator's stats unflattened (memory_allocated
-    flattens and sorts all of them into one dict each call), and RSS re-read from a file
-    kept open (2 us here, against 17 us opening it each step)."""
+    (a host-side counter: no synchronisation), else its resident set size. Read at a step's
+    end, outside its timing (HeldReads: every step on a CPU, at most every 20 ms on CUDA): a
+    figure that climbs step after step is a leak. Cheaply, as it is read in the loop: the
+    allocator's stats unflattened (memory_allocated flattens and sorts all of them into one
+    dict each call), and RSS re-read from a file kept open (2 us here, against 17 us opening
+    it each step)."""
     global _statm
     if device.type == "cuda":
         stats = torch.cuda.memory_stats_as_nested_dict(device)
@@ -214,7 +229,7 @@ def held_mib(device: torch.device) -> float:
 #: held-memory reads, in the training loop: inside it, on an H100 (2026-11-26,
 #: benchmarks/overhead.py --loop-cost-only), each cost about 100 us a step (the five laps'
 #: CUDA events; the allocator's stats, 18-34 us read alone), 6 % of MNIST's 1.7 ms step
-#: each. Taken at most every 20 ms they cost under 0.5 %, and a step longer than that is
+#: each. Taken at most every 20 ms each costs under 0.5 %, and a step longer than that is
 #: still lapped and read at every end. On a CPU a lap is the host clock and the read 2-3 us
 #: (a file kept open): every step has both.
 SPARSE_EVERY_S = {"cuda": 0.02}
@@ -227,17 +242,11 @@ class HeldReads:
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
-        self._every = SPARSE_EVERY_S.get(device.type, 0.0)
-        self._next = 0.0
+        self._due = Due(SPARSE_EVERY_S.get(device.type, 0.0))
         self._mib: list[float] = []
 
     def step_end(self, force: bool = False) -> None:
-        now = time.perf_counter()
-        if force or now >= self._next:
-            self._next = now + self._every
-            self._mib.append(held_mib(self._device))
-        else:
-            self._mib.append(math.nan)
+        self._mib.append(held_mib(self._device) if self._due(force) else math.nan)
 
     def readings(self) -> list[float]:
         """Per step so far; the last step's read now if it was skipped (nothing has run

@@ -219,7 +219,9 @@ STEP_COLUMNS = ID + [
     "data_wait_ms",
     "compute_ms",
     "loss",
-    "held_mib",  # what rank 0 held at the step's end: allocated on a GPU, RSS on a CPU
+    # what rank 0 held at the step's end: allocated on a GPU (read at most every 20 ms there,
+    # empty between), RSS on a CPU
+    "held_mib",
 ]
 RANK_COLUMNS = ID + [
     "rank",
@@ -394,13 +396,19 @@ def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) ->
     """The breakdown columns (BREAKDOWN) of one epoch record."""
     nan = float("nan")
     warm = record["warmup_steps"]
-    # the timed steps that were lapped (on CUDA, steps at most every 20 ms apart: {} between)
-    laps = [s for s in list(record.get("phase_ms") or ())[warm:] if s]
-    phases = {p: float(np.mean([s.get(p, 0.0) for s in laps])) if laps else nan for p in PHASES}
+    # the timed steps that were lapped (on CUDA, steps at least 20 ms apart: {} between)
+    timed = list(record.get("phase_ms") or ())[warm:]
+    at = [i for i, s in enumerate(timed) if s and i < step.size]
+    phases = {p: float(np.mean([timed[i].get(p, 0.0) for i in at])) if at else nan for p in PHASES}
     probe = dict(record.get("probe") or {})
-    mean_step = float(step.mean()) if step.size else nan
     mean_wait = float(wait.mean()) if wait.size else nan
-    parts = stacked(mean_step, mean_wait, phases, probe) if laps else dict.fromkeys(PARTS, nan)
+    # the parts split the mean of the lapped steps (all of them but on CUDA), which carry
+    # their laps' cost: `other` stays what the laps miss
+    parts = (
+        stacked(float(step[at].mean()), float(wait[at].mean()), phases, probe)
+        if at
+        else dict.fromkeys(PARTS, nan)
+    )
     exposed = probe.get("comm_exposed_ms", nan)
     total = probe.get("comm_total_ms", nan)
     per_rank = [r.get("step_ms_p50", nan) for r in record["ranks"]]
