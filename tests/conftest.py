@@ -80,6 +80,23 @@ def faulty_strategies():
         strategies.registry.cache_clear()
 
 
+def single_epoch(steps: int, warmup: int):
+    """One epoch of single's training loop (Strategy.train_epoch) in this process, on a
+    tiny model (Linear(4, 2), batch 8, SGD), `steps` steps of which `warmup` warm-up."""
+    import torch
+
+    from strategies.base import RankContext, Setting
+    from strategies.single import Single
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    strategy = Single(ctx, {}, Setting())
+    model = torch.nn.Linear(4, 2)
+    strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    return strategy.train_epoch([(x, y)] * (steps + 1), 0, max_steps=steps, warmup_steps=warmup)
+
+
 def small_config(tmp: Path, data_root: Path, **kw) -> RunConfig:
     """A real run of a few steps: MNIST CNN on the real MNIST files, CPU, gloo."""
     base = dict(

@@ -218,8 +218,9 @@ def test_compression_hooks_hold_steady_memory(tmp_path, data_root):
         assert not results.grew(growth, peak), (r["strategy"], growth, peak)
 
 
-def test_sync_bn_on_a_gpu(tmp_path):
-    cfg = small_config(
+def _sync_bn(tmp_path, world_sizes, **kw):
+    """ddp_torchrun with SyncBatchNorm on resnet18 at 32 px, synthetic data, on the GPU."""
+    return small_config(
         tmp_path,
         tmp_path,
         device="cuda",
@@ -227,10 +228,15 @@ def test_sync_bn_on_a_gpu(tmp_path):
         model="resnet18",
         image_size=32,
         strategies=("ddp_torchrun",),
-        world_sizes=(1,),
+        world_sizes=world_sizes,
         sync_bn=(True,),
         limit=None,
+        **kw,
     )
+
+
+def test_sync_bn_on_a_gpu(tmp_path):
+    cfg = _sync_bn(tmp_path, (1,))
     _, rows = run_matrix(cfg, echo=lambda m: None)
     r = _ok(rows, "ddp_torchrun")
     assert r["sync_bn"] == "1" and "SyncBatchNorm: 20 layers" in r["notes"]
@@ -247,19 +253,7 @@ def test_verify_sync_bn_at_two_ranks_sharing_one_gpu(tmp_path):
 
     if torch.cuda.device_count() != 1:
         pytest.skip("needs exactly one GPU (with two, each rank has its own)")
-    cfg = small_config(
-        tmp_path,
-        tmp_path,
-        device="cuda",
-        dataset="synthetic",
-        model="resnet18",
-        image_size=32,
-        strategies=("ddp_torchrun",),
-        world_sizes=(1, 2),
-        sync_bn=(True,),
-        oversubscribe=True,
-        limit=None,
-    )
+    cfg = _sync_bn(tmp_path, (1, 2), oversubscribe=True)
     run_dir, parity = verify(cfg, steps=8, echo=lambda m: None)
     assert all(p.status in ("pass", "skipped") for p in parity), parity
     (synced,) = [p for p in parity if p.world_size == 2 and "syncbn" in p.setting]

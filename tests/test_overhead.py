@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import single_epoch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -68,27 +70,13 @@ def test_switching_a_part_off_leaves_the_loop_training_and_comes_back():
     on), its steps' phases read 0 and its held memory nothing; after it, both are back."""
     import importlib.util
 
-    import torch
-
-    from strategies.base import RankContext, Setting
-    from strategies.single import Single
-
     spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
     overhead = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(overhead)
 
-    def epoch():
-        torch.manual_seed(0)
-        x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
-        ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
-        strategy = Single(ctx, {}, Setting())
-        model = torch.nn.Linear(8, 2)
-        strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.5))
-        return strategy.train_epoch([(x, y)] * 6, 0, warmup_steps=1)
-
     with overhead.switched_off(overhead.SWITCHABLE):
-        off = epoch()
-    on = epoch()
+        off = single_epoch(6, warmup=1)
+    on = single_epoch(6, warmup=1)
     assert off.losses == on.losses  # the same training, to the bit
     assert all(v == 0 for step in off.phase_ms for v in step.values())
     assert all(math.isnan(m) for m in off.held_mib)

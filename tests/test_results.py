@@ -8,6 +8,7 @@ import torch
 
 from bench.harness import probes, results
 from bench.harness.probes import HeldReads, StepTimer, held_mib, memory_snapshot, reset_peaks
+from tests.conftest import single_epoch
 
 
 def _record(**kw):
@@ -273,33 +274,19 @@ def test_the_phase_clock_laps_steps_at_most_so_often_where_asked():
     assert m["part_data_wait_ms"] == 1.0 and m["part_other_ms"] == pytest.approx(10 - 1 - 7)
 
 
-def _epoch(steps: int, warmup: int):
-    """single's training loop on a tiny model, `steps` steps with `warmup` of warm-up."""
-    from strategies.base import RankContext, Setting
-    from strategies.single import Single
-
-    torch.manual_seed(0)
-    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
-    strategy = Single(ctx, {}, Setting())
-    model = torch.nn.Linear(4, 2)
-    strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    return strategy.train_epoch([(x, y)] * 10, 0, max_steps=steps, warmup_steps=warmup)
-
-
 def test_the_loop_laps_and_reads_the_first_the_first_timed_and_the_last_step(monkeypatch):
     """The training loop where laps and reads cost (CUDA's interval, put on this CPU): of 7
     steps with 2 of warm-up, steps 0 and 2 are lapped, and read with the last; an epoch
     no longer than its warm-up laps its last step, the first it then times."""
     monkeypatch.setitem(probes.SPARSE_EVERY_S, "cpu", 3600.0)
-    stats = _epoch(7, warmup=2)
+    stats = single_epoch(7, warmup=2)
     assert [bool(p) for p in stats.phase_ms] == [True, False, True, False, False, False, False]
     read = [not math.isnan(m) for m in stats.held_mib]
     assert read == [True, False, True, False, False, False, True]
-    short = _epoch(3, warmup=5)  # warm-up cut to 2 steps: step 2 is the timed one
+    short = single_epoch(3, warmup=5)  # warm-up cut to 2 steps: step 2 is the timed one
     assert short.warmup_steps == 2 and [bool(p) for p in short.phase_ms] == [True, False, True]
     monkeypatch.undo()
-    every = _epoch(4, warmup=1)  # a CPU's own: every step
+    every = single_epoch(4, warmup=1)  # a CPU's own: every step
     assert all(every.phase_ms) and not any(math.isnan(m) for m in every.held_mib)
 
 
