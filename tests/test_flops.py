@@ -250,3 +250,25 @@ def test_a_cpu_peak_of_several_threads_is_at_least_one_threads(tmp_path, data_ro
         0.1,
         "measured: fp32 matmul on 1 thread (on 2 it measured less: a busy machine)",
     ]
+
+
+def test_an_fp32_gpu_row_says_which_products_run_in_tf32():
+    """An fp32 cell on a GPU notes what torch runs in TF32 there: cuDNN's convolutions by
+    default (a model with none: nothing to say), matrix products where allowed."""
+    import torch
+
+    from bench.harness.worker import tf32_note
+
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    cudnn, cublas = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = cudnn.allow_tf32, cublas.allow_tf32  # (torch's own properties: set back by hand)
+    try:
+        cudnn.allow_tf32, cublas.allow_tf32 = True, False
+        assert tf32_note(conv).startswith("fp32 convolutions in TF32")
+        assert tf32_note(torch.nn.Linear(8, 2)) == ""
+        cublas.allow_tf32 = True
+        assert tf32_note(conv).startswith("fp32 convolutions and matrix products in TF32")
+        cudnn.allow_tf32 = False
+        assert tf32_note(conv).startswith("fp32 matrix products in TF32")
+    finally:
+        cudnn.allow_tf32, cublas.allow_tf32 = saved

@@ -157,6 +157,20 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
             strategy.teardown()
 
 
+#: the layers cuDNN runs as convolutions (in TF32 by default for fp32 on Ampere and later)
+CONVS = tuple(getattr(torch.nn, f"Conv{t}{d}d") for t in ("", "Transpose") for d in (1, 2, 3))
+
+
+def tf32_note(model: torch.nn.Module) -> str:
+    """What of an fp32 cell's products run in TF32 on a GPU, as torch is set now: cuDNN's
+    convolutions by default, matrix products where allowed (not by default); "" where none
+    does. Its row's fp32 is then TF32's 10-bit mantissa there (verify turns TF32 off)."""
+    convs = any(isinstance(m, CONVS) for m in model.modules())
+    parts = ["convolutions"] if convs and torch.backends.cudnn.allow_tf32 else []
+    parts += ["matrix products"] if torch.backends.cuda.matmul.allow_tf32 else []
+    return f"fp32 {' and '.join(parts)} in TF32 (torch.backends' allow_tf32)" if parts else ""
+
+
 def _train(
     cfg: RunConfig,
     spec: dict[str, Any],
@@ -176,6 +190,12 @@ def _train(
     if cfg.no_tf32 and ctx.device.type == "cuda":
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
         strategy.notes.append("TF32 off: fp32 convolutions and matrix products in fp32")
+    elif (
+        ctx.device.type == "cuda"
+        and strategy.setting.precision == "fp32"
+        and (note := tf32_note(model))
+    ):
+        strategy.notes.append(note)
     model = model.to(ctx.device)
     optimizer = OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
     strategy.attach(model, optimizer)
