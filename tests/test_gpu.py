@@ -66,6 +66,7 @@ def test_the_loop_laps_and_reads_memory_at_most_every_20_ms_on_a_gpu(tmp_path, d
     r = _ok(rows, "single")
     assert all(float(r[f"{p}_ms"]) > 0 for p in ("forward", "backward", "optimizer"))
     assert math.isfinite(float(r["held_growth_mib"]))
+    assert "fp32 convolutions in TF32" in r["notes"]  # cuDNN's default, said in the row
     held = pd.read_csv(run_dir / "steps.csv")["held_mib"]
     assert len(held) == 80 and held.isna().sum() > 40, held.tolist()
     assert held.iloc[[0, 5, 79]].notna().all()
