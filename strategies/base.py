@@ -675,7 +675,7 @@ class Strategy:
         every = SPARSE_EVERY_S.get(self.ctx.device.type, 0.0)
         self.clock = PhaseClock(self.ctx.device, every, always=(0, first_timed))
         losses: list[torch.Tensor] = []
-        held = HeldReads(self.ctx.device)  # MiB this rank holds at each step's end
+        held = HeldReads(self.ctx.device, always=(0, first_timed))  # MiB held at step ends
         batches: Iterator = iter(loader)
         while max_steps is None or timer.steps < max_steps:
             timer.start()
@@ -691,7 +691,7 @@ class Strategy:
             loss = self._step(x, y)
             step_ms = timer.stop(len(y))
             self.last_batch = (x, y)
-            held.step_end(force=timer.steps in (1, first_timed + 1))
+            held.step_end()
             losses.append(loss)
             if on_step is not None:
                 on_step(step_ms)

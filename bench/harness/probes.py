@@ -237,16 +237,17 @@ SPARSE_EVERY_S = {"cuda": 0.02}
 
 class HeldReads:
     """held_mib at each step's end, on CUDA at most every SPARSE_EVERY_S (NaN between), and
-    always at the first step, the first timed one (`step_end(force=True)`) and the last
-    (`readings()`): growth compares the first timed quarter with the last."""
+    always at the steps numbered in `always` (the first, the first timed: as PhaseClock's)
+    and the last (`readings()`): growth compares the first timed quarter with the last."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, always: tuple[int, ...] = (0,)) -> None:
         self._device = device
-        self._due = Due(SPARSE_EVERY_S.get(device.type, 0.0))
+        self._due, self._always = Due(SPARSE_EVERY_S.get(device.type, 0.0)), always
         self._mib: list[float] = []
 
-    def step_end(self, force: bool = False) -> None:
-        self._mib.append(held_mib(self._device) if self._due(force) else math.nan)
+    def step_end(self) -> None:
+        due = self._due(force=len(self._mib) in self._always)
+        self._mib.append(held_mib(self._device) if due else math.nan)
 
     def readings(self) -> list[float]:
         """Per step so far; the last step's read now if it was skipped (nothing has run
