@@ -572,6 +572,59 @@ def test_two_cases_whose_repeats_differ_only_by_noise_predict_overlapping_bands(
         assert r["efficiency_low"] < r["efficiency_high"]
 
 
+def test_cases_that_differ_only_by_launcher_pool_their_compute(probed_run, tmp_path) -> None:
+    """make bench's ddp_spawn and ddp_torchrun are one class with the same options, started
+    by two launchers, yet each took the median of its own three noisy repeats and they were
+    predicted 8,211 and 15,755 samples/s at 64 ranks. Their one-process cells are pooled
+    now: a twin of ddp_spawn under torchrun, twice as slow, gets the very same compute and
+    band as ddp_spawn (and the same exposed share of communication, from both one's world
+    size 2 cells), and says so in its basis; ddp_fp16_hook (another class), as slow, is left
+    to its own."""
+    from bench.harness.probes import PHASES
+    from bench.harness.runner import cell_dirname
+
+    run, _ = probed_run
+    two = Path(shutil.copytree(run, tmp_path / "two"))
+    runs = pd.read_csv(two / "runs.csv", dtype=str, keep_default_na=False)
+    ok = runs[runs["status"] == "ok"]
+    (one,) = ok[ok["world_size"] == "1"].to_dict("records")
+    src = two / "cells" / cell_dirname("ddp_spawn", 1, one["setting"], int(one["repeat"]))
+    record = json.loads((src / "epochs.jsonl").read_text().splitlines()[-1])
+    added = []
+    for name, launcher in (("ddp_torchrun", "torchrun"), ("ddp_fp16_hook", "torchrun")):
+        slow = [{**p, "ms": p["ms"] * 2} for p in record["probe"]["compute_curve"]]
+        cell = two / "cells" / cell_dirname(name, 1, one["setting"], int(one["repeat"]))
+        cell.mkdir()
+        probe = {**record["probe"], "compute_curve": slow}
+        (cell / "epochs.jsonl").write_text(json.dumps({**record, "probe": probe}) + "\n")
+        twice = {f"{p}_ms": str(2 * float(one[f"{p}_ms"])) for p in PHASES}
+        options = '{"comm_hook": "fp16"}' if name == "ddp_fp16_hook" else one["options"]
+        added.append({**one, **twice, "strategy": name, "launcher": launcher, "options": options})
+        added += [  # its world-size-2 cells: ddp_spawn's, with half the communication hidden
+            {**r, "strategy": name, "launcher": launcher, "options": options}
+            | {"comm_exposed_ms": str(float(r["comm_total_ms"]) / 2)}
+            for r in ok[ok["world_size"] == "2"].to_dict("records")
+        ]
+    pd.concat([runs, pd.DataFrame(added)]).to_csv(two / "runs.csv", index=False)
+    rows = predict.predict_run(two, [2, 16], link="nvlink-h100")
+    by = {(r["strategy"], r["world_size"]): r for r in rows}
+    for n in (2, 16):  # sharing the cores, and past them (the curves)
+        spawn, torchrun, hook = (by[(s, n)] for s in ("ddp_spawn", "ddp_torchrun", "ddp_fp16_hook"))
+        for key in ("compute_ms", "compute_ms_low", "compute_ms_high", "data_ms", "step_ms"):
+            assert spawn[key] == torchrun[key], (n, key)  # the exposed share too
+        assert spawn["compute_ms_high"] == pytest.approx(2 * spawn["compute_ms_low"])
+        assert spawn["compute_ms"] < hook["compute_ms"] == hook["compute_ms_high"]
+        assert hook["compute_ms_low"] == hook["compute_ms_high"]  # its one repeat alone
+        assert "pooled with ddp_torchrun's" in spawn["basis"]
+        assert "pooled with ddp_spawn's" in torchrun["basis"]
+        assert "pooled" not in hook["basis"]
+    assert by[("ddp_fp16_hook", 16)]["exposed_fraction"] == pytest.approx(0.5)  # its own
+    spawn_shares = ok[ok["world_size"] == "2"][["comm_exposed_ms", "comm_total_ms"]].astype(float)
+    (spawn_f,) = (spawn_shares.iloc[:, 0] / spawn_shares.iloc[:, 1]).clip(0, 1)  # one repeat
+    for name in ("ddp_spawn", "ddp_torchrun"):  # the median of both one's world size 2 cells
+        assert by[(name, 16)]["exposed_fraction"] == pytest.approx((spawn_f + 0.5) / 2)
+
+
 def test_a_check_far_off_flags_the_strategy_doubtful() -> None:
     rows = [
         {"case": "a", "world_size": 2, "error_pct": 24.0},

@@ -7,20 +7,22 @@ The model, per strategy and run option, from its one-process (world size 1) cell
 
 - compute(N): the cell's own step time at the per-rank batch of N ranks (the global batch
   split N ways), measured after its timed steps (`Strategy.compute_curve`), the median over
-  the cell's repeats; fastest and slowest: the repeats' extremes, which the band spans (on a
-  busy machine they differ up to twofold at small batches, far more than overlap moves the
-  step, and a strategy's median of three is no steadier). On a CPU, a rank
-  of N shares the cores (cores / N threads each) while N fits the machine; past it each
-  rank is assumed a device like this run's one-process cell (all its threads), and beyond
-  the measured batches the time is a straight line fitted through them.
-- data(N): the one-process cell's data wait, split N ways.
+  the cell's repeats, pooled with those of every case that differs from it only by its
+  launcher (`_same_steps`); fastest and slowest: the repeats' extremes, which the band spans
+  (on a busy machine they differ up to twofold at small batches, far more than overlap moves
+  the step, and a strategy's median of three is no steadier). On a CPU, a rank of N shares
+  the cores (cores / N threads each) while N fits the machine; past it each rank is assumed
+  a device like this run's one-process cell (all its threads), and beyond the measured
+  batches the time is a straight line fitted through them.
+- data(N): the one-process cell's data wait (pooled likewise), split N ways.
 - comm(N): the collectives the strategy issues per step (`Strategy.traffic`: DDP's bucketed
   all-reduce, ZeRO-1's parameter broadcast, FSDP's all-gathers and reduce-scatter, Horovod's
   fused all-reduce), each timed with the run's measured latency-bandwidth fit (bench.harness.collectives,
   ring model extrapolated to N), or with a named link's stated bandwidth and latency.
 - f: the exposed share of communication, exposed / total as the probe measured it at another
-  world size of the same strategy (never the one predicted); without one, 1 (no overlap, the
-  band's top), as on a CPU, where gloo's threads and the compute share the same cores.
+  world size of the same strategy, pooled likewise (never the one predicted); without one, 1
+  (no overlap, the band's top), as on a CPU, where gloo's threads and the compute share the
+  same cores.
 """
 
 from __future__ import annotations
@@ -296,13 +298,18 @@ def predict_run(
         first = one.iloc[0]
         cpu = first["device"] != "cuda"  # where the run ran, not where this runs
         options = json.loads(_text(first["options"]) or "{}")
+        # every case whose steps are this one's, launched differently: their cells measure
+        # the same data wait, compute and share of communication exposed
+        pool = _same_steps(counted, spec.cls, options, setting)
+        ones = pool[pool["world_size"] == 1]
         curves = [
-            _records(run_dir, r).get("probe", {}).get("compute_curve") for _, r in one.iterrows()
+            _records(run_dir, r).get("probe", {}).get("compute_curve") for _, r in ones.iterrows()
         ]
         curves = [c for c in curves if c]
+        pooled = sorted(set(pool["label"]) - {case}, key=results.natural_key)
         measured1 = one["samples_per_s"].median()
         cores = _cores(first["threads_per_rank"], run.environment)
-        compute1 = float(sum(one[f"{p}_ms"].median() for p in PHASES))
+        compute1 = float(sum(ones[f"{p}_ms"].median() for p in PHASES))
         for n in world_sizes:
             traffic = spec.cls.traffic(options, n, shape, _text(first["precision"]))
             if isinstance(traffic, str):
@@ -318,21 +325,23 @@ def predict_run(
                 # N ranks on cores/N threads each share this machine's cores: together they
                 # do the one-process cell's work on the same cores, in about its time
                 compute, basis = compute1, "the one-process cell's compute: ranks share its cores"
-                times = tuple(one[[f"{p}_ms" for p in PHASES]].sum(axis=1, min_count=1))
+                times = tuple(ones[[f"{p}_ms" for p in PHASES]].sum(axis=1, min_count=1))
             else:
                 times, bases = zip(
                     *(compute_at(c, cfg.global_batch // n) for c in curves), strict=True
                 )
                 compute, basis = float(np.median(times)), bases[0]
                 basis += "; each rank a device like the one-process cell's"
+            if pooled:
+                basis += f"; pooled with {', '.join(pooled)}'s (the same steps, launched apart)"
             # the repeats' spread: their compute differs more than a strategy's does
             spread = [float(t) for t in times if t == t] or [compute]
             compute_range = (min(spread), max(spread))
-            data_ms = float(one["data_wait_ms_mean"].median()) / n
+            data_ms = float(ones["data_wait_ms_mean"].median()) / n
             comm = (
                 comm_ms(traffic, fits, n, busbw_GBps=busbw_GBps, alpha_us=alpha) if n > 1 else 0.0
             )
-            others = group[(group["world_size"] > 1) & ~((group["world_size"] == n) & holdout)]
+            others = pool[(pool["world_size"] > 1) & ~((pool["world_size"] == n) & holdout)]
             shares = (others["comm_exposed_ms"] / others["comm_total_ms"]).replace(
                 [np.inf, -np.inf], np.nan
             )
@@ -426,6 +435,29 @@ def doubtful_line(case: str, where: str) -> str:
         f"±{DOUBTFUL_PCT:g}%): the model misses part of what its steps do, so its predictions "
         "are doubtful"
     )
+
+
+def _same_steps(counted: Any, cls: type, options: Mapping[str, Any], setting: str) -> Any:
+    """The rows of every case that runs the same steps as the case of `cls`, `options` and
+    `setting` (itself included): the same strategy class, options and setting, whatever
+    launcher started it (make bench's ddp_spawn and ddp_torchrun). The launcher starts the
+    processes and nothing else, so their cells are repeats of one measurement: pooled, the
+    median stands on all of them (apart, two medians of three noisy repeats each put the
+    two twofold apart at 64 ranks on a busy CPU)."""
+    import strategies
+
+    registry = strategies.registry()
+
+    def same(row: Any) -> bool:
+        spec = registry.get(row["strategy"])
+        return (
+            spec is not None
+            and spec.cls is cls
+            and row["setting"] == setting
+            and json.loads(_text(row["options"]) or "{}") == options
+        )
+
+    return counted[counted.apply(same, axis=1).astype(bool)] if len(counted) else counted
 
 
 def _cores(threads: Any, environment: Mapping[str, Any]) -> int:
