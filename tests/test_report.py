@@ -840,6 +840,22 @@ def test_the_loss_plot_title_names_the_curves_that_depart_from_singles(reference
     assert plots.loss_curves(steps).axes[0].get_title() == "Training loss per step"
 
 
+def test_the_loss_departures_are_worked_out_once_per_render(
+    reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loss plot's title and "Which to pick" name the same departing curves: one
+    computation over every step of every cell serves both."""
+    run = dataclasses.replace(reference)  # a Run of its own: nothing worked out yet
+    summary = report.summarise(run.runs)
+    calls = []
+    departures = report.loss_departures
+    monkeypatch.setattr(report, "loss_departures", lambda *a: calls.append(1) or departures(*a))
+    title = report.figures(run, summary)["loss.png"].axes[0].get_title()
+    pick = report.pick_markdown(run, summary)
+    assert "ddp_powersgd ws=1 (+32 %)" in title and "ddp_powersgd ws=1 (+32 %)" in pick
+    assert len(calls) == 1
+
+
 def test_the_efficiency_plot_marks_as_fast_as_single_where_ranks_shared_its_cores(
     reference,
 ) -> None:

@@ -73,6 +73,9 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)
     #: plan.csv: every cell the run set out to run (empty for a run from before it)
     planned: pd.DataFrame = field(default_factory=lambda: pd.DataFrame())
+    _departing: dict[str, list[str] | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def name(self) -> str:
@@ -93,6 +96,19 @@ class Run:
             for n, w, s, r in plan.itertuples(index=False, name=None)
             if (n, int(w), s, int(r)) not in have
         ]
+
+    def departing(self, base: str) -> list[str] | None:
+        """The cells whose training loss departs from `base`'s (single's label) at world size
+        1, as `departing` names them; None where the run has no loss curve of base's. Worked
+        out once per base: the loss plot's title and "Which to pick" both ask."""
+        if base not in self._departing:
+            gone = None
+            if not self.steps.empty:
+                counted = counted_rows(self.runs)
+                steps = counted_steps(self.steps, counted, timed_only=False, all_epochs=True)
+                gone = loss_departures(steps, base)
+            self._departing[base] = None if gone is None else departing(gone)
+        return self._departing[base]
 
     def missing_text(self) -> str:
         """One sentence on the planned cells with no row, or "" where every one has one."""
@@ -874,13 +890,10 @@ def _state_line(ws: int, rows: pd.DataFrame) -> str:
     return line
 
 
-def _loss_line(run: Run, counted: pd.DataFrame, base: pd.Series | None) -> str:
+def _loss_line(run: Run, base: pd.Series | None) -> str:
     """The cells whose training loss departs from single's (DEPART_PCT); "" where none does
     or there is no single to compare with."""
-    if base is None or run.steps.empty:
-        return ""
-    steps = counted_steps(run.steps, counted, timed_only=False, all_epochs=True)
-    gone = departing(loss_departures(steps, str(base["strategy"])))
+    gone = None if base is None else run.departing(str(base["strategy"]))
     if not gone:
         return ""
     return (
@@ -913,7 +926,7 @@ def pick_markdown(run: Run, summary: pd.DataFrame) -> str:
         if base is not None:
             lines.append(_no_gain_line(ws, same, threads, shares))
         lines.append(_state_line(ws, rows))
-    lines.append(_loss_line(run, counted, base))
+    lines.append(_loss_line(run, base))
     if recipes and ("numerics" not in counted or counted["numerics"].isna().all()):
         lines.append(
             "this run predates the `numerics` column: cells are told apart by precision "
@@ -1457,7 +1470,8 @@ def scaling_markdown(run: Run) -> str:
         "strategy's one-process cell (its compute, measured again at smaller batches after "
         "its timed steps), the collectives' latency and bandwidth measured at the start of "
         "the run (collectives.json) and the bytes each strategy moves per step. The figure "
-        "takes the median compute over the one-process cell's repeats; its band runs from the "
+        "takes the median compute over the one-process cell's repeats (pooled with those of "
+        "a case that differs only by its launcher: the same steps); its band runs from the "
         "fastest repeat's compute with communication wholly hidden behind it to the slowest "
         "repeat's with none hidden (one repeat: overlap alone), so where two strategies' bands "
         "overlap, the model does not tell them apart. "
@@ -1638,12 +1652,11 @@ def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
         "option_sweep": summary,
     }
     base = baseline_row(summary)
-    gone = None if base is None else loss_departures(every_step, str(base["strategy"]))
     extra: dict[str, dict[str, Any]] = {
         "time_split": {"bubbles": bubble_pcts(counted)},
         "scaling_efficiency": {"shares": thread_shares(counted)[1]},
         "loss_curves": {
-            "departing": None if gone is None else departing(gone),
+            "departing": None if base is None else run.departing(str(base["strategy"])),
             "tolerance_pct": DEPART_PCT,
         },
     }
