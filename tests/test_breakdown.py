@@ -623,6 +623,8 @@ def test_cases_that_differ_only_by_launcher_pool_their_compute(probed_run, tmp_p
     (spawn_f,) = (spawn_shares.iloc[:, 0] / spawn_shares.iloc[:, 1]).clip(0, 1)  # one repeat
     for name in ("ddp_spawn", "ddp_torchrun"):  # the median of both one's world size 2 cells
         assert by[(name, 16)]["exposed_fraction"] == pytest.approx((spawn_f + 0.5) / 2)
+        # checked at 2 without any cell measured there, the twin's included: none hidden
+        assert by[(name, 2)]["exposed_fraction"] == 1.0
 
 
 def test_a_check_far_off_flags_the_strategy_doubtful() -> None:

@@ -60,8 +60,9 @@ DOUBTFUL_PCT = 25.0
 #: what the tables' `exposed` column means, in one sentence
 EXPOSED_KEY = (
     "exposed: the share of the step's communication that the step waits for (not hidden "
-    "behind compute), the probes' exposed over total at the strategy's other world sizes; "
-    "1.00 where none was measured (none hidden assumed)."
+    "behind compute), the probes' exposed over total at the strategy's other world sizes "
+    "(and those of a case that differs only by its launcher); 1.00 where none was measured "
+    "(none hidden assumed)."
 )
 
 
@@ -306,7 +307,8 @@ def predict_run(
             _records(run_dir, r).get("probe", {}).get("compute_curve") for _, r in ones.iterrows()
         ]
         curves = [c for c in curves if c]
-        pooled = sorted(set(pool["label"]) - {case}, key=results.natural_key)
+        # the cases whose one-process cells the compute and data wait stand on
+        pooled = sorted(set(ones["label"]) - {case}, key=results.natural_key)
         measured1 = one["samples_per_s"].median()
         cores = _cores(first["threads_per_rank"], run.environment)
         compute1 = float(sum(ones[f"{p}_ms"].median() for p in PHASES))
@@ -386,8 +388,8 @@ def predict_run(
                     "efficiency_low": eff_low,
                     "efficiency_high": eff_high,
                     "measured_samples_per_s": measured,
-                    # at one process the prediction is built from the measured cell itself:
-                    # no check of it
+                    # at one process the prediction is built from the measured cells (the
+                    # case's own, pooled with its launcher twin's): no check of it
                     "error_pct": 100 * (sps / measured - 1)
                     if measured == measured and n > 1
                     else float("nan"),
