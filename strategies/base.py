@@ -675,7 +675,7 @@ class Strategy:
         every = SPARSE_EVERY_S.get(self.ctx.device.type, 0.0)
         self.clock = PhaseClock(self.ctx.device, every, always=(0, first_timed))
         losses: list[torch.Tensor] = []
-        held = HeldReads(self.ctx.device, always=(0, first_timed))  # MiB held at step ends
+        held = HeldReads(self.ctx.device, every, always=(0, first_timed))  # MiB at step ends
         batches: Iterator = iter(loader)
         while max_steps is None or timer.steps < max_steps:
             timer.start()

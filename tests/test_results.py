@@ -186,17 +186,16 @@ def test_held_memory_is_each_processs_own_after_a_fork():
     assert grown > 200, grown  # through the parent's file: the parent's RSS, unchanged
 
 
-def test_held_memory_is_read_at_most_so_often_where_a_read_is_dear(monkeypatch):
+def test_held_memory_is_read_at_most_so_often_where_a_read_is_dear():
     """Where a read costs (the CUDA allocator's stats: about 100 us a step in the loop), a
     step ended within the interval of the last read is NaN; the steps it names (the first,
     the first timed) and the last are always read. On a CPU every step is."""
     cpu = torch.device("cpu")
-    every = HeldReads(cpu)
+    every = HeldReads(cpu, probes.SPARSE_EVERY_S.get("cpu", 0.0))  # as the loop's on a CPU
     for _ in range(5):
         every.step_end()
     assert not any(math.isnan(m) for m in every.readings())
-    monkeypatch.setitem(probes.SPARSE_EVERY_S, "cpu", 3600.0)
-    sparse = HeldReads(cpu, always=(0, 2))
+    sparse = HeldReads(cpu, 3600.0, always=(0, 2))
     for _ in range(6):
         sparse.step_end()
     got = sparse.readings()

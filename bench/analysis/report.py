@@ -1229,13 +1229,16 @@ def growth_markdown(counted: pd.DataFrame) -> str:
     ]
     if not rows:
         return ""
+    from bench.harness.probes import SPARSE_EVERY_S  # how often a GPU's loop reads it
+
     return (
         "What rank 0 held at the end of each step (steps.csv `held_mib`: the allocator's "
         "allocated memory on a GPU, the resident set on a CPU) grew over the timed steps of "
         f"these cells, by more than {results.GROWTH_MIB:.0f} MiB and "
         f"{results.GROWTH_SHARE:.0%} of their peak (the median of the readings in the last "
         "quarter of the timed steps less the first quarter's; on a GPU a step is read at "
-        "most every 20 ms). Steady training holds the same at every step's "
+        f"most every {SPARSE_EVERY_S['cuda'] * 1e3:g} ms). Steady training holds the same at "
+        "every step's "
         "end: this is a leak (tensors kept from step to step) or work a collective has not "
         "released yet, and a longer run's peak would be higher still.\n\n"
         + md_table(["strategy", "world size", "repeat", "grew (MiB)", "peak (MiB)"], rows)

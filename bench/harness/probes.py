@@ -236,13 +236,16 @@ SPARSE_EVERY_S = {"cuda": 0.02}
 
 
 class HeldReads:
-    """held_mib at each step's end, on CUDA at most every SPARSE_EVERY_S (NaN between), and
-    always at the steps numbered in `always` (the first, the first timed: as PhaseClock's)
-    and the last (`readings()`): growth compares the first timed quarter with the last."""
+    """held_mib at each step's end, at most every `every_s` (the training loop's on CUDA:
+    SPARSE_EVERY_S; NaN between; 0, every step), and always at the steps numbered in
+    `always` (the first, the first timed: as PhaseClock's) and the last (`readings()`):
+    growth compares the first timed quarter with the last."""
 
-    def __init__(self, device: torch.device, always: tuple[int, ...] = (0,)) -> None:
+    def __init__(
+        self, device: torch.device, every_s: float = 0.0, always: tuple[int, ...] = (0,)
+    ) -> None:
         self._device = device
-        self._due, self._always = Due(SPARSE_EVERY_S.get(device.type, 0.0)), always
+        self._due, self._always = Due(every_s), always
         self._mib: list[float] = []
 
     def step_end(self) -> None:
