@@ -126,6 +126,29 @@ def test_a_pipeline_epochs_bubble_and_bytes_are_its_own_timed_steps():
         assert got["p2p_mib_per_step"] == pytest.approx(sent / 2**20), epoch
 
 
+@pytest.mark.parametrize(
+    ("name", "ws", "m", "want"),
+    [
+        ("pipeline_gpipe", 2, 1, 50.0),  # (p-1)/(m+p-1)
+        ("pipeline_1f1b", 4, 8, 100 * 3 / 11),
+        ("pipeline_interleaved", 2, 4, 100 / 9),  # (p-1)/(v*m+p-1)
+        ("pipeline_interleaved", 4, 8, 100 * 3 / 19),
+        # fewer micro-batches than ranks: one micro-batch crosses 2 ranks' 4 stages one
+        # after another, so each rank idles half the step (not 1/3); 2 through 4 ranks' 8
+        # stages span 2+8-1 chunk times, of which each rank works 4
+        ("pipeline_interleaved", 2, 1, 50.0),
+        ("pipeline_interleaved", 4, 2, 100 * 5 / 9),
+    ],
+)
+def test_the_textbook_bubble_is_the_least_the_schedule_can_idle(name, ws, m, want):
+    ctx = RankContext(rank=0, local_rank=0, world_size=ws, device=torch.device("cpu"), seed=0)
+    pipe = strategies.get(name).create(ctx, {"microbatches": str(m)})
+    pipe.gather = lambda obj: [obj]
+    pipe.per_rank = pipe.stages_per_rank(pipe.options)
+    pipe.n_stages, pipe.spans = ws * pipe.per_rank, [(1.0, 0.5, 0)]
+    assert pipe.cell_metrics(warmup_steps=0)["bubble_theory_pct"] == pytest.approx(want)
+
+
 # ---- planning: what cannot run is a reason, or an error when asked for directly ----
 def _cfg(tmp_path, data_root, **kw):
     return small_config(tmp_path, data_root, **{"model": "transformer", **kw})

@@ -26,8 +26,9 @@ from bench.harness.probes import PHASES
 
 #: measurements a strategy may report through Strategy.cell_metrics, model parallelism's:
 #: pipeline stages and micro-batches, the measured bubble (share of the pipeline's step a
-#: rank is idle, mean over ranks) beside the textbook (p-1)/(v*m+p-1), bytes sent stage to
-#: stage and bytes handed to collectives by tensor parallelism, per step, summed over ranks
+#: rank is idle, mean over ranks) beside the textbook's least (pipeline.textbook_bubble),
+#: bytes sent stage to stage and bytes handed to collectives by tensor parallelism, per
+#: step, summed over ranks
 EXTRA = (
     "pipeline_stages",
     "microbatches",
