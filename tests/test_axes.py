@@ -263,3 +263,42 @@ def test_a_compiled_cell_killed_in_its_first_step_says_compilation_may_be_why(tm
         assert reason(compiled, done) == (
             "no result within 12 s (hang?); all its processes were killed"
         )
+
+
+def test_a_cell_killed_while_it_still_stepped_says_how_far_it_got_not_hang(tmp_path, data_root):
+    """A deadline that kills a cell whose rank 0 reported a step just before it is too short
+    a --timeout, not a hang: the reason says the steps run and their time; one whose last
+    report is long past the deadline, or that had run every step, reads as a hang."""
+    import json
+    import os
+    import time
+
+    from bench.harness.progress import PROGRESS_FILE
+    from bench.harness.runner import Cell, RunDir, Runner
+
+    cfg = small_config(tmp_path, data_root, timeout_s=15)
+    runner = Runner(cfg, RunDir(tmp_path))
+    ended = time.time()  # the cell was killed now, 15 s after it started
+
+    def reason(done: int, quiet_s: float) -> str:
+        cell = Cell("ddp_torchrun", 2, 0, Setting())
+        cell_dir = tmp_path / "cells" / f"{cell.dirname}-{done}-{quiet_s:g}"
+        cell_dir.mkdir(parents=True)
+        state = {"epoch": 0, "epochs": 1, "step": done, "steps": 60}
+        state |= {"done": done, "total": 60, "step_ms": 124.8}
+        (cell_dir / PROGRESS_FILE).write_text(json.dumps(state))
+        os.utime(cell_dir / PROGRESS_FILE, (ended - quiet_s, ended - quiet_s))
+        (row,) = runner._collect(cell, cell_dir, None, True, 15.0, ended)[0]
+        assert row["status"] == "timeout"
+        return row["reason"]
+
+    slow = reason(32, 0.3)
+    assert slow == (
+        "no result within 15 s (still training: rank 0 had run 32 of 60 steps, 125 ms each, "
+        "the last 0.3 s before the deadline; a --timeout that leaves room for the cell); all "
+        "its processes were killed"
+    )
+    for done, quiet in ((32, 12.0), (60, 0.3)):
+        assert reason(done, quiet) == (
+            "no result within 15 s (hang?); all its processes were killed"
+        )

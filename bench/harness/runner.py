@@ -40,7 +40,7 @@ from bench.harness.env import (
     threads_per_process,
 )
 from bench.harness.launchers import LAUNCHERS
-from bench.harness.progress import Display
+from bench.harness.progress import PROGRESS_FILE, Display
 from bench.harness.progress import read as read_progress
 from bench.workload import data
 from bench.workload.models import check_model, check_model_args
@@ -890,23 +890,35 @@ class Runner:
             ranks += results.rank_rows(ident, rec)
         if timed_out:
             runs.append(
-                self._status_row(cell, results.TIMEOUT, self._timeout_reason(cell, cell_dir), wall)
+                self._status_row(
+                    cell, results.TIMEOUT, self._timeout_reason(cell, cell_dir, ended - wall), wall
+                )
             )
         elif rc != 0 or len(records) < self.cfg.epochs:
             status, reason = _failure(cell_dir, rc, oom)
             runs.append(self._status_row(cell, status, reason, wall))
         return runs, steps, ranks
 
-    def _timeout_reason(self, cell: Cell, cell_dir: Path) -> str:
+    def _timeout_reason(self, cell: Cell, cell_dir: Path, started: float = math.nan) -> str:
         """Why a cell was killed at its deadline: a hang, as far as the harness can tell, but
         a compiled cell whose rank 0 finished no step was likely still compiling (its first
-        step holds torch.compile's work: tens of seconds to minutes, per process, cold)."""
+        step holds torch.compile's work: tens of seconds to minutes, per process, cold), and
+        one whose rank 0 reported a step shortly before the deadline (`started`, wall clock,
+        plus --timeout) was still training: the reason says how far it got."""
+        state = read_progress(cell_dir) or {}
         why = "hang?"
-        if cell.setting.compile and not (read_progress(cell_dir) or {}).get("done"):
+        if cell.setting.compile and not state.get("done"):
             why = (
                 "its first step had not ended, and that step holds torch.compile's "
                 "compilation (a minute or more cold on a CPU): a --timeout that leaves room "
                 "for it, or a hang"
+            )
+        elif (stepping := _stepping(cell_dir, state, started + self.cfg.timeout_s)) is not None:
+            done, total, step_ms, quiet = stepping
+            why = (
+                f"still training: rank 0 had run {done} of {total} steps, {step_ms:.0f} ms "
+                f"each, the last {quiet:.1f} s before the deadline; a --timeout that leaves "
+                "room for the cell"
             )
         return f"no result within {self.cfg.timeout_s:g} s ({why}); all its processes were killed"
 
@@ -940,6 +952,23 @@ class Runner:
     def interrupt(self) -> None:
         if self.current is not None:  # normally already killed by run_cell
             self.current.kill()
+
+
+def _stepping(
+    cell_dir: Path, state: Mapping[str, Any], deadline: float
+) -> tuple[int, int, float, float] | None:
+    """(steps done, steps in all, ms a step, seconds since its last report) where rank 0
+    was still stepping at `deadline` (wall clock): steps left, and its progress file
+    (rewritten after a step, at most twice a second) at most three steps or 5 s old
+    then. None where it had stopped reporting, or nothing says."""
+    try:
+        done, total, step_ms = int(state["done"]), int(state["total"]), float(state["step_ms"])
+        quiet = max(0.0, deadline - (cell_dir / PROGRESS_FILE).stat().st_mtime)
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
+    if 0 < done < total and quiet <= max(5.0, 3 * step_ms / 1e3):
+        return done, total, step_ms, quiet
+    return None
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
