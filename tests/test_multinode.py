@@ -135,6 +135,29 @@ def test_a_command_through_ssh_ends_at_the_cells_deadline_on_its_own() -> None:
     assert done.returncode == 124 and time.monotonic() - t0 < 10
 
 
+def test_a_node_killed_outright_is_named_before_the_peer_it_took_down(tmp_path) -> None:
+    """A node whose agent and ranks were killed (SIGKILL) leaves no error of its own; its
+    peer's broken connection is the only one written, and the row names the node first.
+    A node that failed with an ordinary exit code leaves the ranks' errors to say why."""
+    import json
+
+    from bench.harness.runner import _failure
+
+    peer = "Read error [10.231.0.2]:24740: Connection reset by peer"
+    error = {"rank": 0, "time": 1.0, "type": "RuntimeError", "message": peer, "oom": False}
+    (tmp_path / "error-rank0.json").write_text(json.dumps(error))
+    for code, says in (
+        (-9, "node 1 killed by SIGKILL, then "),
+        (137, "node 1 killed by SIGKILL, then "),
+        (1, ""),
+    ):
+        (tmp_path / "log.txt").write_text(
+            f"[W1126 socket.cpp:207] warning\nparabench: node 1 exited with code {code}\n"
+            "[rank0]: Traceback (most recent call last):\n"
+        )
+        assert _failure(tmp_path, 247) == ("failed", f"{says}rank 0: RuntimeError: {peer}")
+
+
 def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> None:
     for bad, says in [
         (["--nodes=2"], "--procs-per-node"),

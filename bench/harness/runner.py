@@ -1032,6 +1032,9 @@ def _failed(cell_dir: Path, rc: int | None) -> tuple[str, str, list[int] | None]
         first = min(errors, key=lambda e: e["time"])  # the root cause, not the peers it took down
         status = results.OOM if first["oom"] else results.FAILED
         reason = f"rank {first['rank']}: {first['type']}: {first['message']}"
+        lost = _lost_node(cell_dir / "log.txt")
+        if lost is not None:  # its ranks died unable to write a word: the errors are its peers'
+            reason = f"node {lost[0]} killed by {lost[1]}, then {reason}"
         return status, reason, _worker_pids(first["message"])
     rank, code = _first_failed_rank(cell_dir / "log.txt") or (None, rc)
     who = "" if rank is None else f"rank {rank} "
@@ -1043,6 +1046,25 @@ def _failed(cell_dir: Path, rc: int | None) -> tuple[str, str, list[int] | None]
         return results.FAILED, f"rank {rank} exited with code {code} (log.txt)", None
     tail = _last_line(cell_dir / "log.txt")
     return results.FAILED, f"exit code {rc}" + (f": {tail}" if tail else ""), None
+
+
+def _lost_node(log: Path) -> tuple[int, str] | None:
+    """(node, signal) where the first node command of a cell across nodes to fail was killed
+    by a signal (bench.harness.nodes says so in the cell's log): a node lost with its agent
+    and ranks, whose peers' errors (a connection reset) are the consequence. A signal is a
+    negative code, or a remote shell's 128 + N."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.search(r"^parabench: node (\d+) exited with code (-?\d+)$", text, re.M)
+    if not found:
+        return None
+    code = int(found[2])
+    code = -code if code < 0 else code - 128
+    if code not in {int(s) for s in signal.Signals}:
+        return None
+    return int(found[1]), signal.Signals(code).name
 
 
 def _first_failed_rank(log: Path) -> tuple[int, int] | None:
