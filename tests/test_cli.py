@@ -644,7 +644,7 @@ def _status_with(slurm_run, job: str, tmp_path, monkeypatch, capsys) -> str:
 
     monkeypatch.setattr(slurm, "_run", slurm_run)
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(exist_ok=True)  # a test may have put the job's log there
     (run_dir / "job.id").write_text(job + "\n")
     assert main(["status", str(run_dir)]) == 0
     return capsys.readouterr().out
@@ -681,12 +681,16 @@ def test_status_tells_a_job_gone_from_a_queue_it_could_not_ask(
         # gone from squeue (MinJobAge): sacct, where accounting keeps the job
         ("", "CANCELLED by 0|0:41|2", "job 7: cancelled, ended after 0:41; 0 rows"),
         ("", "", "job 7: ended, not in the queue (finished or cancelled); 0 rows"),
+        # cancelled while pending: SLURM never wrote its log, and status names none
+        ("CANCELLED 0:00 2 (None)", None, "job 7: cancelled, ended after 0:00; 0 rows"),
     ],
 )
 def test_status_says_how_a_job_ended(tmp_path, monkeypatch, capsys, squeue_says, sacct_says, line):
     """squeue -t all still lists a job that ended (for a while), and sacct after: a failed
-    job is not reported as finished, and its line says where its log is."""
+    job is not reported as finished, and its line says where its log is, where it wrote one."""
     from bench.config import ConfigError
+
+    wrote_log = squeue_says != "CANCELLED 0:00 2 (None)"
 
     def run(argv, timeout=30):
         if argv[0] == "squeue":
@@ -696,10 +700,15 @@ def test_status_says_how_a_job_ended(tmp_path, monkeypatch, capsys, squeue_says,
             raise ConfigError("`sacct` failed: Slurm accounting storage is disabled")
         return sacct_says + "\n"
 
+    if wrote_log:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "slurm-7.out").write_text("slurmstepd: error: *** JOB 7 ***\n")
     out = _status_with(run, "7", tmp_path, monkeypatch, capsys)
     run_dir = tmp_path / "run"
     assert out.startswith(line), out
-    assert ("its log: " in out) == line.startswith(("job 7: failed", "job 7: cancelled")), out
+    ended_badly = line.startswith(("job 7: failed", "job 7: cancelled"))
+    assert ("its log: " in out) == (ended_badly and wrote_log), out
+    assert ("it wrote no log (slurm-7.out)" in out) == (ended_badly and not wrote_log), out
     if "its log" in out:
         assert out.rstrip().endswith(str(run_dir / "slurm-7.out"))
 

@@ -252,7 +252,7 @@ def _job_state(job: str) -> tuple[list[str], str]:
 
 def status(run_dir: Path) -> str:
     """One line: the job's state (running, pending and why, or how it ended) and the rows
-    written; for a job that did not complete, where its log is."""
+    written; for a job that did not complete, where its log is (or that it wrote none)."""
     job_file = run_dir / "job.id"
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such run directory")
@@ -277,6 +277,8 @@ def status(run_dir: Path) -> str:
     if state.upper() in ENDED:
         log = run_dir / f"slurm-{job}.out"
         tail = "" if state.upper() == "COMPLETED" else f"; its log: {log}"
+        if tail and not log.exists():  # cancelled while pending: it never ran to write one
+            tail = f"; it wrote no log ({log.name})"
         return f"job {job}: {state.lower()}, ended after {elapsed}; {written}{tail}"
     if state.upper() == "PENDING":
         return f"job {job}: pending ({where}); {written}"
