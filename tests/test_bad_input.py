@@ -81,7 +81,14 @@ SETUPS = {
     "md_dir": lambda root: (_run_dir(root, "md_dir") / "report.md").mkdir(),
     # a run already in out/taken (the run and verify commands write into out/)
     "taken": lambda root: _run_dir(root.parent / "out", "taken"),
+    # a file in out/ where the run's folder would go
+    "taken_by_file": lambda root: _taken_by_file(root.parent / "out"),
 }
+
+
+def _taken_by_file(out: Path) -> None:
+    out.mkdir()
+    _file(out)
 
 
 # ---------------------------------------------------------------- the cases
@@ -367,6 +374,13 @@ CASES = [
     ),
     case(
         RUN,
+        ["--strategies", "single", "--run-id", "file"],
+        "--run-id file: ",  # not --out-dir's fault, and said before the estimate is timed
+        ["taken_by_file"],
+        id="run-id-is-a-file",
+    ),
+    case(
+        RUN,
         ["--strategies", "single", "--run-id", "../escaped"],
         "--run-id",
         id="run-id-escapes-out-dir",
@@ -615,7 +629,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(
     assert fragment in lines[0]
     assert code == 2
     assert _files(tmp_path) == before  # nothing created, nothing written
-    if "taken" not in setup:
+    if not any(s.startswith("taken") for s in setup):
         assert not out.exists()
 
 

@@ -1181,6 +1181,8 @@ def check_new_run(cfg: RunConfig) -> None:
         why = "not a directory" if not there.is_dir() else "no permission to write"
         raise ConfigError(f"--out-dir {cfg.out_dir}: cannot write the run there ({there}: {why})")
     path = out / cfg.run_id
+    if cfg.run_id and path.exists() and not path.is_dir():  # said before the estimate
+        raise ConfigError(f"--run-id {cfg.run_id}: {path} is a file, not a run folder")
     if cfg.run_id:  # a run still going is said as such, not as one that stopped
         RunDir(path).check_free()
     if cfg.run_id and (path / "runs.csv").exists():
