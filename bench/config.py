@@ -302,6 +302,7 @@ class RunConfig:
         need(
             len(set(self.strategies)) == len(self.strategies), "--strategies lists a strategy twice"
         )
+        need(len(set(self.exclude)) == len(self.exclude), "--exclude lists a strategy twice")
         need(
             not (self.strategies and self.exclude),
             "--exclude goes with the default selection (every strategy), not with --strategies",

@@ -163,6 +163,8 @@ CASES = [
     case(RUN, ["--accumulate", "-1"], "--accumulate takes positive", id="accumulate-negative"),
     case(RUN, ["--accumulate", "2,2"], "--accumulate lists a value twice", id="accumulate-twice"),
     case(RUN, ["--compile", "on,on"], "--compile lists a value twice", id="compile-twice"),
+    # a typo for another name (horovod,horovod for horovod,horovod_fp16) would run that one
+    case(RUN, ["--exclude", "dp,dp"], "--exclude lists a strategy twice", id="exclude-twice"),
     case(RUN, ["--data-path", "disk"], "--data-path takes auto, device or", id="data-path-word"),
     case(RUN, ["--dataset", ""], "unknown dataset ''", id="dataset-empty"),
     case(
