@@ -223,8 +223,8 @@ class RunConfig:
         )
         need(
             not (self.data_feed == "device" and self.dataset == "imagenet-subset"),
-            "--data-path device needs data held in memory (mnist, synthetic); the ImageNet "
-            "subset is decoded from files by the DataLoader: use --data-path loader or auto",
+            "--data-path device needs data held in memory (mnist, synthetic, python-source); the "
+            "ImageNet subset is decoded from files by the DataLoader: use --data-path loader or auto",
         )
         need(
             self.diverge_factor > 1,

@@ -216,6 +216,12 @@ CASES = [
     ),
     case(
         RUN,
+        ["--dataset", "python-source", "--model", "lm", "--workers", "2"],
+        "--workers 2 does nothing here: python-source is held in memory",
+        id="workers-python-source",
+    ),
+    case(
+        RUN,
         ["--dataset", "synthetic", "--model", "mnist_cnn", "--image-size", "64"],
         "synthetic data is what model mnist_cnn takes, (1, 28, 28) float32, at any size",
         id="image-size-synthetic-mnist-cnn",

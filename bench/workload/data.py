@@ -146,7 +146,7 @@ def _check_layout(cfg: RunConfig, spec: InputSpec) -> None:
 
 
 #: built-in data sets held in memory: `--data-path auto` (or device) indexes them on the device
-IN_MEMORY = ("mnist", "synthetic")
+IN_MEMORY = ("mnist", "synthetic", "python-source")
 
 
 def unused_options(cfg: RunConfig, image_size: bool, seq_len: bool, workers: bool = False) -> None:
