@@ -555,6 +555,9 @@ def test_python_source_is_next_byte_prediction_on_the_standard_library():
     assert text.isprintable() or "\n" in text  # source code, not noise
     assert len(bundle.train) == 512 and len(bundle.held_out) == 50
     assert bundle.spec.tokens == 32
+    # --eval-samples 0 evaluates nothing: no sequence is kept from training for it
+    whole = data.load(cfg.replace(limit=None, eval_samples=0))
+    assert len(whole.held_out) == 0 and whole.description.endswith("/ held-out 0")
 
 
 def test_language_model_sizes_and_loss_over_every_position():

@@ -678,7 +678,7 @@ def _python_source(cfg: RunConfig) -> DataBundle:
     seq_len + 1 bytes (input: the first seq_len, target: the last seq_len). The last
     sequences are held out."""
     t = cfg.seq_len
-    held_n = max(cfg.eval_samples, 1)
+    held_n = cfg.eval_samples  # 0: none held out, as of the other data sets
     want = (cfg.limit or PYTHON_SOURCE_BYTES // (t + 1)) + held_n
     chunks, size, used = [], 0, 0
     for path in python_source_files():
