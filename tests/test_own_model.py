@@ -131,6 +131,11 @@ def labels_out_of_range():
     return torch.zeros(8, 1, 32, 32), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2]), 4
 def exits():
     raise SystemExit(3)
+class Unreadable(Samples):
+    def __getitem__(self, i):
+        raise OSError(f"record {i} is on a disk that is gone")
+def unreadable():
+    return Unreadable(None)
 """
 BAD_DATA = {
     "missing module": ("no_such_pkg.data:load", "cannot import no_such_pkg.data"),
@@ -145,6 +150,12 @@ BAD_DATA = {
         "targets must be integer class labels, not torch.float32",
     ),
     "samples that are lists": ("FILE:lists_dataset", "first sample is not a pair of tensors"),
+    # the data is to blame, named as the estimate's step names a later sample it cannot read
+    "a first sample that cannot be read": (
+        "FILE:unreadable",
+        "training sample 0 cannot be read, and every cell would read it: OSError: record 0 is "
+        "on a disk that is gone; mend the data set's __getitem__",
+    ),
     "labels past the classes": ("FILE:labels_out_of_range", "targets from 0 to 4, out of range"),
     "exits": ("FILE:exits", "exits (SystemExit(3)): a plug-in must not exit"),
 }

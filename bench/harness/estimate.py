@@ -138,16 +138,7 @@ def _sample(cfg: RunConfig, samples: Any, i: int, held_out: bool = False) -> Any
     except Exception as exc:
         if proc.is_oom(exc):
             raise
-        mend = (
-            "replace or remove the file"
-            if cfg.dataset == "imagenet-subset"
-            else "mend the data set's __getitem__"
-        )
-        raise ConfigError(
-            f"data {cfg.dataset}: {'held-out' if held_out else 'training'} sample {i} cannot "
-            "be read, and every cell would "
-            f"read it: {proc.one_line(exc)}; {mend}"
-        ) from None
+        raise data.unreadable(cfg.dataset, i, exc, held_out) from None
 
 
 def timed(

@@ -714,6 +714,21 @@ def _python_source(cfg: RunConfig) -> DataBundle:
 
 
 # ---------------------------------------------------------------- a user's data set
+def unreadable(dataset: str, i: int, exc: BaseException, held_out: bool = False) -> ConfigError:
+    """The one line for a sample of `dataset` that cannot be read (an image file that does
+    not decode, a data set's __getitem__ that raises): the data is to blame, not the model
+    or its step, and every cell would read it."""
+    mend = (
+        "replace or remove the file"
+        if dataset == "imagenet-subset"
+        else "mend the data set's __getitem__"
+    )
+    return ConfigError(
+        f"data {dataset}: {'held-out' if held_out else 'training'} sample {i} cannot be read, "
+        f"and every cell would read it: {one_line(exc)}; {mend}"
+    )
+
+
 def _integer_targets(name: str, dtype: torch.dtype) -> None:
     """Cross-entropy takes class labels (or next tokens) as integers: float targets (a
     regression's, or labels stored as floats) fail in the first step, bool ones too."""
@@ -761,7 +776,11 @@ def _plugin(cfg: RunConfig) -> DataBundle:
     if n < 1:
         raise ConfigError(f"{name}: the data set is empty")
     try:
-        x0, y0 = ds[0]
+        sample = ds[0]
+    except Exception as exc:  # the data is what fails, not the sample's form
+        raise unreadable(name, 0, exc) from None
+    try:
+        x0, y0 = sample
         listed = [type(v).__name__ for v in (x0, y0) if isinstance(v, list | tuple)]
         if listed:  # the DataLoader batches a list as a list of tensors, not as a tensor
             raise TypeError(f"a Python {listed[0]} (return tensors)")
