@@ -286,7 +286,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     nodes.add_argument(
         "--procs-per-node",
         type=int,
-        default=0,
+        default=None,  # not given: one node (under --launcher slurm, the allocation's count)
         metavar="M",
         help="ranks per node: world size N x M",
     )
@@ -340,10 +340,20 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _procs_per_node(a: argparse.Namespace) -> int:
+    """--procs-per-node as the config holds it: 0 where it was not given; a given 0 is
+    refused as any count below 1 is, not read as 'not given'."""
+    if a.procs_per_node is None:
+        return 0
+    if a.procs_per_node < 1:
+        raise ConfigError(f"--procs-per-node must be at least 1, got {a.procs_per_node}")
+    return a.procs_per_node
+
+
 def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
     nodes = dict(
         nodes=RunConfig.nodes if a.nodes is None else a.nodes,
-        procs_per_node=a.procs_per_node,
+        procs_per_node=_procs_per_node(a),
         hosts=a.hosts,
         host_exec=a.host_exec,
         rdzv=a.rdzv,
@@ -355,7 +365,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
     if a.launcher == "slurm":  # the nodes are the allocation's
         from bench.harness import slurm
 
-        nodes |= slurm.describe(a.nodes, a.procs_per_node)
+        nodes |= slurm.describe(a.nodes, nodes["procs_per_node"])
         nodes["master_addr"] = nodes.pop("master")
     cfg = RunConfig(
         strategies=a.strategies,
@@ -649,11 +659,11 @@ def cmd_submit(a: argparse.Namespace) -> int:
             "no --launcher, --host-exec or --hosts"
         )
     n = RunConfig.nodes if a.nodes is None else a.nodes
-    per = a.procs_per_node or 1
+    per = _procs_per_node(a) or 1
     # everything checked now, as the job will see it (with placeholder nodes): a bad option
     # or a strategy that cannot run there is one line here, not a failed job later
     one = argparse.Namespace(
-        **{**vars(a), "nodes": None, "procs_per_node": 0, "launcher": "", "cores_per_node": 0}
+        **{**vars(a), "nodes": None, "procs_per_node": None, "launcher": "", "cores_per_node": 0}
     )
     cfg = config_from_args(one).replace(
         launcher="slurm",

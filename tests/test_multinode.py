@@ -161,6 +161,9 @@ def test_a_node_killed_outright_is_named_before_the_peer_it_took_down(tmp_path) 
 def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> None:
     for bad, says in [
         (["--nodes=2"], "--procs-per-node"),
+        # 0 is not 'not given': alone it ran one node, with --nodes it asked for M
+        (["--procs-per-node=0"], "--procs-per-node must be at least 1, got 0"),
+        (["--nodes=2", "--procs-per-node=0", "--hosts=a,b"], "must be at least 1, got 0"),
         (["--nodes=2", "--procs-per-node=1", "--hosts=10.0.0.1"], "needs --hosts with 2"),
         (["--procs-per-node=2"], "give --nodes N too"),
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--world-sizes=4"], "world size 2"),
@@ -185,6 +188,8 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         (["submit", "--nodes=2", "--strategies=ddp_spawn"], "cannot run as srun's ranks"),
         (["submit", "--nodes=2", "--hosts=a,b"], "no --launcher, --host-exec or --hosts"),
         (["submit", "--nodes=2", "--world-sizes=8"], "asks for another"),
+        # the job ran one rank a node, as if it had not been given
+        (["submit", "--nodes=2", "--procs-per-node=0"], "must be at least 1, got 0"),
     ]:
         assert main([*argv, f"--data-root={data_root}"]) == 2, argv
         err = capsys.readouterr().err
