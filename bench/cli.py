@@ -16,6 +16,7 @@ from typing import Any
 from bench import torch_too_old
 from bench.config import (
     DATASETS,
+    DEFAULT_LR,
     DEVICES,
     OPTIMIZERS,
     PRECISIONS,
@@ -144,7 +145,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "feeds the run (the ImageNet subset, or --data-path loader)",
     )
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="learning rate (default: the optimizer's, "
+        + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items())
+        + ")",
+    )
     p.add_argument("--data-root", default="", help="default: $PARABENCH_DATA_ROOT or ./data")
     p.add_argument(
         "--download", action="store_true", help="download MNIST if missing (needs internet)"

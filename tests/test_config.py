@@ -42,3 +42,17 @@ def test_round_trip_through_dict():
     cfg = RunConfig(strategies=("single", "dp"), world_sizes=(1, 2), options={"opt_level": "O2"})
     again = RunConfig.from_dict(cfg.to_dict())
     assert again == cfg
+
+
+def test_the_learning_rate_not_given_is_the_optimizers():
+    """SGD's 0.01 under Adam diverged on MNIST at world size 2 (the README's own Adam
+    example trained nothing there): --lr not given is each optimizer's default, a given one
+    is kept, and the run's config records the value trained with."""
+    from bench.cli import build_parser, config_from_args
+
+    assert RunConfig().lr == 0.01
+    assert RunConfig(optimizer="adam").lr == RunConfig(optimizer="adamw").lr == 1e-3
+    assert RunConfig(optimizer="adam", lr=0.05).lr == 0.05
+    args = build_parser().parse_args(["run", "--optimizer", "adam"])
+    cfg = config_from_args(args)
+    assert cfg.lr == 1e-3 and RunConfig.from_dict(cfg.to_dict()).lr == 1e-3
