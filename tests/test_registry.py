@@ -112,6 +112,26 @@ def test_the_readmes_strategy_applies_every_option_it_takes(plugin):
     assert ddp.static_graph and not plain.static_graph
 
 
+def test_the_readmes_strategy_passes_the_projects_lint(tmp_path):
+    """Copied into strategies/ as the README says, the example passes `make lint` (ruff
+    check and format with this project's settings), as every module there must."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    body = (root / "README.md").read_text().split("```python\n# strategies/my_ddp.py\n", 1)[1]
+    module = tmp_path / "my_ddp.py"
+    module.write_text("# strategies/my_ddp.py\n" + body.split("```", 1)[0])
+    settings = ["--config", str(root / "pyproject.toml")]
+    for argv in (["check"], ["format", "--check"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "ruff", *argv, *settings, str(module)],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_a_hook_variant_takes_no_powersgd_options():
     """PowerSGD's options mean nothing to the fp16/bf16 hooks: a sweep over them gives those
     strategies one cell, not copies that differ only in their names."""
