@@ -2,7 +2,8 @@
 column-wise (whole heads per rank) and its output projection row-wise; each MLP's first
 layer column-wise and its second row-wise (Megatron's plan). Every tensor-parallel rank
 sees the same batch; each block's forward all-reduces twice (after attention and after
-the MLP), and so does its backward. Embedding, norms and head are replicated.
+the MLP), its backward four times (the input gradients of q, k and v, each a layer of its
+own, and of the MLP's first layer). Embedding, norms and head are replicated.
 
 - `tp`: tensor parallel over every rank (one data-parallel replica).
 - `fsdp_tp`: 2-D, tensor parallel within groups of `--set tp=2` ranks and FSDP2 across
