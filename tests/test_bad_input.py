@@ -78,6 +78,8 @@ SETUPS = {
     "resume_bad_dataset": lambda root: _run_dir(
         root, "resume_bad_dataset", {"config.json": json.dumps({"dataset": "cifar10"})}
     ),
+    # a job.id that `parabench submit` did not write (emptied, or edited by hand)
+    "garbage_job_id": lambda root: _run_dir(root, "garbage_job_id", {"job.id": "xyz\n"}),
     "md_dir": lambda root: (_run_dir(root, "md_dir") / "report.md").mkdir(),
     # a run already in out/taken (the run and verify commands write into out/)
     "taken": lambda root: _run_dir(root.parent / "out", "taken"),
@@ -153,6 +155,13 @@ CASES = [
     case(RUN, ["--image-size", "-1"], "--image-size must be at least 16", id="image-size-neg"),
     case("list", ["--device", "tpu"], "unknown device 'tpu'", id="list-device-tpu"),
     case("status", ["{in}/nope"], "nope: no such run directory", id="status-no-run-dir"),
+    case(
+        "status",
+        ["{in}/garbage_job_id"],
+        "job.id: 'xyz' is not a SLURM job id",  # it read 'job xyz: ended', exit 0
+        ["garbage_job_id"],
+        id="status-garbage-job-id",
+    ),
     case(RUN, ["--seq-len", "1"], "--seq-len takes 2 to 1048576 tokens", id="seq-len-1"),
     case(RUN, ["--seq-len", "-5"], "--seq-len takes 2 to 1048576 tokens", id="seq-len-negative"),
     case(RUN, ["--timeout", "-1"], "--timeout takes seconds above 0", id="timeout-negative"),

@@ -259,6 +259,10 @@ def status(run_dir: Path) -> str:
     if not job_file.exists():
         raise ConfigError(f"{run_dir} has no job.id: it was not made by `parabench submit`")
     job = job_file.read_text().strip()
+    if not re.fullmatch(r"\d+", job):  # what `sbatch --parsable` printed, its cluster cut off
+        raise ConfigError(
+            f"{job_file}: {job!r} is not a SLURM job id (`parabench submit` wrote one)"
+        )
     fields, unknown = _job_state(job)
     rows = run_dir / "runs.csv"
     n = 0
