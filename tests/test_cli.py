@@ -987,7 +987,7 @@ def test_a_verify_stopped_part_way_says_to_run_verify_again(
     args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--run-id", "v"]
     assert main([*args, "--device", "cpu"]) == 130
     out = capsys.readouterr().out
-    assert "interrupted: 0 finished rows kept in" in out, out
+    assert f"interrupted: no row yet for {tmp_path / 'v' / 'runs.csv'};" in out, out
     said = (
         "verify has no --resume; for its verdict, run the same verify again under another --run-id"
     )

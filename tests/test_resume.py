@@ -240,8 +240,8 @@ def test_a_disk_that_fills_up_stops_the_run_saying_how_to_resume(
     run_dir = tmp_path / "full"
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
-        f"parabench: No space left on device in {run_dir}, the run stopped: 0 finished rows "
-        f"kept in {run_dir}/runs.csv; continue with: parabench run --resume {run_dir} once "
+        f"parabench: No space left on device in {run_dir}, the run stopped: no row yet for "
+        f"{run_dir}/runs.csv; continue with: parabench run --resume {run_dir} once "
         "there is room"
     )
     assert "Traceback" not in err

@@ -1229,7 +1229,8 @@ def run_matrix(
             runner.interrupt()
         n = len(run_dir.runs.read())
         again = again or f"continue with: {results.resume_command(cfg.launcher, run_dir.path)}"
-        line = f"{n} finished rows kept in {run_dir.runs.path}; {again}"
+        kept = f"{n} finished row{'' if n == 1 else 's'} kept in" if n else "no row yet for"
+        line = f"{kept} {run_dir.runs.path}; {again}"
         if full:  # a long run filled its disk: the rows written are whole (CsvTable)
             raise RunStopped(
                 f"{stop.strerror} in {run_dir.path}, the run stopped: {line} once there is room"
