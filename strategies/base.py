@@ -592,13 +592,17 @@ class Strategy:
                 self._step(x, y)
             if self.ctx.device.type == "cuda":
                 torch.cuda.synchronize(self.ctx.device)
+        # the steps the trace's communication is per: slower than the timed ones (the
+        # profiler's own cost), so a total read beside a timed step can exceed it
+        laps = [sum(s.values()) for s in self.clock.steps() if s]
+        step_ms = sum(laps) / len(laps) if laps else float("nan")
         with tempfile.TemporaryDirectory() as tmp:
             path = trace or Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
             seen = breakdown.trace_comm(path, steps, self.processes(self.ctx.world_size))
         if self.comm_unseen:
             seen = dict.fromkeys(seen, float("nan"))
-        return {**seen, "profiled_steps": steps}
+        return {**seen, "profiled_steps": steps, "profiled_step_ms": step_ms}
 
     # ---- the loop, written once ----
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

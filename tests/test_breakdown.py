@@ -275,6 +275,7 @@ def test_probed_rows_break_the_step_down(probed_run) -> None:
     assert abs(ws2["part_other_ms"]) < 0.05 * ws2["step_time_ms_mean"]  # the laps cover the step
     assert ws2["comm_method"] == "ablation+profiler"
     assert ws2["comm_total_ms"] > 0 and math.isfinite(ws2["comm_exposed_ms"])
+    assert ws2["profiled_step_ms"] > 0  # the step the profiler's total is per
     assert ws2["rank_step_ms_max"] >= ws2["rank_step_ms_min"] > 0
     assert 0 < ws2["mfu_pct"] < 100 and ws2["flops_per_sample"] > 0
     # the trace opens and holds the collectives

@@ -1366,7 +1366,7 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
                 _num(m["part_backward_ms"], 2),
                 _num(m["part_optimizer_ms"], 2),
                 _spread_text(grp, "part_comm_exposed_ms", 2),
-                _num(m["comm_total_ms"], 2),
+                _comm_total(m["comm_total_ms"], step, m.get("profiled_step_ms", float("nan"))),
                 _num(m["comm_hidden_ms"], 2),
                 _num(100 * m["part_other_ms"] / step if step > 0 else float("nan"), 1),
                 _num(m["rank_skew_pct"], 1),
@@ -1391,7 +1391,9 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         "communication in flight in all (waiting for the slower rank included), of which "
         "*hidden* ran under compute. Comm exposed is a difference of two noisy step times: "
         "in brackets its range over repeats; where it reads more than the profiler's total, "
-        "hidden is 0. Skew: the slowest rank's median step over the fastest's. "
+        "hidden is 0. Comm total is per profiled step, which the profiler's own cost makes "
+        "slower than a timed one: where it reads more than the step, in brackets that "
+        "profiled step. Skew: the slowest rank's median step over the fastest's. "
         "MFU: model FLOPs (FlopCounterMode) per sample x samples/s per device over the "
         "device's peak (a GPU's datasheet, or a matrix product timed on this CPU at the "
         "rank's threads). `--profile` keeps each cell's trace (open it in Perfetto or "
@@ -1417,6 +1419,15 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
             rows,
         )
     )
+
+
+def _comm_total(total: float, step: float, profiled: float) -> str:
+    """The profiler's communication per step, and where it exceeds the timed step, the
+    profiled step it was measured in (a pipeline's receives wait out its bubble there)."""
+    text = _num(total, 2)
+    if total > step and math.isfinite(profiled):
+        text += f" (of {_num(profiled, 2)})"
+    return text
 
 
 def _why_none(why: Sequence[str]) -> str:

@@ -55,6 +55,7 @@ BREAKDOWN = (
     "comm_ops_per_step",
     "probe_step_ms",
     "probe_nosync_ms",
+    "profiled_step_ms",
     *(f"part_{p}_ms" for p in PARTS),
     "rank_step_ms_min",
     "rank_step_ms_max",
@@ -431,6 +432,7 @@ def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) ->
                 "comm_ops_per_step",
                 "probe_step_ms",
                 "probe_nosync_ms",
+                "profiled_step_ms",
             )
         },
         "comm_hidden_ms": hidden(total, exposed),
