@@ -39,6 +39,13 @@ CASES = [
     (["--strategies", "single", "--model", "notamodel"], "unknown model 'notamodel'"),
     (["--dataset", "cifar10"], "unknown dataset 'cifar10'"),
     (["--strategies", "dp", "--world-sizes", "2"], "dp cannot run at world size 2"),
+    (  # every named strategy that cannot run, in the one line: not one fix per try
+        ["--strategies", "dp,tp,single", "--world-sizes", "2"],
+        "over GPUs; on cpu it has one device, so world size 2 cannot run; tp cannot run at "
+        "world size 2: model mnist_cnn has no attention or MLP blocks with separate "
+        "projections to split (use --model transformer or lm); single cannot run at world "
+        "size 2: Single runs",
+    ),
     (["--strategies", "ddp_spawn", "--world-sizes", "64"], "needs 64 cores"),
     (
         ["--strategies", "ddp_spawn", "--world-sizes", "2", "--global-batch", "33"],

@@ -135,6 +135,7 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
     data.check(cfg)
     sweeps = _option_sweeps(cfg.options, specs)
     cells: list[Cell] = []
+    impossible: list[str] = []  # every named strategy that can run none of its cells, at once
     for spec in specs:
         why_not = spec.unavailable(device)
         if why_not and explicit:
@@ -171,8 +172,10 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
                 status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
                 mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
         if explicit and all(c.status for c in mine):
-            raise ConfigError(_cannot_run(spec.name, mine))
+            impossible.append(_cannot_run(spec.name, mine))
         cells += mine
+    if impossible:
+        raise ConfigError("; ".join(impossible))
     return interleaved(cells, cfg.seed)
 
 
