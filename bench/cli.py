@@ -122,10 +122,21 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="key=value passed to the model's constructor or factory, e.g. depth=8 for "
         "transformer, size=base for lm",
     )
-    p.add_argument("--global-batch", type=int, default=d.global_batch)
-    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=d.global_batch,
+        help=f"samples per optimizer step over all ranks, the same for every strategy and "
+        f"world size (default {d.global_batch})",
+    )
+    p.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
     p.add_argument("--max-steps", type=int, default=None, help="cap on steps per epoch")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=d.warmup_steps,
+        help=f"steps at each epoch's start left out of timing (default {d.warmup_steps})",
+    )
     p.add_argument(
         "--target-precision",
         type=float,
@@ -135,7 +146,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "(95 %% interval over blocks of 10 steps; at least 50 timed steps, at most --max-steps "
         "or an epoch); rows say how many ran and the precision reached",
     )
-    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=d.repeats,
+        help=f"runs of every cell, interleaved round by round (default {d.repeats}; make "
+        "bench: 3, the fewest that give a 95 %% interval)",
+    )
     p.add_argument("--device", default=d.device, help="auto, cpu or cuda")
     p.add_argument(
         "--workers",
@@ -144,7 +161,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="DataLoader workers per device (default 0 CPU, 4 CUDA); only where a DataLoader "
         "feeds the run (the ImageNet subset, or --data-path loader)",
     )
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=d.seed,
+        help=f"the initial weights' and the data order's, the same for every strategy "
+        f"(default {d.seed})",
+    )
     p.add_argument(
         "--lr",
         type=float,
@@ -159,7 +182,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--limit", type=int, default=None, help="cap on training samples")
     p.add_argument("--max-classes", type=int, default=None, help="imagenet-subset: first N classes")
-    p.add_argument("--eval-samples", type=int, default=d.eval_samples)
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=d.eval_samples,
+        help=f"held-out samples evaluated after each epoch, at most what the data set holds "
+        f"out (default {d.eval_samples}; 0: no evaluation)",
+    )
     p.add_argument(
         "--image-size",
         type=int,
@@ -176,8 +205,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout", type=float, default=d.timeout_s, help="seconds per cell before it is killed"
     )
-    p.add_argument("--out-dir", default=d.out_dir)
-    p.add_argument("--run-id", default="")
+    p.add_argument(
+        "--out-dir", default=d.out_dir, help=f"where run folders go (default {d.out_dir}/)"
+    )
+    p.add_argument(
+        "--run-id", default="", help="the run folder's name (default: date, time and pid)"
+    )
     p.add_argument(
         "--set",
         dest="options",
