@@ -270,6 +270,7 @@ def test_a_cell_killed_while_it_still_stepped_says_how_far_it_got_not_hang(tmp_p
     a --timeout, not a hang: the reason says the steps run and their time; one whose last
     report is long past the deadline, or that had run every step, reads as a hang."""
     import json
+    import math
     import os
     import time
 
@@ -280,7 +281,7 @@ def test_a_cell_killed_while_it_still_stepped_says_how_far_it_got_not_hang(tmp_p
     runner = Runner(cfg, RunDir(tmp_path))
     ended = time.time()  # the cell was killed now, 15 s after it started
 
-    def reason(done: int, quiet_s: float) -> str:
+    def reason(done: int, quiet_s: float, when: float | None = None) -> str:
         cell = Cell("ddp_torchrun", 2, 0, Setting())
         cell_dir = tmp_path / "cells" / f"{cell.dirname}-{done}-{quiet_s:g}"
         cell_dir.mkdir(parents=True)
@@ -288,7 +289,7 @@ def test_a_cell_killed_while_it_still_stepped_says_how_far_it_got_not_hang(tmp_p
         state |= {"done": done, "total": 60, "step_ms": 124.8}
         (cell_dir / PROGRESS_FILE).write_text(json.dumps(state))
         os.utime(cell_dir / PROGRESS_FILE, (ended - quiet_s, ended - quiet_s))
-        (row,) = runner._collect(cell, cell_dir, None, True, 15.0, ended)[0]
+        (row,) = runner._collect(cell, cell_dir, None, True, 15.0, when or ended)[0]
         assert row["status"] == "timeout"
         return row["reason"]
 
@@ -298,7 +299,8 @@ def test_a_cell_killed_while_it_still_stepped_says_how_far_it_got_not_hang(tmp_p
         "the last 0.3 s before the deadline; a --timeout that leaves room for the cell); all "
         "its processes were killed"
     )
-    for done, quiet in ((32, 12.0), (60, 0.3)):
-        assert reason(done, quiet) == (
+    # a deadline not known (nan) claims nothing either
+    for done, quiet, when in ((32, 12.0, None), (60, 0.3, None), (31, 0.3, math.nan)):
+        assert reason(done, quiet, when) == (
             "no result within 15 s (hang?); all its processes were killed"
         )

@@ -966,11 +966,11 @@ def _stepping(
     then. None where it had stopped reporting, or nothing says."""
     try:
         done, total, step_ms = int(state["done"]), int(state["total"]), float(state["step_ms"])
-        quiet = max(0.0, deadline - (cell_dir / PROGRESS_FILE).stat().st_mtime)
+        quiet = deadline - (cell_dir / PROGRESS_FILE).stat().st_mtime
     except (KeyError, TypeError, ValueError, OSError):
         return None
-    if 0 < done < total and quiet <= max(5.0, 3 * step_ms / 1e3):
-        return done, total, step_ms, quiet
+    if 0 < done < total and quiet <= max(5.0, 3 * step_ms / 1e3):  # False for a nan deadline
+        return done, total, step_ms, max(0.0, quiet)
     return None
 
 
