@@ -41,10 +41,16 @@ CASES = [
     (["--strategies", "dp", "--world-sizes", "2"], "dp cannot run at world size 2"),
     (  # every named strategy that cannot run, in the one line: not one fix per try
         ["--strategies", "dp,tp,single", "--world-sizes", "2"],
-        "over GPUs; on cpu it has one device, so world size 2 cannot run; tp cannot run at "
+        "over GPUs; on cpu it has one device, so world size 2 cannot run (2) tp cannot run at "
         "world size 2: model mnist_cnn has no attention or MLP blocks with separate "
-        "projections to split (use --model transformer or lm); single cannot run at world "
+        "projections to split (use --model transformer or lm) (3) single cannot run at world "
         "size 2: Single runs",
+    ),
+    (  # a batch the ranks cannot share, beside a strategy that cannot run: both said
+        ["--strategies", "dp,ddp_spawn", "--world-sizes", "2", "--global-batch", "33"],
+        "(1) dp cannot run at world size 2: DataParallel parallelises over GPUs; on cpu it has "
+        "one device, so world size 2 cannot run (2) global batch 33 is not divisible by world "
+        "size 2; every rank must get the same share",
     ),
     (["--strategies", "ddp_spawn", "--world-sizes", "64"], "needs 64 cores"),
     (

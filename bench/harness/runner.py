@@ -139,44 +139,67 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
     for spec in specs:
         why_not = spec.unavailable(device)
         if why_not and explicit:
-            raise ConfigError(f"strategy {spec.name} is unavailable: {why_not}")
-        points = _option_points(spec, sweeps)
-        settings = _settings(cfg, spec, device, points)
-        mine: list[Cell] = []
-        for ws, (setting, opts) in itertools.product(sizes, settings):
-            # what unsuitable sees: the run's config with this cell's --accumulate
-            as_cell = (
-                cfg
-                if tuple(cfg.accumulate) == (setting.accumulate,)
-                else cfg.replace(accumulate=(setting.accumulate,))
-            )
-            # a node's GPUs (as many as this machine's on every node), or its cores
-            room = (
-                n_dev * cfg.nodes
-                if device == "cuda" or not spec.cls
-                else cpu_capacity(cfg, Cell(spec.name, ws, 0, setting, opts, "", ""))
-            )
-            reason = why_not or (
-                _across_nodes(cfg, spec)
-                or spec.cannot_run(ws, device, room, cfg.oversubscribe)
-                or spec.unsupported(setting, device)
-                or spec.unsuitable(as_cell, ws, merged_options(spec, opts))
-            )
-            if not reason:
-                shares = spec.batch_shares(ws, merged_options(spec, opts))
-                if isinstance(shares, str):
-                    reason = shares
-                else:
-                    _check_shares(cfg, spec.name, ws, setting.accumulate, shares)
-            for r in range(cfg.repeats):
-                status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
-                mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
+            impossible.append(f"strategy {spec.name} is unavailable: {why_not}")
+            continue
+        try:
+            mine = _cells(cfg, spec, device, n_dev, sizes, sweeps, why_not)
+        except ConfigError as exc:  # a batch its ranks cannot share
+            impossible.append(str(exc))
+            continue
         if explicit and all(c.status for c in mine):
             impossible.append(_cannot_run(spec.name, mine))
         cells += mine
+    impossible = list(dict.fromkeys(impossible))  # a batch every strategy fails alike: once
+    if len(impossible) > 1:  # numbered: a reason may hold a ';' of its own
+        raise ConfigError(" ".join(f"({i}) {r}" for i, r in enumerate(impossible, 1)))
     if impossible:
-        raise ConfigError("; ".join(impossible))
+        raise ConfigError(impossible[0])
     return interleaved(cells, cfg.seed)
+
+
+def _cells(
+    cfg: RunConfig,
+    spec: strategies.StrategySpec,
+    device: str,
+    n_dev: int,
+    sizes: Sequence[int],
+    sweeps: Any,
+    why_not: str | None,
+) -> list[Cell]:
+    """One strategy's cells of the matrix, each with the reason it cannot run here, if
+    any; a ConfigError where a cell that could run cannot share the batch."""
+    points = _option_points(spec, sweeps)
+    settings = _settings(cfg, spec, device, points)
+    mine: list[Cell] = []
+    for ws, (setting, opts) in itertools.product(sizes, settings):
+        # what unsuitable sees: the run's config with this cell's --accumulate
+        as_cell = (
+            cfg
+            if tuple(cfg.accumulate) == (setting.accumulate,)
+            else cfg.replace(accumulate=(setting.accumulate,))
+        )
+        # a node's GPUs (as many as this machine's on every node), or its cores
+        room = (
+            n_dev * cfg.nodes
+            if device == "cuda" or not spec.cls
+            else cpu_capacity(cfg, Cell(spec.name, ws, 0, setting, opts, "", ""))
+        )
+        reason = why_not or (
+            _across_nodes(cfg, spec)
+            or spec.cannot_run(ws, device, room, cfg.oversubscribe)
+            or spec.unsupported(setting, device)
+            or spec.unsuitable(as_cell, ws, merged_options(spec, opts))
+        )
+        if not reason:
+            shares = spec.batch_shares(ws, merged_options(spec, opts))
+            if isinstance(shares, str):
+                reason = shares
+            else:
+                _check_shares(cfg, spec.name, ws, setting.accumulate, shares)
+        for r in range(cfg.repeats):
+            status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
+            mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
+    return mine
 
 
 def _check_shares(cfg: RunConfig, name: str, ws: int, k: int, shares: int) -> None:
