@@ -671,29 +671,25 @@ def test_a_comm_total_past_the_step_names_the_profiled_step_it_was_measured_in()
         "rank_skew_pct": 1.0,
         "comm_method": "profiler",
     }
+    # (comm total, profiled step): past the step and held by the profiled one; within the
+    # step; past its profiled step too, which then does not explain it
+    cases = {"slow": (12.5, 14.0), "fits": (6.0, 14.0), "past": (12.5, 11.0)}
     runs = _runs(
         [
             _row(
-                "slow",
+                name,
                 2,
                 0,
                 **laps,
                 step_time_ms_mean=10.0,
-                comm_total_ms=12.5,
-                profiled_step_ms=14.0,
-            ),
-            _row(
-                "fits",
-                2,
-                0,
-                **laps,
-                step_time_ms_mean=10.0,
-                comm_total_ms=6.0,
-                profiled_step_ms=14.0,
-            ),
+                comm_total_ms=total,
+                profiled_step_ms=prof,
+            )
+            for name, (total, prof) in cases.items()
         ]
     )
     table = report.breakdown_markdown(report.counted_rows(runs))
     rows = {ln.split(" | ")[0][2:]: ln for ln in table.splitlines() if ln.startswith("| ")}
     assert "| 12.50 (of 14.00) |" in rows["slow"]
     assert "| 6.00 |" in rows["fits"] and "(of" not in rows["fits"]
+    assert "| 12.50 |" in rows["past"] and "(of" not in rows["past"]

@@ -1425,7 +1425,7 @@ def _comm_total(total: float, step: float, profiled: float) -> str:
     """The profiler's communication per step, and where it exceeds the timed step, the
     profiled step it was measured in (a pipeline's receives wait out its bubble there)."""
     text = _num(total, 2)
-    if total > step and math.isfinite(profiled):
+    if step < total <= profiled:  # the profiled step holds it; else the bracket explains nothing
         text += f" (of {_num(profiled, 2)})"
     return text
 
