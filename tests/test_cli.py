@@ -694,7 +694,7 @@ def test_status_tells_a_job_gone_from_a_queue_it_could_not_ask(
         # gone from squeue (MinJobAge): sacct, where accounting keeps the job
         ("", "CANCELLED by 0|0:41|2", "job 7: cancelled, ended after 0:41; 0 rows"),
         ("", "", "job 7: ended, not in the queue (finished or cancelled); 0 rows"),
-        # cancelled while pending: SLURM never wrote its log, and status names none
+        # cancelled while pending: SLURM never wrote its log, and status says it is not there
         ("CANCELLED 0:00 2 (None)", None, "job 7: cancelled, ended after 0:00; 0 rows"),
     ],
 )
@@ -721,7 +721,7 @@ def test_status_says_how_a_job_ended(tmp_path, monkeypatch, capsys, squeue_says,
     assert out.startswith(line), out
     ended_badly = line.startswith(("job 7: failed", "job 7: cancelled"))
     assert ("its log: " in out) == (ended_badly and wrote_log), out
-    assert ("it wrote no log (slurm-7.out)" in out) == (ended_badly and not wrote_log), out
+    assert (f"no log at {run_dir / 'slurm-7.out'}" in out) == (ended_badly and not wrote_log), out
     if "its log" in out:
         assert out.rstrip().endswith(str(run_dir / "slurm-7.out"))
 

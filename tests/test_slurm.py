@@ -155,7 +155,7 @@ def test_submit_runs_the_matrix_as_a_batch_job(cluster, data_root, tmp_path) -> 
     assert f"submitted job {job}" in said
     line = _wait_left_queue(run, 240)
     log = run / f"slurm-{job}.out"
-    assert "completed, ended after" in line and "1 rows written" in line, (line, log.read_text())
+    assert "completed, ended after" in line and "1 row written" in line, (line, log.read_text())
     row = pd.read_csv(run / "runs.csv").iloc[0]
     assert row["status"] == "ok" and row["hosts"] == "n1,n2"
     assert row["threads_per_rank"] == 1  # --cores-per-node reached the job

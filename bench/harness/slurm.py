@@ -271,7 +271,7 @@ def status(run_dir: Path) -> str:
 
         with open(rows, newline="") as f:  # a record may span lines (a quoted reason)
             n = sum(1 for _ in csv.DictReader(f))
-    written = f"{n} rows written to {rows}"
+    written = f"{n} row{'' if n == 1 else 's'} written to {rows}"
     if unknown:
         return f"job {job}: state unknown ({unknown}); {written}"
     if not fields or not fields[0]:
@@ -281,8 +281,8 @@ def status(run_dir: Path) -> str:
     if state.upper() in ENDED:
         log = run_dir / f"slurm-{job}.out"
         tail = "" if state.upper() == "COMPLETED" else f"; its log: {log}"
-        if tail and not log.exists():  # cancelled while pending: it never ran to write one
-            tail = f"; it wrote no log ({log.name})"
+        if tail and not log.exists():  # cancelled while pending, or --output sent it elsewhere
+            tail = f"; no log at {log}"
         return f"job {job}: {state.lower()}, ended after {elapsed}; {written}{tail}"
     if state.upper() == "PENDING":
         return f"job {job}: pending ({where}); {written}"
