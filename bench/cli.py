@@ -272,8 +272,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         dest="data_feed",
         default=d.data_feed,
         help="how batches reach the device: device (in-memory data moved there once, batches "
-        "indexed there), loader (DataLoader), auto (device for mnist, synthetic and "
-        "python-source; default)",
+        "indexed there), loader (DataLoader), auto (device for mnist, synthetic, "
+        "python-source and tensors your data factory returns; default)",
     )
     p.add_argument(
         "--step-timing",

@@ -65,7 +65,8 @@ class RunConfig:
     device: str = "auto"
     workers: int | None = None  # loader workers per device; None: 0 on CPU, 4 on CUDA
     seed: int = 0
-    lr: float | None = None  # None: the optimizer's (DEFAULT_LR)
+    #: None: the optimizer's (DEFAULT_LR), resolved once: a replace(optimizer=...) keeps it
+    lr: float | None = None
     data_root: str = ""
     download: bool = False
     limit: int | None = None  # cap on training samples
@@ -94,7 +95,8 @@ class RunConfig:
     oversubscribe: bool = False
     #: how batches reach the device: "device" (in-memory data moved there once, batches
     #: indexed there), "loader" (a DataLoader, pinned memory on CUDA), "auto" (device
-    #: where the data set is in memory: mnist, synthetic; else loader)
+    #: where the data set is in memory: mnist, synthetic, python-source, or tensors a data
+    #: factory returns; else loader)
     data_feed: str = "auto"
     #: how steps are timed on CUDA: "sync" (synchronise around each step, host clock) or
     #: "events" (CUDA events, no synchronisation inside the loop); bench.harness.probes.StepTimer

@@ -296,8 +296,8 @@ def test_a_cell_killed_while_it_still_stepped_says_how_far_it_got_not_hang(tmp_p
     slow = reason(32, 0.3)
     assert slow == (
         "no result within 15 s (still training: rank 0 had run 32 of 60 steps, 125 ms each, "
-        "the last 0.3 s before the deadline; a --timeout that leaves room for the cell); all "
-        "its processes were killed"
+        "its last report 0.3 s before the deadline; a --timeout that leaves room for the "
+        "cell); all its processes were killed"
     )
     # a deadline not known (nan) claims nothing either
     for done, quiet, when in ((32, 12.0, None), (60, 0.3, None), (31, 0.3, math.nan)):

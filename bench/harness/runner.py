@@ -942,9 +942,9 @@ class Runner:
         elif (stepping := _stepping(cell_dir, state, started + self.cfg.timeout_s)) is not None:
             done, total, step_ms, quiet = stepping
             why = (
-                f"still training: rank 0 had run {done} of {total} steps, {step_ms:.0f} ms "
-                f"each, the last {quiet:.1f} s before the deadline; a --timeout that leaves "
-                "room for the cell"
+                f"still training: rank 0 had run {done} of {total} steps, {step_ms:.3g} ms "
+                f"each, its last report {quiet:.1f} s before the deadline; a --timeout that "
+                "leaves room for the cell"
             )
         return f"no result within {self.cfg.timeout_s:g} s ({why}); all its processes were killed"
 
