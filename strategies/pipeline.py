@@ -18,7 +18,7 @@ single baseline's up to float rounding, which `parabench verify` checks.
 Measured per rank, for the rows: the pipeline's bubble, the share of each step's
 forward-backward time this rank spends outside its stages' forward and backward chunks
 (waiting for its neighbours, or sending), next to the textbook (p-1)/(v*m+p-1) for p
-ranks, v stages per rank and m micro-batches (`textbook_bubble`: interleaved with fewer
+ranks, v stages per rank and m micro-batches (`results.textbook_bubble`: interleaved with fewer
 micro-batches than ranks, the pipe cannot fill, 1 - v*m/(m+v*p-1)); and the bytes of
 activations and activation gradients each rank sends per step.
 """
@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench import torch_before
+from bench.harness import results
 from bench.harness.probes import PhaseClock
 from bench.workload.models import meta_model, sequence
 from strategies.base import Variant
@@ -126,16 +127,6 @@ def incomplete(name: str, model: nn.Module, layers: list) -> str | None:
             "in layers()?): a pipeline would train them instead of the model"
         )
     return None
-
-
-def textbook_bubble(p: int, v: int, m: int) -> float:
-    """The least share of a step a rank can idle with p ranks, v stages per rank and m
-    micro-batches, for equal stages and free sends: each rank's v*m chunk times of the
-    forwards (and as much of the backwards) against their span, which is v*m + p-1 once
-    the pipe fills ((p-1)/(v*m+p-1), the textbook's), or with v > 1 and fewer micro-batches
-    than ranks, the last micro-batch's v*p chunks one after another behind the m-1 before
-    it (m+v*p-1: one micro-batch through 2 ranks' 4 stages idles each rank half the time)."""
-    return 1 - v * m / max(v * m + p - 1, m + v * p - 1)
 
 
 class Pipeline(TorchDistributed):
@@ -345,7 +336,7 @@ class Pipeline(TorchDistributed):
             "pipeline_stages": self.n_stages,
             "microbatches": m,
             "bubble_pct": 100 * sum(i for i, _ in every) / len(every),
-            "bubble_theory_pct": 100 * textbook_bubble(p, v, m),
+            "bubble_theory_pct": 100 * results.textbook_bubble(p, v, m),
             "p2p_mib_per_step": sum(b for _, b in every) / 2**20,
         }
 

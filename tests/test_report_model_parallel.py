@@ -449,6 +449,22 @@ def test_model_parallel_table_has_a_row_per_model_parallel_cell() -> None:
     assert "equal stages and free communication" in note
 
 
+def test_a_run_made_before_the_interleaved_bubble_was_mended_reads_the_mended_one() -> None:
+    """Rows keep the textbook bubble their worker wrote: a run from before interleaved
+    1F1B's was mended (one micro-batch through 2 ranks' 4 stages: 33.3 %, where no
+    schedule idles less than 50 %) re-renders with the formula the note now gives."""
+    old = 100 / 3  # (p-1)/(v*m+p-1), as written then
+    runs = _runs(
+        [
+            _pipeline("pipeline_interleaved", 2, r, pipeline_stages=4, microbatches=1)
+            | {"bubble_theory_pct": old}
+            for r in range(2)
+        ]
+    )
+    text = report.model_parallel_markdown(report.counted_rows(runs), report.summarise(runs))
+    assert _mp_rows(text)[("pipeline_interleaved", "2")][:4] == ["4", "1", "30.0", "50.0"]
+
+
 def test_model_parallel_table_takes_medians_of_counted_repeats_only() -> None:
     runs = _runs(
         [

@@ -1067,6 +1067,9 @@ def model_parallel_markdown(counted: pd.DataFrame, summary: pd.DataFrame) -> str
             col: pd.to_numeric(grp[col], errors="coerce").median() if col in grp else math.nan
             for col in MODEL_PARALLEL
         }
+        stages, m = med["pipeline_stages"], med["microbatches"]
+        if stages >= ws >= 1 and m >= 1:  # as the formula is now, for a run made before it
+            med["bubble_theory_pct"] = 100 * results.textbook_bubble(ws, stages / ws, m)
         cell = by_cell.get((str(name), int(ws)))
         label = cell_name(cell) if cell is not None else str(name)
         if cell is None and oversubscribed(grp):

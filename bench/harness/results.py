@@ -26,7 +26,7 @@ from bench.harness.probes import PHASES
 
 #: measurements a strategy may report through Strategy.cell_metrics, model parallelism's:
 #: pipeline stages and micro-batches, the measured bubble (share of the pipeline's step a
-#: rank is idle, mean over ranks) beside the textbook's least (pipeline.textbook_bubble),
+#: rank is idle, mean over ranks) beside the textbook's least (textbook_bubble),
 #: bytes sent stage to stage and bytes handed to collectives by tensor parallelism, per
 #: step, summed over ranks
 EXTRA = (
@@ -37,6 +37,18 @@ EXTRA = (
     "p2p_mib_per_step",
     "collective_mib_per_step",
 )
+
+
+def textbook_bubble(p: int, v: int, m: int) -> float:
+    """The least share of a step a rank can idle with p ranks, v stages per rank and m
+    micro-batches, for equal stages and free sends: each rank's v*m chunk times of the
+    forwards (and as much of the backwards) against their span, which is v*m + p-1 once
+    the pipe fills ((p-1)/(v*m+p-1), the textbook's), or with v > 1 and fewer micro-batches
+    than ranks, the last micro-batch's v*p chunks one after another behind the m-1 before
+    it (m+v*p-1: one micro-batch through 2 ranks' 4 stages idles each rank half the time)."""
+    return 1 - v * m / max(v * m + p - 1, m + v * p - 1)
+
+
 #: where a step's time goes (bench.harness.breakdown): the phases' means over timed steps, the
 #: communication probe's figures, the stacked parts that add up to the mean step, the
 #: slowest and fastest rank's median step (a straggler shows), and model FLOPs / MFU
