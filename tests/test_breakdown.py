@@ -181,6 +181,10 @@ def test_compute_at_uses_the_point_or_the_line_through_its_nearest_points() -> N
     assert predict.compute_at(curve, 8)[0] == pytest.approx(7.0)
     assert predict.compute_at(curve, 0)[0] == pytest.approx(2.0)
     assert math.isnan(predict.compute_at(curve[:1], 4)[0])
+    # a noisy repeat steepens the line (2 ms at batch 2, 60 at 4): carried down to batch 1 it
+    # gave -27 ms, shown as a step of 0 ms; one sample costs at least half of batch 2's time
+    noisy = [{"batch": b, "threads": 2, "ms": ms} for b, ms in ((2, 2.0), (4, 60.0), (8, 70.0))]
+    assert predict.compute_at(noisy, 1) == (1.0, "batch 2's time per sample")
 
 
 def test_traffic_of_each_strategy_family() -> None:

@@ -13,7 +13,8 @@ The model, per strategy and run option, from its one-process (world size 1) cell
   the step, and a strategy's median of three is no steadier). On a CPU, a rank of N shares
   the cores (cores / N threads each) while N fits the machine; past it each rank is assumed
   a device like this run's one-process cell (all its threads), and beyond the measured
-  batches the time is a straight line fitted through them.
+  batches the time is a straight line fitted through them (below the smallest, never under
+  its time per sample).
 - data(N): the one-process cell's data wait (pooled likewise), split N ways.
 - comm(N): the collectives the strategy issues per step (`Strategy.traffic`: DDP's bucketed
   all-reduce, ZeRO-1's parameter broadcast, FSDP's all-gathers and reduce-scatter, Horovod's
@@ -136,7 +137,9 @@ def predict_step(
 def compute_at(curve: Sequence[Mapping[str, float]], batch: int) -> tuple[float, str]:
     """Step time at `batch` samples from the measured curve (batch -> ms): the point itself,
     else the straight line through the two measured batches nearest to it (between them:
-    interpolated; below the smallest: that line's fixed cost and slope carried down)."""
+    interpolated; below the smallest: that line's fixed cost and slope carried down, but
+    never under the smallest batch's time per sample: a line steepened by a noisy repeat
+    would put a negative fixed cost there, and a step of no time)."""
     points = sorted({int(p["batch"]): float(p["ms"]) for p in curve}.items())
     exact = dict(points).get(batch)
     if exact is not None:
@@ -146,6 +149,10 @@ def compute_at(curve: Sequence[Mapping[str, float]], batch: int) -> tuple[float,
     near = sorted(points, key=lambda p: (abs(p[0] - batch), p[0]))[:2]
     (b0, t0), (b1, t1) = sorted(near)
     t = t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+    smallest, at_smallest = points[0]
+    if batch < smallest and t < at_smallest * batch / smallest:
+        # fewer samples cost at least their share of the smallest batch's time
+        return at_smallest * batch / smallest, f"batch {smallest}'s time per sample"
     return max(t, 0.0), f"line through batches {b0} and {b1}"
 
 
