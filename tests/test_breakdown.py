@@ -486,6 +486,22 @@ def test_predict_table_shows_a_dash_for_an_unknown_efficiency() -> None:
     assert "nan" not in last and last[-3:] == ["–", "1.0", "+0.0%"]
 
 
+def test_predict_table_prints_the_predicted_step_time() -> None:
+    """The README: predict prints step time, samples/s with a band and efficiency; the table
+    gave the step's parts but not the step they add up to."""
+    row = dict.fromkeys(predict.COLUMNS, 1.0) | {
+        "strategy": "ddp",
+        "case": "ddp",
+        "world_size": 4,
+        "link": "measured",
+        "step_ms": 26.36,
+        "samples_per_s": 2427.7,
+    }
+    head, _, line = predict.table([row]).splitlines()
+    assert "step ms" in head.split("  ")
+    assert line.split()[6:8] == ["26.36", "2427.7"]
+
+
 def test_report_without_a_multi_process_cell_to_check_says_so(probed_run, tmp_path) -> None:
     """Every cell above one process failed: the what-if table stands alone, no empty
     "checked against" table before it."""

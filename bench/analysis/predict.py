@@ -560,7 +560,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
     wide = max([18, *(len(str(r["case"])) + 1 for r in rows)])
     head = (
         f"{'strategy':<{wide}}{'ws':>4}{'link':>13}{'compute ms':>11}{'comm ms':>9}{'exposed':>8}"
-        f"{'samples/s':>11}{'band':>19}{'eff':>6}{'measured':>10}{'error':>8}"
+        f"{'step ms':>9}{'samples/s':>11}{'band':>19}{'eff':>6}{'measured':>10}{'error':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -569,7 +569,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         err = r["error_pct"]
         lines.append(
             f"{r['case']:<{wide}}{r['world_size']:>4}{r['link']:>13}{r['compute_ms']:>11.2f}"
-            f"{r['comm_ms']:>9.2f}{r['exposed_fraction']:>8.2f}{r['samples_per_s']:>11.1f}"
+            f"{r['comm_ms']:>9.2f}{r['exposed_fraction']:>8.2f}{r['step_ms']:>9.2f}"
+            f"{r['samples_per_s']:>11.1f}"
             f"{band:>19}"
             + (f"{r['efficiency']:>6.2f}" if r["efficiency"] == r["efficiency"] else f"{'–':>6}")
             + (f"{meas:>10.1f}" if meas == meas else f"{'–':>10}")
