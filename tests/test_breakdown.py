@@ -444,6 +444,12 @@ def test_predict_reads_the_run_as_the_report_does(probed_run, tmp_path, capsys) 
     out = capsys.readouterr().out
     assert out.startswith("nothing to predict:")
     assert "ddp_spawn: its world-size-1 cell kept no compute curve" in out
+    # under --compile no curve is timed at all: the reason is the compile, not a lost file
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    runs.assign(compile="1").to_csv(odd / "runs.csv", index=False)
+    assert main(["predict", str(odd)]) == 1
+    out = capsys.readouterr().out
+    assert "ddp_spawn: compiled under --compile, which times no compute curve" in out
 
 
 def test_predict_without_a_setting_column_says_that_is_missing(

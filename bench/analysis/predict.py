@@ -487,6 +487,8 @@ def _no_curve(run_dir: Path, one: Any) -> str:
     """Why the world-size-1 rows `one` give no compute curve: no cells/ at all, no folder
     of theirs in it (a runs.csv that names no setting cannot be matched to one), or a
     folder without the curve."""
+    import pandas as pd
+
     from bench.harness.runner import cell_dirname
 
     cells = run_dir / "cells"
@@ -515,6 +517,11 @@ def _no_curve(run_dir: Path, one: Any) -> str:
                 f"name it{like}"
             )
         return f"no folder cells/{folders[0]} to read its compute curve from"
+    if "compile" in one and (pd.to_numeric(one["compile"], errors="coerce") > 0).all():
+        return (
+            "compiled under --compile, which times no compute curve (every batch size would "
+            "compile anew): a compiled case is not predicted"
+        )
     return "its world-size-1 cell kept no compute curve (cells/*/epochs.jsonl)"
 
 
