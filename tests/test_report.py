@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -549,6 +550,18 @@ def test_the_problems_table_names_repeats_by_index(reference) -> None:
     problems = report.problems_markdown(reference.runs, report.summarise(reference.runs))
     assert "| strategy | world size | status | repeat(s) | reason |" in problems
     assert "| model_split | 1 | skipped | r0, r1, r2 |" in problems
+
+
+def test_a_reason_with_carriage_returns_stays_on_its_table_row(reference) -> None:
+    """A rank's error message may hold CR LF or a lone CR (a Windows-written file, a
+    progress bar): Markdown ends a line at either, so the row would break off mid-reason
+    and the rest would read as text under the table."""
+    runs = reference.runs.copy()
+    cell = (runs["strategy"] == "fsdp") & (pd.to_numeric(runs["world_size"]) == 2)
+    runs.loc[cell, ["status", "reason"]] = ["failed", "rank 1: ValueError: a\r\nb\rc\nd"]
+    problems = report.problems_markdown(runs, report.summarise(report.counted_rows(runs)))
+    lines = re.split(r"\r\n|\r|\n", problems)  # CommonMark's line endings
+    assert "| fsdp | 2 | failed | r0, r1, r2 | rank 1: ValueError: a b c d |" in lines
 
 
 def test_a_pipeline_row_shows_no_forward_of_its_own(reference) -> None:

@@ -638,7 +638,8 @@ def _num(v: Any, digits: int = 1) -> str:
 
 def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
+        # every line break, a lone CR too (Markdown ends a line there): one row, one line
+        return " ".join(str(v).replace("|", "\\|").splitlines())
 
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
