@@ -278,6 +278,22 @@ def test_error_bars_are_the_95_percent_interval_where_there_is_one() -> None:
     assert plots.ERROR_BARS in ax.get_title()
 
 
+def test_a_cell_of_one_repeat_gets_no_error_bar() -> None:
+    """One repeat has no spread: a bar of width 0 with its caps reads as a spread measured
+    to be none (README: no interval is invented); two repeats span min to max."""
+    summary = _summary([("ddp", "fp32", 2, 100.0), ("fsdp", "fp32", 2, 90.0)])
+    summary["n_repeats"] = [1, 2]
+    summary.loc[0, ["samples_per_s_min", "samples_per_s_max"]] = 100.0
+    ax = plots.throughput(summary).axes[0]
+    spans, caps = [], 0
+    for c in ax.containers:
+        if isinstance(c, ErrorbarContainer):
+            (segs,) = c.lines[2]
+            spans += [sorted(seg[:, 1].tolist()) for seg in segs.get_segments() if len(seg)]
+            caps += sum(np.isfinite(np.asarray(cap.get_ydata(), float)).sum() for cap in c.lines[1])
+    assert spans == [[85.0, 95.0]] and caps == 2
+
+
 def test_option_sweep_colours_by_strategy_and_styles_by_world_size() -> None:
     rows = [
         (name, f"fp32,bucket_cap_mb={b}", ws, 100.0)

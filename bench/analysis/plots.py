@@ -211,7 +211,8 @@ def _note_left_out(ax: Axes, left_out: list[str]) -> None:
 
 def _error_bars(rows: pd.DataFrame, metric: str, med: np.ndarray) -> np.ndarray:
     """Below and above each median: its 95 % interval over repeats where the summary has
-    one (3 repeats or more, bench.harness.stats), else min to max; never negative (a t-interval is
+    one (3 repeats or more, bench.harness.stats), else min to max (nan, drawn as no bar,
+    with one repeat); never negative (a t-interval is
     centred on the mean, which a skewed set of repeats puts beside the median)."""
     low, high = rows[f"{metric}_min"].to_numpy(float), rows[f"{metric}_max"].to_numpy(float)
     if f"{metric}_ci_low" in rows:
@@ -219,7 +220,10 @@ def _error_bars(rows: pd.DataFrame, metric: str, med: np.ndarray) -> np.ndarray:
         ci_high = rows[f"{metric}_ci_high"].to_numpy(float)
         has = np.isfinite(ci_low) & np.isfinite(ci_high)
         low, high = np.where(has, ci_low, low), np.where(has, ci_high, high)
-    return np.fmax(np.vstack([med - low, high - med]), 0)
+    err = np.fmax(np.vstack([med - low, high - med]), 0)
+    if "n_repeats" in rows:  # one repeat has no spread: no bar, not one of width 0
+        err[:, pd.to_numeric(rows["n_repeats"], errors="coerce").to_numpy(float) < 2] = np.nan
+    return err
 
 
 ERROR_BARS = "error bars: 95 % interval over repeats, min–max with fewer than 3"
