@@ -1032,8 +1032,8 @@ def test_verify_closes_with_what_passed_and_why_the_rest_did_not():
     lines = summary(bad)
     assert lines[0] == "2 of 6 cell(s) match their baseline"
     assert (
-        "1 cell(s) FAIL: outside their tolerance, or too close to fp32 for the rounding "
-        "they claim (reasons above)" in lines
+        "1 cell(s) FAIL: outside their tolerance, not started or run as the baseline was, "
+        "or too close to fp32 for the rounding they claim (reasons above)" in lines
     )
     assert "1 cell(s) did not run to the end (1 error): no verdict" in lines
     assert any(line.startswith("1 cell(s) have no stated tolerance") for line in lines)

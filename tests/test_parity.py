@@ -397,6 +397,24 @@ def test_a_reference_from_other_weights_fails_and_leaves_the_recipe(amplified, t
     assert by[("ddp_spawn", "bf16")].tol == RECIPES["autocast_bf16"]
 
 
+def test_a_cell_from_other_weights_fails_and_says_why(tmp_path, data_root):
+    """A cell whose initial weights are not the baseline's FAILs however close its gaps, and
+    its reason says so: its table row alone is within every tolerance it shows."""
+    import torch
+
+    cfg = small_config(tmp_path, data_root, strategies=("ddp_spawn",), world_sizes=(1,))
+    run_dir, _ = verify(cfg, steps=2, echo=lambda m: None)
+    (init,) = (run_dir / "cells").glob("ddp_spawn-*/params_init.pt")
+    weights = torch.load(init, weights_only=True)
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1e-6
+    torch.save(weights, init)
+    (cell,) = [p for p in compare(run_dir) if p.strategy == "ddp_spawn"]
+    assert cell.status == "FAIL" and cell.param_rel <= cell.tol.param_rel
+    assert "did not start from the baseline's weights" in cell.reason
+    assert f"ddp_spawn ws=1: {cell.reason}" in table([cell])
+
+
 def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, tmp_path):
     """The reference run apart ended in error: its row says so (and fails verify), and the
     bf16 cells are held to their recipe's tolerance, not widened by a figure never taken."""

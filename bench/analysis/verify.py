@@ -460,6 +460,18 @@ class _Gaps:
         good = good and not self.buffer_rel > tol.param_rel
         return good and self.loss_abs <= tol.loss_abs and self.param_rel <= tol.param_rel
 
+    def unlike(self, tol: Tolerance, who: str, steps: int, base_steps: int) -> str:
+        """Why `who` (its `steps` losses against the baseline's `base_steps`) did not start or
+        run as the baseline did, or "": its gaps then compare nothing like for like."""
+        if not self.same_steps:
+            return f"{who} ran {steps} step(s), the baseline {base_steps}"
+        if not self.same_start <= tol.init_abs:
+            return (
+                f"{who} did not start from the baseline's weights (initial weights "
+                f"{self.same_start:.3g} apart at most, past {tol.init_abs:g})"
+            )
+        return ""
+
     def buffers_off(self, tol: Tolerance) -> str:
         """Why the running statistics fail `tol` where the weights do not, or "" (also where
         the weights or the loss are off too: statistics follow wrong weights, and the
@@ -605,14 +617,9 @@ def _reference(
     reason = ""
     if g.within(tol):
         status = "pass"
-    elif not g.same_steps or not g.same_start <= tol.init_abs:
+    elif unlike := g.unlike(tol, f"single in {precision}", len(ref.losses), len(base.losses)):
         status = "FAIL"
-        reason = (
-            f"single in {precision} did not start from the baseline's weights"
-            if g.same_steps
-            else f"single in {precision} ran {len(ref.losses)} step(s), "
-            f"the baseline {len(base.losses)}"
-        )
+        reason = unlike
     elif not g.param_rel <= REFERENCE_LIMIT:
         status = "FAIL"
         reason = (
@@ -720,7 +727,10 @@ def compare(run_dir: Path) -> list[Parity]:
         g = _gaps(mine, base, norms)
         measured = (g.late if tol.approximate else g.loss_abs, g.param_abs, g.param_rel, tol)
         status = "pass" if g.within(tol) else "FAIL"
-        reason = g.buffers_off(tol) if status == "FAIL" else ""
+        if status == "FAIL":
+            reason = g.unlike(tol, "it", len(mine.losses), len(base.losses)) or g.buffers_off(tol)
+        else:
+            reason = ""
         if status == "FAIL" and not tol.approximate and first is not None:
             why = (
                 f"one-ulp twins of the baseline were already {first:.1e} apart in their first "
@@ -1312,8 +1322,8 @@ def summary(parity: list[Parity]) -> list[str]:
         lines.append(f"{idle} cell(s) skipped or unavailable here (reasons above)")
     if count.get("FAIL"):
         lines.append(
-            f"{count['FAIL']} cell(s) FAIL: outside their tolerance, or too close to fp32 "
-            "for the rounding they claim (reasons above)"
+            f"{count['FAIL']} cell(s) FAIL: outside their tolerance, not started or run as "
+            "the baseline was, or too close to fp32 for the rounding they claim (reasons above)"
         )
     if count.get("no tolerance"):
         lines.append(
