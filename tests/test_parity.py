@@ -139,6 +139,8 @@ def test_a_cell_that_did_not_run_keeps_its_reason(parity_run, tmp_path):
 def test_a_strategy_that_skips_gradient_sync_fails_parity(parity):
     bad = parity[("test_nosync", 2)]
     assert bad.status == "FAIL" and bad.param_rel > 100 * RECIPES["exact"].param_rel
+    # the reason names the bound it is past, where the summary says 'reasons above'
+    assert f"params {bad.param_rel:.3g} past {bad.tol.param_rel:.3g}" in bad.reason, bad
 
 
 def test_a_cell_that_never_rounds_in_its_precision_fails_parity(parity):

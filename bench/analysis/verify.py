@@ -472,6 +472,17 @@ class _Gaps:
             )
         return ""
 
+    def past(self, tol: Tolerance) -> str:
+        """Which bound of `tol` the gaps exceed, each with its figure, or "" where none is."""
+        if tol.approximate:
+            return (
+                f"late loss {self.late:.3g} from the baseline's, past {tol.loss_abs:.3g}"
+                if not self.late <= tol.loss_abs
+                else ""
+            )
+        gaps = (("loss", self.loss_abs, tol.loss_abs), ("params", self.param_rel, tol.param_rel))
+        return "; ".join(f"{k} {v:.3g} past {t:.3g}" for k, v, t in gaps if not v <= t)
+
     def buffers_off(self, tol: Tolerance) -> str:
         """Why the running statistics fail `tol` where the weights do not, or "" (also where
         the weights or the loss are off too: statistics follow wrong weights, and the
@@ -728,7 +739,11 @@ def compare(run_dir: Path) -> list[Parity]:
         measured = (g.late if tol.approximate else g.loss_abs, g.param_abs, g.param_rel, tol)
         status = "pass" if g.within(tol) else "FAIL"
         if status == "FAIL":
-            reason = g.unlike(tol, "it", len(mine.losses), len(base.losses)) or g.buffers_off(tol)
+            reason = (
+                g.unlike(tol, "it", len(mine.losses), len(base.losses))
+                or g.buffers_off(tol)
+                or g.past(tol)
+            )
         else:
             reason = ""
         if status == "FAIL" and not tol.approximate and first is not None:
