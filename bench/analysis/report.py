@@ -1382,7 +1382,8 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
     return (
         "Milliseconds of a mean timed step, median over repeats. The laps of every step "
         "(data wait, forward, backward, optimizer; other: what the laps do not cover, in % of "
-        "the step) add up to the step. A pipeline's schedule runs the forward and backward "
+        "the step) add up to the step in each repeat; each column's median over repeats may "
+        "come from another repeat, so a row's parts can miss its step by a little. A pipeline's schedule runs the forward and backward "
         "of its micro-batches in one call, so its row counts both under backward "
         "(forward+backward) and shows – for forward. Communication is measured after the "
         "timed steps "
