@@ -18,9 +18,9 @@ single baseline's up to float rounding, which `parabench verify` checks.
 Measured per rank, for the rows: the pipeline's bubble, the share of each step's
 forward-backward time this rank spends outside its stages' forward and backward chunks
 (waiting for its neighbours, or sending), next to the textbook (p-1)/(v*m+p-1) for p
-ranks, v stages per rank and m micro-batches (`results.textbook_bubble`: interleaved with fewer
-micro-batches than ranks, the pipe cannot fill, 1 - v*m/(m+v*p-1)); and the bytes of
-activations and activation gradients each rank sends per step.
+ranks, v stages per rank and m micro-batches (`results.textbook_bubble`: interleaved with
+fewer micro-batches than ranks, the pipe cannot fill, 1 - v*m/(m+v*p-1)); and the bytes
+of activations and activation gradients each rank sends per step.
 """
 
 from __future__ import annotations
