@@ -266,41 +266,75 @@ def test_a_compiled_cell_killed_in_its_first_step_says_compilation_may_be_why(tm
 
 
 def test_a_cell_killed_while_it_still_stepped_says_how_far_it_got_not_hang(tmp_path, data_root):
-    """A deadline that kills a cell whose rank 0 reported a step just before it is too short
-    a --timeout, not a hang: the reason says the steps run and their time; one whose last
-    report is long past the deadline, or that had run every step, reads as a hang."""
+    """A deadline that kills a cell whose rank 0 was seen stepping just before it is too
+    short a --timeout, not a hang: the reason says the steps run and their time; one whose
+    step count last moved long before the deadline, or that had run every step, reads as a
+    hang."""
     import json
     import math
-    import os
-    import time
 
     from bench.harness.progress import PROGRESS_FILE
     from bench.harness.runner import Cell, RunDir, Runner
 
     cfg = small_config(tmp_path, data_root, timeout_s=15)
     runner = Runner(cfg, RunDir(tmp_path))
-    ended = time.time()  # the cell was killed now, 15 s after it started
 
-    def reason(done: int, quiet_s: float, when: float | None = None) -> str:
+    def reason(done: int, quiet_s: float) -> str:
         cell = Cell("ddp_torchrun", 2, 0, Setting())
         cell_dir = tmp_path / "cells" / f"{cell.dirname}-{done}-{quiet_s:g}"
         cell_dir.mkdir(parents=True)
         state = {"epoch": 0, "epochs": 1, "step": done, "steps": 60}
         state |= {"done": done, "total": 60, "step_ms": 124.8}
         (cell_dir / PROGRESS_FILE).write_text(json.dumps(state))
-        os.utime(cell_dir / PROGRESS_FILE, (ended - quiet_s, ended - quiet_s))
-        (row,) = runner._collect(cell, cell_dir, None, True, 15.0, when or ended)[0]
+        (row,) = runner._collect(cell, cell_dir, None, True, 15.0, quiet=quiet_s)[0]
         assert row["status"] == "timeout"
         return row["reason"]
 
     slow = reason(32, 0.3)
     assert slow == (
         "no result within 15 s (still training: rank 0 had run 32 of 60 steps, 125 ms each, "
-        "its last report 0.3 s before the deadline; a --timeout that leaves room for the "
+        "its last step seen 0.3 s before the deadline; a --timeout that leaves room for the "
         "cell); all its processes were killed"
     )
-    # a deadline not known (nan) claims nothing either
-    for done, quiet, when in ((32, 12.0, None), (60, 0.3, None), (31, 0.3, math.nan)):
-        assert reason(done, quiet, when) == (
+    # a step count never seen to move (nan) claims nothing either
+    for done, quiet in ((32, 12.0), (60, 0.3), (31, math.nan)):
+        assert reason(done, quiet) == (
             "no result within 15 s (hang?); all its processes were killed"
         )
+
+
+def test_when_rank_0_last_stepped_is_read_on_the_harness_clock_not_the_file_mtime(tmp_path):
+    """The harness notes, on its own clock, when rank 0's step count moved: a progress file
+    written by a node whose clock is an hour off (its mtime) changes nothing, a count that
+    stays put does not count as a step, and reads are at most one a second."""
+    import json
+    import math
+    import os
+    import time
+
+    from bench.harness.progress import PROGRESS_FILE, LastStep
+
+    now = [100.0]
+    heard = LastStep(tmp_path, every_s=1.0, clock=lambda: now[0])
+
+    def report(done: int) -> None:
+        (tmp_path / PROGRESS_FILE).write_text(json.dumps({"done": done, "total": 60}))
+        skewed = time.time() - 3600  # another node's clock
+        os.utime(tmp_path / PROGRESS_FILE, (skewed, skewed))
+
+    heard.poll()  # nothing written yet
+    assert math.isnan(heard.quiet(115.0))
+    report(3)
+    now[0] = 101.0
+    heard.poll()
+    assert heard.quiet(115.0) == 14.0
+    report(4)
+    now[0] = 101.5  # within a second of the last read: not read
+    heard.poll()
+    assert heard.quiet(115.0) == 14.0
+    now[0] = 102.2
+    heard.poll()
+    assert heard.quiet(115.0) == pytest.approx(12.8)
+    now[0] = 110.0  # the same count again: rank 0 stopped
+    heard.poll()
+    assert heard.quiet(115.0) == pytest.approx(12.8)

@@ -62,6 +62,34 @@ class StepReporter:
         os.replace(tmp, self.path)
 
 
+class LastStep:
+    """When, on the harness's own clock, rank 0's step count last moved, read from its
+    progress file on the harness's polls (at most every `every_s` seconds). A deadline is
+    then compared with this machine's time alone: the file's mtime is set by the clock of
+    the node that wrote it, which on a shared file system may be seconds off this one's."""
+
+    def __init__(
+        self, cell_dir: Path, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.cell_dir, self.every_s, self.clock = cell_dir, every_s, clock
+        self.done: Any = None
+        self.at = math.nan  # when `done` was first seen at its value; nan: never
+        self.read_at = -math.inf
+
+    def poll(self) -> None:
+        now = self.clock()
+        if now - self.read_at < self.every_s:
+            return
+        self.read_at = now
+        done = (read(self.cell_dir) or {}).get("done")
+        if done is not None and done != self.done:
+            self.done, self.at = done, now
+
+    def quiet(self, deadline: float) -> float:
+        """Seconds from the last step count seen to `deadline` (this clock); nan: none seen."""
+        return deadline - self.at
+
+
 def read(cell_dir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((cell_dir / PROGRESS_FILE).read_text())

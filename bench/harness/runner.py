@@ -40,7 +40,7 @@ from bench.harness.env import (
     threads_per_process,
 )
 from bench.harness.launchers import LAUNCHERS
-from bench.harness.progress import PROGRESS_FILE, Display
+from bench.harness.progress import Display, LastStep
 from bench.harness.progress import read as read_progress
 from bench.workload import data
 from bench.workload.models import check_model, check_model_args
@@ -832,10 +832,16 @@ class Runner:
         shown = self.progress
         if shown is not None:
             shown.start(self._label(cell), cell_dir, self.cfg.global_batch)
+        heard = LastStep(cell_dir)  # whether a cell killed at its deadline still stepped
+
+        def poll() -> None:
+            heard.poll()
+            if shown is not None:
+                shown.poll()
+
         try:
-            rc, timed_out = self.current.wait(
-                self.cfg.timeout_s, on_poll=shown.poll if shown is not None else None
-            )
+            deadline = time.monotonic() + self.cfg.timeout_s
+            rc, timed_out = self.current.wait(self.cfg.timeout_s, on_poll=poll)
         except BaseException:  # Ctrl-C / SIGTERM while the cell runs
             self.current.kill()
             self.current = None
@@ -857,7 +863,9 @@ class Runner:
             wall = time.monotonic() - t0
             self.state[cell.key].update(share.stop() if local else CpuShare.unknown())
             return self._write(
-                *self._collect(cell, cell_dir, rc, timed_out, wall, started + wall, oom)
+                *self._collect(
+                    cell, cell_dir, rc, timed_out, wall, started + wall, oom, heard.quiet(deadline)
+                )
             )
 
     def _write(
@@ -875,6 +883,7 @@ class Runner:
         wall: float,
         ended: float = math.nan,
         oom: proc.OomKills | None = None,
+        quiet: float = math.nan,
     ):
         records = _read_records(cell_dir / "epochs.jsonl")
         startup = (
@@ -917,7 +926,7 @@ class Runner:
         if timed_out:
             runs.append(
                 self._status_row(
-                    cell, results.TIMEOUT, self._timeout_reason(cell, cell_dir, ended - wall), wall
+                    cell, results.TIMEOUT, self._timeout_reason(cell, cell_dir, quiet), wall
                 )
             )
         elif rc != 0 or len(records) < self.cfg.epochs:
@@ -925,12 +934,13 @@ class Runner:
             runs.append(self._status_row(cell, status, reason, wall))
         return runs, steps, ranks
 
-    def _timeout_reason(self, cell: Cell, cell_dir: Path, started: float = math.nan) -> str:
+    def _timeout_reason(self, cell: Cell, cell_dir: Path, quiet: float = math.nan) -> str:
         """Why a cell was killed at its deadline: a hang, as far as the harness can tell, but
         a compiled cell whose rank 0 finished no step was likely still compiling (its first
         step holds torch.compile's work: tens of seconds to minutes, per process, cold), and
-        one whose rank 0 reported a step shortly before the deadline (`started`, wall clock,
-        plus --timeout) was still training: the reason says how far it got."""
+        one whose rank 0 was seen stepping shortly before the deadline (`quiet`: seconds
+        from its step count's last move to the deadline, on the harness's clock) was still
+        training: the reason says how far it got."""
         state = read_progress(cell_dir) or {}
         why = "hang?"
         if cell.setting.compile and not state.get("done"):
@@ -939,12 +949,12 @@ class Runner:
                 "compilation (a minute or more cold on a CPU): a --timeout that leaves room "
                 "for it, or a hang"
             )
-        elif (stepping := _stepping(cell_dir, state, started + self.cfg.timeout_s)) is not None:
+        elif (stepping := _stepping(state, quiet)) is not None:
             done, total, step_ms, quiet = stepping
             why = (
                 f"still training: rank 0 had run {done} of {total} steps, {step_ms:.3g} ms "
-                f"each, its last report {quiet:.1f} s before the deadline; a --timeout that "
-                "leaves room for the cell"
+                f"each, its last step seen {quiet:.1f} s before the deadline; a --timeout "
+                "that leaves room for the cell"
             )
         return f"no result within {self.cfg.timeout_s:g} s ({why}); all its processes were killed"
 
@@ -980,19 +990,16 @@ class Runner:
             self.current.kill()
 
 
-def _stepping(
-    cell_dir: Path, state: Mapping[str, Any], deadline: float
-) -> tuple[int, int, float, float] | None:
-    """(steps done, steps in all, ms a step, seconds since its last report) where rank 0
-    was still stepping at `deadline` (wall clock): steps left, and its progress file
-    (rewritten after a step, at most twice a second) at most three steps or 5 s old
-    then. None where it had stopped reporting, or nothing says."""
+def _stepping(state: Mapping[str, Any], quiet: float) -> tuple[int, int, float, float] | None:
+    """(steps done, steps in all, ms a step, seconds quiet) where rank 0 was still stepping
+    at the deadline: steps left, and its step count seen to move at most three steps or 5 s
+    (`quiet`) before it (the harness reads the progress file, which rank 0 rewrites at most
+    twice a second, about once a second). None where it had stopped, or nothing says."""
     try:
         done, total, step_ms = int(state["done"]), int(state["total"]), float(state["step_ms"])
-        quiet = deadline - (cell_dir / PROGRESS_FILE).stat().st_mtime
-    except (KeyError, TypeError, ValueError, OSError):
+    except (KeyError, TypeError, ValueError):
         return None
-    if 0 < done < total and quiet <= max(5.0, 3 * step_ms / 1e3):  # False for a nan deadline
+    if 0 < done < total and quiet <= max(5.0, 3 * step_ms / 1e3):  # False for a nan quiet
         return done, total, step_ms, max(0.0, quiet)
     return None
 
