@@ -528,7 +528,8 @@ def test_predictions_name_each_setting_and_check_nothing_at_one_process(
 ) -> None:
     """A run of two settings of one strategy: each prediction says which (the report's
     `ddp_spawn [bf16]`, not `ddp_spawn` twice); at world size 1 the prediction is the
-    measured cell's own, so it has no error to show."""
+    measured cell's own, so it has no error to show, and with no communication no share
+    of it exposed."""
     from bench.cli import main
     from bench.harness.runner import cell_dirname
 
@@ -551,6 +552,7 @@ def test_predictions_name_each_setting_and_check_nothing_at_one_process(
     ]
     for r in rows:
         assert (r["world_size"] == 1) == math.isnan(r["error_pct"]), r
+        assert (r["world_size"] == 1) == math.isnan(r["exposed_fraction"]), r
     assert main(["predict", str(two), "--world-sizes", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split()[:2] for ln in lines[2:4]] == [  # the plain setting first
@@ -558,6 +560,7 @@ def test_predictions_name_each_setting_and_check_nothing_at_one_process(
         ["ddp_spawn", "[bf16]"],
     ]
     assert all(ln.split()[-1] == "–" and "%" not in ln for ln in lines[2:4]), lines
+    assert all(ln.split()[6] == "–" for ln in lines[2:4]), lines  # exposed, after comm 0.00
 
 
 def test_two_cases_whose_repeats_differ_only_by_noise_predict_overlapping_bands(

@@ -384,7 +384,8 @@ def predict_run(
                     "compute_ms_high": compute_range[1],
                     "data_ms": data_ms,
                     "comm_ms": comm,
-                    "exposed_fraction": 1.0 if f is None else f,
+                    # no communication (one process): no share of it to expose
+                    "exposed_fraction": math.nan if comm == 0 else 1.0 if f is None else f,
                     "step_ms": pred.step_ms,
                     "step_ms_low": pred.low_ms,
                     "step_ms_high": pred.high_ms,
@@ -576,7 +577,9 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         err = r["error_pct"]
         lines.append(
             f"{r['case']:<{wide}}{r['world_size']:>4}{r['link']:>13}{r['compute_ms']:>11.2f}"
-            f"{r['comm_ms']:>9.2f}{r['exposed_fraction']:>8.2f}{r['step_ms']:>9.2f}"
+            f"{r['comm_ms']:>9.2f}"
+            + (f"{f:>8.2f}" if (f := r["exposed_fraction"]) == f else f"{'–':>8}")
+            + f"{r['step_ms']:>9.2f}"
             f"{r['samples_per_s']:>11.1f}"
             f"{band:>19}"
             + (f"{r['efficiency']:>6.2f}" if r["efficiency"] == r["efficiency"] else f"{'–':>6}")
