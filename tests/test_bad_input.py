@@ -155,6 +155,7 @@ CASES = [
     case(RUN, ["--image-size", "-1"], "--image-size must be at least 16", id="image-size-neg"),
     case("list", ["--device", "tpu"], "unknown device 'tpu'", id="list-device-tpu"),
     case("status", ["{in}/nope"], "nope: no such run directory", id="status-no-run-dir"),
+    case("predict", ["{in}/nope"], "nope: no such run directory", id="predict-no-run-dir"),
     case(
         "status",
         ["{in}/garbage_job_id"],

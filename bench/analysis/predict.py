@@ -226,6 +226,8 @@ def _config(run_dir: Path, link: str | None = None) -> Any:
     from bench.harness.runner import RunDir
 
     rd = RunDir(run_dir)
+    if not Path(run_dir).is_dir():  # as report and compare say it
+        raise ConfigError(f"{run_dir}: no such run directory")
     if not rd.config_path.exists():
         raise ConfigError(f"{run_dir} is not a run directory (no config.json)")
     if not rd.runs.path.exists():
