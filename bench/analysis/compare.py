@@ -412,7 +412,8 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
     group = f"{'':<{wide + 3}}" + "".join(f"  {LABELS[m]:^25}" for m in SHOWN)
     head = f"{'strategy':<{wide}}{'ws':>3}" + f"  {'A':>9}{'B':>9}{'B/A':>7}" * len(SHOWN)
     test = ", U test at 5 %" if cmp.stats else ", factor alone"
-    head += f"  verdict ({cmp.metric}, factor {cmp.factor:g}{test})"
+    if not cmp.unlike:  # unlike runs: ratios only, no column of verdicts
+        head += f"  verdict ({cmp.metric}, factor {cmp.factor:g}{test})"
     lines = [f"A: {a_name}", f"B: {b_name}"]
     if cmp.unlike:
         lines.append(f"UNLIKE RUNS, no verdicts: they measured other work: {_said(cmp.unlike)}")
@@ -430,7 +431,7 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
                 f"  {_fmt(r[f'{m}_median_a'], 1):>9}{_fmt(r[f'{m}_median_b'], 1):>9}"
                 f"{_fmt(r[f'{m}_ratio'], 2):>7}"
             )
-        lines.append(line + f"  {r['verdict']}")
+        lines.append(f"{line}  {r['verdict']}".rstrip())
     if cmp.table.empty:
         lines.append("(no strategy and world size has an ok result in both runs)")
     for label, cells in (("only in A", cmp.only_a), ("only in B", cmp.only_b)):
