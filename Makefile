@@ -72,8 +72,9 @@ format: install
 	$(VENV)/bin/ruff format bench strategies tests benchmarks
 
 # the newest run by when its runs.csv was written; none yet: one line, exit 2
-report: install
+report:
 	$(if $(wildcard results/*/runs.csv),,$(error no run under results/ yet: make bench first))
+	@$(MAKE) --no-print-directory install
 	$(PB) report "$$(dirname "$$(ls -t results/*/runs.csv | head -1)")"
 
 verify: install

@@ -1090,10 +1090,16 @@ def _make(where: Path, *targets: str):
 
 
 def test_make_report_without_a_run_says_so_in_one_line(tmp_path) -> None:
-    done = _make(_make_sandbox(tmp_path), "report")
+    """...before it installs anything: on a fresh machine that would take minutes."""
+    box = _make_sandbox(tmp_path)
+    (box / ".venv" / ".installed").unlink()  # not installed: `install` would call pip
+    called = box / "python-called"
+    (box / ".venv" / "bin" / "python").write_text(f'#!/bin/sh\necho "$*" >> "{called}"\n')
+    done = _make(box, "report")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1, done.stderr
     assert "no run under results/" in done.stderr and "make bench" in done.stderr
+    assert not called.exists(), called.read_text()
 
 
 def test_make_report_renders_the_run_written_last(tmp_path) -> None:
