@@ -33,15 +33,17 @@ def test_t_interval_covers_the_mean_95_percent_of_the_time() -> None:
     assert 0.93 <= hits / trials <= 0.97  # binomial sd at 2000 trials: 0.5 %
 
 
-def test_ratio_interval_covers_the_true_ratio_mostly() -> None:
+def test_ratio_interval_covers_the_true_ratio_95_percent_at_3_repeats() -> None:
+    # make bench's 3 repeats a side: a percentile bootstrap's "95 %" held the ratio 77 % of
+    # the time there, so a speed-up's interval excluded 1 far more often than it should
     rng = np.random.default_rng(2)
-    trials, hits = 150, 0
+    trials, hits = 2000, 0
     for _ in range(trials):
-        a, b = rng.normal(20.0, 1.0, size=6), rng.normal(10.0, 0.5, size=6)
-        low, high = stats.ratio_interval(a, b, seed=int(rng.integers(1 << 30)))
+        a, b = rng.normal(20.0, 2.0, size=3), rng.normal(10.0, 1.0, size=3)
+        low, high = stats.ratio_interval(a, b)
         hits += low <= 2.0 <= high
-    # a percentile bootstrap on 6 samples is somewhat narrow: well above chance, near 95 %
-    assert hits / trials >= 0.85
+    assert 0.93 <= hits / trials <= 0.98  # binomial sd at 2000 trials: 0.5 %
+    assert stats.ratio_interval([4.0, 4.0, 4.0], [2.0, 2.0, 2.0]) == (2.0, 2.0)
 
 
 def test_no_interval_from_too_few_repeats() -> None:

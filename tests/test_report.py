@@ -743,7 +743,7 @@ def test_which_to_pick_ranks_singles_numerics_apart_from_the_fastest_of_all(refe
     run = dataclasses.replace(reference, runs=_faster(reference.runs, "ddp_fp16_hook", 2, 3.0))
     lines = {line.split(":")[0]: line for line in _pick(run).splitlines() if line.startswith("-")}
     exact = lines["- world size 2, with single's numerics (`exact`)"]
-    assert "ddp_fp16_hook" not in exact and "fastest ddp_spawn, 0.86x single (0.82–0.98)" in exact
+    assert "ddp_fp16_hook" not in exact and "fastest ddp_spawn, 0.86x single (0.73–1.08)" in exact
     assert "within noise of it: ddp_torchrun" in exact and "slowest model_split" in exact
     top = lines["- world size 2, fastest of all"]
     assert "ddp_fp16_hook (`grad_fp16`)" in top and "eval accuracy" in top and "(single " in top
