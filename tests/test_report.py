@@ -659,6 +659,26 @@ def test_target_precision_is_summarised_over_the_epochs_the_summary_counts() -> 
     assert "60–60 timed steps, median 60" in text and "Every cell reached it" in text
 
 
+def test_target_precision_names_a_cell_short_of_it_with_whole_steps() -> None:
+    """A skipped row leaves timed_steps empty, so the column reads back as float: the cell
+    short of the target read "in 95.0 steps"."""
+    runs = pd.DataFrame(
+        {
+            "strategy": ["single", "single"],
+            "world_size": [1, 2],
+            "repeat": [0, 0],
+            "round": [0, 0],
+            "epoch": [0, 0],
+            "status": ["ok", "skipped"],
+            "target_precision_pct": [2.0, None],
+            "timed_steps": [95, None],
+            "step_precision_pct": [3.5, None],
+        }
+    )
+    text = report.precision_markdown(runs)
+    assert "single ws=1 round 0 (±3.5 % in 95 steps)" in text
+
+
 def test_timed_share_of_wall_time_counts_every_epoch_of_a_cell() -> None:
     """A cell's wall time holds all its epochs: measured against the last epoch's timed
     steps alone, three epochs of 10 s in a 60 s cell read as 17 %, not 50 %."""

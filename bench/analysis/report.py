@@ -684,7 +684,7 @@ def precision_markdown(runs: pd.DataFrame) -> str:
     short = ok[~(got <= goal)]
     missed = ", ".join(
         f"{r['strategy']} ws={r['world_size']} round {r.get('round', '?')} "
-        f"(±{_num(r['step_precision_pct'], 1)} % in {r['timed_steps']} steps)"
+        f"(±{_num(r['step_precision_pct'], 1)} % in {_plain(r['timed_steps'])} steps)"
         for _, r in short.iterrows()
     )
     return (
