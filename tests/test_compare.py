@@ -434,6 +434,19 @@ def test_a_limit_on_the_training_samples_is_a_condition_named(run_a: Path, tmp_p
     assert cmp.how == [("training samples (--limit)", str(limit), "256")] and not cmp.unlike
 
 
+def test_a_target_precision_is_a_condition_named(run_a: Path, tmp_path: Path) -> None:
+    """--target-precision times steps until the step time is known to it, not a fixed
+    number: a run with it against one without is named, still judged."""
+    import json
+
+    run_b = Path(shutil.copytree(run_a, tmp_path / "b"))
+    cfg = json.loads((run_b / "config.json").read_text())
+    cfg["target_precision"] = 2.0
+    (run_b / "config.json").write_text(json.dumps(cfg))
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
+    assert cmp.how == [("--target-precision", "none", "2")] and not cmp.unlike
+
+
 REFERENCE = Path(__file__).resolve().parent.parent / "results/reference/cpu-2core-mnist-3rounds"
 
 

@@ -84,6 +84,7 @@ HOW = {
     "max_steps": "max steps",
     "warmup_steps": "warm-up steps",
     "limit": "training samples (--limit)",  # the steps per epoch, where --max-steps allows
+    "target_precision": "--target-precision",  # the timed steps: until the step time is known
     "lr": "learning rate",
 }
 #: a cell ok in A and broken in B (failed, oom, timeout, diverged) is the worst regression
