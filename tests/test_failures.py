@@ -231,6 +231,34 @@ Exit code: 137
         assert _failure(tmp_path, 1) == ("failed", reason)
 
 
+def test_a_rank_aborted_by_a_cpp_exception_says_what_it_said(tmp_path):
+    """A C++ exception nothing caught aborts its rank (SIGABRT) with no Python error and no
+    error file: torch's PowerSGD hook on gloo with two buckets in flight, as this machine's
+    log had it. The row says gloo's words, not the signal alone."""
+    from bench.harness.runner import _failure
+
+    gloo = (
+        "[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:464]"
+        " op.preamble.length <= op.nbytes. 140 vs 96. Received data size doesn't match "
+        "expected size. Is there a distributed collective mismatch in your code?"
+    )
+    summary = """Root Cause (first observed failure):
+[0]:
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 12548)  (SIGABRT)
+  traceback : Signal 6 (SIGABRT) received by PID 12548
+=======================================================
+"""
+    aborted = "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+    aborted += f"  what():  {gloo}\n"
+    (tmp_path / "log.txt").write_text(aborted + "Traceback (most recent call last):\n" + summary)
+    assert _failure(tmp_path, 1) == ("failed", f"rank 0 killed by SIGABRT: {gloo}")
+    # an abort with nothing said keeps the signal alone
+    (tmp_path / "log.txt").write_text(summary)
+    assert _failure(tmp_path, 1) == ("failed", "rank 0 killed by SIGABRT")
+
+
 def test_a_sigkill_is_oom_only_where_the_kernels_log_names_the_process(tmp_path):
     """What the kernel says of its OOM killer over the cell decides: its log naming one of
     the cell's processes (the rank, or a DataLoader worker its error names) makes the row

@@ -1074,11 +1074,26 @@ def _failed(cell_dir: Path, rc: int | None) -> tuple[str, str, list[int] | None]
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
             name = signal.Signals(-code).name
-            return results.FAILED, f"{who}killed by {name}", [] if name == "SIGKILL" else None
+            said = _cpp_error(cell_dir / "log.txt") if name == "SIGABRT" else ""
+            reason = f"{who}killed by {name}" + (f": {said}" if said else "")
+            return results.FAILED, reason, [] if name == "SIGKILL" else None
     if rank is not None:  # the log's last line is the launcher's summary, not the rank's
         return results.FAILED, f"rank {rank} exited with code {code} (log.txt)", None
     tail = _last_line(cell_dir / "log.txt")
     return results.FAILED, f"exit code {rc}" + (f": {tail}" if tail else ""), None
+
+
+def _cpp_error(log: Path) -> str:
+    """What a C++ exception that nothing caught said as it aborted its process (`terminate
+    called after throwing ...`, then `what():`): gloo's collective mismatch, a c10 error in a
+    thread. The rank dies of SIGABRT, with no Python error and no error file, so without it
+    the row would say only the signal. '' where the log has none."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    found = re.search(r"^terminate called after throwing .*\n\s*what\(\):\s*(.+)$", text, re.M)
+    return found[1].strip()[:300] if found else ""
 
 
 def _lost_node(log: Path) -> tuple[int, str] | None:
