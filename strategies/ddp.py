@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -91,6 +92,18 @@ class DistributedDataParallel(TorchDistributed):
         first = cap if "bucket_cap_mb" in options else float(default_first)
         calls = 1 + max(0, math.ceil((shape.param_bytes - first) / cap))
         return [("all_reduce", cls.gradient_wire_bytes(options, shape), calls)]
+
+    @classmethod
+    def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
+        # torch's DDP with static_graph=True fails its first backward under no_sync() (an
+        # INTERNAL ASSERT in the reducer), and the fix proposed upstream found that past it
+        # the gradients were no longer all-reduced: accumulation cannot be measured with it
+        if flag(options.get("static_graph", "false")) and max(cfg.accumulate) > 1:
+            return (
+                "static_graph=true with --accumulate: torch's DDP fails under no_sync() on "
+                "the first micro-batch (pytorch/pytorch#143580)"
+            )
+        return super().unsuitable(cfg, world_size, options)
 
     def ddp_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}

@@ -95,6 +95,11 @@ CASES = [
         ["--strategies", "ddp_powersgd", "--world-sizes", "2", "--set", "powersgd_start=1"],
         "compresses from step 2 at the earliest",
     ),
+    (  # torch's DDP asserts under no_sync() with a static graph: refused, not a failed row
+        ["--strategies", "zero1", "--set", "static_graph=true", "--accumulate", "2"],
+        "zero1 cannot run at world size 1,2 with fp32,acc2,static_graph=true: static_graph=true "
+        "with --accumulate: torch's DDP fails under no_sync()",
+    ),
     (["--strategies", "single", "--set", "junk=1"], "--set junk: no selected strategy takes"),
     (["--strategies", "single", "--max-steps", "3"], "--warmup-steps (5) must be less than"),
     (["--strategies", "single", "--limit", "10"], "smaller than the global batch"),
