@@ -125,6 +125,7 @@ class DDPCommHook(DistributedDataParallel):
             start_powerSGD_iter=start,
             random_seed=self.ctx.seed,
         )
+        self.powersgd_state = state
         if self.backend == "gloo":
             model.register_comm_hook(state, serialised(powersgd.powerSGD_hook, state))
             self.notes.append(
@@ -134,3 +135,28 @@ class DDPCommHook(DistributedDataParallel):
             model.register_comm_hook(state, powersgd.powerSGD_hook)
             self.notes.append(f"PowerSGD rank {rank} from step {start}")
         return model, optimizer
+
+    powersgd_state: Any = None
+
+    def run_notes(self) -> list[str]:
+        # PowerSGD keeps, per rank and per bucket, its error feedback (the bucket's size: a
+        # second copy of the gradients) and its low-rank factors, from the step it starts
+        # compressing on. That is training state the model-state columns (parameters,
+        # gradients, optimizer state) do not count: said here, or the row would read as
+        # light as plain DDP's.
+        notes = super().run_notes()
+        state = self.powersgd_state
+        if state is None:
+            return notes
+        held = [
+            t
+            for d in (state.error_dict, state.p_memory_dict, state.q_memory_dict)
+            for t in d.values()
+        ]
+        mib = sum(t.numel() * t.element_size() for t in held) / 2**20
+        if mib:
+            notes.append(
+                f"PowerSGD holds {mib:.2f} MiB a rank beside the model state (error feedback, "
+                "low-rank factors)"
+            )
+        return notes

@@ -6,6 +6,7 @@ model-state probe that shows what sharding saves."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -121,6 +122,18 @@ def test_ddp_rows_say_which_buckets_it_used(modern):
     rows, _, _ = modern
     assert "gradient bucket(s)" in rows[("zero1", 2)]["notes"]
     assert "buckets serialised on gloo" in rows[("ddp_powersgd", 2)]["notes"]
+
+
+def test_powersgd_rows_say_the_state_it_holds_beside_the_model_state(modern):
+    """PowerSGD's error feedback is a second copy of the gradients on every rank (its
+    low-rank factors add a few KiB): state the model-state columns do not count."""
+    rows, _, _ = modern
+    row = rows[("ddp_powersgd", 2)]
+    held = re.search(r"PowerSGD holds ([\d.]+) MiB a rank beside the model state", row["notes"])
+    assert held, row["notes"]
+    grads = float(row["grad_mib"])
+    assert grads <= float(held[1]) < 1.05 * grads
+    assert "PowerSGD holds" not in rows[("ddp_fp16_hook", 2)]["notes"]
 
 
 def test_precision_and_accumulation_are_axes_that_keep_parity(tmp_path, data_root):
