@@ -91,6 +91,10 @@ CASES = [
         ["--strategies", "ddp_fp16_hook", "--set", "powersgd_rank=4"],
         "--set powersgd_rank: no selected strategy takes this option",
     ),
+    (
+        ["--strategies", "ddp_powersgd", "--set", "powersgd_rank=1.5"],
+        "ddp_powersgd takes powersgd_rank = an int",
+    ),
     (  # checked before the ranks start, not by them
         ["--strategies", "ddp_powersgd", "--world-sizes", "2", "--set", "powersgd_start=1"],
         "compresses from step 2 at the earliest",

@@ -500,7 +500,7 @@ def option_problem(allowed: tuple[str, ...] | type, value: str) -> str | None:
     try:
         number = allowed(value)
     except ValueError:
-        return f"a {allowed.__name__}"
+        return f"{'an' if allowed is int else 'a'} {allowed.__name__}"
     return None if 0 < number < math.inf else f"a positive, finite {allowed.__name__}"
 
 
