@@ -56,7 +56,7 @@ BAD_MODELS = {
     "missing module": ("no_such_pkg.models:build", "cannot import no_such_pkg.models"),
     "missing file": ("no/such/file.py:build", "no such file"),
     "missing attribute": (f"{ROOT / 'examples' / 'own_model.py'}:nope", "has no attribute 'nope'"),
-    "not a function": ("FILE:WIDTH", "is a int, not a function"),
+    "not a function": ("FILE:WIDTH", "is of type int, not a function"),
     "returns something else": ("FILE:returns_int", "returned int, not a torch.nn.Module"),
     "raises": ("FILE:raises", "raised RuntimeError: broken on purpose"),
     "forward fails on its stated input": ("FILE:wrong_input", "forward on a batch of (7,)"),

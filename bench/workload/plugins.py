@@ -219,7 +219,7 @@ def factory(spec: str, group: str) -> Callable[..., Any]:
             raise ConfigError(f"{spec}: {where} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ConfigError(f"{spec}: {attr} is a {type(obj).__name__}, not a function")
+        raise ConfigError(f"{spec}: {attr} is of type {type(obj).__name__}, not a function")
     return obj
 
 
