@@ -89,6 +89,18 @@ def test_fit_guards() -> None:
     # a latency-only model still predicts: every size costs the latency
     assert C.predict_seconds(flat, "all_gather", 1 << 30, 2) == pytest.approx(np.mean(times))
 
+    # noise that tilts the line below zero at zero bytes (a loaded machine read -543 us):
+    # no latency is negative, so it is 0, and the bandwidth the best line through the origin
+    rows = _rows("all_reduce", 2, alpha_us=0.0)
+    rows[0]["seconds"] *= 0.2  # the smallest size ran fast, the largest slow
+    rows[-1]["seconds"] *= 1.3
+    tilted = C.fit(rows)["all_reduce/gloo/2"]
+    assert tilted["alpha_us"] == 0.0 and "negative latency" in tilted["note"]
+    x = np.array([float(r["bytes"]) for r in rows])
+    y = np.array([r["seconds"] for r in rows])
+    assert tilted["busbw_GBps"] == pytest.approx((x @ x) / (x @ y) / 1e9)
+    assert C.predict_seconds(tilted, "all_reduce", 0, 2) == 0.0
+
 
 @pytest.mark.parametrize("op", C.OPS)
 def test_predict_at_fitted_world_size_reproduces_the_model(op: str) -> None:

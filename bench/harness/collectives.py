@@ -297,7 +297,8 @@ def fit(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     world_size, alpha_us, busbw_GBps (1e9 bytes/s), r2, points and note. note is None for
     a good fit; otherwise it says why the numbers are partial: with fewer than 2 distinct
     sizes alpha, busbw and r2 are nan; when the times do not grow with size (slope <= 0)
-    busbw is inf and alpha is the mean time (a latency-bound fit).
+    busbw is inf and alpha is the mean time (a latency-bound fit); a latency that comes out
+    below 0 is 0, and busbw the least-squares fit through the origin.
     """
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -326,6 +327,9 @@ def fit(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if slope <= 0:
             alpha, slope = float(y.mean()), 0.0
             entry["note"] = "non-positive slope: time does not grow with size, busbw unresolved"
+        elif alpha < 0:  # noise on the large sizes tilts the line below zero at zero bytes
+            alpha, slope = 0.0, float(x @ y / (x @ x))  # least squares through the origin
+            entry["note"] = "negative latency fitted (noise): taken as 0, busbw from the origin"
         pred = alpha + slope * x
         ss_res = float(((y - pred) ** 2).sum())
         ss_tot = float(((y - y.mean()) ** 2).sum())
