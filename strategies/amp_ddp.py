@@ -16,7 +16,10 @@ from strategies.ddp import DistributedDataParallel
 
 class AmpDDP(DistributedDataParallel):
     variants = {
-        "amp_ddp": Variant("torchrun", "native AMP (autocast + GradScaler) with DDP, torchrun"),
+        "amp_ddp": Variant(
+            "torchrun",
+            "native AMP with DDP (autocast: fp16 + GradScaler on CUDA, bf16 on CPU), torchrun",
+        ),
     }
     accepts = {**DistributedDataParallel.accepts, "amp_dtype": ("fp16", "bf16")}
     precisions = ("bf16", "fp16")
