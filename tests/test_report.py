@@ -991,3 +991,33 @@ def test_the_per_cell_plots_are_no_wider_than_their_bars_and_notes_need(referenc
     boxes = [t.get_window_extent() for t in notes]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
     assert max(b.y1 for b in boxes) <= ax.bbox.y1
+
+
+def test_compilation_is_reported_from_the_first_epochs_first_step_beside_eager() -> None:
+    """torch.compile's cost lands in epoch 0's first (warm-up) step, which the summary never
+    times: the report gives it beside the eager case's, and the steps that repay it. Epoch
+    1's first step (no compilation) must not stand for it."""
+    rows = []
+    for setting, first, step in (("fp32", 400.0, 20.0), ("fp32,compile", 30_400.0, 10.0)):
+        for repeat in (0, 1):
+            for epoch in (0, 1):
+                rows.append(
+                    {
+                        "strategy": "single",
+                        "setting": setting,
+                        "world_size": 1,
+                        "repeat": repeat,
+                        "epoch": epoch,
+                        "status": "ok",
+                        "first_step_ms": first if epoch == 0 else step,
+                        "step_time_ms_p50": step,
+                    }
+                )
+    (runs,) = report._labelled([pd.DataFrame(rows)])
+    text = report.compile_markdown(runs, report.counted_rows(runs))
+    row = next(line for line in text.splitlines() if line.startswith("| single [compile]"))
+    # 30 s more in the first step, 10 ms saved a step after it: 3,000 steps to repay
+    assert row == "| single [compile] | 1 | 30.40 | 0.40 | 10.00 | 20.00 | 3,000 steps |"
+    # a run without a compiled cell has no such section
+    eager = runs[runs["setting"] == "fp32"]
+    assert report.compile_markdown(eager, report.counted_rows(eager)) == ""

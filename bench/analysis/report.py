@@ -1312,6 +1312,87 @@ def startup_markdown(counted: pd.DataFrame, runs: pd.DataFrame | None = None) ->
     )
 
 
+def _compiled(setting: Any) -> bool:
+    """Whether a setting label has torch.compile on (`compile`, or `compile-<mode>`)."""
+    return any(t == "compile" or t.startswith("compile-") for t in str(setting).split(","))
+
+
+def _eager(setting: Any) -> str:
+    """The same setting with torch.compile off."""
+    return ",".join(t for t in str(setting).split(",") if not _compiled(t))
+
+
+def compile_markdown(runs: pd.DataFrame, counted: pd.DataFrame) -> str:
+    """What torch.compile cost beside what it bought: each compiled case's first step
+    (epoch 0's first_step_ms, which holds the compilation; median over the counted repeats)
+    beside the eager case's of the same strategy, world size and other options where the
+    run has one, and the steps at their median step times that repay the difference; ""
+    where no compiled cell counts. The summary's figures are timed steps only, so without
+    this the one-off cost (a minute on a CPU) shows nowhere in the report."""
+    if counted.empty or "first_step_ms" not in runs or "setting" not in counted:
+        return ""
+    compiled = counted[counted["setting"].map(_compiled)]
+    if compiled.empty:
+        return ""
+    rep = ["strategy", "world_size", "repeat"]
+    first = runs[pd.to_numeric(runs["epoch"], errors="coerce") == 0].merge(counted[rep], on=rep)
+    first = first.assign(first_step_s=pd.to_numeric(first["first_step_ms"], errors="coerce") / 1e3)
+    rows = []
+    for (case, ws), grp in _by_case(compiled):
+        mine = first[(first["strategy"] == case) & (first["world_size"] == ws)]
+        key = results.setting_key(_eager(grp["setting"].iloc[0]))
+        twin = counted[
+            (counted["strategy_name"] == grp["strategy_name"].iloc[0])
+            & (counted["world_size"] == ws)
+            & (counted["setting"].map(results.setting_key) == key)
+        ]
+        theirs = first[first["strategy"].isin(set(twin["strategy"])) & (first["world_size"] == ws)]
+        step, eager_step = _median_of(grp, "step_time_ms_p50"), _median_of(twin, "step_time_ms_p50")
+        extra = _median_of(mine, "first_step_s") - _median_of(theirs, "first_step_s")
+        saved = (eager_step - step) / 1e3
+        if twin.empty or math.isnan(extra + saved):
+            repaid = "–"
+        elif extra <= 0:
+            repaid = "at once"
+        elif saved <= 0:
+            repaid = "never (no faster a step)"
+        else:
+            repaid = f"{math.ceil(extra / saved):,} steps"
+        rows.append(
+            [
+                cell_name(grp.iloc[0]),
+                int(ws),
+                _spread_text(mine, "first_step_s", 2),
+                _spread_text(theirs, "first_step_s", 2) if len(twin) else "–",
+                _num(step, 2),
+                _num(eager_step, 2),
+                repaid,
+            ]
+        )
+    return (
+        "torch.compile compiles in a compiled cell's first step, a warm-up step the summary "
+        "never times: *first step* is that step (epoch 0's `first_step_ms`, median over "
+        "repeats, in brackets their range: a cell that finds inductor's on-disk cache warm "
+        "from an earlier one compiles faster), beside the first step of the eager case of "
+        "the same strategy, world size and other options where the run has one (`--compile "
+        "off,on`); *repaid after*: the extra first-step time over what each compiled step "
+        "saves against the eager one (median step times), the steps a training run must "
+        "take before compiling pays for itself.\n\n"
+        + md_table(
+            [
+                "strategy",
+                "ws",
+                "first step (s)",
+                "eager first step (s)",
+                "step p50 (ms)",
+                "eager step p50 (ms)",
+                "repaid after",
+            ],
+            rows,
+        )
+    )
+
+
 def _median_of(grp: pd.DataFrame, col: str) -> float:
     if col not in grp:
         return float("nan")
@@ -1561,6 +1642,7 @@ def scaling_markdown(run: Run) -> str:
 def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str, str]]) -> str:
     counted = counted_rows(run.runs)
     startup = startup_markdown(counted, run.runs)
+    compiled = compile_markdown(run.runs, counted)
     growth = growth_markdown(counted)
     where = breakdown_markdown(counted)
     scaling = scaling_markdown(run) if len(summary) else ""  # no cell to predict from
@@ -1643,6 +1725,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         *(["## Where the time goes", where] if where else []),
         *(["## Scaling: predicted and measured", scaling] if scaling else []),
         *(["## Start-up per launcher", startup] if startup else []),
+        *(["## Compilation", compiled] if compiled else []),
         *(["## Plots", *[f"![{title}]({name})" for name, title in images]] if images else []),
         *(["## Memory that grew step after step", growth] if growth else []),
         "## Unavailable, skipped and failed",
