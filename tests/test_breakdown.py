@@ -374,6 +374,33 @@ def test_a_failing_probe_loses_only_itself(tmp_path, data_root) -> None:
     assert float(row["samples_per_s"]) > 0
 
 
+def test_a_skipped_ablation_says_why_in_the_rows_method() -> None:
+    """fp16 loss scaling skips the ablation (a rank-local overflow would skip one rank's
+    step): the row's empty exposed communication, beside fp32's figure, says so rather than
+    reading as none exposed."""
+    from bench.harness import results
+
+    why = "loss scaling: a rank-local overflow would skip one rank's step"
+    rec = {
+        "steps": 1,
+        "warmup_steps": 0,
+        "step_times_ms": [100.0],
+        "data_wait_ms": [0.0],
+        "losses": [1.0],
+        "ranks": [{"rank": r, "samples": 32, "timed_s": 0.1} for r in range(2)],
+        "probe": {"comm_method": "profiler", "ablation_skipped": why, "comm_total_ms": 5.0},
+    }
+    row = results.measure(rec, 2, "cpu")
+    assert row["comm_method"] == f"profiler; no ablation ({why})"
+    assert math.isnan(row["comm_exposed_ms"])
+    rec["probe"] = {"ablation_skipped": why}  # no profiler window either
+    assert results.measure(rec, 2, "cpu")["comm_method"] == f"no ablation ({why})"
+    rec["probe"] = {"comm_method": "ablation+profiler"}
+    assert results.measure(rec, 2, "cpu")["comm_method"] == "ablation+profiler"
+    rec["probe"] = {}  # one process: no probe, no method
+    assert results.measure(rec, 2, "cpu")["comm_method"] == ""
+
+
 def test_fsdp_ablation_compares_forward_and_backward_even_with_accumulation(
     tmp_path, data_root
 ) -> None:

@@ -431,8 +431,7 @@ def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) ->
     return {
         "data_wait_ms_mean": mean_wait,
         **{f"{p}_ms": v for p, v in phases.items()},
-        "comm_method": probe.get("comm_method")
-        or (f"none: the probe failed ({probe['error']})" if probe.get("error") else ""),
+        "comm_method": comm_method(probe),
         **{
             k: probe.get(k, nan)
             for k in (
@@ -454,6 +453,18 @@ def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) ->
         "rank_skew_pct": 100 * (slow / fast - 1) if fast and fast > 0 else nan,
         "trace": probe.get("trace", ""),
     }
+
+
+def comm_method(probe: Mapping[str, Any]) -> str:
+    """How a row's communication was measured (the probe's `comm_method`), or why the probe
+    failed; and why the ablation did not run where it was skipped (fp16 loss scaling,
+    nothing to switch off): without it, such a row's empty exposed communication beside
+    another precision's figure reads as none exposed."""
+    method = probe.get("comm_method") or (
+        f"none: the probe failed ({probe['error']})" if probe.get("error") else ""
+    )
+    why = probe.get("ablation_skipped")
+    return "; ".join(m for m in (method, why and f"no ablation ({why})") if m)
 
 
 def step_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[str, Any]]:
