@@ -403,7 +403,7 @@ class Strategy:
 
     def run_notes(self) -> list[str]:
         """What the rows' `notes` say about this cell (called after training)."""
-        notes = list(self.notes)
+        notes = [*self.notes, *self.precision_plugin.notes()]
         if self.setting.cuda_graphs:
             notes.append(cuda_graph_note())
         return notes

@@ -11,6 +11,7 @@ apex.amp) asks `dtype` and does it its way.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 import torch
@@ -45,6 +46,10 @@ class Precision:
     def step(self, optimizer: Any) -> None:
         optimizer.step()
 
+    def notes(self) -> list[str]:
+        """What the rows' notes say of this precision, read after training."""
+        return []
+
 
 class Autocast(Precision):
     """torch.autocast in bf16 or fp16; fp16 adds a GradScaler, since its range underflows
@@ -55,6 +60,8 @@ class Autocast(Precision):
         self.name = name
         self.dtype = DTYPES[name]
         self.scaler = torch.amp.GradScaler(device_type, enabled=self.dtype == torch.float16)
+        self.start_scale = self.scaler.get_scale()  # its initial scale: no tensor exists yet
+        self.steps = 0
 
     @property
     def scaling(self) -> bool:
@@ -73,6 +80,32 @@ class Autocast(Precision):
     def step(self, optimizer: Any) -> None:
         self.scaler.step(optimizer)
         self.scaler.update()
+        self.steps += 1
+
+    def notes(self) -> list[str]:
+        """How many optimizer steps fp16's loss scaling skipped (gradients with inf or nan:
+        the step ran, its update did not, and it was timed like the rest). Counted from the
+        scale at the end, never per step (reading it synchronises with the device): each
+        skip multiplies it by the backoff factor, each growth_interval clean steps in a row
+        by the growth factor, so with fewer steps than that the count is exact; with more,
+        the notes give the scale's path and the least number skipped."""
+        if not self.scaling or not self.steps:
+            return []
+        end = self.scaler.get_scale()
+        falls = math.log(end / self.start_scale) / math.log(self.scaler.get_backoff_factor())
+        skipped = max(0, round(falls))
+        scale = f"scale {self.start_scale:g} -> {end:g}"
+        if self.steps < self.scaler.get_growth_interval():  # it never grew: exact
+            return [
+                f"fp16 loss scaling skipped {skipped} of {self.steps} optimizer steps (inf/nan "
+                f"gradients; warm-up and probes included), {scale}"
+            ]
+        least = f", so at least {skipped} skipped" if skipped else ""
+        return [
+            f"fp16 loss scaling over {self.steps} optimizer steps (warm-up and probes "
+            f"included): {scale} (a skip on inf/nan gradients backs it off, "
+            f"{self.scaler.get_growth_interval()} clean steps in a row grow it){least}"
+        ]
 
 
 class ParamDtype(Autocast):

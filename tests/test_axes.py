@@ -4,6 +4,8 @@ how the report names them."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from bench.config import ConfigError
@@ -117,6 +119,44 @@ def test_precision_axis_runs_every_value_and_skips_what_a_strategy_cannot(tmp_pa
     assert got[("amp_ddp", "fp32")].status == "skipped"
     assert "bf16 | fp16 only" in got[("amp_ddp", "fp32")].reason
     assert not got[("amp_ddp", "bf16")].status
+
+
+def test_fp16_loss_scaling_says_how_many_optimizer_steps_it_skipped() -> None:
+    """A step whose gradients hold an inf is skipped by the GradScaler (no update) but
+    timed like the rest: the rows' notes say how many, counted from the scale at the end
+    (no per-step read, which would synchronise with the device); past growth_interval
+    clean steps the scale may have grown too, so the count is a least."""
+    import torch
+
+    from strategies import precision as prec
+
+    def run(bad: list[bool], scaler: torch.amp.GradScaler | None = None):
+        p = prec.make("fp16", "cpu")
+        if scaler is not None:
+            p.scaler = scaler
+        w = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([w], lr=0.1)
+        for overflow in bad:
+            opt.zero_grad()
+            p.backward((w * (math.inf if overflow else 1.0)).sum())
+            p.step(opt)
+        return p, w
+
+    p, w = run([False, True, False, True, True])
+    assert p.notes() == [
+        "fp16 loss scaling skipped 3 of 5 optimizer steps (inf/nan gradients; warm-up and "
+        "probes included), scale 65536 -> 8192"
+    ]
+    assert torch.allclose(w.detach(), torch.full((3,), 0.8))  # two updates of 0.1, no more
+    assert run([False, False])[0].notes()[0].startswith("fp16 loss scaling skipped 0 of 2")
+    grows = torch.amp.GradScaler("cpu", growth_interval=2)
+    (grown,) = run([True, False, False, False, False], grows)[0].notes()
+    assert grown.startswith("fp16 loss scaling over 5 optimizer steps") and "skipped" not in grown
+    assert "scale 65536 -> 131072" in grown  # one skip, two growths
+    grows = torch.amp.GradScaler("cpu", growth_interval=2)
+    (fell,) = run([True, True, True, False, False], grows)[0].notes()
+    assert fell.endswith("so at least 2 skipped")  # three skips, one growth
+    assert prec.make("bf16", "cpu").notes() == [] and prec.make("fp32", "cpu").notes() == []
 
 
 def test_sync_bn_off_and_on_skips_the_cpu_cells_with_the_reason(tmp_path, data_root):
