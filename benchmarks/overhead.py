@@ -140,11 +140,11 @@ def hand(strategy: str, world: int, args: dict) -> float:
 
 
 # ------------------------------------------------------------------ the harness side
-def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> float:
+def harness_config(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> Any:
+    """The harness's RunConfig for one side of a round."""
     from bench.config import RunConfig
-    from bench.harness.runner import run_matrix
 
-    cfg = RunConfig(
+    return RunConfig(
         strategies=(strategy,),
         world_sizes=(world,),
         dataset="mnist",
@@ -164,6 +164,31 @@ def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> fl
         profile_steps=0,
         scaling_model=False,
     )
+
+
+def check(a: argparse.Namespace) -> str | None:
+    """What is wrong with the options, as the harness says it (ConfigError: a negative
+    --warmup, a batch the ranks cannot share or larger than the data, no data under
+    --data-root), before any round: the hand-written side, which goes first, would fail
+    in its ranks with a traceback, or loop for ever on a batch larger than the data."""
+    from bench.config import ConfigError
+    from bench.harness.runner import plan
+
+    args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
+    args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}
+    try:
+        for strategy, world in pairs(a.device):
+            plan(harness_config(strategy, world, args, "", "check"))
+    except ConfigError as exc:  # in this script's words: its options, not the harness's
+        said = str(exc).replace("--warmup-steps", "--warmup")
+        return said.replace("--global-batch", "--batch").replace("global batch", "--batch")
+    return None
+
+
+def harness(strategy: str, world: int, args: dict, out_dir: str, tag: str) -> float:
+    from bench.harness.runner import run_matrix
+
+    cfg = harness_config(strategy, world, args, out_dir, tag)
     _, rows = run_matrix(cfg, echo=lambda m: None)
     row = rows[0]
     if row["status"] != "ok":
@@ -436,6 +461,8 @@ def main() -> None:
     if a.loop_cost_only:
         print_loop_cost(a.device, timings, None)
         return
+    if (problem := check(a)) is not None:
+        p.exit(2, f"{p.prog}: error: {problem}\n")
     timed = pairs(a.device)
     args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
     args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}

@@ -117,3 +117,31 @@ def test_the_summary_says_which_way_the_ratio_reads(monkeypatch, capsys):
     out = capsys.readouterr().out
     said = "--max-minutes 0 passed after 0 round(s); going on to --min-rounds 6"
     assert out.count(said) == 1 and "6 rounds" not in out.split(said)[0]
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        # larger than the data: the hand-written side, which goes first, looped for ever
+        (["--batch", "100000"], "--batch 100000 is larger than the 10000 training samples"),
+        # its rank's timer never started: an UnboundLocalError traceback from mp.spawn
+        (["--warmup", "-1"], "--warmup cannot be negative, got -1"),
+        # a ZeroDivisionError traceback in the hand-written ranks
+        (["--batch", "1"], "--batch 1 is not divisible by world size 2"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2_before_any_round(data_root, options, said):
+    """An option the harness would refuse is refused before the first round, in the
+    script's own words (--batch, --warmup), as one line and exit 2."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--data-root", str(data_root)]
+        + ["--min-rounds", "1", "--max-rounds", "1", "--steps", "2", *options],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("overhead.py: error: "), run.stderr
+    assert said in lines[0]
+    assert "round" not in run.stdout
