@@ -14,6 +14,7 @@ startup.csv.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,7 @@ if __name__ == "__main__":
 
 def bare(launcher: str, world: int, script: Path) -> float:
     from bench.harness import launchers, proc
+    from bench.harness.runner import LAUNCHER_VARS
 
     py = sys.executable
     argv = {
@@ -63,8 +65,13 @@ def bare(launcher: str, world: int, script: Path) -> float:
         exe = launchers.horovodrun_path()
         argv["horovodrun"] = [exe, "--gloo", "-np", str(world), "-H", f"localhost:{world}"]
         argv["horovodrun"] += [py, str(script), "horovodrun", str(world)]
+    # as the harness's cells: no rendezvous variables of the user's (a MASTER_ADDR of a
+    # cluster's would have the bare ranks meet there), gloo on the loopback
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("HOROVOD_GLOO_IFACE", "lo")
     t0 = time.time()
-    subprocess.run(argv[launcher], check=True, capture_output=True)
+    subprocess.run(argv[launcher], check=True, capture_output=True, env=env)
     return time.time() - t0
 
 

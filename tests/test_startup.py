@@ -1,0 +1,41 @@
+"""benchmarks/startup.py: the bare launchers it times against the harness's cells."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_startup():
+    spec = importlib.util.spec_from_file_location("startup", ROOT / "benchmarks" / "startup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bare_launchers_leave_out_the_users_rendezvous_variables(tmp_path, monkeypatch):
+    """As the harness's cells do: a MASTER_ADDR the user exported (a cluster's first node)
+    does not reach the bare ranks, which would meet there instead of on this machine (a
+    hang where it cannot be reached); they run on the loopback, as the cells do."""
+    startup = load_startup()
+    script = tmp_path / "bare.py"
+    script.write_text(startup.BARE)
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")  # TEST-NET-1: never routed
+    monkeypatch.setenv("MASTER_PORT", "1")
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    real = subprocess.run
+
+    def run(argv, **kw):
+        # checked before the ranks start: a leak would have them reach for that address
+        env = kw.get("env")
+        assert env is not None, "the bare launcher inherits the whole environment"
+        assert not {"MASTER_ADDR", "MASTER_PORT", "RANK"} & set(env)
+        assert env["GLOO_SOCKET_IFNAME"] == "lo"
+        return real(argv, timeout=120, **kw)
+
+    monkeypatch.setattr(startup.subprocess, "run", run)
+    assert startup.bare("spawn", 2, script) > 0  # the ranks met, here
