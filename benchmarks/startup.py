@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -83,27 +84,36 @@ STRATEGY = {
 }
 
 
-def harness(launcher: str, world: int, out: Path, repeats: int) -> pd.DataFrame:
+def harness_config(launcher: str, world: int, out: Path, repeats: int) -> Any:
     from bench.config import RunConfig
-    from bench.harness.runner import run_matrix
 
-    cfg = RunConfig(
+    ranks = 1 if launcher == "inprocess" else world
+    batch = 4 * max(2, ranks)  # 4 samples a rank: every world size shares it evenly
+    return RunConfig(
         strategies=(STRATEGY[launcher],),
-        world_sizes=(1 if launcher == "inprocess" else world,),
+        world_sizes=(ranks,),
         dataset="synthetic",
         model="mnist_cnn",
-        global_batch=8,
+        global_batch=batch,
         max_steps=1,
         warmup_steps=0,
         eval_samples=0,
-        limit=64,
+        limit=8 * batch,
         repeats=repeats,
         device="cpu",
         out_dir=str(out),
     )
-    run_dir, _ = run_matrix(cfg, echo=lambda m: None)
+
+
+def harness(launcher: str, world: int, out: Path, repeats: int) -> pd.DataFrame:
+    from bench.harness.runner import run_matrix
+
+    run_dir, _ = run_matrix(harness_config(launcher, world, out, repeats), echo=lambda m: None)
     rows = pd.read_csv(run_dir / "runs.csv")
-    return rows[rows["status"] == "ok"]
+    ok = rows[rows["status"] == "ok"]
+    if ok.empty:  # no figure to take: say why, not a row of NaN
+        raise SystemExit(f"harness cell of {launcher} failed: {rows['reason'].iloc[0]}")
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,11 +124,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="results/startup")
     a = p.parse_args(argv)
+    for name, value in (("--world-size", a.world_size), ("--repeats", a.repeats)):
+        if value < 1:
+            p.exit(2, f"{p.prog}: error: {name} must be at least 1, got {value}\n")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     launchers = ["inprocess", "spawn", "torchrun"]
     if strategies.get("horovod").unavailable("cpu") is None:
         launchers.append("horovodrun")
+    from bench.config import ConfigError
+    from bench.harness.runner import plan
+
+    try:  # what the harness would refuse (a world size past the cores), before any timing
+        for launcher in launchers:
+            plan(harness_config(launcher, a.world_size, out, a.repeats))
+    except ConfigError as exc:
+        p.exit(2, f"{p.prog}: error: {exc}\n")
     table = []
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "bare.py"

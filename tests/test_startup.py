@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -14,6 +17,32 @@ def load_startup():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        # a StatisticsError traceback (no median of no repeat)
+        (["--repeats", "0"], "--repeats must be at least 1, got 0"),
+        # a ConfigError traceback, after the bare in-process launcher had been timed
+        (["--world-size", "0"], "--world-size must be at least 1, got 0"),
+        # more ranks than this 2-core machine's cores: the harness's reason, not a traceback
+        (["--world-size", "64"], "ddp_spawn cannot run at world size 64"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2_before_any_timing(tmp_path, options, said):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "startup.py"), "--out", str(tmp_path), *options],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("startup.py: error: "), run.stderr
+    assert said in lines[0]
+    assert not (tmp_path / "runs").exists()  # no cell ran
 
 
 def test_the_bare_launchers_leave_out_the_users_rendezvous_variables(tmp_path, monkeypatch):
