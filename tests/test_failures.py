@@ -192,7 +192,7 @@ def test_a_loader_worker_the_oom_killer_killed_is_an_oom_row_with_the_kernels_wo
 
 
 def test_the_launchers_summary_names_the_rank_that_died(tmp_path):
-    """How torchrun and horovodrun end a cell's log when a rank is killed (their own words,
+    """How torchrun, mp.spawn and horovodrun end a cell's log when a rank is killed (their own words,
     cut to what the harness reads), and a log that names no rank."""
     from bench.harness.runner import _failure
 
@@ -219,6 +219,9 @@ status, thus causing the job to be terminated. The first process to do so was:
 Process name: 0
 Exit code: 137
 """
+    spawn = """    raise ProcessExitedException(
+torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 3
+"""
     for text, reason in (
         (torchrun, "rank 1 killed by SIGSEGV"),
         (horovod, "rank 0 killed by SIGKILL (the kernel's OOM killer?)"),
@@ -226,6 +229,9 @@ Exit code: 137
         # past 128 but no signal's: the process's own code, not a signal of -127
         (horovod.replace("137", "255"), "rank 0 exited with code 255 (log.txt)"),
         ("ImportError: no module named x\n", "exit code 1: ImportError: no module named x"),
+        # mp.spawn's, where its launcher's exit code 1 is not the rank's
+        (spawn, "rank 1 exited with code 3 (log.txt)"),
+        (spawn.replace("exit code 3", "signal SIGSEGV"), "rank 1 killed by SIGSEGV"),
     ):
         (tmp_path / "log.txt").write_text(text)
         assert _failure(tmp_path, 1) == ("failed", reason)

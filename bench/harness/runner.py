@@ -1118,7 +1118,8 @@ def _lost_node(log: Path) -> tuple[int, str] | None:
 def _first_failed_rank(log: Path) -> tuple[int, int] | None:
     """(rank, exit code) of the rank that failed first, as a launcher's summary at the end
     of the cell's log names a rank that died without an error file (a signal: the OOM
-    killer's SIGKILL, a segfault): torchrun's root cause, the process mp.spawn saw die, or
+    killer's SIGKILL, a segfault; or an os._exit): torchrun's root cause, the process
+    mp.spawn saw die (its own exit code is 1 whatever the rank's), or
     horovodrun's first process, whose shell gives 128 + the signal. A signal is a negative code, as Popen's."""
     try:
         text = log.read_text(errors="replace")[-20000:]
@@ -1134,6 +1135,9 @@ def _first_failed_rank(log: Path) -> tuple[int, int] | None:
     spawn = re.search(r"process (\d+) terminated with signal (SIG\w+)", text)  # mp.spawn's
     if spawn and spawn[2] in signal.Signals.__members__:
         return int(spawn[1]), -signal.Signals[spawn[2]]
+    spawn = re.search(r"process (\d+) terminated with exit code (\d+)", text)
+    if spawn:
+        return int(spawn[1]), int(spawn[2])
     horovod = re.search(r"Process name:\s*(\d+)\s*Exit code:\s*(\d+)", text)
     if horovod:
         code = int(horovod[2])
