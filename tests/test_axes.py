@@ -308,8 +308,9 @@ def test_a_compiled_cell_killed_in_its_first_step_says_compilation_may_be_why(tm
 def test_a_cell_killed_while_it_still_stepped_says_how_far_it_got_not_hang(tmp_path, data_root):
     """A deadline that kills a cell whose rank 0 was seen stepping just before it is too
     short a --timeout, not a hang: the reason says the steps run and their time; one whose
-    step count last moved long before the deadline, or that had run every step, reads as a
-    hang."""
+    step count last moved long before the deadline reads as a hang, and one that had run
+    every step says it was killed after them (it read as a bare hang, though its steps had
+    all ended)."""
     import json
     import math
 
@@ -337,9 +338,15 @@ def test_a_cell_killed_while_it_still_stepped_says_how_far_it_got_not_hang(tmp_p
         "cell); all its processes were killed"
     )
     # a step count never seen to move (nan) claims nothing either
-    for done, quiet in ((32, 12.0), (60, 0.3), (31, math.nan)):
+    for done, quiet in ((32, 12.0), (31, math.nan)):
         assert reason(done, quiet) == (
             "no result within 15 s (hang?); all its processes were killed"
+        )
+    for quiet in (0.3, 12.0):
+        assert reason(60, quiet) == (
+            "no result within 15 s (hang? rank 0 had run all 60 of its steps and was killed "
+            "after them, in the evaluation, the communication probe or teardown: too long for "
+            "the --timeout, or hung there); all its processes were killed"
         )
 
 

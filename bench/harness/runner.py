@@ -940,7 +940,8 @@ class Runner:
         step holds torch.compile's work: tens of seconds to minutes, per process, cold), and
         one whose rank 0 was seen stepping shortly before the deadline (`quiet`: seconds
         from its step count's last move to the deadline, on the harness's clock) was still
-        training: the reason says how far it got."""
+        training: the reason says how far it got; one whose rank 0 had run every step was
+        killed after them, which the reason says too."""
         state = read_progress(cell_dir) or {}
         why = "hang?"
         if cell.setting.compile and not state.get("done"):
@@ -955,6 +956,12 @@ class Runner:
                 f"still training: rank 0 had run {done} of {total} steps, {step_ms:.3g} ms "
                 f"each, its last step seen {quiet:.1f} s before the deadline; a --timeout "
                 "that leaves room for the cell"
+            )
+        elif _all_stepped(state):
+            why = (
+                f"hang? rank 0 had run all {state['total']} of its steps and was killed "
+                "after them, in the evaluation, the communication probe or teardown: too long "
+                "for the --timeout, or hung there"
             )
         return f"no result within {self.cfg.timeout_s:g} s ({why}); all its processes were killed"
 
@@ -1002,6 +1009,14 @@ def _stepping(state: Mapping[str, Any], quiet: float) -> tuple[int, int, float, 
     if 0 < done < total and quiet <= max(5.0, 3 * step_ms / 1e3):  # False for a nan quiet
         return done, total, step_ms, max(0.0, quiet)
     return None
+
+
+def _all_stepped(state: Mapping[str, Any]) -> bool:
+    """Whether rank 0's progress file says it ran every step of every epoch."""
+    try:
+        return 0 < int(state["done"]) == int(state["total"])
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
