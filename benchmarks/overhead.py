@@ -463,6 +463,13 @@ def main() -> None:
         return
     if (problem := check(a)) is not None:
         p.exit(2, f"{p.prog}: error: {problem}\n")
+    if a.csv:  # written after the last round: a path that cannot be would lose them all
+        try:
+            Path(a.csv).parent.mkdir(parents=True, exist_ok=True)
+            with open(a.csv, "a"):
+                pass
+        except OSError as exc:
+            p.exit(2, f"{p.prog}: error: --csv {a.csv}: {exc.strerror or exc}\n")
     timed = pairs(a.device)
     args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
     args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}

@@ -145,3 +145,20 @@ def test_bad_options_are_one_line_and_exit_2_before_any_round(data_root, options
     assert len(lines) == 1 and lines[0].startswith("overhead.py: error: "), run.stderr
     assert said in lines[0]
     assert "round" not in run.stdout
+
+
+def test_a_csv_that_cannot_be_written_is_refused_before_the_rounds(data_root, tmp_path):
+    """--csv is written after the last round: a path that cannot be written (here a
+    folder) is one line and exit 2 before the first, not a traceback that loses them all;
+    a folder that does not exist yet is made."""
+    script = [sys.executable, str(ROOT / "benchmarks" / "overhead.py")]
+    script += ["--data-root", str(data_root), "--min-rounds", "1", "--max-rounds", "1"]
+    run = subprocess.run(
+        [*script, "--steps", "2", "--csv", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == f"overhead.py: error: --csv {tmp_path}: Is a directory"
+    assert "round" not in run.stdout
