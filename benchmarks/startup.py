@@ -128,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         if value < 1:
             p.exit(2, f"{p.prog}: error: {name} must be at least 1, got {value}\n")
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        p.exit(2, f"{p.prog}: error: --out {a.out}: {exc.strerror or exc}\n")
     launchers = ["inprocess", "spawn", "torchrun"]
     if strategies.get("horovod").unavailable("cpu") is None:
         launchers.append("horovodrun")
