@@ -92,19 +92,23 @@ class Autocast(Precision):
         if not self.scaling or not self.steps:
             return []
         end = self.scaler.get_scale()
+        steps = (
+            f"{self.steps} optimizer steps since the cell began (warm-up and any probes' included)"
+        )
+        if not (0 < end < math.inf):  # every step skipped, long enough to halve it to 0
+            return [
+                f"fp16 loss scaling: scale {self.start_scale:g} -> {end:g} over {steps}: from "
+                "some step on, every update was skipped on inf/nan gradients"
+            ]
         falls = math.log(end / self.start_scale) / math.log(self.scaler.get_backoff_factor())
         skipped = max(0, round(falls))
         scale = f"scale {self.start_scale:g} -> {end:g}"
         if self.steps < self.scaler.get_growth_interval():  # it never grew: exact
-            return [
-                f"fp16 loss scaling skipped {skipped} of {self.steps} optimizer steps (inf/nan "
-                f"gradients; warm-up and probes included), {scale}"
-            ]
+            return [f"fp16 loss scaling skipped {skipped} of {steps} on inf/nan gradients, {scale}"]
         least = f", so at least {skipped} skipped" if skipped else ""
         return [
-            f"fp16 loss scaling over {self.steps} optimizer steps (warm-up and probes "
-            f"included): {scale} (a skip on inf/nan gradients backs it off, "
-            f"{self.scaler.get_growth_interval()} clean steps in a row grow it){least}"
+            f"fp16 loss scaling over {steps}: {scale} (a skip on inf/nan gradients backs it "
+            f"off, {self.scaler.get_growth_interval()} clean steps in a row grow it){least}"
         ]
 
 

@@ -144,8 +144,8 @@ def test_fp16_loss_scaling_says_how_many_optimizer_steps_it_skipped() -> None:
 
     p, w = run([False, True, False, True, True])
     assert p.notes() == [
-        "fp16 loss scaling skipped 3 of 5 optimizer steps (inf/nan gradients; warm-up and "
-        "probes included), scale 65536 -> 8192"
+        "fp16 loss scaling skipped 3 of 5 optimizer steps since the cell began (warm-up and "
+        "any probes' included) on inf/nan gradients, scale 65536 -> 8192"
     ]
     assert torch.allclose(w.detach(), torch.full((3,), 0.8))  # two updates of 0.1, no more
     assert run([False, False])[0].notes()[0].startswith("fp16 loss scaling skipped 0 of 2")
@@ -156,6 +156,12 @@ def test_fp16_loss_scaling_says_how_many_optimizer_steps_it_skipped() -> None:
     grows = torch.amp.GradScaler("cpu", growth_interval=2)
     (fell,) = run([True, True, True, False, False], grows)[0].notes()
     assert fell.endswith("so at least 2 skipped")  # three skips, one growth
+    # every step overflowing halves the scale to 0 (about 166 steps in float32): said, and
+    # no log of 0
+    (gone,) = run([True] * 170)[0].notes()
+    assert (
+        "scale 65536 -> 0 over 170 optimizer steps" in gone and "every update was skipped" in gone
+    )
     assert prec.make("bf16", "cpu").notes() == [] and prec.make("fp32", "cpu").notes() == []
 
 
