@@ -1018,6 +1018,17 @@ def test_compilation_is_reported_from_the_first_epochs_first_step_beside_eager()
     row = next(line for line in text.splitlines() if line.startswith("| single [compile]"))
     # 30 s more in the first step, 10 ms saved a step after it: 3,000 steps to repay
     assert row == "| single [compile] | 1 | 30.40 | 0.40 | 10.00 | 20.00 | 3,000 steps |"
+    # repaid from the cold compile, the slowest first step (repeat 1 found the cache warm);
+    # a compiled step no faster never repays, however cheap its first step
+    cases = (((1,), 40_400.0, 10.0, "4,000 steps"), ((0, 1), 300.0, 30.0, "never"))
+    for repeats, first, step, repaid in cases:
+        slow = runs.copy()
+        cell = (slow["setting"] == "fp32,compile") & (slow["epoch"] == 0)
+        slow.loc[cell & slow["repeat"].isin(repeats), "first_step_ms"] = first
+        slow.loc[slow["setting"] == "fp32,compile", "step_time_ms_p50"] = step
+        text = report.compile_markdown(slow, report.counted_rows(slow))
+        row = next(line for line in text.splitlines() if line.startswith("| single [compile]"))
+        assert row.split(" | ")[-1].startswith(repaid), row
     # a run without a compiled cell has no such section
     eager = runs[runs["setting"] == "fp32"]
     assert report.compile_markdown(eager, report.counted_rows(eager)) == ""

@@ -580,10 +580,16 @@ def _setting_parts(setting: str) -> dict[str, str]:
     return parts
 
 
-def setting_key(setting: str) -> str:
+def setting_key(setting: str, **axes: str) -> str:
     """A setting with its defaults written out, axis by axis: two settings that say the
-    same in other words ("" and "fp32") have one key."""
-    return ",".join(f"{k}={v}" for k, v in sorted(_setting_parts(setting).items()))
+    same in other words ("" and "fp32") have one key. `axes` replaces axis values
+    (compile="eager": the key of the same setting uncompiled)."""
+    return ",".join(f"{k}={v}" for k, v in sorted((_setting_parts(setting) | axes).items()))
+
+
+def compiled(setting: str) -> bool:
+    """Whether a setting label has torch.compile on (`compile`, or `compile-<mode>`)."""
+    return _setting_parts(setting)["compile"] != "eager"
 
 
 def setting_change(a: str, b: str) -> str:
