@@ -68,6 +68,8 @@ class DDPCommHook(DistributedDataParallel):
     }
     #: the hook is the variant's (comm_hook), so the PowerSGD options are ddp_powersgd's alone
     accepts = {**DistributedDataParallel.accepts, "powersgd_rank": int, "powersgd_start": int}
+    #: ddp_powersgd's PowerSGDState once set up (the state it holds beside the model's)
+    powersgd_state: Any = None
 
     @classmethod
     def accepted(cls, variant_options):
@@ -135,8 +137,6 @@ class DDPCommHook(DistributedDataParallel):
             model.register_comm_hook(state, powersgd.powerSGD_hook)
             self.notes.append(f"PowerSGD rank {rank} from step {start}")
         return model, optimizer
-
-    powersgd_state: Any = None
 
     def run_notes(self) -> list[str]:
         # PowerSGD keeps, per rank and per bucket, its error feedback (the bucket's size: a

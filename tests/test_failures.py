@@ -260,6 +260,10 @@ def test_a_rank_aborted_by_a_cpp_exception_says_what_it_said(tmp_path):
     aborted += f"  what():  {gloo}\n"
     (tmp_path / "log.txt").write_text(aborted + "Traceback (most recent call last):\n" + summary)
     assert _failure(tmp_path, 1) == ("failed", f"rank 0 killed by SIGABRT: {gloo}")
+    # horovodrun prefixes each line with its rank
+    prefixed = "".join(f"[1,0]<stderr>:{line}\n" for line in aborted.splitlines())
+    (tmp_path / "log.txt").write_text(prefixed + summary)
+    assert _failure(tmp_path, 1) == ("failed", f"rank 0 killed by SIGABRT: {gloo}")
     # an abort with nothing said keeps the signal alone
     (tmp_path / "log.txt").write_text(summary)
     assert _failure(tmp_path, 1) == ("failed", "rank 0 killed by SIGABRT")

@@ -577,10 +577,11 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
         band = f"{r['samples_per_s_low']:.0f}-{r['samples_per_s_high']:.0f}"
         meas = r["measured_samples_per_s"]
         err = r["error_pct"]
+        exposed = r["exposed_fraction"]  # nan at one process: no communication to expose
         lines.append(
             f"{r['case']:<{wide}}{r['world_size']:>4}{r['link']:>13}{r['compute_ms']:>11.2f}"
             f"{r['comm_ms']:>9.2f}"
-            + (f"{f:>8.2f}" if (f := r["exposed_fraction"]) == f else f"{'–':>8}")
+            + (f"{exposed:>8.2f}" if exposed == exposed else f"{'–':>8}")
             + f"{r['step_ms']:>9.2f}"
             f"{r['samples_per_s']:>11.1f}"
             f"{band:>19}"

@@ -1000,8 +1000,8 @@ class Runner:
 def _stepping(state: Mapping[str, Any], quiet: float) -> tuple[int, int, float, float] | None:
     """(steps done, steps in all, ms a step, seconds quiet) where rank 0 was still stepping
     at the deadline: steps left, and its step count seen to move at most three steps or 5 s
-    (`quiet`) before it (the harness reads the progress file, which rank 0 rewrites at most
-    twice a second, about once a second). None where it had stopped, or nothing says."""
+    (`quiet`) before it (rank 0 rewrites the progress file at most twice a second, and the
+    harness reads it about once a second). None where it had stopped, or nothing says."""
     try:
         done, total, step_ms = int(state["done"]), int(state["total"]), float(state["step_ms"])
     except (KeyError, TypeError, ValueError):
@@ -1107,7 +1107,8 @@ def _cpp_error(log: Path) -> str:
         text = log.read_text(errors="replace")
     except OSError:
         return ""
-    found = re.search(r"^terminate called after throwing .*\n\s*what\(\):\s*(.+)$", text, re.M)
+    # horovodrun prefixes each line with its rank ("[1,0]<stderr>:")
+    found = re.search(r"terminate called after throwing .*\n[^\n]*?what\(\):\s*(.+)", text)
     return found[1].strip()[:300] if found else ""
 
 
