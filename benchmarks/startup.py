@@ -53,7 +53,7 @@ if __name__ == "__main__":
 
 def bare(launcher: str, world: int, script: Path) -> float:
     from bench.harness import launchers, proc
-    from bench.harness.runner import LAUNCHER_VARS
+    from bench.harness.runner import launcher_free, on_loopback
 
     py = sys.executable
     argv = {
@@ -68,9 +68,7 @@ def bare(launcher: str, world: int, script: Path) -> float:
         argv["horovodrun"] += [py, str(script), "horovodrun", str(world)]
     # as the harness's cells: no rendezvous variables of the user's (a MASTER_ADDR of a
     # cluster's would have the bare ranks meet there), gloo on the loopback
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("HOROVOD_GLOO_IFACE", "lo")
+    env = on_loopback(launcher_free(os.environ))
     t0 = time.time()
     subprocess.run(argv[launcher], check=True, capture_output=True, env=env)
     return time.time() - t0

@@ -70,6 +70,21 @@ LAUNCHER_VARS = (
 )
 
 
+def launcher_free(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without an enclosing launcher's rank and rendezvous variables: a harness started
+    under torchrun or horovodrun, or a shell with a cluster's MASTER_ADDR, must not leak
+    them into a cell's launcher (its ranks would meet there)."""
+    return {k: v for k, v in env.items() if k not in LAUNCHER_VARS}
+
+
+def on_loopback(env: dict[str, str]) -> dict[str, str]:
+    """`env` with gloo's and Horovod's interface the loopback, where the user named none:
+    the ranks of one machine talk to each other and to no other address."""
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("HOROVOD_GLOO_IFACE", "lo")
+    return env
+
+
 @dataclass(frozen=True)
 class Cell:
     strategy: str
@@ -766,23 +781,19 @@ class Runner:
         return int(bool(spec.cls and spec.cls.shares_gpu) and per_host(self.cfg, cell) > gpus)
 
     def _env(self, cell: Cell, cell_dir: Path) -> dict[str, str]:
-        env = dict(os.environ)
+        env = launcher_free(os.environ)
         root = str(ROOT)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         env["PARABENCH_CELL"] = str(cell_dir)
         env["OMP_NUM_THREADS"] = str(self._threads(cell))
         env["PARABENCH_PG_TIMEOUT_S"] = str(int(self.cfg.timeout_s))  # the cell deadline rules
-        for var in LAUNCHER_VARS:  # a harness started under torchrun/horovodrun must not leak them
-            env.pop(var, None)
         env["PYTHONUNBUFFERED"] = "1"
         if self.cfg.multi_host:  # the nodes' interface, or gloo's choice
             env.pop("GLOO_SOCKET_IFNAME", None)
             if self.cfg.ifname:
                 env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = self.cfg.ifname
             return env
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env.setdefault("HOROVOD_GLOO_IFACE", "lo")
-        return env
+        return on_loopback(env)
 
     def run_cell(self, cell: Cell) -> list[dict]:
         """Run one cell and write its rows; returns its runs.csv rows."""
