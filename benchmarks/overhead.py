@@ -166,7 +166,7 @@ def harness_config(strategy: str, world: int, args: dict, out_dir: str, tag: str
     )
 
 
-def check(a: argparse.Namespace) -> str | None:
+def check(args: dict) -> str | None:
     """What is wrong with the options, as the harness says it (ConfigError: a negative
     --warmup, a batch the ranks cannot share or larger than the data, no data under
     --data-root), before any round: the hand-written side, which goes first, would fail
@@ -174,10 +174,8 @@ def check(a: argparse.Namespace) -> str | None:
     from bench.config import ConfigError
     from bench.harness.runner import plan
 
-    args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
-    args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}
     try:
-        for strategy, world in pairs(a.device):
+        for strategy, world in pairs(args["device"]):
             plan(harness_config(strategy, world, args, "", "check"))
     except ConfigError as exc:  # in this script's words: its options, not the harness's
         said = str(exc).replace("--warmup-steps", "--warmup")
@@ -461,7 +459,9 @@ def main() -> None:
     if a.loop_cost_only:
         print_loop_cost(a.device, timings, None)
         return
-    if (problem := check(a)) is not None:
+    args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
+    args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}
+    if (problem := check(args)) is not None:
         p.exit(2, f"{p.prog}: error: {problem}\n")
     if a.csv:  # written after the last round: a path that cannot be would lose them all
         try:
@@ -471,8 +471,6 @@ def main() -> None:
         except OSError as exc:
             p.exit(2, f"{p.prog}: error: --csv {a.csv}: {exc.strerror or exc}\n")
     timed = pairs(a.device)
-    args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
-    args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}
     ratios: dict[str, list[float]] = {s: [] for s, _ in timed}
     rows: list[dict] = []
     deadline = time.monotonic() + 60 * a.max_minutes
