@@ -92,6 +92,18 @@ def test_a_dry_run_plans_each_matrix_here_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_some_gpu_tests_are_chosen_with_a_k_expression_and_logged_apart(tmp_path):
+    """GPU_CHECK_TESTS passes a -k expression to the tests part, for a machine whose command
+    limit the whole file may not fit, and logs the selection beside the whole file's log."""
+    done = _dry_run(tmp_path, parts=("tests",), GPU_CHECK_TESTS="syncbn or loop")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = [ln for ln in done.stdout.splitlines() if "tests/test_gpu.py" in ln]
+    assert line.endswith(f"-k syncbn or loop > {tmp_path / 'out' / 'test_gpu-syncbn-or-loop.log'}")
+    whole = _dry_run(tmp_path, parts=("tests",))
+    (line,) = [ln for ln in whole.stdout.splitlines() if "tests/test_gpu.py" in ln]
+    assert "-k" not in line and line.endswith("test_gpu.log")
+
+
 def test_a_whole_check_builds_horovod_before_the_tests_and_matrices(tmp_path):
     """Run whole, the check builds Horovod right after installing: built last (as it was),
     every matrix before it had horovod and horovod_fp16 as unavailable rows and the GPU
