@@ -188,7 +188,10 @@ class FSDPTensorParallel(TensorParallelMixin, FSDP2):
     @classmethod
     def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
         tp = cls.tp_of(world_size, options)
-        if tp < 2 or world_size % tp or world_size // tp < 2:
+        if tp < 2:
+            # tp=1 splits nothing: the world-size rule below would name sizes that all fail
+            return f"tp={tp} splits nothing (that is `fsdp`): fsdp_tp takes tp=2 or more"
+        if world_size % tp or world_size // tp < 2:
             return (
                 f"2-D needs at least 2 data-parallel groups of tp={tp} ranks: world size "
                 f"must be a multiple of tp={tp} and at least {2 * tp}, got {world_size}"

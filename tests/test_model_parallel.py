@@ -428,3 +428,12 @@ def test_fsdp_tp_says_what_world_size_it_needs(world_size) -> None:
         "2-D needs at least 2 data-parallel groups of tp=2 ranks: world size must be a "
         f"multiple of tp=2 and at least 4, got {world_size}"
     )
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fsdp_tp_at_tp_1_says_tp_is_what_is_wrong(world_size) -> None:
+    """tp=1 at a world size that is a multiple of 1 and at least 2: the reason is tp."""
+    import strategies
+
+    why = strategies.get("fsdp_tp").cls.unsuitable(None, world_size, {"tp": "1"})
+    assert why == "tp=1 splits nothing (that is `fsdp`): fsdp_tp takes tp=2 or more"
