@@ -362,6 +362,14 @@ def test_a_token_models_summary_has_tokens_per_second() -> None:
     assert "tokens/s" not in images
 
 
+def test_a_token_models_report_says_a_sample_is_a_sequence() -> None:
+    """samples/s of a language model counts sequences: the report says of how many tokens."""
+    rows = [_row("single", 1, tokens_per_s=6400.0), _row("ddp", 2, sps=180.0, tokens_per_s=11520.0)]
+    note = report.token_note(report.summarise(_runs(rows)))
+    assert note == " A sample is one sequence of 64 tokens: tokens/s is samples/s times that."
+    assert report.token_note(report.summarise(_mixed())) == ""  # images: nothing to say
+
+
 def test_throughput_plot_leaves_out_oversubscribed_cells() -> None:
     table = report.summarise(_mixed())
     ax = plots.throughput(table).axes[0]

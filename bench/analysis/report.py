@@ -1020,6 +1020,18 @@ def summary_markdown(summary: pd.DataFrame) -> str:
     return md_table(header, rows) + (note if any(marks) else "")
 
 
+def token_note(summary: pd.DataFrame) -> str:
+    """What a sample is where the summary has tokens/s (a token model), or ''. samples/s
+    alone reads like images; for a language model it counts sequences."""
+    tokens = pd.to_numeric(summary.get("tokens_per_s_median"), errors="coerce")
+    if tokens is None or not tokens.notna().any():
+        return ""
+    sps = pd.to_numeric(summary["samples_per_s_median"], errors="coerce")
+    per = sorted({round(t / s) for t, s in zip(tokens, sps, strict=True) if t == t and s > 0})
+    each = f"{per[0]:,} tokens" if len(per) == 1 else "its tokens"
+    return f" A sample is one sequence of {each}: tokens/s is samples/s times that."
+
+
 def _over_other(summary: pd.DataFrame, r: pd.Series) -> bool:
     """Whether a row's efficiency is over a single in other run options than its own."""
     over = summary[summary["strategy"] == r.get("efficiency_over", "")]
@@ -1679,7 +1691,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
             "Model state is what the rank holding most keeps of parameters / gradients / optimizer "
             "state after the first step (local shards for FSDP and ZeRO; 'least': the lightest "
             "rank where they differ; per rank in ranks.csv and the model-state plot). "
-            f"The full table, with the IQR, is summary.csv.{over}",
+            f"The full table, with the IQR, is summary.csv.{over}{token_note(summary)}",
             summary_markdown(summary),
         ]
         if len(summary)
