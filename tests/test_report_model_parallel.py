@@ -368,6 +368,9 @@ def test_a_token_models_report_says_a_sample_is_a_sequence() -> None:
     note = report.token_note(report.summarise(_runs(rows)))
     assert note == " A sample is one sequence of 64 tokens: tokens/s is samples/s times that."
     assert report.token_note(report.summarise(_mixed())) == ""  # images: nothing to say
+    # a summary.csv of before the tokens column: nothing to say either, and no error
+    old = report.summarise(_mixed()).drop(columns="tokens_per_s_median", errors="ignore")
+    assert report.token_note(old) == ""
 
 
 def test_throughput_plot_leaves_out_oversubscribed_cells() -> None:

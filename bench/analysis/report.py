@@ -1023,8 +1023,10 @@ def summary_markdown(summary: pd.DataFrame) -> str:
 def token_note(summary: pd.DataFrame) -> str:
     """What a sample is where the summary has tokens/s (a token model), or ''. samples/s
     alone reads like images; for a language model it counts sequences."""
-    tokens = pd.to_numeric(summary.get("tokens_per_s_median"), errors="coerce")
-    if tokens is None or not tokens.notna().any():
+    if "tokens_per_s_median" not in summary:  # a run of before the column
+        return ""
+    tokens = pd.to_numeric(summary["tokens_per_s_median"], errors="coerce")
+    if not tokens.notna().any():
         return ""
     sps = pd.to_numeric(summary["samples_per_s_median"], errors="coerce")
     per = sorted({round(t / s) for t, s in zip(tokens, sps, strict=True) if t == t and s > 0})
