@@ -954,6 +954,7 @@ class Runner:
         training: the reason says how far it got; one whose rank 0 had run every step was
         killed after them, which the reason says too."""
         state = read_progress(cell_dir) or {}
+        done, total, step_ms = _steps(state) or (0, 0, math.nan)
         why = "hang?"
         if cell.setting.compile and not state.get("done"):
             why = (
@@ -961,16 +962,18 @@ class Runner:
                 "compilation (a minute or more cold on a CPU): a --timeout that leaves room "
                 "for it, or a hang"
             )
-        elif (stepping := _stepping(state, quiet)) is not None:
-            done, total, step_ms, quiet = stepping
+        # still stepping: its step count seen to move at most three steps or 5 s before the
+        # deadline (rank 0 rewrites the progress file at most twice a second, the harness
+        # reads it about once a second); a nan quiet (never seen to move) is not
+        elif 0 < done < total and quiet <= max(5.0, 3 * step_ms / 1e3):
             why = (
                 f"still training: rank 0 had run {done} of {total} steps, {step_ms:.3g} ms "
-                f"each, its last step seen {quiet:.1f} s before the deadline; a --timeout "
-                "that leaves room for the cell"
+                f"each, its last step seen {max(0.0, quiet):.1f} s before the deadline; a "
+                "--timeout that leaves room for the cell"
             )
-        elif _all_stepped(state):
+        elif 0 < done == total:
             why = (
-                f"hang? rank 0 had run all {state['total']} of its steps and was killed "
+                f"hang? rank 0 had run all {total} of its steps and was killed "
                 "after them, in the evaluation, the communication probe or teardown: too long "
                 "for the --timeout, or hung there"
             )
@@ -1008,26 +1011,13 @@ class Runner:
             self.current.kill()
 
 
-def _stepping(state: Mapping[str, Any], quiet: float) -> tuple[int, int, float, float] | None:
-    """(steps done, steps in all, ms a step, seconds quiet) where rank 0 was still stepping
-    at the deadline: steps left, and its step count seen to move at most three steps or 5 s
-    (`quiet`) before it (rank 0 rewrites the progress file at most twice a second, and the
-    harness reads it about once a second). None where it had stopped, or nothing says."""
+def _steps(state: Mapping[str, Any]) -> tuple[int, int, float] | None:
+    """(steps done, steps in all, ms a step) from rank 0's progress file, or None where it
+    says nothing (not yet written, or torn)."""
     try:
-        done, total, step_ms = int(state["done"]), int(state["total"]), float(state["step_ms"])
+        return int(state["done"]), int(state["total"]), float(state["step_ms"])
     except (KeyError, TypeError, ValueError):
         return None
-    if 0 < done < total and quiet <= max(5.0, 3 * step_ms / 1e3):  # False for a nan quiet
-        return done, total, step_ms, max(0.0, quiet)
-    return None
-
-
-def _all_stepped(state: Mapping[str, Any]) -> bool:
-    """Whether rank 0's progress file says it ran every step of every epoch."""
-    try:
-        return 0 < int(state["done"]) == int(state["total"])
-    except (KeyError, TypeError, ValueError):
-        return False
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
