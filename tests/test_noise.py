@@ -210,6 +210,7 @@ def sleepy_runs(tmp_path_factory, data_root) -> dict[str, Path]:
             repeats=4,
             max_steps=18,
             warmup_steps=3,
+            global_batch=8,  # a small compute, under the strategy's fixed sleep
             limit=None,
             options={"slowdown": "0,off,1"},
             run_id="sweep",

@@ -156,21 +156,27 @@ class ProbeFails(DistributedDataParallel):
 
 
 class Sleepy(Strategy):
-    """One process, slowed on purpose: after each optimizer step it sleeps a fraction of the
-    step it just took (from the end of the previous sleep), the fraction its option
-    `slowdown` (default 0; 1 about halves samples/s). For A/B tests of compare, run as a
-    sweep (`--set slowdown=0,off,1`) so the variants are interleaved round by round and see
-    the same machine."""
+    """One process, slowed on purpose. Each step ends in a fixed sleep of BASE_S, then a
+    further sleep of a fraction of the step it just took (from the end of the previous
+    sleep), the fraction its option `slowdown` (default 0; 1 halves samples/s or more). For
+    A/B tests of compare, run as a sweep (`--set slowdown=0,off,1`) so the variants are
+    interleaved round by round and see the same machine.
+
+    The fixed sleep is most of a step so that the machine's noise is a small part of it: on
+    a shared two-core box the same compute takes 15 ms in one process and 22 in the next,
+    and an A/A pair whose four repeats fell apart that way read as a 1.4x slow-down."""
 
     variants = {"test_sleepy": Variant("inprocess", "single, slowed by its option slowdown")}
     #: "0" and "off" both mean none: two names of the same code, for an A/A pair
     accepts = {"slowdown": ("0", "off", "0.25", "1")}
+    BASE_S = 0.03
     _last_end = 0.0  # after the last sleep: now - _last_end is one step's own work
 
     def optimizer_step(self, optimizer):
         super().optimizer_step(optimizer)
         value = self.options.get("slowdown", "0")
         fraction = 0.0 if value == "off" else float(value)
+        time.sleep(self.BASE_S)
         now = time.perf_counter()
         if fraction > 0 and self._last_end:
             time.sleep(fraction * (now - self._last_end))
