@@ -3,6 +3,9 @@ steps, so one step slowed by other work on the machine does not become the estim
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 
 from bench.config import RunConfig
@@ -318,3 +321,31 @@ def test_the_steps_are_timed_with_the_threads_single_has(mnist, monkeypatch) -> 
     monkeypatch.setattr(estimate, "per_sample_ms", counting)
     estimate.estimate(cfg, runner.plan(cfg))
     assert seen and set(seen) == {env.cpu_cores()}  # the training step's and the forward's
+
+
+def test_the_estimate_says_when_other_processes_used_the_cpus_as_it_timed(mnist) -> None:
+    """Steps timed beside other work run on what it leaves: the line says how much the
+    other processes took, so that a figure twenty times the quiet machine's is read as
+    such; on its own the machine's share is not said."""
+    import subprocess
+    import sys
+
+    from bench.harness import runner
+    from bench.harness.env import cpu_cores
+
+    cfg, _ = mnist
+    cfg = cfg.replace(strategies=["single"], world_sizes=[1], global_batch=8)
+    spin = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpu_cores())
+    ]
+    try:
+        busy = estimate.estimate(cfg, runner.plan(cfg))
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    assert busy.other_cpu_pct >= estimate.BUSY_PCT
+    assert f"other processes used {busy.other_cpu_pct:.0f} % of the CPUs" in busy.line()
+    quiet = dataclasses.replace(busy, other_cpu_pct=estimate.BUSY_PCT / 2)
+    assert "other processes" not in quiet.line()
+    assert "other processes" not in dataclasses.replace(busy, other_cpu_pct=math.nan).line()

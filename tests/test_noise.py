@@ -287,7 +287,7 @@ def test_cpu_share_counts_what_the_cell_did_not_use(monkeypatch) -> None:
     the hypervisor's (fields of /proc/stat: user nice system idle iowait irq softirq steal)."""
     import os
 
-    from bench.harness.runner import CpuShare
+    from bench.harness.env import CpuShare
 
     tick = os.sysconf("SC_CLK_TCK")
     reads = iter(

@@ -1,8 +1,10 @@
-"""Hardware detection and provenance: what every result row carries about where it ran."""
+"""Hardware detection, provenance and the machine's state: what every result row carries
+about where it ran, and what else ran beside it."""
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import platform
 import socket
@@ -113,3 +115,75 @@ def provenance(device: str) -> dict[str, str | int]:
         "git_commit": git_commit(),
         "platform": platform.platform(),
     }
+
+
+def machine_state() -> dict[str, float]:
+    """What can be read about the machine as a cell starts: the 1-minute load average (runnable
+    processes; above the core count, something else competes) and the mean CPU clock where
+    the kernel shows it (a throttled or power-saving CPU runs slower)."""
+    nan = float("nan")
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = nan
+    mhz = nan
+    try:
+        clocks = [
+            float(line.split(":")[1])
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("cpu MHz")
+        ]
+        mhz = sum(clocks) / len(clocks) if clocks else nan
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"load_avg_1m": load, "cpu_mhz": mhz}
+
+
+class CpuShare:
+    """Who else used the CPUs while a cell ran, from the kernel's counters (/proc/stat) and
+    this process's and its reaped descendants' CPU time (getrusage): `other_cpu_pct`, the
+    share of all cores' time spent busy by anything but the cell and the harness, and
+    `cpu_steal_pct`, the share a hypervisor gave to other guests (a VM's noisy neighbours).
+    Both are nan where the kernel does not show them. A cell's process that its parent did
+    not reap is not counted as the cell's: it shows up as other."""
+
+    def __init__(self) -> None:
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[list[int], float] | None:
+        import resource
+
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        if len(fields) < 8:
+            return None
+        own = sum(
+            getattr(resource.getrusage(who), t)
+            for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+            for t in ("ru_utime", "ru_stime")
+        )
+        return fields, own
+
+    @staticmethod
+    def unknown() -> dict[str, float]:
+        return {"other_cpu_pct": math.nan, "cpu_steal_pct": math.nan}
+
+    def stop(self) -> dict[str, float]:
+        end = self._read()
+        if self.start is None or end is None:
+            return self.unknown()
+        delta = [b - a for a, b in zip(self.start[0], end[0], strict=True)]
+        # user nice system idle iowait irq softirq steal, in clock ticks over all cores
+        total = sum(delta)
+        if total <= 0:
+            return self.unknown()
+        busy = total - delta[3] - delta[4] - delta[7]
+        own = (end[1] - self.start[1]) * os.sysconf("SC_CLK_TCK")
+        return {
+            "other_cpu_pct": round(100 * max(0.0, busy - own) / total, 2),
+            "cpu_steal_pct": round(100 * delta[7] / total, 2),
+        }

@@ -12,6 +12,8 @@ torch.compile's first step.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -25,7 +27,7 @@ from torch.utils.data import default_collate
 import strategies
 from bench.config import ConfigError, RunConfig
 from bench.harness import proc
-from bench.harness.env import cpu_cores, device_count, resolve_device
+from bench.harness.env import CpuShare, cpu_cores, device_count, resolve_device
 from bench.harness.worker import EVAL_BATCH
 from bench.workload import data, models
 from strategies import precision as prec
@@ -44,6 +46,9 @@ EVAL_TIMED_BATCH = min(64, EVAL_BATCH)
 DTYPES = {"fp32": torch.float32, **prec.DTYPES}
 #: a run estimated past this says so when it starts
 LONG_S = 30 * 60
+#: other processes' share of the CPUs while the steps were timed past which the estimate
+#: says so: its steps ran on what they left, and so will the cells' while they go on
+BUSY_PCT = 20.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class Estimate:
     train_samples: int
     data: str
     untimed: str = ""  # why the steps could not be timed here (the total leaves them out)
+    #: the share of the CPUs' time other processes used while the steps were timed
+    other_cpu_pct: float = math.nan
 
     def line(self, dry_run: bool = False) -> str:
         """The estimate in one line; `dry_run`: printed by --dry-run, under its plan (so
@@ -70,10 +77,16 @@ class Estimate:
                 "; that is long on this machine: --max-steps, --limit or fewer "
                 "--strategies/--world-sizes shorten it"
             ) + ("" if dry_run else ", --dry-run shows the plan")
+        busy = ""
+        if self.other_cpu_pct >= BUSY_PCT:
+            busy = (
+                f"; other processes used {self.other_cpu_pct:.0f} % of the CPUs while the "
+                "steps were timed (the estimate holds while they go on)"
+            )
         return (
             f"estimated wall time {minutes(self.total_s)} ({minutes(self.startup_s)} of it "
             f"start-up), from {self.per_sample_ms:.2f} ms per sample (fp32; other precisions "
-            f"timed too) measured here and the launchers' start-up{long}"
+            f"timed too) measured here and the launchers' start-up{busy}{long}"
         )
 
 
@@ -206,6 +219,7 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
     precisions = [
         p for p in sorted({c.setting.precision for c in runnable} | {"fp32"}) if p in DTYPES
     ]
+    share = CpuShare()
     try:
         ms = timed(cfg, bundle, precisions, isolate=resolve_device(cfg.device) == "cuda")
     except ConfigError:
@@ -230,7 +244,9 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
         )
     finally:
         torch.set_num_threads(threads)
-    return _estimate(cfg, cells, bundle, ms)
+    return dataclasses.replace(
+        _estimate(cfg, cells, bundle, ms), other_cpu_pct=share.stop()["other_cpu_pct"]
+    )
 
 
 def cannot_train(cfg: RunConfig, exc: BaseException) -> ConfigError:
