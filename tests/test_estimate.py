@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import pytest
 
@@ -40,6 +41,9 @@ def mnist(data_root):
         ([5.0, 0.3, 0.3, 0.004, 0.3, 0.3], 5, 0.004),
         # slow steps: two timed ones past a second, as many as before
         ([9.0, 0.8, 0.6], 2, 0.6),
+        # a step of seconds: the one timed step is the figure, where two held the dry run
+        # of a long --seq-len for minutes
+        ([30.0, 12.0, 11.0], 1, 12.0),
     ],
 )
 def test_the_fastest_of_as_many_steps_as_fit_in_a_second(
@@ -349,3 +353,31 @@ def test_the_estimate_says_when_other_processes_used_the_cpus_as_it_timed(mnist)
     quiet = dataclasses.replace(busy, other_cpu_pct=estimate.BUSY_PCT / 2)
     assert "other processes" not in quiet.line()
     assert "other processes" not in dataclasses.replace(busy, other_cpu_pct=math.nan).line()
+
+
+def test_timing_slow_steps_says_so_while_it_goes_on(mnist, monkeypatch, capsys) -> None:
+    """A model whose steps take minutes here says, on stderr, what the estimate is doing,
+    where the dry run of a long --seq-len sat silent; a quick one says nothing."""
+    from bench.harness import runner
+
+    cfg, _ = mnist
+    cfg = cfg.replace(strategies=["single"], world_sizes=[1], global_batch=4)
+    timed = estimate.timed
+
+    def slow(*args, **kw):
+        time.sleep(0.5)
+        return timed(*args, **kw)
+
+    monkeypatch.setattr(estimate, "timed", slow)
+    monkeypatch.setattr(estimate, "SLOW_S", 0.2)
+    estimate.estimate(cfg, runner.plan(cfg))
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err == (
+        "the estimate is still timing a few steps of mnist_cnn at batch 4 (fp32), 0.2 s so far: "
+        "steps this slow here make a long run\n"
+    )
+    monkeypatch.setattr(estimate, "timed", timed)
+    monkeypatch.setattr(estimate, "SLOW_S", 60.0)
+    estimate.estimate(cfg, runner.plan(cfg))
+    assert capsys.readouterr().err == ""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
+import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -46,6 +48,10 @@ EVAL_TIMED_BATCH = min(64, EVAL_BATCH)
 DTYPES = {"fp32": torch.float32, **prec.DTYPES}
 #: a run estimated past this says so when it starts
 LONG_S = 30 * 60
+#: the batch of the training steps timed (or the global batch, where smaller)
+TIMED_BATCH = 8
+#: timing the steps for longer than this says so, on stderr
+SLOW_S = 15.0
 #: other processes' share of the CPUs while the steps were timed past which the estimate
 #: says so: its steps ran on what they left, and so will the cells' while they go on
 BUSY_PCT = 20.0
@@ -98,7 +104,7 @@ def per_sample_ms(
     cfg: RunConfig,
     bundle: data.DataBundle,
     precision: str = "fp32",
-    batch: int = 8,
+    batch: int = TIMED_BATCH,
     forward: bool = False,
 ) -> float:
     """A training step's time per sample (forward, backward, SGD step) of the run's model in
@@ -106,7 +112,9 @@ def per_sample_ms(
     times slower than fp32), or (`forward`) the evaluation's: a forward without gradients in
     eval mode, on held-out samples: one warm-up step, then the fastest of 2 to 5 timed ones
     (as many as fit in a second): on a machine busy with other work, one step in several runs
-    at its own speed (a dry run on a loaded 2-core machine once timed 20x too slow)."""
+    at its own speed (a dry run on a loaded 2-core machine once timed 20x too slow). A timed
+    step of a second or more is the only one: a model that slow (a long --seq-len) held the
+    dry run for minutes, and a step that long is less at the mercy of a moment's load."""
     device = torch.device("cuda" if resolve_device(cfg.device) == "cuda" else "cpu")
     fed = bundle.spec or models.spec(cfg)
     model = models.build(cfg, bundle.num_classes, fed).to(device)
@@ -122,7 +130,7 @@ def per_sample_ms(
     if forward:
         model.eval()
     times: list[float] = []
-    while len(times) < 3 or (len(times) < 6 and sum(times[1:]) < 1.0):
+    while len(times) < 2 or (len(times) < 6 and sum(times[1:]) < 1.0):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -220,6 +228,10 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
         p for p in sorted({c.setting.precision for c in runnable} | {"fp32"}) if p in DTYPES
     ]
     share = CpuShare()
+    # a model whose steps take minutes here (a long --seq-len) says why nothing is printed
+    slow = threading.Timer(SLOW_S, _still_timing, (cfg, precisions))
+    slow.daemon = True
+    slow.start()
     try:
         ms = timed(cfg, bundle, precisions, isolate=resolve_device(cfg.device) == "cuda")
     except ConfigError:
@@ -239,13 +251,25 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
             cells,
             bundle,
             None,
-            f"a step of the whole {cfg.model} at batch 8 does not fit in one {where}'s memory "
-            f"({proc.one_line(exc)}); cells that shard it may still run",
+            f"a step of the whole {cfg.model} at batch {min(TIMED_BATCH, cfg.global_batch)} "
+            f"does not fit in one {where}'s memory ({proc.one_line(exc)}); cells that shard "
+            "it may still run",
         )
     finally:
+        slow.cancel()
         torch.set_num_threads(threads)
     return dataclasses.replace(
         _estimate(cfg, cells, bundle, ms), other_cpu_pct=share.stop()["other_cpu_pct"]
+    )
+
+
+def _still_timing(cfg: RunConfig, precisions: list[str]) -> None:
+    print(
+        f"the estimate is still timing a few steps of {cfg.model} at batch "
+        f"{min(TIMED_BATCH, cfg.global_batch)} ({', '.join(precisions)}), {SLOW_S:g} s so far: "
+        "steps this slow here make a long run",
+        file=sys.stderr,
+        flush=True,
     )
 
 
