@@ -7,7 +7,8 @@ a strategy to appear in `parabench list` and in the next `make bench`. Other sou
 - `PARABENCH_STRATEGIES`, a comma-separated list of importable modules (how tests and
   users try a strategy without packaging it; child processes inherit it).
 A module that fails to import, or declares `variants` that are not a mapping of names to
-`Variant`s, is listed as unavailable with its reason, never a crash. The built-in modules
+`Variant`s (names --strategies can give: letters, digits, `_`, `-`, `.`), is listed as
+unavailable with its reason, never a crash. The built-in modules
 (BUILT_IN) keep their names: a plug-in's strategy named as one of theirs is listed
 unavailable, whatever the order of discovery.
 """
@@ -18,6 +19,7 @@ import importlib
 import inspect
 import os
 import pkgutil
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -228,6 +230,10 @@ def _specs_in(module_name: str) -> list[StrategySpec]:
     return specs
 
 
+#: what a strategy's name may hold: one word of a comma-separated list and one folder name
+NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 def _malformed(variants: Any) -> str | None:
     """Why a class's `variants` cannot register (a mapping of names to Variant(...)), or None."""
     if not isinstance(variants, Mapping):
@@ -238,6 +244,13 @@ def _malformed(variants: Any) -> str | None:
     for name, variant in variants.items():
         if not isinstance(name, str) or not name:
             return f"its variants must map names to Variant(...), got the name {name!r}"
+        # --strategies and --exclude split at commas (and strip spaces), and a cell's
+        # folder is named after it: any other name runs only unselected, or elsewhere
+        if not NAME.fullmatch(name):
+            return (
+                f"its variant name {name!r} cannot be given to --strategies: use letters, "
+                "digits, '_', '-' and '.'"
+            )[:200]
         if not isinstance(variant, Variant):
             return (
                 f"its variants must map names to Variant(...), got {type(variant).__name__} "

@@ -338,6 +338,32 @@ def test_malformed_variants_are_listed_unavailable_not_fatal(plugin, capsys):
     assert "malformed.AList" in out and "got a list" in out
 
 
+@pytest.mark.parametrize("n, name", enumerate(["a,b", " spaced", "team/x", "my ddp"]))
+def test_a_variant_name_that_strategies_cannot_give_is_listed_unavailable(plugin, capsys, n, name):
+    """--strategies splits at commas and strips spaces, and a cell's folder is named after
+    its strategy: such a name would run only as part of every strategy, never selected."""
+    from bench.cli import main
+
+    module = f"odd_names{n}"  # a module of its own per name: an imported one is kept
+    plugin(
+        module,
+        f"""
+        from strategies.base import Strategy, Variant
+        class Odd(Strategy):
+            variants = {{{name!r}: Variant("inprocess", "an odd name")}}
+        """,
+    )
+    reg = strategies.registry()
+    assert name not in reg and name.strip() not in reg
+    why = reg[f"{module}.Odd"].unavailable("cpu")
+    assert why == (
+        f"its variant name {name!r} cannot be given to --strategies: use letters, digits, "
+        "'_', '-' and '.'"
+    )
+    assert main(["list"]) == 0
+    assert f"{module}.Odd" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "body, expected",
     [
