@@ -413,6 +413,18 @@ def test_an_evaluation_that_fails_keeps_the_measured_steps(tmp_path, data_root, 
     assert not leftover_processes(run_dir)
 
 
+def test_notes_that_fail_keep_the_measured_steps(tmp_path, data_root, faulty):
+    from bench.harness import results
+
+    cfg = small_config(tmp_path, data_root, strategies=("test_notes_fail",), world_sizes=(1,))
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    [row] = rows
+    assert row["status"] == results.OK, row["reason"]
+    assert float(row["samples_per_s"]) > 0 and int(row["timed_steps"]) == 4
+    assert row["notes"] == "NotesFail.run_notes() raised KeyError: 'no such option'"
+    assert not leftover_processes(run_dir)
+
+
 def test_the_oom_watch_reads_the_kernels_records_and_ends_at_an_end_of_file(monkeypatch):
     """OomWatch reads the kernel's log record by record until there is no more: EAGAIN from
     /dev/kmsg, or an end of file where a container put /dev/null (or a file) in its place,

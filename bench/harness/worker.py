@@ -289,7 +289,7 @@ def _train(
                 "threads_per_rank": threads,
                 "backend": getattr(strategy, "backend", ""),
                 "precision": strategy.precision,
-                "notes": "; ".join(strategy.run_notes()),
+                "notes": _notes(strategy),
                 "data": bundle.description,
                 "data_path": "device" if take is not None else "loader",
                 "startup": marks,
@@ -301,6 +301,16 @@ def _train(
     if cfg.save_params:
         _save_params(strategy, cell_dir / "params.pt")
     strategy.barrier()
+
+
+def _notes(strategy: Strategy) -> str:
+    """The row's notes. A run_notes that raises (a plug-in's bug, or a private torch API
+    that moved) costs the notes, not the steps measured before it: rank 0 alone asks,
+    with no peer waiting on it, and the notes then say what it raised."""
+    try:
+        return "; ".join(strategy.run_notes())
+    except Exception as exc:
+        return f"{type(strategy).__name__}.run_notes() raised {proc.one_line(exc)}"
 
 
 def _median(values: Any) -> float:

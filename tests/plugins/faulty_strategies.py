@@ -155,6 +155,16 @@ class ProbeFails(DistributedDataParallel):
         raise RuntimeError("sync_off broke on purpose")
 
 
+class NotesFail(Strategy):
+    """Trains like single, but its run_notes (asked after the timed steps) raises: the
+    row must keep what was measured, the notes saying what it raised."""
+
+    variants = {"test_notes_fail": Variant("inprocess", "single whose run_notes raises")}
+
+    def run_notes(self):
+        return [f"{self.options['no such option']}"]
+
+
 class Sleepy(Strategy):
     """One process, slowed on purpose. Each step ends in a fixed sleep of BASE_S, then a
     further sleep of a fraction of the step it just took (from the end of the previous
