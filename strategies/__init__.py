@@ -126,6 +126,12 @@ class StrategySpec:
         self, world_size: int, device: str, n_devices: int, oversubscribe: bool = False
     ) -> str | None:
         assert self.cls is not None
+        if self.launcher == "inprocess" and self.cls.multiprocess and world_size > 1:
+            # the in-process launcher starts one process: its ranks would wait for the rest
+            return (
+                f"{self.cls.__name__} runs one process per rank, and its Variant's launcher "
+                "'inprocess' starts one: name spawn or torchrun"
+            )
         return _reason(self.cls.cannot_run, world_size, device, n_devices, oversubscribe)
 
     def unsupported(self, setting: Setting, device: str) -> str | None:

@@ -223,6 +223,40 @@ def test_a_plugins_mistakes_cost_its_own_cells_only(plugin, data_root, capsys):
         )
 
 
+def test_a_rank_per_process_strategy_on_the_inprocess_launcher_is_refused_before_it_starts(
+    plugin, data_root
+):
+    """The in-process launcher starts one process: a DDP subclass named with it ran at world
+    size 2 and failed once started ('launcher started 1 ranks'), where the plan said 2
+    processes. Now the plan says why it cannot, and naming it is one line."""
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    plugin(
+        "one_launcher",
+        """
+        from strategies.base import Variant
+        from strategies.ddp import DistributedDataParallel
+        class Mine(DistributedDataParallel):
+            variants = {"ddp_inprocess": Variant("inprocess", "DDP on the wrong launcher")}
+        """,
+    )
+    cfg = small_config(Path("/nonexistent"), data_root, world_sizes=(1, 2))
+    cells = {(c.strategy, c.world_size): c for c in runner.plan(cfg)}
+    why = (
+        "Mine runs one process per rank, and its Variant's launcher 'inprocess' starts one: "
+        "name spawn or torchrun"
+    )
+    assert cells[("ddp_inprocess", 2)].reason == why
+    assert not cells[("ddp_inprocess", 1)].reason  # one rank: one process is right
+    assert not cells[("ddp_spawn", 2)].reason
+    named = small_config(
+        Path("/nonexistent"), data_root, strategies=("ddp_inprocess",), world_sizes=(2,)
+    )
+    with pytest.raises(ConfigError, match="ddp_inprocess cannot run at world size 2: Mine runs"):
+        runner.plan(named)
+
+
 def test_a_plugin_reusing_a_name_is_listed_unavailable_not_fatal(plugin):
     plugin(
         "clash_plugin",
