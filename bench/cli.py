@@ -350,7 +350,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="c10d (the default: node ranks assigned at the rendezvous) or static "
         "(node i of --hosts is node rank i)",
     )
-    nodes.add_argument("--rdzv-port", type=int, default=d.rdzv_port)
+    nodes.add_argument(
+        "--rdzv-port",
+        type=int,
+        default=d.rdzv_port,
+        help=f"the first node's port for the rendezvous; each cell takes the next of 200 in "
+        f"turn (default {d.rdzv_port})",
+    )
     nodes.add_argument(
         "--launcher",
         default="",
@@ -632,7 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.set_defaults(func=cmd_run, parser=r)
     ls = sub.add_parser("list", help="strategies (available or not, and why), datasets, models")
-    ls.add_argument("--device", default="auto")
+    ls.add_argument(
+        "--device", default="auto", help="auto, cpu or cuda: the device whose strategies are listed"
+    )
     ls.set_defaults(func=cmd_list)
     sb = sub.add_parser(
         "submit",
@@ -650,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--no-report", action="store_true", help="the job skips the report at the end")
     sb.set_defaults(func=cmd_submit)
     st = sub.add_parser("status", help="a submitted run: its job's state and the rows so far")
-    st.add_argument("run_dir")
+    st.add_argument("run_dir", metavar="RUN_DIR", help="the run directory submit printed")
     st.set_defaults(func=cmd_status)
     # the analysis commands own their options (an import error here is a bug: it shows)
     from bench.analysis import compare, predict, report, verify

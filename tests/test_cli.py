@@ -1145,3 +1145,21 @@ def test_workers_where_a_dataloader_runs_them_is_taken(args, workers, data_root)
 
     a = build_parser().parse_args(["run", "--data-root", str(data_root), *args])
     assert config_from_args(a).workers == workers
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """`parabench <command> --help` explains each option: one without a help text shows
+    only its name (as `list --device` did)."""
+    import argparse
+
+    from bench.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [
+        f"{name} {'/'.join(action.option_strings) or action.dest}"
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if not isinstance(action, argparse._HelpAction) and not action.help
+    ]
+    assert len(commands.choices) >= 8 and bare == []

@@ -653,7 +653,11 @@ def add_parser(sub: Any) -> None:
         help="step time, samples/s and efficiency at world sizes not run, from a run's "
         "compute, its collectives' fit and each strategy's traffic",
     )
-    p.add_argument("run_dir")
+    p.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run directory; each strategy from its world-size-1 cell",
+    )
     p.add_argument(
         "--world-sizes",
         type=_sizes,
