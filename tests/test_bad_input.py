@@ -9,6 +9,7 @@ repeated here.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -51,10 +52,24 @@ def _bad_world_size() -> str:
     return _runs_csv(rows=[[row[c] for c in results.RUN_COLUMNS]])
 
 
+def _cut_mnist(root: Path) -> None:
+    """MNIST's test split in its .gz files, the images' cut short (a partial download):
+    their header is whole, so only reading them all finds the end missing."""
+    raw = root / "cut_mnist" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    n = 200
+    labels = bytes([0, 0, 8, 1]) + n.to_bytes(4, "big") + bytes(i % 10 for i in range(n))
+    images = bytes([0, 0, 8, 3]) + b"".join(d.to_bytes(4, "big") for d in (n, 28, 28))
+    images += bytes(i % 251 for i in range(n * 28 * 28))
+    (raw / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(labels))
+    (raw / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(images)[:-100])
+
+
 #: name -> what it makes under the case's input folder; the argv names it as {name}
 SETUPS = {
     "good": lambda root: _run_dir(root, "good"),
     "file": _file,
+    "cut_mnist": _cut_mnist,
     "empty_csv": lambda root: _run_dir(root, "empty_csv", {"runs.csv": ""}),
     "binary_csv": lambda root: _run_dir(root, "binary_csv", {"runs.csv": b"\x89PNG\r\n\x1a\n\x00"}),
     "ragged_csv": lambda root: _run_dir(
@@ -292,6 +307,13 @@ CASES = [
         ["--strategies", "ddp_spawn", "--limit", "10001"],
         "--limit 10001: mnist test split has 10000 training samples; lower it or leave it out",
         id="verify-limit-above-mnist",
+    ),
+    case(
+        RUN,
+        ["--strategies", "single", "--data-root", "{cut_mnist}", "--global-batch", "8"],
+        "t10k-images-idx3-ubyte.gz cannot be read: Compressed file ended before",
+        ["cut_mnist"],
+        id="mnist-gz-cut-short",
     ),
     case(
         RUN,

@@ -13,6 +13,7 @@ import functools
 import gzip
 import sys
 import sysconfig
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,8 +310,11 @@ def _idx_header(path: Path, data: bytes | None = None) -> tuple[int, ...]:
 
 
 def _read_idx(path: Path) -> np.ndarray:
-    with _open(path) as f:
-        data = f.read()
+    try:
+        with _open(path) as f:
+            data = f.read()
+    except (OSError, EOFError, zlib.error) as exc:  # a .gz cut short (a partial download)
+        raise ConfigError(f"{path} cannot be read: {exc}") from exc
     dims = _idx_header(path, data)
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * len(dims))
     if body.size != int(np.prod(dims)):
