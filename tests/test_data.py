@@ -48,6 +48,18 @@ def test_missing_mnist_names_the_alternatives(tmp_path):
         data.check(RunConfig(dataset="mnist", data_root=str(tmp_path)))
 
 
+def test_an_mnist_file_without_its_partner_is_named(tmp_path, data_root):
+    """Images with no labels (a download cut off between the two) are not 'MNIST not found':
+    the line names the file that is there and the one that is missing."""
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    shutil.copy(data_root / "mnist" / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz", raw)
+    with pytest.raises(ConfigError, match="incomplete") as err:
+        data.check(RunConfig(dataset="mnist", data_root=str(tmp_path)))
+    assert f"{raw / 't10k-images-idx3-ubyte.gz'} is there, but not " in str(err.value)
+    assert f"{raw / 't10k-labels-idx1-ubyte'}[.gz]" in str(err.value)
+
+
 def test_truncated_idx_file_is_reported(tmp_path, data_root):
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)

@@ -258,10 +258,28 @@ def _mnist_split(cfg: RunConfig) -> tuple[str, dict[str, tuple[Path, Path]]]:
         found = _mnist_present(root)
     if found is not None:
         return found
+    alone = _mnist_half(root)
+    if alone:  # "not found" would send the user looking for a file that is there
+        raise ConfigError(
+            f"MNIST under {root} is incomplete: {alone}; pass --download on a machine with "
+            "internet, or copy the missing file there"
+        )
     raise ConfigError(
         f"MNIST not found under {root} (looked for MNIST/raw/*-idx?-ubyte[.gz]); "
         "pass --download on a machine with internet, point --data-root at it, or use --dataset synthetic"
     )
+
+
+def _mnist_half(root: Path) -> str:
+    """Where no split of MNIST is whole: the first file found whose partner (the images' labels,
+    or the labels' images) is missing, said as such; else ''."""
+    for raw in _mnist_raw_dirs(root):
+        for files in _MNIST_FILES.values():
+            for have, lack in (files, files[::-1]):
+                found = _find(raw, have)
+                if found and not _find(raw, lack):
+                    return f"{found} is there, but not {raw / lack}[.gz]"
+    return ""
 
 
 def _mnist_present(root: Path) -> tuple[str, dict[str, tuple[Path, Path]]] | None:
