@@ -191,6 +191,28 @@ def test_device_batches_are_the_loaders_batches(data_root, dataset):
                 assert torch.equal(ya, yb)
 
 
+def test_only_the_samples_trained_on_are_moved_to_the_device(data_root, monkeypatch):
+    """A GPU row's peak memory includes the data held there: --limit 100 of MNIST's split
+    holds 100 images, not the 10,000 of the split with its held-out part. (The meta device
+    stands in for a GPU: a device other than the CPU, where the tensors already are.)"""
+    moved: list[tuple[int, ...]] = []
+    to = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out.device.type == "meta" and self.device.type != "meta":
+            moved.append(tuple(self.shape))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    cfg = RunConfig(dataset="mnist", data_root=str(data_root), limit=100, warmup_steps=0)
+    take = data.on_device(data.load(cfg).train, torch.device("meta"))
+    assert take is not None
+    assert sorted(moved) == [(100,), (100, 1, 28, 28)]
+    x, y = take(torch.arange(10, device="meta"))
+    assert x.shape == (10, 1, 28, 28) and y.shape == (10,)
+
+
 def test_files_on_disk_keep_the_loader(data_root):
     cfg = RunConfig(dataset="imagenet-subset", model="resnet18", data_root=str(data_root))
     assert data.on_device(data.load(cfg).train, torch.device("cpu")) is None

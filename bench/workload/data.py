@@ -600,10 +600,18 @@ def on_device(ds: Dataset, device: torch.device) -> Take | None:
     __getitem__, no collate, no copy per step. None if `ds` is not held in memory (the
     ImageNet subset is decoded from files: it keeps the DataLoader)."""
     if isinstance(ds, Subset):
-        inner = on_device(ds.dataset, device)
+        idx, base = torch.as_tensor(list(ds.indices), dtype=torch.long), ds.dataset
+        while isinstance(base, Subset):  # a --limit of a split's training part: one index
+            idx, base = torch.as_tensor(list(base.indices), dtype=torch.long)[idx], base.dataset
+        if device.type != "cpu" and isinstance(base, TensorDataset) and len(base.tensors) == 2:
+            # only the samples it trains on go to the device, whose memory the row reports
+            # (not the held-out ones, nor the 60,000 MNIST images a --limit 1000 leaves out);
+            # on the CPU the tensors are in memory already and nothing is copied
+            return on_device(TensorDataset(*(t[idx] for t in base.tensors)), device)
+        inner = on_device(base, device)
         if inner is None:
             return None
-        idx = torch.as_tensor(list(ds.indices), dtype=torch.long, device=device)
+        idx = idx.to(device)
         return lambda i: inner(idx[i])
     if isinstance(ds, TensorDataset) and len(ds.tensors) == 2:
         x, y = (t.to(device) for t in ds.tensors)
