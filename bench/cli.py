@@ -54,9 +54,9 @@ def _on_off(text: str) -> tuple[bool, ...]:
 
 
 def _kv(text: str) -> tuple[str, str]:
-    if "=" not in text:
+    k, eq, v = text.partition("=")
+    if not eq or not k.strip():  # no key: a factory would be told of an argument named ''
         raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
-    k, v = text.split("=", 1)
     return k.strip(), v.strip()
 
 

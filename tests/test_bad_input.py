@@ -150,6 +150,13 @@ CASES = [
     ),
     case(RUN, ["--set", "opt_level"], "expected key=value", id="set-no-equals"),
     case(RUN, ["--dataset-arg", "n"], "expected key=value", id="dataset-arg-no-equals"),
+    case(
+        RUN,
+        ["--dataset", "{examples}/own_data.py:shapes", "--model", "{examples}/own_model.py:build"]
+        + ["--dataset-arg", "=5"],
+        "expected key=value, got '=5'",
+        id="dataset-arg-no-key",
+    ),
     case(RUN, ["--bogus"], "unrecognized arguments: --bogus", id="unknown-option"),
     case(RUN, ["extra"], "unrecognized arguments: extra", id="stray-positional"),
     # ---- run: out of range
