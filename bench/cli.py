@@ -159,7 +159,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="DataLoader workers per device (default 0 CPU, 4 CUDA); only where a DataLoader "
-        "feeds the run (the ImageNet subset, or --data-path loader)",
+        "feeds the run (the ImageNet subset, a data factory's Dataset, or --data-path loader)",
     )
     p.add_argument(
         "--seed",
