@@ -417,6 +417,31 @@ def test_a_cell_from_other_weights_fails_and_says_why(tmp_path, data_root):
     assert f"ddp_spawn ws=1: {cell.reason}" in table([cell])
 
 
+def test_a_strategy_that_trains_another_model_fails_and_says_why(tmp_path, data_root):
+    """A strategy whose model is not the baseline's (a layer more, so other names) is a
+    FAIL row naming the difference, beside the other cells' verdicts, not a traceback that
+    leaves verify.csv unwritten; a weight of another shape alike."""
+    import torch
+
+    names = ("ddp_spawn", "test_other_model")
+    cfg = small_config(tmp_path, data_root, strategies=names, world_sizes=(1,))
+    with faulty_strategies():
+        run_dir, parity = verify(cfg, steps=2, echo=lambda m: None)
+    by = {p.strategy: p for p in parity}
+    assert by["ddp_spawn"].status == "pass", by
+    bad = by["test_other_model"]
+    assert bad.status == "FAIL" and "trained another model than the baseline" in bad.reason
+    assert "lacks classifier.0.bias" in bad.reason and "has 0.classifier.0.bias" in bad.reason
+    with open(run_dir / "verify.csv") as f:
+        assert {r["strategy"]: r["result"] for r in csv.DictReader(f)}["test_other_model"] == "FAIL"
+    (final,) = (run_dir / "cells").glob("ddp_spawn-*/params.pt")
+    weights = torch.load(final, weights_only=True)
+    weights["features.0.bias"] = weights["features.0.bias"][:1]
+    torch.save(weights, final)
+    (cell,) = [p for p in compare(run_dir) if p.strategy == "ddp_spawn"]
+    assert cell.status == "FAIL" and "holds features.0.bias in another shape" in cell.reason
+
+
 def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, tmp_path):
     """The reference run apart ended in error: its row says so (and fails verify), and the
     bf16 cells are held to their recipe's tolerance, not widened by a figure never taken."""

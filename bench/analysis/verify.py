@@ -503,6 +503,23 @@ class _Gaps:
         )
 
 
+def other_model(mine: _Baseline, base: _Baseline) -> str:
+    """Why a cell's weights are not the baseline model's (names or shapes), or "": it trained
+    another model (a plug-in that builds its own, a layer added or left out), which no gap
+    can be measured to, and it FAILs saying so."""
+    a, b = {**mine.init, **mine.params}, {**base.init, **base.params}
+    missing, extra = sorted(b.keys() - a.keys()), sorted(a.keys() - b.keys())
+    shapes = sorted(k for k in a.keys() & b.keys() if a[k].shape != b[k].shape)
+
+    def some(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    parts = [f"lacks {some(missing)}"] if missing else []
+    parts += [f"has {some(extra)}, which the baseline has not"] if extra else []
+    parts += [f"holds {some(shapes)} in another shape"] if shapes else []
+    return f"it trained another model than the baseline: it {'; '.join(parts)}" if parts else ""
+
+
 def _gaps(mine: _Baseline, base: _Baseline, norms: int) -> _Gaps:
     n = min(len(mine.losses), len(base.losses))
     loss_abs = max(abs(a - b) for a, b in zip(mine.losses[:n], base.losses[:n], strict=True))
@@ -735,6 +752,9 @@ def compare(run_dir: Path) -> list[Parity]:
             if ref.status == AMPLIFIED:
                 tol = widened(tol, ref)
         mine = _load(rd, case, buffers, "", numerics, losses)
+        if why := other_model(mine, base):
+            out.append(_unmeasured(case, numerics, tol, "FAIL", reason=why, baseline=base.label))
+            continue
         g = _gaps(mine, base, norms)
         measured = (g.late if tol.approximate else g.loss_abs, g.param_abs, g.param_rel, tol)
         status = "pass" if g.within(tol) else "FAIL"

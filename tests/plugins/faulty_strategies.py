@@ -109,6 +109,18 @@ class AmpNeverCasts(AmpDDP):
         return contextlib.nullcontext()
 
 
+class OtherModel(Strategy):
+    """single that trains a model of its own: the harness's with one more layer on its
+    output, as a plug-in that builds its own model might. Its weights are not the
+    baseline's (other names, one more layer): parity must FAIL it and say why."""
+
+    variants = {"test_other_model": Variant("inprocess", "single with one more layer")}
+
+    def setup(self, model, optimizer):
+        model = torch.nn.Sequential(model, torch.nn.Linear(10, 10))
+        return model, type(optimizer)(model.parameters(), **optimizer.defaults)
+
+
 class HookNeverCompresses(DDPCommHook):
     """ddp_fp16_hook whose hook all-reduces in fp32: its model is right, its row's numerics
     say grad_fp16 and its speed is an uncompressed all-reduce's. Parity must say so."""
