@@ -332,6 +332,29 @@ def test_a_precision_reference_tells_rounding_from_a_wrong_strategy(amplified):
     assert rows[("ddp_spawn", "bf16")]["tolerance_basis"].startswith("1.5x single [bf16")
 
 
+def test_conditioning_cuts_the_batch_as_the_largest_default_world_size(tmp_path, monkeypatch):
+    """With no --world-sizes the cells span 1, 2, 4, ... up to the devices: on 4 of them the
+    cells at 4 ranks normalise over 4 shares, and the twins that find the steps rounding
+    leaves comparable must too (over 2, BatchNorm over twice the samples conditions better
+    and the horizon comes out too long for them)."""
+    from bench.harness import env
+
+    class Seen(Exception):
+        pass
+
+    def run_matrix(cfg, **kw):
+        raise Seen(cfg.options["shares"])
+
+    monkeypatch.setattr(env, "cpu_cores", lambda: 4)
+    monkeypatch.setattr(verify_mod, "run_matrix", run_matrix)
+    cfg = RunConfig(
+        dataset="synthetic", model="resnet18", image_size=32, device="cpu", out_dir=str(tmp_path)
+    )
+    for sizes, shares in (((), "4"), ((1, 2), "2")):
+        with pytest.raises(Seen, match=f"^{shares}$"):
+            verify_mod.conditioning(cfg.replace(world_sizes=sizes), 2, tmp_path)
+
+
 def test_how_far_a_reference_may_be_amplified_depends_on_conditioning(amplified, monkeypatch):
     """The same run, read as if conditioning had found the model well-conditioned: bf16's
     0.42 is past twice its recipe, so the precision itself is suspect (FAIL) and no cell is

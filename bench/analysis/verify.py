@@ -44,7 +44,15 @@ import torch
 
 from bench.config import ConfigError, RunConfig
 from bench.harness import results
-from bench.harness.runner import RunDir, cell_dirname, plan, run_matrix
+from bench.harness.env import device_count
+from bench.harness.runner import (
+    RunDir,
+    cell_dirname,
+    default_world_sizes,
+    plan,
+    run_matrix,
+    usable_device,
+)
 from bench.workload import data
 from bench.workload.models import batch_norms, meta_model
 
@@ -1176,7 +1184,10 @@ def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Condi
     tolerance. BatchNorm over a few samples can amplify a one-ulp difference a
     thousandfold within a step, past any fixed tolerance (resnet18 at 32 px: 1e-6 at step
     1, 1e-2 at step 4); comparing steps after that would FAIL a correct strategy."""
-    sizes = [w for w in cfg.world_sizes if cfg.global_batch % w == 0]
+    # the sizes the matrix spans: with no --world-sizes, 1, 2, 4, ... up to the devices, as
+    # the runner plans them (a 4-GPU machine's cells at 4 ranks normalise over 4 shares)
+    asked = cfg.world_sizes or default_world_sizes(device_count(usable_device(cfg.device)))
+    sizes = [w for w in asked if cfg.global_batch % w == 0]
     if not sizes:
         sizes = [2] if cfg.global_batch % 2 == 0 else [1]
     shares = max(sizes) if batch_norms(cfg) else 1
