@@ -488,6 +488,30 @@ def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, 
     assert good.tol == RECIPES["autocast_bf16"] and good.status == "FAIL", good
 
 
+def test_a_baseline_that_did_not_run_says_why(amplified, tmp_path):
+    """Nothing can be compared without single at fp32; the error says how it ended and why
+    (a --timeout too short for the slowest cell, say), not only that it did not run."""
+    import shutil
+
+    from bench.config import ConfigError
+    from bench.harness.runner import RunDir
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(amplified[0], run_dir)
+    runs = RunDir(run_dir / "baselines" / "shares1-acc1").runs
+    rows = runs.read()
+    for r in rows:
+        r.update(status="timeout", reason="no step finished within --timeout 60 s")
+    runs.path.unlink()
+    runs.append(rows)
+    with pytest.raises(ConfigError) as err:
+        verify_mod.compare(run_dir)
+    assert str(err.value) == (
+        "the single baseline (fp32) did not run: it ended timeout (no step finished within "
+        "--timeout 60 s); parity needs it"
+    )
+
+
 @pytest.mark.parametrize("name, side", [("googlenet", 64), ("inception_v3", 75)])
 def test_models_with_auxiliary_heads_train_on_their_output_alone(name, side):
     """In training torchvision's googlenet and inception_v3 return their auxiliary heads'

@@ -706,7 +706,11 @@ def compare(run_dir: Path) -> list[Parity]:
         return _baseline(rd, layout, buffers, precision)
 
     if baseline((1, 1)) is None:
-        raise ConfigError("the single baseline (fp32) did not run; parity needs it")
+        # why it did not: its row (run apart, or the run's own), where it has one
+        row = _apart_row(rd, (1, 1), "fp32") or _single_row(rd) or {}
+        ended = f": it ended {row['status']}" if row.get("status") else ""
+        ended += f" ({row['reason']})" if ended and row.get("reason") else ""
+        raise ConfigError(f"the single baseline (fp32) did not run{ended}; parity needs it")
     refs: dict[tuple[Layout, str], Parity | None] = {}
 
     def reference(layout: Layout, precision: str) -> Parity | None:
