@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
+from bench.config import RunConfig
 
 
 @pytest.fixture
@@ -934,6 +935,20 @@ def test_verify_takes_run_options_given_the_values_it_would_set(tmp_path, capsys
     assert main(args) == 0, capsys.readouterr().err
     assert main([*args[:-1], "6"]) == 2  # --steps 6 with --max-steps 8: one is ignored
     assert "--max-steps would be ignored" in capsys.readouterr().err
+
+
+def test_verify_refuses_runs_defaults_it_would_ignore(tmp_path, capsys, data_root):
+    """`run`'s defaults given outright (a run's command line reused) are not verify's: 5
+    warm-up steps, 1,000 held-out samples and the probes would be ignored, and are refused
+    as any other value is."""
+    args = ["verify", "--dry-run", "--strategies", "ddp_spawn", "--world-sizes", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path)]
+    d = RunConfig()
+    given = {"--warmup-steps": d.warmup_steps, "--eval-samples": d.eval_samples}
+    given |= {"--probe-steps": d.probe_pairs, "--profile-steps": d.profile_steps}
+    for flag, value in given.items():
+        assert main([*args, flag, str(value)]) == 2, flag
+        assert f"{flag} would be ignored; leave them out" in capsys.readouterr().err
 
 
 def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsys, data_root):

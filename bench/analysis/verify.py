@@ -1403,4 +1403,8 @@ def add_parser(sub) -> None:
         action="store_true",
         help="print the cells verify would run (what is skipped and why), then exit",
     )
+    # verify's own values as its defaults: `run`'s (5 warm-up steps, 1,000 held-out
+    # samples, the probes) given to verify as they are would otherwise pass for not given,
+    # and be ignored where the others are refused (cmd_verify)
+    p.set_defaults(**SET_BY_VERIFY)
     p.set_defaults(func=cmd_verify, parser=p, global_batch=32, out_dir="results/verify")
