@@ -488,6 +488,20 @@ def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, 
     assert good.tol == RECIPES["autocast_bf16"] and good.status == "FAIL", good
 
 
+def test_a_strategy_that_runs_fewer_steps_fails_and_says_why(tmp_path, data_root):
+    """A strategy that takes twice the global batch runs out of data in half the steps, and
+    ends ok: a FAIL row saying how many steps it ran, not a ZeroDivisionError from the
+    late-loss gap of steps it never ran (an approximate recipe's check alike)."""
+    cfg = small_config(
+        tmp_path, data_root, strategies=("test_double_batch",), world_sizes=(1,), limit=96
+    )
+    with faulty_strategies():
+        _, parity = verify(cfg, steps=3, echo=lambda m: None)
+    (bad,) = parity
+    assert bad.status == "FAIL" and bad.reason == "it ran 1 step(s), the baseline 3", bad
+    assert verify_mod.late_loss_gap([2.3], [2.3, 2.2, 2.1]) == math.inf
+
+
 def test_a_baseline_that_did_not_run_says_why(amplified, tmp_path):
     """Nothing can be compared without single at fp32; the error says how it ended and why
     (a --timeout too short for the slowest cell, say), not only that it did not run."""

@@ -339,7 +339,10 @@ BASELINE: Case = ("single", 1, "fp32")
 
 def late_loss_gap(mine: list[float], base: list[float]) -> float:
     """|mean - baseline's mean| / baseline's mean, of the losses of the second half of the
-    steps: how far a lossy strategy's training has drifted (NaN counts as infinitely far)."""
+    steps: how far a lossy strategy's training has drifted (NaN counts as infinitely far; so
+    does a run of other steps than the baseline's, whose halves are not the same steps)."""
+    if len(mine) != len(base):
+        return math.inf
     half = len(base) // 2
     a, b = sum(mine[half:]) / len(mine[half:]), sum(base[half:]) / len(base[half:])
     gap = abs(a - b) / abs(b)
@@ -530,7 +533,8 @@ def other_model(mine: _Baseline, base: _Baseline) -> str:
 
 def _gaps(mine: _Baseline, base: _Baseline, norms: int) -> _Gaps:
     n = min(len(mine.losses), len(base.losses))
-    loss_abs = max(abs(a - b) for a, b in zip(mine.losses[:n], base.losses[:n], strict=True))
+    pairs = zip(mine.losses[:n], base.losses[:n], strict=True)
+    loss_abs = max((abs(a - b) for a, b in pairs), default=math.inf)  # (no step: none alike)
     same_start, _ = _param_diff(mine.init, base.init, base.init)
     p_abs, p_rel = _param_diff(mine.params, base.params, base.init)
     return _Gaps(

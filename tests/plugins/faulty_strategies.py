@@ -121,6 +121,17 @@ class OtherModel(Strategy):
         return model, type(optimizer)(model.parameters(), **optimizer.defaults)
 
 
+class DoubleBatch(Strategy):
+    """single that takes twice the global batch per step (a plug-in that counts its batch
+    wrongly): a different model, and fewer steps where the data runs out. Parity must FAIL
+    it and say why."""
+
+    variants = {"test_double_batch": Variant("inprocess", "single on twice the global batch")}
+
+    def per_rank_batch(self, global_batch):
+        return 2 * global_batch
+
+
 class HookNeverCompresses(DDPCommHook):
     """ddp_fp16_hook whose hook all-reduces in fp32: its model is right, its row's numerics
     say grad_fp16 and its speed is an uncompressed all-reduce's. Parity must say so."""
