@@ -1035,6 +1035,24 @@ def test_a_verify_stopped_part_way_says_to_run_verify_again(
     assert "--resume" not in err
 
 
+def test_verify_csv_names_a_basis_only_for_a_tolerance_it_has(tmp_path):
+    """tolerance_basis says where a row's tolerance came from: `recipe` for a recipe's, and
+    nothing for a row with none (numerics no recipe covers, not comparable)."""
+    import csv
+
+    from bench.analysis.verify import NOT_COMPARABLE, RECIPES, UNKNOWN, Parity, write_csv
+
+    def row(name, tol, status):
+        return Parity(name, 2, "fp32", "mine", 0.0, 0.0, 0.0, tol, status)
+
+    rows = [row("ddp_spawn", RECIPES["exact"], "pass"), row("mine", UNKNOWN, "no tolerance")]
+    rows += [row("dp", UNKNOWN, NOT_COMPARABLE)]
+    write_csv(rows, tmp_path / "verify.csv")
+    with open(tmp_path / "verify.csv") as f:
+        basis = {r["strategy"]: r["tolerance_basis"] for r in csv.DictReader(f)}
+    assert basis == {"ddp_spawn": "recipe", "mine": "", "dp": ""}
+
+
 def test_verify_closes_with_what_passed_and_why_the_rest_did_not():
     """verify's closing lines count each kind of row apart: a cell that crashed or has no
     tolerance fails verify but is not said to mismatch, nor a precision reference counted

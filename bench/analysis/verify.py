@@ -926,7 +926,8 @@ def write_csv(parity: list[Parity], path: Path) -> None:
                     p.status,
                     p.reason,
                     int(p.reference),
-                    p.tol.basis or "recipe",
+                    # no tolerance at all (no recipe for its numerics, not comparable): none
+                    p.tol.basis or ("" if math.isnan(p.tol.loss_abs) else "recipe"),
                 ]
             )
 
