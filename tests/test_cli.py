@@ -964,6 +964,21 @@ def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsy
     assert "also run:" not in out and "compression references" not in out
 
 
+def test_verify_dry_run_names_the_runs_batch_norm_adds(tmp_path, capsys, data_root):
+    """On a model with BatchNorm verify runs single 3 times more before the cells (the
+    conditioning) and cut into the cells' shares after them: the plan says so; on one
+    without, neither runs and nothing is said."""
+    args = ["verify", "--dry-run", "--world-sizes", "1,2", "--strategies", "ddp_spawn"]
+    args += ["--out-dir", str(tmp_path), "--steps", "2"]
+    bn = ["--model", "resnet18", "--dataset", "synthetic", "--image-size", "32"]
+    assert main([*args, *bn]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "before the cells, 3 runs of single, the batch cut into 2 share(s)" in out
+    assert "the share baselines (neither is in the estimate above)" in out
+    assert main([*args, "--data-root", str(data_root)]) == 0, capsys.readouterr().err
+    assert "conditioning" not in capsys.readouterr().out
+
+
 def test_verify_dry_run_names_the_compression_references(tmp_path, capsys, data_root):
     """The cells that compress their gradients in fp32 get a reference run of single with
     its gradients rounded alike: the plan says so before anything runs (their numerics are

@@ -1186,6 +1186,18 @@ class Conditioning:
         )
 
 
+def conditioning_shares(cfg: RunConfig) -> int:
+    """The shares the conditioning runs cut the batch into: as many as the largest world
+    size of the matrix, where BatchNorm sees them (1 without)."""
+    # the sizes the matrix spans: with no --world-sizes, 1, 2, 4, ... up to the devices, as
+    # the runner plans them (a 4-GPU machine's cells at 4 ranks normalise over 4 shares)
+    asked = cfg.world_sizes or default_world_sizes(device_count(usable_device(cfg.device)))
+    sizes = [w for w in asked if cfg.global_batch % w == 0]
+    if not sizes:
+        sizes = [2] if cfg.global_batch % 2 == 0 else [1]
+    return max(sizes) if batch_norms(cfg) else 1
+
+
 def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Conditioning:
     """Run the baseline and its twins for `steps` steps (with the batch cut into as many
     shares as the largest world size asked for, where BatchNorm sees them) and find the
@@ -1193,13 +1205,7 @@ def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Condi
     tolerance. BatchNorm over a few samples can amplify a one-ulp difference a
     thousandfold within a step, past any fixed tolerance (resnet18 at 32 px: 1e-6 at step
     1, 1e-2 at step 4); comparing steps after that would FAIL a correct strategy."""
-    # the sizes the matrix spans: with no --world-sizes, 1, 2, 4, ... up to the devices, as
-    # the runner plans them (a 4-GPU machine's cells at 4 ranks normalise over 4 shares)
-    asked = cfg.world_sizes or default_world_sizes(device_count(usable_device(cfg.device)))
-    sizes = [w for w in asked if cfg.global_batch % w == 0]
-    if not sizes:
-        sizes = [2] if cfg.global_batch % 2 == 0 else [1]
-    shares = max(sizes) if batch_norms(cfg) else 1
+    shares = conditioning_shares(cfg)
     seeds = ",".join(map(str, (0, *TWINS)))
     run_dir, rows = run_matrix(
         baseline_config(
@@ -1304,6 +1310,14 @@ def cmd_verify(a: argparse.Namespace) -> int:
         from bench.harness import estimate
 
         print(estimate.plan_text(pcfg, cells, estimate.estimate(pcfg, cells)))
+        if batch_norms(pcfg):  # BatchNorm: runs of single that verify() adds (README)
+            print(
+                f"before the cells, {1 + len(TWINS)} runs of single, the batch cut into "
+                f"{conditioning_shares(pcfg)} share(s), weights one ulp apart: the "
+                "conditioning (how many of the steps BatchNorm leaves comparable); after them, "
+                "single cut as each cell's ranks and micro-batches cut the batch, where they "
+                "do: the share baselines (neither is in the estimate above)"
+            )
         if not any(c.strategy == "single" and not c.status for c in cells):
             print("then the baseline: single at world size 1, fp32, on this machine")
         reduced = sorted({c.setting.precision for c in cells if not c.status} & set(REDUCED))
