@@ -1101,6 +1101,11 @@ def test_verify_closes_with_what_passed_and_why_the_rest_did_not():
     loose = Parity(
         "ddp_powersgd", 2, "fp32", "powersgd", 0.0, 0.0, 0.0, RECIPES["powersgd"], "inconclusive"
     )
+    # single in bf16 alone (`verify --strategies single --precision bf16`): no cell of a
+    # strategy, only its precision reference; not "0 of 0 cell(s) match"
+    assert summary([row("single", "pass", reference=True)]) == [
+        "no cell of a strategy compared: 1 precision reference(s) alone"
+    ]
     lines = summary(good + [row("ddp_fp16_hook", "inconclusive"), loose])
     assert (
         "1 approximate check(s) inconclusive: within their band, as a run that never trained "

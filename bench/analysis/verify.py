@@ -1369,6 +1369,8 @@ def summary(parity: list[Parity]) -> list[str]:
     cells = [p for p in parity if not p.reference]
     count = Counter(p.status for p in cells)
     lines = [f"{count['pass']} of {len(cells)} cell(s) match their baseline"]
+    if not cells:  # single in bf16 alone: a precision reference, no strategy's cell
+        lines = [f"no cell of a strategy compared: {len(parity)} precision reference(s) alone"]
     if count.get(NOT_COMPARABLE):
         lines.append(
             f"{count[NOT_COMPARABLE]} cell(s) not comparable with any baseline (reasons above)"
