@@ -33,6 +33,7 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 from collections import Counter
 from collections.abc import Iterator
@@ -1427,5 +1428,14 @@ def add_parser(sub) -> None:
     # verify's own values as its defaults: `run`'s (5 warm-up steps, 1,000 held-out
     # samples, the probes) given to verify as they are would otherwise pass for not given,
     # and be ignored where the others are refused (cmd_verify)
-    p.set_defaults(**SET_BY_VERIFY)
-    p.set_defaults(func=cmd_verify, parser=p, global_batch=32, out_dir="results/verify")
+    own = {"global_batch": 32, "out_dir": "results/verify"}
+    p.set_defaults(**SET_BY_VERIFY, **own)
+    p.set_defaults(func=cmd_verify, parser=p)
+    # and its help says them: the options it sets itself (refused) are not offered, and
+    # the defaults it changes read as its own, not `run`'s
+    for action in p._actions:
+        if action.dest in SET_BY_VERIFY or action.dest == "max_steps":
+            action.help = argparse.SUPPRESS
+        elif action.dest in own and action.help:
+            said = f"(default {own[action.dest]})"
+            action.help = re.sub(r"\(default [^)]*\)", said, action.help)
