@@ -183,3 +183,40 @@ def test_a_cancelled_job_leaves_no_process(cluster, data_root, tmp_path) -> None
     while _left_behind(run) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _left_behind(run) == []
+
+
+def test_two_jobs_sharing_an_address_meet_apart(cluster, data_root, tmp_path) -> None:
+    """Two one-node jobs at once, on n1 and n2, whose NodeAddr is the same 127.0.0.1, as two
+    jobs on one shared node: each meets on a port of its own, where both took --rdzv-port
+    and the second to start failed with EADDRINUSE. Both are held until both are queued,
+    so their cells overlap."""
+    runs = []
+    for run_id in ("one", "two"):
+        run, job, _ = _submit1(data_root, tmp_path, run_id)
+        runs.append((run, job))
+    subprocess.run(["scontrol", "release", ",".join(job for _, job in runs)], check=True)
+    for run, _ in runs:
+        line = _wait_left_queue(run, 240)
+        rows = pd.read_csv(run / "runs.csv")
+        assert "completed" in line and list(rows["status"]) == ["ok"], rows["reason"]
+        assert _left_behind(run) == []
+
+
+def _submit1(data_root: Path, out: Path, run_id: str) -> tuple[Path, str, str]:
+    """A held job on one node, two ranks, long enough to overlap another."""
+    done = subprocess.run(
+        _cli(
+            "submit",
+            "--nodes=1",
+            "--procs-per-node=2",
+            "--no-report",
+            "--sbatch-arg=--hold",
+            *_run_args(data_root, out, run_id, cores_per_node=2, max_steps=100),
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return out / run_id, (out / run_id / "job.id").read_text().strip(), done.stdout

@@ -745,8 +745,10 @@ class Runner:
             spec_path = self._spec(cell, cell_dir)
             step = slurm.step_name(self.dir.path.name, cell.dirname)
             # a port of its own per cell: a rank a lost node left behind may hold the last one
-            port = nodes.cell_port(self.cfg.rdzv_port, self.order.get(cell.key, 0))
+            order = self.order.get(cell.key, 0)
+            port = nodes.cell_port(self.cfg.rdzv_port, order)
             if self.cfg.launcher == "slurm":  # one srun step, its tasks the ranks
+                port = slurm.cell_port(self.cfg.rdzv_port, order)  # apart from other jobs'
                 env |= {"MASTER_ADDR": self.cfg.master_addr, "MASTER_PORT": str(port)}
                 argv = slurm.step_argv(self.cfg, spec_path, step)
             elif self.cfg.nodes > 1 and spec.launcher == "horovodrun":  # -H every node

@@ -25,6 +25,7 @@ from typing import Any
 
 from bench import ROOT
 from bench.config import ConfigError
+from bench.harness.nodes import PORTS
 
 #: after one rank of a step exits, the others get this long before SLURM kills them
 WAIT_S = 20
@@ -84,6 +85,17 @@ def describe(nodes: int | None, procs_per_node: int) -> dict[str, Any]:
     )
     per = procs_per_node or (int(given.group()) if given else 1)
     return {"nodes": n, "procs_per_node": per, "hosts": tuple(names[:n]), "master": addrs[0]}
+
+
+def cell_port(base: int, order: int) -> int:
+    """The rendezvous port of this job's `order`-th cell (1-based): two ports of the job's
+    own in the window above --rdzv-port, 2 x (job id mod 100) and the one after, the cells
+    taking them in turn. Jobs that share a node (a partition that shares its nodes, nodes
+    behind one address) then meet on different ports unless their ids are a multiple of 100
+    apart, where every job's first cell took --rdzv-port itself and the second job's failed
+    with EADDRINUSE; each cell still meets on another port than the cell before it."""
+    job = int(os.environ.get("SLURM_JOB_ID") or 0)
+    return base + 2 * (job % (PORTS // 2)) + max(order - 1, 0) % 2
 
 
 def step_name(run_id: str, cell: str) -> str:
