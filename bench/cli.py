@@ -732,9 +732,11 @@ def cmd_submit(a: argparse.Namespace) -> int:
     _unsubmitted(run_dir)
     runner.check_new_run(cfg.replace(out_dir=str(run_dir.parent), run_id=run_id))
     runner.plan(cfg, gpus_per_node=gpus)
-    argv = [*_forwarded(a.argv[1:]), "--run-id", run_id, "--out-dir", str(run_dir.parent)]
+    # NAME=VALUE: a run id that starts with a dash (`--run-id=-x`, which submit took) is
+    # then a value to the job's `run`, not an option it refuses, failing the job at once
+    argv = [*_forwarded(a.argv[1:]), f"--run-id={run_id}", f"--out-dir={run_dir.parent}"]
     if not a.procs_per_node:
-        argv += ["--procs-per-node", str(per)]
+        argv += [f"--procs-per-node={per}"]
     extra = list(a.sbatch_arg)
     ask = cuda and not slurm.asks_for_gpus(extra)
     if ask:  # a cluster hides the GPUs a job did not ask for

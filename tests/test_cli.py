@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -791,7 +792,7 @@ def test_submit_writes_a_job_for_any_folder_and_refuses_a_run_id_twice(
     assert '#SBATCH --job-name="parabench-a%jb"' in script.splitlines()
     assert "#SBATCH --time=00:05:00" in script.splitlines()
     job_line = script.splitlines()[-1]
-    assert "--sbatch" not in job_line and "--run-id a%jb" in job_line, job_line
+    assert "--sbatch" not in job_line and "--run-id=a%jb" in job_line, job_line
     assert (run / "job.id").read_text() == "41\n"
     # the same run id again: one line, nothing sent
     assert main(args) == 2
@@ -811,6 +812,21 @@ def test_submit_writes_a_job_for_any_folder_and_refuses_a_run_id_twice(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Invalid account or partition" in err, err
     assert not (out / "refused").exists()
+
+
+def test_submit_passes_a_run_id_with_a_leading_dash_to_the_job(
+    tmp_path, capsys, data_root, sbatch
+) -> None:
+    """A run id submit took (`--run-id=-x`) reaches the job's `run` as the same run id: the
+    job's command line, split as its shell splits it, parses to it and to the run folder,
+    where `--run-id -x` failed the job at once ('expected one argument')."""
+    from bench.cli import build_parser
+
+    assert main(_submit_args(data_root, tmp_path, "-x")) == 0, capsys.readouterr().err
+    words = shlex.split(sbatch.scripts[0].splitlines()[-1])
+    job = build_parser().parse_args(words[words.index("bench.cli") + 1 :])
+    assert (job.command, job.run_id, job.out_dir) == ("run", "-x", str(tmp_path))
+    assert (job.nodes, job.procs_per_node) == (2, 1)
 
 
 def test_submit_checks_a_gpu_job_from_a_machine_without_one(
