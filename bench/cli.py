@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -689,8 +690,8 @@ def _unsubmitted(run_dir: Path) -> None:
     if job.exists():
         raise ConfigError(
             f"{run_dir} was submitted already, as job {job.read_text().strip()} (`parabench "
-            f"status {run_dir}`; a job that stopped resumes with `sbatch {run_dir}/job.sbatch`); "
-            "choose another --run-id"
+            f"status {shlex.quote(str(run_dir))}`; a job that stopped resumes with `sbatch "
+            f"{shlex.quote(str(run_dir / 'job.sbatch'))}`); choose another --run-id"
         )
     if (run_dir / "config.json").exists():
         raise ConfigError(f"{run_dir} holds a run already; choose another --run-id")
@@ -754,7 +755,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
             "that wants another form takes --sbatch-arg=--gres=gpu:N instead"
         )
     print(f"submitted job {job}: {n} node(s) x {per}; results in {run_dir}")
-    print(f"  parabench status {run_dir}    scancel {job}")
+    print(f"  parabench status {shlex.quote(str(run_dir))}    scancel {job}")  # as it runs
     return 0
 
 

@@ -785,9 +785,12 @@ def test_submit_writes_a_job_for_any_folder_and_refuses_a_run_id_twice(
     out = tmp_path / "sp ace"
     args = _submit_args(data_root, out, "a%jb", "--sbatch=--time=00:05:00")
     assert main(args) == 0, capsys.readouterr().err
-    assert "submitted job 41" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "submitted job 41" in said
     script = sbatch.scripts[0]
     run = out / "a%jb"
+    # the commands it prints run as printed: the folder with a space is one word
+    assert shlex.split(said.splitlines()[-1]) == ["parabench", "status", str(run), "scancel", "41"]
     assert f'#SBATCH --output="{out}/a%%jb/slurm-%j.out"' in script.splitlines()
     assert '#SBATCH --job-name="parabench-a%jb"' in script.splitlines()
     assert "#SBATCH --time=00:05:00" in script.splitlines()
@@ -798,7 +801,7 @@ def test_submit_writes_a_job_for_any_folder_and_refuses_a_run_id_twice(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "submitted already, as job 41" in err and err.count("\n") == 1, err
-    assert f"sbatch {run}/job.sbatch" in err
+    assert f"sbatch {shlex.quote(str(run / 'job.sbatch'))}`" in err
     # a run `run` began (it stopped before its first row) is not taken over either
     begun = out / "begun"
     begun.mkdir()
@@ -812,6 +815,21 @@ def test_submit_writes_a_job_for_any_folder_and_refuses_a_run_id_twice(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Invalid account or partition" in err, err
     assert not (out / "refused").exists()
+
+
+def test_the_resume_command_runs_as_printed_from_a_folder_with_a_space(tmp_path) -> None:
+    """What a stopped run, its report and a stopped job's log say to run names the folder
+    as one word, where 'sbatch /a b/job.sbatch' named two files."""
+    from bench.harness import results
+
+    run = tmp_path / "sp ace" / "run"
+    run.mkdir(parents=True)
+    how = results.resume_command("", run)
+    assert shlex.split(how) == ["parabench", "run", "--resume", str(run)]
+    (run / "job.sbatch").write_text("#!/bin/bash\n")
+    sbatch, _, inside = results.resume_command("slurm", run).partition(" (it resumes the run), or ")
+    assert shlex.split(sbatch) == ["sbatch", str(run / "job.sbatch")]
+    assert inside == f"{how} inside salloc"
 
 
 def test_submit_passes_a_run_id_with_a_leading_dash_to_the_job(

@@ -13,6 +13,7 @@ import csv
 import math
 import os
 import re
+import shlex
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -215,11 +216,13 @@ def renamed(columns: Iterable[str]) -> dict[str, str]:
 def resume_command(launcher: str, path: Path) -> str:
     """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
     submitted run's own job script, whose first branch resumes it."""
-    how = f"parabench run --resume {path}"
+    # quoted, so that it runs as printed where the path holds a space
+    how = f"parabench run --resume {shlex.quote(str(path))}"
     if launcher != "slurm":
         return how
     if (path / "job.sbatch").exists():
-        return f"sbatch {path / 'job.sbatch'} (it resumes the run), or {how} inside salloc"
+        script = shlex.quote(str(path / "job.sbatch"))
+        return f"sbatch {script} (it resumes the run), or {how} inside salloc"
     return f"{how} inside an allocation (salloc)"
 
 
