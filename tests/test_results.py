@@ -307,3 +307,21 @@ def test_divergence_names_the_first_bad_step():
     why = divergence([2.0, 3.0, 25.0], 10)
     assert why is not None and why.startswith("loss 25 at step 2 is over 10 x")
     assert divergence([], 10) is None
+
+
+def test_a_later_epoch_diverges_against_the_runs_first_step_not_its_own():
+    """Epoch 2 of a run that trained (its first loss 0.11, from 2.3) with one noisy batch at
+    1.13 was 'diverged: over 10 x the first step's (0.112)' (seen on MNIST at global batch
+    16); every epoch is held to the run's first step, so only a real climb is flagged."""
+    from bench.harness.results import divergences
+
+    trained = [[2.3, 1.2, 0.4, 0.2], [0.112, 1.129, 0.3, 0.1]]
+    assert divergences(trained, 10) == [None, None]
+    blew_up = divergences([[2.3, 1.2, 0.4], [0.3, 24.0, 0.5]], 10)
+    assert blew_up[0] is None
+    assert blew_up[1] == "loss 24 at step 1 is over 10 x the first step's (2.3)"
+    assert divergences([[2.3, 0.4], [0.3, float("nan")]], 10) == [None, "loss is nan at step 1"]
+    assert divergences([[], [2.0, 30.0]], 10) == [
+        None,
+        "loss 30 at step 1 is over 10 x the first step's (2)",
+    ]

@@ -272,20 +272,29 @@ STATUSES = (OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE, DIVERGED)
 BROKEN = (FAILED, OOM, TIMEOUT, DIVERGED)
 
 
-def divergence(losses: Sequence[float], factor: float) -> str | None:
+def divergence(losses: Sequence[float], factor: float, first: float | None = None) -> str | None:
     """Why a run's per-step losses say it diverged, or None: the first non-finite loss, or
-    the first loss above `factor` x the first step's."""
+    the first loss above `factor` x the first step's (`first`: the run's, where `losses`
+    are a later epoch's; default losses[0])."""
     for i, v in enumerate(losses):
         if not math.isfinite(v):
             return f"loss is {v} at step {i}"
-    if losses and losses[0] > 0:
+    first = losses[0] if first is None and losses else first
+    if first is not None and first > 0:
         for i, v in enumerate(losses):
-            if v > factor * losses[0]:
+            if v > factor * first:
                 return (
-                    f"loss {v:.4g} at step {i} is over {factor:g} x the first step's "
-                    f"({losses[0]:.4g})"
+                    f"loss {v:.4g} at step {i} is over {factor:g} x the first step's ({first:.4g})"
                 )
     return None
+
+
+def divergences(epochs: Sequence[Sequence[float]], factor: float) -> list[str | None]:
+    """divergence() of each epoch's losses, all against the run's first step: a later
+    epoch's own first loss is that of a trained model (0.1 where the first was 2.3), and ten
+    times it is a noisy batch, not a run blowing up."""
+    first = next((float(e[0]) for e in epochs if len(e)), None)
+    return [divergence(e, factor, first) for e in epochs]
 
 
 def startup(marks: Mapping[str, float], last: Mapping[str, Any], ended: float) -> dict[str, float]:

@@ -833,11 +833,11 @@ class Runner:
             results.startup(records[0].get("startup", {}), records[-1], ended) if records else {}
         )
         runs, steps, ranks = [], [], []
-        for rec in records:
+        why_diverged = results.divergences(
+            [[float(v) for v in rec["losses"]] for rec in records], self.cfg.diverge_factor
+        )
+        for rec, diverged in zip(records, why_diverged, strict=True):
             ident = self._ident(cell, rec["epoch"])
-            diverged = results.divergence(
-                [float(v) for v in rec["losses"]], self.cfg.diverge_factor
-            )
             runs.append(
                 {
                     **self._base_row(cell, rec["epoch"]),
