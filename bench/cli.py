@@ -413,6 +413,11 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
     if a.launcher == "slurm":  # the nodes are the allocation's
         from bench.harness import slurm
 
+        if a.hosts or a.rdzv != RunConfig.rdzv:  # they would be replaced without a word
+            raise ConfigError(
+                "--hosts and --rdzv go with torchrun's agents; under --launcher slurm the "
+                "nodes are the allocation's and srun starts the ranks: leave them out"
+            )
         nodes |= slurm.describe(a.nodes, nodes["procs_per_node"])
         nodes["master_addr"] = nodes.pop("master")
     cfg = RunConfig(
@@ -703,10 +708,10 @@ def cmd_submit(a: argparse.Namespace) -> int:
     from bench.harness.runner import _cuda_available as torch_cuda_available
     from bench.harness.runner import _new_run_id
 
-    if a.launcher or a.host_exec or a.hosts:
+    if a.launcher or a.host_exec or a.hosts or a.rdzv != RunConfig.rdzv:
         raise ConfigError(
             "submit runs the matrix with --launcher slurm on the job's nodes: "
-            "no --launcher, --host-exec or --hosts"
+            "no --launcher, --host-exec, --hosts or --rdzv"
         )
     n = RunConfig.nodes if a.nodes is None else a.nodes
     per = _procs_per_node(a) or 1

@@ -913,6 +913,22 @@ def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
     }
 
 
+def test_hosts_and_rdzv_under_slurm_are_refused_not_dropped(monkeypatch, capsys, data_root):
+    """Inside an allocation, --launcher slurm with --hosts or --rdzv static ran on the
+    allocation's nodes as if neither were given, and config.json kept the allocation's
+    hosts: one line and exit 2, as --host-exec is."""
+    from bench.harness import slurm
+
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setattr(slurm, "allocation", lambda: (["n1", "n2"], ["10.0.0.1", "10.0.0.2"]))
+    base = ["run", "--launcher=slurm", "--procs-per-node=1", f"--data-root={data_root}"]
+    for bad in (["--hosts=10.9.9.9,10.9.9.8"], ["--rdzv=static"]):
+        assert main([*base, "--dry-run", *bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert "--hosts and --rdzv go with torchrun's agents" in err and err.count("\n") == 1
+    assert main([*base, "--dry-run", "--strategies=ddp_torchrun"]) == 0, capsys.readouterr().err
+
+
 def test_a_slurm_run_resumed_outside_an_allocation_says_how(tmp_path, capsys, data_root):
     """A submitted run stopped (cancelled, timed out): `run --resume` outside an allocation
     names its job script, which resumes it, instead of pointing at `parabench submit`."""

@@ -186,7 +186,9 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
             "cannot run across 2 nodes: single",
         ),
         (["submit", "--nodes=2", "--strategies=ddp_spawn"], "cannot run as srun's ranks"),
-        (["submit", "--nodes=2", "--hosts=a,b"], "no --launcher, --host-exec or --hosts"),
+        (["submit", "--nodes=2", "--hosts=a,b"], "no --launcher, --host-exec, --hosts or --rdzv"),
+        # static is torchrun's: the job's srun ranks meet by MASTER_ADDR whatever it says
+        (["submit", "--nodes=2", "--rdzv=static"], "no --launcher, --host-exec, --hosts or --rdzv"),
         (["submit", "--nodes=2", "--world-sizes=8"], "asks for another"),
         # the job ran one rank a node, as if it had not been given
         (["submit", "--nodes=2", "--procs-per-node=0"], "must be at least 1, got 0"),
