@@ -903,6 +903,7 @@ def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
 
     monkeypatch.setenv("SLURM_JOB_ID", "5")
     monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    monkeypatch.delenv("SLURM_TASKS_PER_NODE", raising=False)
     monkeypatch.setattr(slurm, "allocation", lambda: (["n1", "n2"], ["10.0.0.1", "10.0.0.2"]))
     assert slurm.describe(None, 0)["hosts"] == ("n1", "n2")
     assert slurm.describe(1, 0) == {
@@ -911,6 +912,15 @@ def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
         "hosts": ("n1",),
         "master": "10.0.0.1",
     }
+    # salloc -N 2 -n 8 sets no SLURM_NTASKS_PER_NODE: its 4 a node (it ran 1 a node, world
+    # size 2 for the 8 tasks asked for); --ntasks-per-node's own count first, a given M over both
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4(x2)")
+    assert slurm.describe(None, 0)["procs_per_node"] == 4
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3(x2),2")  # -n 8 on 3 nodes: what each has
+    assert slurm.describe(None, 0)["procs_per_node"] == 2
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "3")
+    assert slurm.describe(None, 0)["procs_per_node"] == 3
+    assert slurm.describe(None, 2)["procs_per_node"] == 2
 
 
 def test_hosts_and_rdzv_under_slurm_are_refused_not_dropped(monkeypatch, capsys, data_root):

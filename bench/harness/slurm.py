@@ -67,7 +67,7 @@ def allocation() -> tuple[list[str], list[str]]:
 
 def describe(nodes: int | None, procs_per_node: int) -> dict[str, Any]:
     """The node part of a run's config from the allocation it runs in: --nodes (None: not
-    given) defaults to all of its nodes, --procs-per-node to SLURM_NTASKS_PER_NODE (else 1)."""
+    given) defaults to all of its nodes, --procs-per-node to its tasks per node (else 1)."""
     if not in_allocation():
         raise ConfigError(
             "--launcher slurm runs inside an allocation (salloc, or a batch job): outside one, "
@@ -77,13 +77,12 @@ def describe(nodes: int | None, procs_per_node: int) -> dict[str, Any]:
     n = len(names) if nodes is None else nodes
     if n > len(names):
         raise ConfigError(f"--nodes {n}, but the allocation has {len(names)}: {','.join(names)}")
-    # e.g. "4", "2(x3)" or "2,1" (uneven): the first node's count
-    given = (
-        re.match(r"\d+", os.environ.get("SLURM_NTASKS_PER_NODE", ""))
-        if not procs_per_node
-        else None
-    )
-    per = procs_per_node or (int(given.group()) if given else 1)
+    # --ntasks-per-node's "4"; else SLURM_TASKS_PER_NODE, which SLURM sets for any task
+    # count (salloc -N 2 -n 8: "4(x2)"; uneven, -n 5: "3,2"): the fewest a node has, which
+    # every node can run
+    tasks = os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE", "")
+    counts = [int(c) for c in re.findall(r"(\d+)(?:\(x\d+\))?", tasks)]
+    per = procs_per_node or min(counts, default=1)
     return {"nodes": n, "procs_per_node": per, "hosts": tuple(names[:n]), "master": addrs[0]}
 
 
