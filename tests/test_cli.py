@@ -985,6 +985,25 @@ def test_a_requeued_batch_job_resumes_its_run(tmp_path, monkeypatch):
     assert again.stdout.split()[2:] == ["run", "--resume", str(run_dir), "--no-report"]
 
 
+def test_a_batch_job_on_a_node_without_the_submit_folder_stops(tmp_path, monkeypatch):
+    """The job runs from the folder `parabench submit` ran in, where relative options
+    point; on a node that lacks it, the script ran parabench from the home folder anyway
+    (bash's cd failed and it went on), with those options naming other paths."""
+    import subprocess
+
+    from bench.harness import slurm
+
+    monkeypatch.setattr(sys, "executable", "/bin/echo")  # the script says what it would run
+    with monkeypatch.context() as m:
+        m.setattr(os, "getcwd", lambda: str(tmp_path / "only on the login node"))
+        text = slurm.batch_script(tmp_path / "job", ["--data-root=data"], 2, 1, [])
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode != 0 and "only on the login node" in done.stderr, done
+    assert done.stdout == ""  # parabench never started
+
+
 def test_verify_takes_run_options_given_the_values_it_would_set(tmp_path, capsys, data_root):
     """Arguments shared between `run` and `verify` (a script's) are fine where they ask for
     what verify does anyway: no evaluation, no probes, --max-steps equal to --steps."""

@@ -190,7 +190,9 @@ def batch_script(
         "# written by `parabench submit`: the matrix, each cell one srun step of this job",
         "# this job's id, for `parabench status`: a job resubmitted (`sbatch job.sbatch`) too",
         f'[ -n "$SLURM_JOB_ID" ] && echo "$SLURM_JOB_ID" > {shlex.quote(str(run_dir / "job.id"))}',
-        f"cd {shlex.quote(os.getcwd())}",
+        # where submit ran, which relative options (--data-root data) name: a node without
+        # that folder fails the job here, not runs it from the home folder on other paths
+        f"cd {shlex.quote(os.getcwd())} || exit 1",
         f"export PYTHONPATH={shlex.quote(str(ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "# requeued (a node lost, preempted) after the run began: finish it, do not start anew",
         f"if [ -f {shlex.quote(str(run_dir / 'config.json'))} ]; then",
