@@ -180,6 +180,13 @@ CASES = [
     case("predict", ["{in}/nope"], "nope: no such run directory", id="predict-no-run-dir"),
     case(
         "status",
+        ["{in}/garbage_job_id/job.id"],
+        "job.id is a file, not a run directory: try ",  # it read 'no such run directory'
+        ["garbage_job_id"],
+        id="status-a-file-of-the-run",
+    ),
+    case(
+        "status",
         ["{in}/garbage_job_id"],
         "job.id: 'xyz' is not a SLURM job id",  # it read 'job xyz: ended', exit 0
         ["garbage_job_id"],
