@@ -186,6 +186,13 @@ CASES = [
         id="status-a-file-of-the-run",
     ),
     case(
+        "predict",
+        ["{in}/garbage_job_id/job.id"],
+        "job.id is a file, not a run directory: try ",  # it read 'no such run directory'
+        ["garbage_job_id"],
+        id="predict-a-file-of-the-run",
+    ),
+    case(
         "status",
         ["{in}/garbage_job_id"],
         "job.id: 'xyz' is not a SLURM job id",  # it read 'job xyz: ended', exit 0

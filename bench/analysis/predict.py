@@ -223,11 +223,10 @@ def _fits(run_dir: Path) -> dict[str, dict]:
 def _config(run_dir: Path, link: str | None = None) -> Any:
     """The run's RunConfig, or a ConfigError where `run_dir` holds no run to predict from
     or `link` is not one of LINKS."""
+    from bench.harness import results
     from bench.harness.runner import RunDir
 
-    rd = RunDir(run_dir)
-    if not Path(run_dir).is_dir():  # as report and compare say it
-        raise ConfigError(f"{run_dir}: no such run directory")
+    rd = RunDir(results.run_dir_named(run_dir))  # as report and compare say it
     if not rd.config_path.exists():
         raise ConfigError(f"{run_dir} is not a run directory (no config.json)")
     if not rd.runs.path.exists():
@@ -610,8 +609,9 @@ def cmd_predict(a: argparse.Namespace) -> int:
     import csv
 
     from bench.analysis import report
+    from bench.harness import results
 
-    run_dir = Path(a.run_dir)
+    run_dir = results.run_dir_named(a.run_dir)
     if a.busbw is not None and not (a.busbw > 0 and math.isfinite(a.busbw)):
         raise ConfigError(f"--busbw must be a positive number of GB/s, got {a.busbw}")
     why: list[str] = []

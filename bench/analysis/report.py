@@ -242,13 +242,7 @@ def _check_numbers(df: pd.DataFrame, path: Path, least: Mapping[str, int]) -> No
 
 def load_run(run_dir: str | Path) -> Run:
     """A run's tables; ConfigError when the directory or its runs.csv is missing."""
-    path = Path(run_dir)
-    if path.is_file() and path.name == "runs.csv":
-        path = path.parent
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{path} is a file, not a run directory")
-    if not path.is_dir():
-        raise ConfigError(f"{path}: no such run directory")
+    path = results.run_dir_named(run_dir)
     begun = (path / "config.json").is_file()  # a run stopped before its first row has no runs.csv
     if not (path / "runs.csv").is_file() and not begun:
         raise ConfigError(f"{path}: no runs.csv there; is it a parabench run directory?")

@@ -266,11 +266,10 @@ def _job_state(job: str) -> tuple[list[str], str]:
 def status(run_dir: Path) -> str:
     """One line: the job's state (running, pending and why, or how it ended) and the rows
     written; for a job that did not complete, where its log is (or that it wrote none)."""
+    from bench.harness import results  # (it imports torch: not for every command)
+
+    run_dir = results.run_dir_named(run_dir)
     job_file = run_dir / "job.id"
-    if run_dir.is_file():  # a file of the run (its job.id, runs.csv): name its folder
-        raise ConfigError(f"{run_dir} is a file, not a run directory: try {run_dir.parent}")
-    if not run_dir.is_dir():
-        raise ConfigError(f"{run_dir}: no such run directory")
     if not job_file.exists():
         raise ConfigError(f"{run_dir} has no job.id: it was not made by `parabench submit`")
     job = job_file.read_text().strip()
