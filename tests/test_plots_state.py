@@ -499,3 +499,19 @@ def test_a_tall_note_over_the_tallest_bar_stays_inside_the_axes() -> None:
     (pipe,) = [t for t in ax.texts if "bubble" in t.get_text()]
     assert pipe.get_text().count("\n") == 3
     assert pipe.get_window_extent().y1 <= ax.bbox.y1
+
+
+def test_option_sweep_leaves_out_oversubscribed_cells_and_names_them() -> None:
+    """A sweep is a throughput plot: cells that ran more CPU ranks than cores (their speed
+    not comparable, left out of the throughput and scaling plots) were drawn there as lines
+    like any other, unmarked."""
+    rows = [
+        ("ddp", f"fp32,bucket_cap_mb={b}", ws, 100.0 * ws + b) for b in (1, 25) for ws in (2, 4)
+    ]
+    rows += [("fsdp", "fp32", 4, 70.0)]  # oversubscribed too, but takes no bucket_cap_mb
+    summary = _summary(rows)
+    summary["oversubscribed"] = (summary["world_size"] == 4).astype(int)
+    ax = plots.option_sweep(summary).axes[0]
+    assert sorted(_lines(ax)) == ["ddp ws=2"]
+    assert "ddp [fp32,bucket_cap_mb=1] ws=4" in ax.get_xlabel().replace("\n", " ")
+    assert "oversubscribed" in ax.get_xlabel() and "fsdp" not in ax.get_xlabel()

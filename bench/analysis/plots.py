@@ -938,6 +938,7 @@ def option_sweep(
     A subplot per swept key (stacked); in each, a line per strategy, world size and rest of
     the setting, through the medians over repeats, with error bars as `_error_bars`. Colour: the
     strategy; line style: the world size. A log x axis when the values span more than 10x.
+    Oversubscribed cells (more CPU ranks than cores) are left out, named under the axis.
     """
     keys = swept_keys(summary)
     if not keys:
@@ -946,7 +947,12 @@ def option_sweep(
     FigureCanvasAgg(fig)
     cmap = _sweep_colours(summary, colours)
     for key, ax in zip(keys, fig.subplots(len(keys), 1, squeeze=False)[:, 0], strict=True):
-        _sweep_axes(ax, summary, key, cmap)
+        # a throughput plot too: cells with more CPU ranks than cores are left out and named,
+        # as in `throughput` (their speed is not comparable)
+        takes = summary[[key in _options(s) for s in summary["setting"]]]
+        kept, left_out = comparable(takes)
+        _sweep_axes(ax, kept, key, cmap)
+        _note_left_out(ax, left_out)
     return fig
 
 
