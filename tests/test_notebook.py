@@ -41,8 +41,8 @@ def test_notebook_runs_on_two_runs(small_run: Path, tmp_path: Path, monkeypatch)
     outputs = _outputs(nb)
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    # 3 across-run trends, then 6 plots for each of the 2 runs
-    assert len(images) == 3 + 6 * 2
+    # 3 across-run trends, then the 7 figures of each run's report (no option sweep)
+    assert len(images) == 3 + 7 * 2
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "SLOW-DOWN" in text  # the compare table of B against A
     markdown = "".join(o.get("data", {}).get("text/markdown", "") for o in outputs)
@@ -94,7 +94,7 @@ def test_the_command_in_the_header_runs_with_what_the_dev_extra_installs(tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     assert env_part.startswith("PARABENCH_RUNS=")
     out = nbformat.read(copy.parent / "compare-run.ipynb", as_version=4)
-    assert len([o for o in _outputs(out) if "image/png" in o.get("data", {})]) == 3 + 6 * 2
+    assert len([o for o in _outputs(out) if "image/png" in o.get("data", {})]) == 3 + 7 * 2
 
 
 def test_without_runs_named_the_two_written_last_are_compared(tmp_path: Path, monkeypatch):
@@ -112,3 +112,35 @@ def test_without_runs_named_the_two_written_last_are_compared(tmp_path: Path, mo
     scope: dict = {}
     exec(nbformat.read(NOTEBOOK, as_version=4).cells[1].source, scope)  # the RUNS cell
     assert [Path(r).name for r in scope["RUNS"]] == ["mm-middle", "aa-newest"]
+
+
+def test_each_runs_plots_are_the_figures_of_its_report(monkeypatch) -> None:
+    """The notebook's "Each run's plots" says they are the figures of the run's report.md; it drew
+    six of its own instead: no model state, the time split of a run from before the laps
+    where the report stacks a step's parts, the loss and efficiency plots without what the
+    report marks on them (the loss curves off single's, the cores the ranks shared)."""
+    import IPython.display
+    from matplotlib.figure import Figure
+
+    from bench.analysis import report
+
+    run_dir = ROOT / "results" / "reference" / "cpu-2core-mnist-20261126"
+    if not (run_dir / "runs.csv").exists():
+        pytest.skip("the CPU reference run is not in this checkout")
+    monkeypatch.setenv("PARABENCH_RUNS", str(run_dir))
+    shown: list = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    cells = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
+    plots_cell = next(c for c in cells if 'Markdown(f"### {name}")' in c.source)
+    scope: dict = {}
+    for cell in cells[:2]:  # RUNS, then the runs loaded (its %matplotlib line aside)
+        exec("\n".join(x for x in cell.source.splitlines() if not x.startswith("%")), scope)
+    shown.clear()
+    exec(plots_cell.source, scope)
+
+    def titles(figs) -> list[str]:
+        return [" ".join(f.axes[0].get_title().split()) for f in figs if isinstance(f, Figure)]
+
+    run = report.load_run(run_dir)
+    expected = titles(report.figures(run, report.summarise(run.runs)).values())
+    assert len(expected) == 7 and titles(shown) == expected

@@ -1739,12 +1739,15 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
 # ---------------------------------------------------------------- render
 
 
-def figures(run: Run, summary: pd.DataFrame) -> dict[str, Any]:
-    """The report's figures by file name (matplotlib Figure objects, not yet saved)."""
+def figures(
+    run: Run, summary: pd.DataFrame, colours: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The report's figures by file name (matplotlib Figure objects, not yet saved);
+    `colours` (plots.colour_map) for a strategy's colour across several runs."""
     from bench.analysis import plots  # here, so `parabench compare` does not pay for matplotlib
 
     counted = counted_rows(run.runs)
-    colours = plots.colour_map(run.runs["strategy"])
+    colours = colours or plots.colour_map(run.runs["strategy"])
     timed = counted_steps(run.steps, counted)
     every_step = counted_steps(run.steps, counted, timed_only=False, all_epochs=True)
     data = {
