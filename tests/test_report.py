@@ -1032,3 +1032,24 @@ def test_compilation_is_reported_from_the_first_epochs_first_step_beside_eager()
     # a run without a compiled cell has no such section
     eager = runs[runs["setting"] == "fp32"]
     assert report.compile_markdown(eager, report.counted_rows(eager)) == ""
+
+
+@pytest.mark.parametrize(
+    "table, column",
+    [("steps.csv", "strategy"), ("steps.csv", "warmup"), ("steps.csv", "world_size")]
+    + [("ranks.csv", "strategy"), ("ranks.csv", "rank")],
+)
+def test_a_column_gone_from_steps_or_ranks_is_named_in_one_line(
+    reference, tmp_path, capsys, table, column
+) -> None:
+    """A steps.csv or ranks.csv edited by hand without a column the report selects by: one
+    line naming it, exit 2. Without `strategy` or `warmup` the report was written with blank
+    step plots (the steps matched no cell, or none was timed) and no word why; without
+    `world_size` it said the column 'is empty (row 2)'."""
+    run_dir = Path(shutil.copytree(reference.path, tmp_path / "edited"))
+    df = pd.read_csv(run_dir / table, dtype=str, keep_default_na=False)
+    df.drop(columns=[column]).to_csv(run_dir / table, index=False)
+    assert main(["report", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{run_dir / table}: not a parabench {table} (no column {column})" in err

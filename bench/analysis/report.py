@@ -128,16 +128,18 @@ class Run:
 # ---------------------------------------------------------------- loading
 
 
-def _read_csv(path: Path, columns: Sequence[str], required: Sequence[str] = ()) -> pd.DataFrame:
-    """A run's table; ConfigError if it is unreadable or lacks a `required` column. A
-    column of `columns` it lacks is added, empty."""
+def _read_csv(
+    path: Path, columns: Sequence[str], required: Sequence[str] = (), *, rows: bool = False
+) -> pd.DataFrame:
+    """A run's table; ConfigError if it is unreadable, lacks a `required` column, or (`rows`:
+    runs.csv) is an empty file. A column of `columns` it lacks is added, empty."""
     # A table with no rows is never written (e.g. steps.csv when every cell was skipped);
     # one left empty (the run killed as it opened the file) holds no more than a missing one
     if not path.exists():
         return pd.DataFrame(columns=list(columns))
     try:  # the first read of it (its head) fails as pandas' would: one line, not a traceback
         if path.is_file() and not _head(path).strip():
-            if required:
+            if rows:
                 raise ConfigError(f"{path} is empty: the run wrote no row")
             return pd.DataFrame(columns=list(columns))
         df = pd.read_csv(path, keep_default_na=False, na_values=[""])
@@ -247,7 +249,7 @@ def load_run(run_dir: str | Path) -> Run:
     if not (path / "runs.csv").is_file() and not begun:
         raise ConfigError(f"{path}: no runs.csv there; is it a parabench run directory?")
     required = ("strategy", "world_size", "repeat", "status", "epoch")
-    runs = _read_csv(path / "runs.csv", results.RUN_COLUMNS, required)
+    runs = _read_csv(path / "runs.csv", results.RUN_COLUMNS, required, rows=True)
     _check_whole_numbers(runs, path / "runs.csv", {"world_size": 1, "repeat": 0})
     # a row that ran says its epoch: the report counts each repeat's last (a skipped row has none)
     _check_whole_numbers(runs[runs["status"] == results.OK], path / "runs.csv", {"epoch": 0})
@@ -256,7 +258,11 @@ def load_run(run_dir: str | Path) -> Run:
         ("steps.csv", results.STEP_COLUMNS, "step"),
         ("ranks.csv", results.RANK_COLUMNS, "rank"),
     ):
-        table = _read_csv(path / name, columns)
+        # what every parabench wrote there, and the plots select by: added empty, a table
+        # without them would match no cell (or, without `warmup`, have no timed step), and
+        # its plots would be blank with no word why
+        need = ("strategy", "world_size", "repeat", key, *(("warmup",) if key == "step" else ()))
+        table = _read_csv(path / name, columns, need)
         _check_numbers(table, path / name, {"world_size": 1, "repeat": 0, "epoch": 0, key: 0})
         tables.append(table)
     # a cell killed between writing its steps and its row runs again on --resume and
