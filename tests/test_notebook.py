@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 from nbclient import NotebookClient
 
@@ -114,33 +115,59 @@ def test_without_runs_named_the_two_written_last_are_compared(tmp_path: Path, mo
     assert [Path(r).name for r in scope["RUNS"]] == ["mm-middle", "aa-newest"]
 
 
+def _shown(monkeypatch, runs: str, marker: str) -> list:
+    """What the notebook's code cell holding `marker` displays, run in this process (after
+    the cells that choose and load `runs`; %magic lines aside)."""
+    import IPython.display
+
+    monkeypatch.setenv("PARABENCH_RUNS", runs)
+    shown: list = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    cells = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
+    scope: dict = {}
+    for cell in cells[:2]:
+        exec("\n".join(x for x in cell.source.splitlines() if not x.startswith("%")), scope)
+    shown.clear()
+    exec(next(c for c in cells if marker in c.source).source, scope)
+    return shown
+
+
+REFERENCE_RUN = ROOT / "results" / "reference" / "cpu-2core-mnist-20261126"
+
+
 def test_each_runs_plots_are_the_figures_of_its_report(monkeypatch) -> None:
     """The notebook's "Each run's plots" says they are the figures of the run's report.md; it drew
     six of its own instead: no model state, the time split of a run from before the laps
     where the report stacks a step's parts, the loss and efficiency plots without what the
     report marks on them (the loss curves off single's, the cores the ranks shared)."""
-    import IPython.display
     from matplotlib.figure import Figure
 
     from bench.analysis import report
 
-    run_dir = ROOT / "results" / "reference" / "cpu-2core-mnist-20261126"
-    if not (run_dir / "runs.csv").exists():
+    if not (REFERENCE_RUN / "runs.csv").exists():
         pytest.skip("the CPU reference run is not in this checkout")
-    monkeypatch.setenv("PARABENCH_RUNS", str(run_dir))
-    shown: list = []
-    monkeypatch.setattr(IPython.display, "display", shown.append)
-    cells = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
-    plots_cell = next(c for c in cells if 'Markdown(f"### {name}")' in c.source)
-    scope: dict = {}
-    for cell in cells[:2]:  # RUNS, then the runs loaded (its %matplotlib line aside)
-        exec("\n".join(x for x in cell.source.splitlines() if not x.startswith("%")), scope)
-    shown.clear()
-    exec(plots_cell.source, scope)
+    shown = _shown(monkeypatch, str(REFERENCE_RUN), "report.figures")
 
     def titles(figs) -> list[str]:
         return [" ".join(f.axes[0].get_title().split()) for f in figs if isinstance(f, Figure)]
 
-    run = report.load_run(run_dir)
+    run = report.load_run(REFERENCE_RUN)
     expected = titles(report.figures(run, report.summarise(run.runs)).values())
     assert len(expected) == 7 and titles(shown) == expected
+
+
+def test_a_run_with_planned_cells_missing_says_so(monkeypatch, tmp_path) -> None:
+    """A run still going or stopped, its plan.csv holding cells runs.csv has no row for: the
+    notebook's last section said nothing of them (report.md opens with them), and where no
+    cell had failed it said every cell finished ok."""
+    if not (REFERENCE_RUN / "runs.csv").exists():
+        pytest.skip("the CPU reference run is not in this checkout")
+    run_dir = Path(shutil.copytree(REFERENCE_RUN, tmp_path / "stopped"))
+    runs = pd.read_csv(run_dir / "runs.csv", dtype=str, keep_default_na=False)
+    stopped = runs[(runs["status"] == "ok") & (runs["round"] == runs["round"].min())]
+    stopped.to_csv(run_dir / "runs.csv", index=False)  # only its first round's ok cells ran
+    (text,) = [m.data for m in _shown(monkeypatch, str(run_dir), "problems_markdown")]
+    planned = len(pd.read_csv(run_dir / "plan.csv"))
+    assert f"**Incomplete: {planned - len(stopped)} of {planned} planned cells have no row" in text
+    assert "Every cell finished ok." not in text
+    assert f"{planned - len(stopped)} planned cell(s) did not run" in text
