@@ -515,3 +515,24 @@ def test_option_sweep_leaves_out_oversubscribed_cells_and_names_them() -> None:
     assert sorted(_lines(ax)) == ["ddp ws=2"]
     assert "ddp [fp32,bucket_cap_mb=1] ws=4" in ax.get_xlabel().replace("\n", " ")
     assert "oversubscribed" in ax.get_xlabel() and "fsdp" not in ax.get_xlabel()
+
+
+def test_time_parts_draws_the_cells_in_the_order_of_every_other_plot() -> None:
+    """The stacked step plot drew its bars in text order (bf16 before fp32, a bucket of 100
+    before 25) beside a summary table, loss and step-time plots in the report's case order."""
+    names = [
+        "ddp [fp32, bucket_cap_mb=100]",
+        "ddp [fp32, bucket_cap_mb=25]",
+        "ddp [bf16, bucket_cap_mb=25]",
+    ]
+    rows = pd.DataFrame(
+        [
+            {"strategy": s, "world_size": 2, "step_time_ms_mean": 12.0}
+            | {col: 2.0 for col in plots.STEP_PARTS}
+            for s in names
+        ]
+    )
+    ticks = [t.get_text() for t in plots.time_parts(rows).axes[0].get_xticklabels()]
+    expected = [plots._cell_label(s, 2) for s in sorted(names, key=lambda s: plots.case_key(s, 2))]
+    assert ticks == expected
+    assert ticks == [plots._cell_label(s, 2) for s in (names[1], names[0], names[2])]

@@ -990,6 +990,9 @@ def time_parts(
         rows[col] = pd.to_numeric(rows.get(col), errors="coerce")
     rows = rows[rows["part_forward_ms"].notna()]
     med = rows.groupby(["strategy", "world_size"])[[*STEP_PARTS, "step_time_ms_mean"]].median()
+    # in the order of every other plot and table (case_key), not groupby's text order, which
+    # put bf16 before fp32 and bucket_cap_mb=100 before 25
+    med = med.loc[sorted(med.index, key=lambda c: case_key(*c))]
     cells = [(str(s), int(w)) for s, w in med.index]
     fig, ax = _figure(_cells_width(len(cells)))
     cmap = _colours([c[0] for c in cells], colours)
