@@ -1053,3 +1053,37 @@ def test_a_column_gone_from_steps_or_ranks_is_named_in_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert f"{run_dir / table}: not a parabench {table} (no column {column})" in err
+
+
+def _swept(reference, tmp_path) -> Path:
+    """A copy of the reference run whose cells of ddp_spawn ran in two settings, fp32 and
+    bf16, as a --precision fp32,bf16 run writes them (the bf16 rows a copy of the fp32's)."""
+    run_dir = Path(shutil.copytree(reference.path, tmp_path / "swept"))
+    for name in ("runs.csv", "steps.csv", "ranks.csv"):
+        df = pd.read_csv(run_dir / name, dtype=str, keep_default_na=False)
+        bf16 = df[df["strategy"] == "ddp_spawn"].assign(setting="bf16")
+        if "precision" in bf16:
+            bf16["precision"] = "bf16"
+        pd.concat([df, bf16]).to_csv(run_dir / name, index=False)
+    return run_dir
+
+
+@pytest.mark.parametrize("table", ["runs.csv", "steps.csv", "ranks.csv"])
+def test_a_sweep_whose_setting_column_is_gone_is_refused_not_merged(
+    reference, tmp_path, capsys, table
+) -> None:
+    """A run that swept --precision, its setting column deleted by hand: the rows of one cell
+    in two settings read as one cell written twice (a resumed cell), and all but the last
+    were dropped, the rest reported under the other setting's name (runs.csv); steps or ranks
+    without it matched no cell. One line naming the column, exit 2."""
+    run_dir = _swept(reference, tmp_path)
+    assert main(["report", str(run_dir)]) == 0  # as written, both settings are reported
+    assert {"ddp_spawn [fp32]", "ddp_spawn [bf16]"} <= set(
+        report.load_run(run_dir).runs["strategy"]
+    )
+    df = pd.read_csv(run_dir / table, dtype=str, keep_default_na=False)
+    df.drop(columns=["setting"]).to_csv(run_dir / table, index=False)
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run_dir / table}: " in err and "column setting" in err, err

@@ -253,6 +253,9 @@ def load_run(run_dir: str | Path) -> Run:
     _check_whole_numbers(runs, path / "runs.csv", {"world_size": 1, "repeat": 0})
     # a row that ran says its epoch: the report counts each repeat's last (a skipped row has none)
     _check_whole_numbers(runs[runs["status"] == results.OK], path / "runs.csv", {"epoch": 0})
+    settings = runs["setting"].notna().any()  # a run from before the column has none
+    if not settings:
+        _check_one_setting(runs, path / "runs.csv")
     tables = [runs]
     for name, columns, key in (
         ("steps.csv", results.STEP_COLUMNS, "step"),
@@ -262,6 +265,7 @@ def load_run(run_dir: str | Path) -> Run:
         # without them would match no cell (or, without `warmup`, have no timed step), and
         # its plots would be blank with no word why
         need = ("strategy", "world_size", "repeat", key, *(("warmup",) if key == "step" else ()))
+        need += ("setting",) if settings else ()
         table = _read_csv(path / name, columns, need)
         _check_numbers(table, path / name, {"world_size": 1, "repeat": 0, "epoch": 0, key: 0})
         tables.append(table)
@@ -284,6 +288,29 @@ def load_run(run_dir: str | Path) -> Run:
         config=_read_json(path / "config.json"),
         planned=planned,
     )
+
+
+#: the runs.csv columns a cell's setting is made of
+SETTING_PARTS = ("precision", "compile", "compile_mode", "accumulate", "sync_bn")
+SETTING_PARTS += ("channels_last", "options")
+
+
+def _check_one_setting(runs: pd.DataFrame, path: Path) -> None:
+    """A runs.csv without `setting` (from before it, or edited): ConfigError where a cell
+    has rows in more than one setting (a sweep), which would read as one cell written twice
+    (a resumed cell's rows), all but the last dropped and the rest under the wrong name."""
+    parts = [c for c in SETTING_PARTS if c in runs]
+    key = ["strategy", "world_size", "repeat", "epoch"]
+    if not parts or runs.empty:
+        return
+    several = runs.groupby(key, dropna=False)[parts].nunique(dropna=False).gt(1).any(axis=1)
+    if several.any():
+        name, ws, repeat, _ = several[several].index[0]
+        raise ConfigError(
+            f"{path}: no column setting, and {name} ws={_plain(ws)} repeat {_plain(repeat)} "
+            "has rows in more than one setting (its precision or options differ): restore "
+            "the column"
+        )
 
 
 def _labelled(tables: list[pd.DataFrame]) -> list[pd.DataFrame]:
