@@ -176,3 +176,30 @@ def test_measure_timeout_kills_the_ranks() -> None:
     with pytest.raises(RuntimeError, match=r"timed out after 0.5 s \(ranks \[0, 1\]"):
         C.measure(2, "gloo", "cpu", sizes=[4096], reps=1, timeout_s=0.5)
     assert _children() == before
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--world-size", "0"], "at least 2 ranks, got 0"),
+        (["--world-size", "1"], "at least 2 ranks, got 1"),
+        (["--reps", "0"], "need --reps >= 1"),
+        (["--warmup", "-1"], "need --reps >= 1 and --warmup >= 0"),
+        (["--sizes", "-5", "4096"], "--sizes are buffer sizes in bytes"),
+        (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0.0"),
+        (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+        (["--out", "/nonexistent-parabench/c.json"], "is not a folder this process can write"),
+        (["--out", "/"], "is a folder; name the JSON file to write"),
+    ],
+)
+def test_standalone_bad_input_is_one_line_before_any_rank(args, said, capsys) -> None:
+    """`python -m bench.harness.collectives` with bad input: one line and exit 2, and no
+    rank started (a timeout of 0 reached torch's store as a C++ stack trace; a missing --out
+    folder lost the measurement to a traceback once it had run)."""
+    before = _children()
+    with pytest.raises(SystemExit) as bad:
+        C.main([*args, "--reps", "1"] if "--reps" not in args else args)
+    assert bad.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err
+    assert _children() == before

@@ -410,6 +410,26 @@ def _table(rows: list[dict], fits: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def _check_args(cli: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Bad input is one line and exit 2 before any rank starts: a timeout of 0 reached
+    torch's store as a C++ stack trace, and an --out folder that is not there lost the
+    measurement, after it ran, to a traceback."""
+    if a.world_size < 2:
+        cli.error(f"--world-size: a collective needs at least 2 ranks, got {a.world_size}")
+    if a.reps < 1 or a.warmup < 0:
+        cli.error(f"need --reps >= 1 and --warmup >= 0, got {a.reps} and {a.warmup}")
+    if any(s < 1 for s in a.sizes):
+        cli.error(f"--sizes are buffer sizes in bytes, at least 1, got {a.sizes}")
+    if not (a.timeout > 0 and math.isfinite(a.timeout)):
+        cli.error(f"--timeout must be a positive number of seconds, got {a.timeout}")
+    if a.out:
+        out = Path(a.out)
+        if out.is_dir():
+            cli.error(f"--out {a.out} is a folder; name the JSON file to write")
+        if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+            cli.error(f"--out {a.out}: {out.parent} is not a folder this process can write to")
+
+
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(
         prog="python -m bench.harness.collectives",
@@ -433,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker:
         _worker(json.loads(a.worker), a.rank, a.port, Path(a.result))
         return 0
+    _check_args(cli, a)
     t0 = time.perf_counter()
     try:
         rows = measure(
