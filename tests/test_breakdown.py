@@ -724,6 +724,28 @@ def test_report_and_predict_flag_a_check_far_off(probed_run, tmp_path, capsys) -
     assert predict.EXPOSED_KEY in out
 
 
+def test_an_oversubscribed_cell_does_not_check_the_prediction(probed_run, tmp_path) -> None:
+    """ddp_spawn at world size 4 under --oversubscribe (4 ranks on 2 cores) was the check of
+    a prediction that gives each rank a device like the one-process cell's: -41 % off, so
+    the report and predict called ddp_spawn doubtful, its what-if rows too. Its ranks share
+    the cores: it measures something else, and checks nothing."""
+    from bench.analysis import report
+
+    run, _ = probed_run
+    odd = Path(shutil.copytree(run, tmp_path / "odd"))
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    (checked,) = predict.check_run(run)
+    runs.loc[runs["world_size"] == "2", "samples_per_s"] = str(checked["samples_per_s"] / 2)
+    runs.loc[runs["world_size"] == "2", "oversubscribed"] = "1"
+    runs.to_csv(odd / "runs.csv", index=False)
+    assert predict.check_run(odd) == []
+    (ws2,) = predict.predict_run(odd, [2])
+    assert math.isnan(ws2["measured_samples_per_s"]) and math.isnan(ws2["error_pct"])
+    text = report.scaling_markdown(report.load_run(odd))
+    assert "doubtful" not in text.lower(), text
+    assert "finished ok here, oversubscribed ones aside (their ranks share cores" in text
+
+
 def _with_cells_of(run: Path, dest: Path, names: Sequence[str]) -> Path:
     """A copy of the probed run whose ddp_spawn rows at world size 2 also stand for each of
     `names` (rows only: no world-size-1 cell of theirs, no cells/ folder)."""

@@ -1640,9 +1640,16 @@ def scaling_markdown(run: Run) -> str:
                 'at that world size with its one-process cell\'s under "Where the time goes").'
             )
     else:
+        # an oversubscribed cell finished, but its ranks share what the model gives each
+        aside = (
+            ", oversubscribed ones aside (their ranks share cores or GPUs, which the model "
+            "does not predict)"
+            if oversubscribed(counted_rows(run.runs))
+            else ""
+        )
         text += (
-            "No cell of a modelled strategy above one process finished ok here, so nothing "
-            "checks the predictions: read them as the model's word alone."
+            f"No cell of a modelled strategy above one process finished ok here{aside}, so "
+            "nothing checks the predictions: read them as the model's word alone."
         )
     if what_if:
         links = ", ".join(
