@@ -746,6 +746,27 @@ def test_an_oversubscribed_cell_does_not_check_the_prediction(probed_run, tmp_pa
     assert "finished ok here, oversubscribed ones aside (their ranks share cores" in text
 
 
+def test_predict_says_the_collectives_measurement_failed(probed_run, tmp_path, capsys) -> None:
+    """A run whose collectives measurement failed at its start (a line in its output) has no
+    collectives.json, and predict said it was run with --no-scaling-model or had no
+    multi-process cell: this one had both the option and a world-size-2 cell."""
+    from bench.cli import main
+
+    run, bare = probed_run
+    odd = Path(shutil.copytree(run, tmp_path / "odd"))
+    (odd / "collectives.json").unlink()
+    assert main(["predict", str(odd)]) == 2
+    err = capsys.readouterr().err
+    assert "it has multi-process cells, but the measurement at the start of the run failed" in err
+    assert "--no-scaling-model" not in err, err
+    assert main(["predict", str(bare)]) == 2  # the option off: that is the reason
+    assert "(it was run with --no-scaling-model)" in capsys.readouterr().err
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    runs[runs["world_size"] == "1"].to_csv(odd / "runs.csv", index=False)
+    assert main(["predict", str(odd)]) == 2  # one process only: nothing to measure
+    assert "(it had no multi-process cell at a world size above 1)" in capsys.readouterr().err
+
+
 def _with_cells_of(run: Path, dest: Path, names: Sequence[str]) -> Path:
     """A copy of the probed run whose ddp_spawn rows at world size 2 also stand for each of
     `names` (rows only: no world-size-1 cell of theirs, no cells/ folder)."""

@@ -193,15 +193,16 @@ def _shape(run_dir: Path):
         ) from None
 
 
-def _fits(run_dir: Path) -> dict[str, dict]:
-    """The collectives' fit per op at the largest world size measured (collectives.json)."""
+def _fits(run_dir: Path, cfg: Any, runs: Any) -> dict[str, dict]:
+    """The collectives' fit per op at the largest world size measured (collectives.json);
+    where there is none, the run's config and rows (`cfg`, `runs`) say why."""
     from bench.harness import collectives
 
     path = run_dir / "collectives.json"
     if not path.exists():
         raise ConfigError(
-            f"{run_dir} has no collectives.json: the run measured no collectives (it was run "
-            "with --no-scaling-model, or had no multi-process cell at a world size above 1)"
+            f"{run_dir} has no collectives.json: the run measured no collectives "
+            f"({_why_no_collectives(cfg, runs)})"
         )
     try:
         fits = collectives.load(path).get("fits", {})
@@ -218,6 +219,36 @@ def _fits(run_dir: Path) -> dict[str, dict]:
     if not best:
         raise ConfigError(f"{path} holds no fit with a bandwidth to predict from")
     return best
+
+
+def _why_no_collectives(cfg: Any, runs: Any) -> str:
+    """Why a run has no collectives.json, from its config and rows (as
+    bench.harness.runner.measure_collectives decides): a run that asked for the measurement
+    and had multi-process cells is not one that had none; its measurement failed."""
+    import pandas as pd
+
+    import strategies
+    from bench.harness import results
+
+    if not cfg.scaling_model:
+        return "it was run with --no-scaling-model"
+    if cfg.multi_host:
+        return (
+            "it ran across nodes, where they are not measured: on the driver they would time "
+            "its loopback, not the network between nodes"
+        )
+    registry = strategies.registry()
+    names = runs["strategy_name" if "strategy_name" in runs else "strategy"]
+    sizes = pd.to_numeric(runs["world_size"], errors="coerce")
+    for name, size, status in zip(names, sizes, runs["status"], strict=True):
+        spec = registry.get(str(name))
+        planned = status not in (results.SKIPPED, results.UNAVAILABLE)  # cells that never ran
+        if size > 1 and planned and spec and spec.cls and spec.cls.multiprocess:
+            return (
+                "it has multi-process cells, but the measurement at the start of the run "
+                "failed (the run's output said why) or could not run (more ranks than GPUs)"
+            )
+    return "it had no multi-process cell at a world size above 1"
 
 
 def _config(run_dir: Path, link: str | None = None) -> Any:
@@ -271,7 +302,7 @@ def predict_run(
     if run is None:
         run = report.load_run(run_dir)
     runs = run.runs
-    fits = _fits(run_dir)
+    fits = _fits(run_dir, cfg, runs)
     shape = _shape(run_dir)
     alpha = None
     if link is not None:
