@@ -203,3 +203,27 @@ def test_standalone_bad_input_is_one_line_before_any_rank(args, said, capsys) ->
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err
     assert _children() == before
+
+
+def test_rough_fits_are_named_with_their_r2(tmp_path: Path) -> None:
+    """Predictions stand on each op's fit: one whose times scatter about its line (as
+    gloo's do on a busy CPU: the committed reference's all_reduce, r² 0.41) is named with
+    its r², where nothing said so; a clean fit, a fit with no bandwidth (not used) and a run
+    without the file say nothing."""
+    from bench.analysis import predict
+
+    assert predict.rough_fits(tmp_path) == ""  # no collectives.json
+    clean = _rows("all_reduce", 2)
+    C.save(tmp_path / "collectives.json", clean, C.fit(clean), {})
+    assert predict.rough_fits(tmp_path) == ""
+    noisy = _rows("all_gather", 2, noise=0.9, seed=3, sizes=[4096, 8192, 16384] * 4)
+    flat = _rows("reduce_scatter", 2, sizes=[4096])  # one size: no bandwidth, never used
+    fits = C.fit(clean + noisy + flat)
+    r2 = fits["all_gather/gloo/2"]["r2"]
+    assert r2 < predict.ROUGH_R2
+    C.save(tmp_path / "collectives.json", clean + noisy + flat, fits, {})
+    assert predict.rough_fits(tmp_path) == (
+        f"Rough fits: all_gather (gloo, 2 ranks) r² {r2:.2f}: their measured times scatter "
+        "about the latency-bandwidth line the communication is predicted from, so that part "
+        "of each prediction is rough (collectives.json holds the points)."
+    )

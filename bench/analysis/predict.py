@@ -196,14 +196,19 @@ def _shape(run_dir: Path):
 def _fits(run_dir: Path, cfg: Any, runs: Any) -> dict[str, dict]:
     """The collectives' fit per op at the largest world size measured (collectives.json);
     where there is none, the run's config and rows (`cfg`, `runs`) say why."""
-    from bench.harness import collectives
-
     path = run_dir / "collectives.json"
     if not path.exists():
         raise ConfigError(
             f"{run_dir} has no collectives.json: the run measured no collectives "
             f"({_why_no_collectives(cfg, runs)})"
         )
+    return _best_fits(path)
+
+
+def _best_fits(path: Path) -> dict[str, dict]:
+    """Each op's fit with a bandwidth at the largest world size in collectives.json `path`."""
+    from bench.harness import collectives
+
     try:
         fits = collectives.load(path).get("fits", {})
         best: dict[str, dict] = {}
@@ -567,6 +572,32 @@ def _no_curve(run_dir: Path, one: Any) -> str:
     return "its world-size-1 cell kept no compute curve (cells/*/epochs.jsonl)"
 
 
+#: a collectives' fit whose line explains less of its times' variance than this is rough
+ROUGH_R2 = 0.8
+
+
+def rough_fits(run_dir: Path) -> str:
+    """A line naming the run's collectives' fits that predictions use (`_fits`) whose times
+    scatter about their latency-bandwidth line (r² under ROUGH_R2), or "": the communication
+    predicted from them is no better than that line (on a busy CPU gloo's times at one size
+    vary more than between sizes)."""
+    path = run_dir / "collectives.json"
+    if not path.exists():
+        return ""
+    rough = [
+        f"{f['op']} ({f['backend']}, {f['world_size']} ranks) r² {float(f['r2']):.2f}"
+        for f in _best_fits(path).values()
+        if float(f.get("r2", math.nan)) < ROUGH_R2
+    ]
+    if not rough:
+        return ""
+    return (
+        f"Rough fits: {', '.join(rough)}: their measured times scatter about the latency-"
+        "bandwidth line the communication is predicted from, so that part of each prediction "
+        "is rough (collectives.json holds the points)."
+    )
+
+
 def _say(why: list[str] | None, line: str) -> None:
     if why is not None and line not in why:
         why.append(line)
@@ -672,6 +703,10 @@ def cmd_predict(a: argparse.Namespace) -> int:
         return 1
     print(table(rows))
     print(EXPOSED_KEY)
+    # a named link's figures replace the fits' (--busbw keeps their latencies)
+    rough = rough_fits(run_dir) if a.link is None else ""
+    if rough:
+        print(rough)
     # a strategy whose check at a world size run is far off: its every prediction is doubtful
     for case, where in doubtful(check_run(run_dir, run=run)).items():
         if any(r["case"] == case for r in rows):

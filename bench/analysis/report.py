@@ -1631,6 +1631,9 @@ def scaling_markdown(run: Run) -> str:
             )
             + f"\n\n{predict.EXPOSED_KEY}"
         )
+        rough = predict.rough_fits(run.path)
+        if rough:
+            text += f"\n\n{rough}"
         if doubtful:
             text += "\n\nDoubtful: " + "; ".join(
                 predict.doubtful_line(c, w) for c, w in doubtful.items()
