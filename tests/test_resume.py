@@ -250,3 +250,44 @@ def test_a_disk_that_fills_up_stops_the_run_saying_how_to_resume(
     monkeypatch.setattr(results.CsvTable, "append", append)  # room again
     assert main(["run", "--resume", str(run_dir), "--no-report"]) == 0
     assert [r["status"] for r in RunDir(run_dir).runs.read()] == ["ok"]
+
+
+def test_a_disk_that_fills_up_as_the_model_is_measured_leaves_a_run_that_resumes(
+    tmp_path, data_root, monkeypatch, capsys
+):
+    """The disk filled up as model.json (the FLOPs and peaks) was written: that file was left
+    empty, the --resume the message asks for skipped measuring it again, since it was
+    there, and stopped on its JSON with a traceback. Now the file is written whole or not
+    at all, and the resume measures it."""
+    import errno
+    import io
+
+    from bench.cli import main
+
+    real_open = io.open
+
+    def full_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        name = os.readlink(f"/proc/self/fd/{file}") if isinstance(file, int) else str(file)
+        if "w" in mode and "model.json" in os.path.basename(name):
+
+            def write(text):  # the file is there (open made it); its blocks are not
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            f.write = write
+        return f
+
+    monkeypatch.setattr(io, "open", full_open)
+    argv = _cli(tmp_path, data_root, "--run-id", "full", matrix=[])[3:]
+    argv += ["--strategies", "single", "--world-sizes", "1", "--probe-steps=0"]
+    assert main([*argv, "--profile-steps=0"]) == 1
+    run_dir = tmp_path / "full"
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(f"parabench: No space left on device in {run_dir}")
+    assert leftover_processes(run_dir) == []
+
+    monkeypatch.setattr(io, "open", real_open)  # room again
+    assert main(["run", "--resume", str(run_dir), "--no-report"]) == 0
+    assert [r["status"] for r in RunDir(run_dir).runs.read()] == ["ok"]
+    assert float(RunDir(run_dir).runs.read()[0]["flops_per_sample"]) > 0
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".model.json")] == []

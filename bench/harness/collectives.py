@@ -380,7 +380,10 @@ def predict_seconds(
 
 def save(path: str | Path, rows: list[dict], fits: dict[str, dict], meta: dict) -> None:
     """Write rows, fits and meta as JSON (nan / inf as NaN / Infinity, as json does)."""
-    Path(path).write_text(json.dumps({"rows": rows, "fits": fits, "meta": meta}, indent=1))
+    from bench.harness.results import write_whole
+
+    # whole or not at all: a run's --resume measures again only where there is none
+    write_whole(Path(path), json.dumps({"rows": rows, "fits": fits, "meta": meta}, indent=1))
 
 
 def load(path: str | Path) -> dict[str, Any]:

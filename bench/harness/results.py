@@ -9,15 +9,16 @@ killed harness leaves either the old or the new file, never half a row.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
 import re
 import shlex
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -550,24 +551,39 @@ class CsvTable:
         if not rows:
             return
         existing = self.read()
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        try:
-            # mkstemp's file is the owner's alone (0600): the table gets the mode a file
-            # written plainly would, as config.json has, readable where the umask allows
-            mask = os.umask(0o022)
-            os.umask(mask)
-            os.fchmod(fd, 0o666 & ~mask)
-            with os.fdopen(fd, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
-                w.writeheader()
-                w.writerows(existing)
-                w.writerows({k: _fmt(v) for k, v in r.items()} for r in rows)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with written_whole(self.path, newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(existing)
+            w.writerows({k: _fmt(v) for k, v in r.items()} for r in rows)
+
+
+@contextlib.contextmanager
+def written_whole(path: Path, newline: str | None = None) -> Iterator[IO[str]]:
+    """A text file to write `path` through: it replaces `path` once written whole, and is
+    gone if the writing stops (a full disk, Ctrl-C), which leaves `path` as it was. A file
+    written plainly would be left cut short or empty, and read as damaged ever after."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        # mkstemp's file is the owner's alone (0600): the file gets the mode a file
+        # written plainly would, as config.json has, readable where the umask allows
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
+        with os.fdopen(fd, "w", newline=newline) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`path.write_text(text)`, through `written_whole`."""
+    with written_whole(path) as f:
+        f.write(text)
 
 
 # ---------------------------------------------------------------- labels

@@ -1162,7 +1162,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
     try:
         path.mkdir(parents=True, exist_ok=True)
         rd.lock()
-        rd.config_path.write_text(json.dumps(cfg.to_dict(), indent=1))
+        results.write_whole(rd.config_path, json.dumps(cfg.to_dict(), indent=1))
         rd.write_plan(cells)
     except OSError as exc:  # read-only, no permission, a file where a folder should be
         rd.unlock()
@@ -1212,8 +1212,9 @@ def run_matrix(
     runner: Runner | None = None
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:  # the measurements too: a run stopped in them resumes, and says so
-        (run_dir.path / "environment.json").write_text(
-            json.dumps(provenance(resolve_device(cfg.device)), indent=1)
+        results.write_whole(
+            run_dir.path / "environment.json",
+            json.dumps(provenance(resolve_device(cfg.device)), indent=1),
         )
         measure_collectives(cfg, cells, run_dir.path, echo)
         measure_flops(cfg, cells, run_dir.path, echo)
@@ -1440,7 +1441,9 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
                     how = f"on 1 thread (on {threads} it measured less: a busy machine)"
             why = "" if native else f" (no {precision} units in this CPU: its fp32 peak)"
             info["peaks"][key] = (peak, f"measured: {measured} matmul {how}{why}")
-    path.write_text(json.dumps(info, indent=1))
+    # whole or not at all: a model.json cut short (the disk filled up) would not be
+    # measured again by the --resume the run's message tells of, and fails its Runner
+    results.write_whole(path, json.dumps(info, indent=1))
     if fps:
         echo(f"model: {fps / 1e9:.3g} GFLOP per training sample (model.json)")
 
