@@ -479,6 +479,17 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    from bench.harness import runner
+
+    # SIGTERM (kill, a job cancelled) before the cells start and while the report is
+    # written too, not only while cells run: as Ctrl-C, the line saying what is left and
+    # exit 130, where it ended the harness silently (143) with no report and no word of
+    # `parabench report`
+    with runner.sigterm_as_interrupt():
+        return _run(a)
+
+
+def _run(a: argparse.Namespace) -> int:
     from bench.analysis import summary
     from bench.harness import results, runner
 

@@ -291,3 +291,48 @@ def test_a_disk_that_fills_up_as_the_model_is_measured_leaves_a_run_that_resumes
     assert [r["status"] for r in RunDir(run_dir).runs.read()] == ["ok"]
     assert float(RunDir(run_dir).runs.read()[0]["flops_per_sample"]) > 0
     assert [p.name for p in run_dir.iterdir() if p.name.startswith(".model.json")] == []
+
+
+def test_sigterm_before_the_cells_and_while_the_report_is_written_is_as_ctrl_c(
+    tmp_path, data_root, monkeypatch, capsys
+):
+    """SIGTERM (kill, a job cancelled) as the estimate timed its steps, or once every row was
+    in and the report was being written, ended the harness silently with 143 and no word of
+    `parabench report`, where Ctrl-C said what was left and exited 130 as the README says of
+    both. The test's own handler stands in for the default one, which would end pytest."""
+    from bench.analysis import report
+    from bench.cli import main
+    from bench.harness import estimate
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, before this returns
+        raise AssertionError("SIGTERM did not stop the run")
+
+    heard = []
+    old = signal.signal(signal.SIGTERM, lambda *args: heard.append(args))
+    try:
+        argv = _cli(tmp_path, data_root, "--run-id", "t", *CELLS_ONLY, matrix=[])[3:]
+        argv = [a for a in argv if a != "--no-report"] + [
+            "--strategies",
+            "single",
+            "--world-sizes",
+            "1",
+        ]
+        with monkeypatch.context() as m:
+            m.setattr(estimate, "estimate", terminated)
+            assert main(argv) == 130
+        assert capsys.readouterr().err.splitlines()[-1] == "parabench: interrupted"
+        assert not (tmp_path / "t").exists()  # nothing had started
+
+        monkeypatch.setattr(report, "render", terminated)
+        assert main(argv) == 130
+        run_dir = tmp_path / "t"
+        assert capsys.readouterr().out.splitlines()[-1] == (
+            f"interrupted while writing the report: every row is in {run_dir}; "
+            f"`parabench report {run_dir}` writes it"
+        )
+        assert [r["status"] for r in RunDir(run_dir).runs.read()] == ["ok"]
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the test's again
+        assert heard == []
+    finally:
+        signal.signal(signal.SIGTERM, old)
