@@ -93,6 +93,12 @@ SETUPS = {
     "resume_bad_dataset": lambda root: _run_dir(
         root, "resume_bad_dataset", {"config.json": json.dumps({"dataset": "cifar10"})}
     ),
+    # another machine's run, its data somewhere else there
+    "resume_moved_data": lambda root: _run_dir(
+        root,
+        "resume_moved_data",
+        {"config.json": json.dumps({"dataset": "mnist", "data_root": str(root / "moved")})},
+    ),
     # a job.id that `parabench submit` did not write (emptied, or edited by hand)
     "garbage_job_id": lambda root: _run_dir(root, "garbage_job_id", {"job.id": "xyz\n"}),
     "md_dir": lambda root: (_run_dir(root, "md_dir") / "report.md").mkdir(),
@@ -500,6 +506,13 @@ CASES = [
         "unknown dataset 'cifar10'",
         ["resume_bad_dataset"],
         id="resume-config-bad-dataset",
+    ),
+    case(  # the data's hint names --data-root, which --resume refuses: it says so
+        RUN,
+        ["--resume", "{resume_moved_data}"],
+        "the run's own options (its config.json) do not hold here: MNIST not found under",
+        ["resume_moved_data"],
+        id="resume-data-moved",
     ),
     case(
         RUN,

@@ -1140,7 +1140,14 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                 )
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         rd.done()  # a damaged or older runs.csv: one line, before anything is written
-        cells = plan(saved)
+        try:
+            cells = plan(saved)
+        except ConfigError as exc:  # its hint names options that --resume refuses
+            raise ConfigError(
+                f"--resume {resume}: the run's own options (its config.json) do not hold "
+                f"here: {exc} (--resume takes no other options: resume it where they hold, "
+                "or correct them in its config.json)"
+            ) from None
         try:
             rd.lock()
             rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
