@@ -247,9 +247,16 @@ def test_a_disk_that_fills_up_stops_the_run_saying_how_to_resume(
     assert "Traceback" not in err
     assert leftover_processes(run_dir) == []
 
+    # the cell's steps and ranks went in before its row could not: the resume runs the cell
+    # again, and its steps.csv holds its steps once (they stood twice, a loss curve and a
+    # step-time spread of two runs)
+    assert len(RunDir(run_dir).steps.read()) == 6
     monkeypatch.setattr(results.CsvTable, "append", append)  # room again
     assert main(["run", "--resume", str(run_dir), "--no-report"]) == 0
     assert [r["status"] for r in RunDir(run_dir).runs.read()] == ["ok"]
+    steps = [s["step"] for s in RunDir(run_dir).steps.read()]
+    assert len(steps) == len(set(steps)) == 6
+    assert len(RunDir(run_dir).ranks.read()) == 1
 
 
 def test_a_disk_that_fills_up_as_the_model_is_measured_leaves_a_run_that_resumes(

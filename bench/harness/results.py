@@ -16,7 +16,7 @@ import os
 import re
 import shlex
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -556,6 +556,17 @@ class CsvTable:
             w.writeheader()
             w.writerows(existing)
             w.writerows({k: _fmt(v) for k, v in r.items()} for r in rows)
+
+    def keep(self, wanted: Callable[[dict[str, str]], bool]) -> None:
+        """Drop the rows `wanted` refuses, rewriting the file whole as `append` does."""
+        existing = self.read()
+        kept = [r for r in existing if wanted(r)]
+        if len(kept) == len(existing):
+            return
+        with written_whole(self.path, newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(kept)
 
 
 @contextlib.contextmanager

@@ -591,6 +591,23 @@ class RunDir:
                 ) from None
         return keys
 
+    def drop_unfinished(self) -> None:
+        """Drop the steps.csv and ranks.csv rows of cells runs.csv has no row for: those a
+        harness wrote before it was killed, or the disk filled up, ahead of the cell's row
+        (`write`), and those of a row removed to run its cell again. The cell's run now
+        writes its own; kept, they would stand beside them as the same steps twice."""
+        done = self.done()
+
+        def finished(r: dict[str, str]) -> bool:
+            try:
+                key = (r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"]))
+            except (KeyError, TypeError, ValueError):  # not a cell's: as it was
+                return True
+            return key in done
+
+        self.steps.keep(finished)
+        self.ranks.keep(finished)
+
     def write(self, runs: list[dict], steps: list[dict], ranks: list[dict]) -> None:
         with _signals_held():
             # steps and ranks first: a row in runs.csv means the cell is complete.
@@ -1151,6 +1168,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
         try:
             rd.lock()
             rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
+            rd.drop_unfinished()
         except OSError as exc:  # read-only now, a full disk: before anything runs
             rd.unlock()
             raise ConfigError(
