@@ -122,6 +122,38 @@ def test_sigkilled_harness_loses_nothing_and_resumes(tmp_path, data_root):
     assert len(report.load_run(run_dir).planned) == 4
 
 
+def test_a_rank_whose_launcher_dies_as_it_starts_dies_with_it(tmp_path):
+    """A harness SIGKILLed as a cell started takes its launcher down (die_with_parent); the
+    ranks asked for the same only after importing torch, seconds in which the launcher's
+    death sent them nothing: two torchrun ranks were left waiting on its store. A rank
+    now asks first; here its parent is gone while it imports, and nothing follows."""
+    import psutil
+
+    log = tmp_path / "rank.log"
+    parent = (
+        "import subprocess, sys, time\n"
+        f"out = open({str(log)!r}, 'w')\n"
+        "argv = [sys.executable, '-m', 'bench.harness.worker', 'no-such-spec.json']\n"
+        "p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(1.0)\n"  # the rank is in its imports (torch's take seconds)
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", parent], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    rank = int(done.stdout)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(rank).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    # killed in its imports: it never came to read its spec (and say there is none)
+    assert log.read_text() == ""
+
+
 def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root, capsys):
     rd, out, code = _interrupt_mid_matrix(tmp_path, data_root, "r2", signal.SIGTERM, 1, *CELLS_ONLY)
     run_dir = rd.path

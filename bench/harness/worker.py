@@ -9,6 +9,14 @@ first, so the harness can say in one line why a cell failed.
 
 from __future__ import annotations
 
+from bench.harness import proc
+
+if __name__ in ("__main__", "__mp_main__"):  # a rank (or mp.spawn's): not the harness
+    # before torch's imports, seconds long: a launcher killed during them (its harness
+    # SIGKILLed as the cell started) left its ranks running on, since a parent already
+    # gone when a process asks sends it no signal
+    proc.die_with_parent()
+
 import json
 import os
 import random
@@ -25,7 +33,7 @@ from torch.utils.data import DataLoader
 
 import strategies
 from bench.config import RunConfig
-from bench.harness import proc, slurm
+from bench.harness import slurm
 from bench.harness.probes import reset_peaks
 from bench.harness.progress import StepReporter
 from bench.workload import data, models
