@@ -110,7 +110,7 @@ class EpochStats:
     losses: tuple[float, ...]  # per step, averaged over ranks once at epoch end
     memory: Mapping[str, float]
     #: bytes this rank holds of parameters, gradients and optimizer state (MiB), read after
-    #: the first optimizer step, local shards only
+    #: the epoch's steps, local shards only
     model_state: Mapping[str, float] = field(default_factory=dict)
     #: per step (warm-up included), milliseconds of forward, backward and optimizer
     phase_ms: tuple[Mapping[str, float], ...] = ()
@@ -701,10 +701,12 @@ class Strategy:
                 on_step(step_ms)
             if precision is not None and self.precise_enough(timer, warmup_steps, precision):
                 break
-            if not self.model_state:  # after the first step, outside its timing
-                self.model_state = model_state_mib(
-                    self.unwrap(self.model).parameters(), self.optimizer_states()
-                )
+        # after the epoch's steps, not its first: fp16's loss scaling skips a first step whose
+        # gradients overflow (often on a GPU, where the scale starts at 65536), and the
+        # optimizer then holds no state yet
+        self.model_state = model_state_mib(
+            self.unwrap(self.model).parameters(), self.optimizer_states()
+        )
         return self._epoch_stats(
             epoch, timer.records(), losses, warmup_steps, self.clock.steps(), held.readings()
         )

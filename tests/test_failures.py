@@ -390,6 +390,21 @@ def test_memory_that_grows_step_after_step_is_named_in_the_report(tmp_path, data
     assert "| test_leaky | 1 | 0 |" in section and "| single |" not in section
 
 
+def test_model_state_counts_the_optimizer_state_after_a_skipped_first_step(
+    tmp_path, data_root, faulty
+):
+    """fp16's loss scaling skips a first step whose gradients overflow: the optimizer then
+    holds no state yet. The row still says what the rank holds once it trains: SGD's
+    momentum, one buffer per parameter (it read 0 MiB, read after that skipped step)."""
+    cfg = small_config(tmp_path, data_root, strategies=("test_skips_first",), world_sizes=(1,))
+    _, rows = run_matrix(cfg, echo=lambda m: None)
+    (row,) = rows
+    assert row["status"] == "ok", row["reason"]
+    assert "skipped 1 of" in row["notes"]  # the scaler did skip the first step
+    assert float(row["param_mib"]) == pytest.approx(4.577, abs=1e-3)  # the CNN's fp32 weights
+    assert float(row["optim_mib"]) == pytest.approx(float(row["param_mib"]))
+
+
 def test_an_evaluation_that_fails_keeps_the_measured_steps(tmp_path, data_root, faulty):
     import pandas as pd
 

@@ -6,6 +6,7 @@ refuses."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import time
@@ -228,6 +229,25 @@ class Leaky(Strategy):
         if not hasattr(self, "kept"):
             self.kept = []
         self.kept.append(torch.ones(6 * 2**20, device=self.ctx.device))  # 24 MiB of fp32
+
+
+class SkipsFirstStep(Strategy):
+    """single in fp16 whose first backward overflows, as a first step's scaled gradients
+    often do on a GPU (the scaler starts at 65536): its GradScaler skips that optimizer
+    step, so the optimizer holds no state until the second. The loss itself stays finite."""
+
+    variants = {"test_skips_first": Variant("inprocess", "fp16 single, first step skipped")}
+    _calls = 0
+
+    @classmethod
+    def default_precision(cls, device, options):
+        return "fp16"
+
+    def backward(self, loss):
+        self._calls += 1
+        if self._calls == 1:
+            loss.register_hook(lambda g: g * math.inf)  # the gradients overflow, not the loss
+        super().backward(loss)
 
 
 class EvalFails(Strategy):
