@@ -536,3 +536,31 @@ def test_time_parts_draws_the_cells_in_the_order_of_every_other_plot() -> None:
     expected = [plots._cell_label(s, 2) for s in sorted(names, key=lambda s: plots.case_key(s, 2))]
     assert ticks == expected
     assert ticks == [plots._cell_label(s, 2) for s in (names[1], names[0], names[2])]
+
+
+def _memory_summary(source: str) -> pd.DataFrame:
+    """ddp_spawn alone on one GPU, then two ranks sharing it (--oversubscribe): each rank has
+    its own allocator, so the shared cell's peak is one rank's, below the lone rank's."""
+    return pd.DataFrame(
+        {
+            "strategy": ["ddp_spawn", "ddp_spawn"],
+            "world_size": [1, 2],
+            "oversubscribed": [0, 1],
+            "mem_source": [source, source],
+            "n_repeats": [1, 1],
+            **{f"peak_mem_mib_{s}": [157.0, 133.0] for s in ("median", "min", "max")},
+        }
+    )
+
+
+def test_the_memory_plot_says_a_bar_of_ranks_sharing_a_gpu_is_one_ranks():
+    """A bar of 133 MiB at world size 2 beside 157 at 1 reads as less memory per device;
+    the GPU held about twice it: the axis says so, naming the cell."""
+    label = plots.peak_memory(_memory_summary("cuda_allocator")).axes[0].get_xlabel()
+    said = " ".join(label.split())
+    assert "the bar is one rank's peak, and the GPU held about that times its ranks" in said
+    assert said.endswith(": ddp_spawn ws=2")
+    # a CPU rank's resident memory is its process's, oversubscribed or not: nothing to say
+    assert plots.peak_memory(_memory_summary("host_rss")).axes[0].get_xlabel() == (
+        "world size (ranks)"
+    )

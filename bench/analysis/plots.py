@@ -312,6 +312,16 @@ def peak_memory(summary: pd.DataFrame, colours: Mapping[str, Colour] | None = No
     what = {"cuda_allocator": "CUDA allocator peak", "host_rss": "host RSS peak"}
     ax.set_ylabel(f"peak memory per device (MiB; {', '.join(what.get(s, s) for s in sources)})")
     ax.set_title("Peak memory per device (max over ranks; median over repeats)")
+    # ranks sharing a GPU each have their own allocator: such a bar is one rank's, and would
+    # read as less memory per device than one rank on its own GPU takes
+    on_gpu = summary.get("mem_source", pd.Series("", index=summary.index)).astype(str)
+    _, shared = comparable(summary[on_gpu.str.contains("cuda_allocator")])
+    if shared:
+        note = (
+            "ranks sharing a GPU (oversubscribed), each with its own allocator: the bar is one "
+            "rank's peak, and the GPU held about that times its ranks: " + ", ".join(shared)
+        )
+        ax.set_xlabel(f"{ax.get_xlabel()}\n" + textwrap.fill(note, 80), fontsize=9)
     return fig
 
 
