@@ -136,7 +136,12 @@ def test_a_rank_whose_launcher_dies_as_it_starts_dies_with_it(tmp_path):
         "argv = [sys.executable, '-m', 'bench.harness.worker', 'no-such-spec.json']\n"
         "p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)\n"
         "print(p.pid, flush=True)\n"
-        "time.sleep(1.0)\n"  # the rank is in its imports (torch's take seconds)
+        # until the rank maps libtorch: in torch's import (which takes a second or more
+        # after that), so past its request, and long before it reads its spec
+        "maps = f'/proc/{p.pid}/maps'\n"
+        "deadline = time.monotonic() + 30\n"
+        "while 'libtorch' not in open(maps).read() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.005)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", parent], cwd=ROOT, capture_output=True, text=True, timeout=60
