@@ -481,3 +481,17 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     where = f" ({where})" if where else ""
     head = type(exc).__name__ + (f": {said}" if said else "")
     return head[: max(limit - len(where), 0)] + where
+
+
+def run_dir_named(path: str | Path) -> Path:
+    """The run directory a command names: the folder itself, or the folder of the runs.csv
+    named (as a tab completion may end). ConfigError for a missing path, or another file,
+    naming the folder it is in."""
+    path = Path(path)
+    if path.is_file() and path.name == "runs.csv":
+        return path.parent
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path} is a file, not a run directory: try {path.parent}")
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such run directory")
+    return path

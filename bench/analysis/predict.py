@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.config import ConfigError
+from bench.config import ConfigError, run_dir_named
 
 #: what-if links: (all-reduce bus bandwidth GB/s, latency per hop in µs), stated assumptions.
 #: NVLink 4 on H100 SXM: 900 GB/s both ways per GPU, 450 one way, the ceiling of busbw;
@@ -259,10 +259,10 @@ def _why_no_collectives(cfg: Any, runs: Any) -> str:
 def _config(run_dir: Path, link: str | None = None) -> Any:
     """The run's RunConfig, or a ConfigError where `run_dir` holds no run to predict from
     or `link` is not one of LINKS."""
-    from bench.harness import results
     from bench.harness.runner import RunDir
 
-    rd = RunDir(results.run_dir_named(run_dir))  # as report and compare say it
+    run_dir = run_dir_named(run_dir)  # as report and compare say it
+    rd = RunDir(run_dir)
     if not rd.config_path.exists():
         raise ConfigError(f"{run_dir} is not a run directory (no config.json)")
     if not rd.runs.path.exists():
@@ -680,9 +680,8 @@ def cmd_predict(a: argparse.Namespace) -> int:
     import csv
 
     from bench.analysis import report
-    from bench.harness import results
 
-    run_dir = results.run_dir_named(a.run_dir)
+    run_dir = run_dir_named(a.run_dir)
     if a.busbw is not None and not (a.busbw > 0 and math.isfinite(a.busbw)):
         raise ConfigError(f"--busbw must be a positive number of GB/s, got {a.busbw}")
     why: list[str] = []

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.config import ConfigError, first_line
+from bench.config import ConfigError, first_line, run_dir_named
 from bench.harness import results, stats
 
 #: the per-repeat measurements that summary.csv gives a median and spread for
@@ -244,7 +244,7 @@ def _check_numbers(df: pd.DataFrame, path: Path, least: Mapping[str, int]) -> No
 
 def load_run(run_dir: str | Path) -> Run:
     """A run's tables; ConfigError when the directory or its runs.csv is missing."""
-    path = results.run_dir_named(run_dir)
+    path = run_dir_named(run_dir)
     begun = (path / "config.json").is_file()  # a run stopped before its first row has no runs.csv
     if not (path / "runs.csv").is_file() and not begun:
         raise ConfigError(f"{path}: no runs.csv there; is it a parabench run directory?")

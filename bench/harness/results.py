@@ -22,7 +22,6 @@ from typing import IO, Any
 
 import numpy as np
 
-from bench.config import ConfigError
 from bench.harness import stats
 from bench.harness.breakdown import PARTS, hidden, stacked
 from bench.harness.probes import PHASES
@@ -693,17 +692,3 @@ def case_labels(
         shown = [v for axis, v in parts.items() if axis in varying]
         labels[(strategy, setting)] = f"{strategy} [{', '.join(shown)}]" if shown else strategy
     return labels
-
-
-def run_dir_named(path: str | Path) -> Path:
-    """The run directory a command names: the folder itself, or the folder of the runs.csv
-    named (as a tab completion may end). ConfigError for a missing path, or another file,
-    naming the folder it is in."""
-    path = Path(path)
-    if path.is_file() and path.name == "runs.csv":
-        return path.parent
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{path} is a file, not a run directory: try {path.parent}")
-    if not path.is_dir():
-        raise ConfigError(f"{path}: no such run directory")
-    return path

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import ROOT
-from bench.config import ConfigError
+from bench.config import ConfigError, run_dir_named
 from bench.harness.nodes import PORTS
 
 #: after one rank of a step exits, the others get this long before SLURM kills them
@@ -266,9 +266,7 @@ def _job_state(job: str) -> tuple[list[str], str]:
 def status(run_dir: Path) -> str:
     """One line: the job's state (running, pending and why, or how it ended) and the rows
     written; for a job that did not complete, where its log is (or that it wrote none)."""
-    from bench.harness import results  # (it imports torch: not for every command)
-
-    run_dir = results.run_dir_named(run_dir)
+    run_dir = run_dir_named(run_dir)
     job_file = run_dir / "job.id"
     if not job_file.exists():
         raise ConfigError(f"{run_dir} has no job.id: it was not made by `parabench submit`")
