@@ -127,8 +127,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "--global-batch",
         type=int,
         default=d.global_batch,
-        help=f"samples per optimizer step over all ranks, the same for every strategy and "
-        f"world size (default {d.global_batch})",
+        help="samples per optimizer step over all ranks, the same for every strategy and "
+        "world size (default %(default)s)",
     )
     p.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
     p.add_argument("--max-steps", type=int, default=None, help="cap on steps per epoch")
@@ -207,7 +207,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=d.timeout_s, help="seconds per cell before it is killed"
     )
     p.add_argument(
-        "--out-dir", default=d.out_dir, help=f"where run folders go (default {d.out_dir}/)"
+        "--out-dir", default=d.out_dir, help="where run folders go (default %(default)s/)"
     )
     p.add_argument(
         "--run-id", default="", help="the run folder's name (default: date, time and pid)"

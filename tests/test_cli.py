@@ -1034,7 +1034,7 @@ def test_verify_refuses_runs_defaults_it_would_ignore(tmp_path, capsys, data_roo
     help_text = " ".join(capsys.readouterr().out.split())
     assert all(flag not in help_text for flag in [*given, "--max-steps", "--epochs"])
     assert "over all ranks, the same for every strategy and world size (default 32)" in help_text
-    assert "where run folders go (default results/verify)" in help_text
+    assert "where run folders go (default results/verify/)" in help_text
 
 
 def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsys, data_root):

@@ -33,7 +33,6 @@ import functools
 import json
 import math
 import os
-import re
 import shutil
 from collections import Counter
 from collections.abc import Iterator
@@ -1435,11 +1434,8 @@ def add_parser(sub) -> None:
     own = {"global_batch": 32, "out_dir": "results/verify"}
     p.set_defaults(**SET_BY_VERIFY, **own)
     p.set_defaults(func=cmd_verify, parser=p)
-    # and its help says them: the options it sets itself (refused) are not offered, and
-    # the defaults it changes read as its own, not `run`'s
+    # and its help offers none of the options it sets itself (and refuses); those whose
+    # defaults it changes say its own through %(default)s
     for action in p._actions:
         if action.dest in SET_BY_VERIFY or action.dest == "max_steps":
             action.help = argparse.SUPPRESS
-        elif action.dest in own and action.help:
-            said = f"(default {own[action.dest]})"
-            action.help = re.sub(r"\(default [^)]*\)", said, action.help)
