@@ -479,17 +479,6 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from bench.harness import runner
-
-    # SIGTERM (kill, a job cancelled) before the cells start and while the report is
-    # written too, not only while cells run: as Ctrl-C, the line saying what is left and
-    # exit 130, where it ended the harness silently (143) with no report and no word of
-    # `parabench report`
-    with runner.sigterm_as_interrupt():
-        return _run(a)
-
-
-def _run(a: argparse.Namespace) -> int:
     from bench.analysis import summary
     from bench.harness import results, runner
 
@@ -790,8 +779,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     old = torch_too_old()
     if old:
         print(f"parabench: warning: {old}", file=sys.stderr)
+    from bench.harness.proc import sigterm_as_interrupt
+
     try:
-        code = args.func(args)
+        # SIGTERM as Ctrl-C in every command, in all its phases (a run's estimate and
+        # report, verify's runs and the steps between them): what is left said, exit 130
+        with sigterm_as_interrupt():
+            code = args.func(args)
         sys.stdout.flush()  # here, so a reader gone shows as the error below
         return code
     except ConfigError as exc:

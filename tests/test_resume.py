@@ -380,3 +380,26 @@ def test_sigterm_before_the_cells_and_while_the_report_is_written_is_as_ctrl_c(
         assert heard == []
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_sigterm_stops_any_command_as_ctrl_c(monkeypatch, capsys):
+    """Not only run: verify between its runs, report, predict... SIGTERM in any command is
+    Ctrl-C's one line and exit 130, where its default ended them silently with 143 (here in
+    `list`, as it reads the strategies). The test's own handler is back after."""
+    import strategies
+    from bench.cli import main
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    heard = []
+    old = signal.signal(signal.SIGTERM, lambda *args: heard.append(args))
+    try:
+        monkeypatch.setattr(strategies, "registry", terminated)
+        assert main(["list"]) == 130
+        assert capsys.readouterr().err.splitlines()[-1] == "parabench: interrupted"
+        signal.raise_signal(signal.SIGTERM)  # the test's handler again
+        assert len(heard) == 1
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -18,9 +18,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -37,6 +38,22 @@ def _prctl(option: int, value: int) -> None:
 
 def die_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (kill, a job cancelled) raises KeyboardInterrupt inside, as Ctrl-C does: the
+    command says what it leaves and exits 130, where SIGTERM's default ended it silently
+    (143) with no word of what was kept or how to go on; restored after."""
+    old = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def become_subreaper(on: bool = True) -> None:

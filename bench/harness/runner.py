@@ -1235,7 +1235,7 @@ def run_matrix(
     cfg, run_dir, cells = open_run(cfg, resume)
     proc.become_subreaper()
     runner: Runner | None = None
-    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    old = signal.signal(signal.SIGTERM, proc.raise_interrupt)  # (as parabench's main does)
     try:  # the measurements too: a run stopped in them resumes, and says so
         results.write_whole(
             run_dir.path / "environment.json",
@@ -1471,17 +1471,3 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
     results.write_whole(path, json.dumps(info, indent=1))
     if fps:
         echo(f"model: {fps / 1e9:.3g} GFLOP per training sample (model.json)")
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt inside, as Ctrl-C does."""
-    old = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
