@@ -381,3 +381,42 @@ def test_timing_slow_steps_says_so_while_it_goes_on(mnist, monkeypatch, capsys) 
     monkeypatch.setattr(estimate, "SLOW_S", 60.0)
     estimate.estimate(cfg, runner.plan(cfg))
     assert capsys.readouterr().err == ""
+
+
+def test_an_interrupt_stops_the_timing_child_at_once(mnist, tmp_path, monkeypatch) -> None:
+    """Ctrl-C or SIGTERM while the child process (on a GPU) times a slow model's steps
+    stops it there and then, where leaving the process pool waited for the task: a kill
+    hung until the timing ended, which is longest for exactly the slowest models."""
+    import os
+    import signal
+
+    import psutil
+
+    slow = (
+        "import os, time, torch\n"
+        "class Slow(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        f"        if os.getpid() != {os.getpid()}:  # the child timing the steps only\n"
+        "            time.sleep(120)\n"
+        "        return super().forward(x)\n"
+        "def build(num_classes=10):\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), Slow(784, num_classes))\n"
+    )
+    cfg, cells = _planned(mnist, tmp_path, slow, monkeypatch, child=True)
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(15)  # the child's start-up (torch, the data) well past, its steps not
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            estimate.estimate(cfg, cells)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - start < 60
+    children = psutil.Process(os.getpid()).children(recursive=True)
+    # (the spawn context's resource tracker stays for the life of this process, as it does)
+    assert [p for p in children if "spawn_main" in " ".join(p.cmdline())] == []

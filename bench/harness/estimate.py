@@ -181,8 +181,18 @@ def timed(
             for p in precisions
         }
     spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+    pool = ProcessPoolExecutor(1, mp_context=spawn)
+    try:
         return pool.submit(_timed_alone, cfg, precisions).result()
+    except BaseException:
+        # Ctrl-C or SIGTERM (which the child does not hear) stops the timing now: leaving
+        # the pool waits for its task, minutes for the slow model the user gave up on.
+        # (The executor has no public way to stop a running task.)
+        for child in list((pool._processes or {}).values()):
+            child.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, tuple[float, float]]:
