@@ -276,8 +276,7 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
 def _still_timing(cfg: RunConfig, precisions: list[str]) -> None:
     print(
         f"the estimate is still timing a few steps of {cfg.model} at batch "
-        f"{min(TIMED_BATCH, cfg.global_batch)} ({', '.join(precisions)}), {SLOW_S:g} s so far: "
-        "steps this slow here make a long run",
+        f"{min(TIMED_BATCH, cfg.global_batch)} ({', '.join(precisions)}), {SLOW_S:g} s so far",
         file=sys.stderr,
         flush=True,
     )
