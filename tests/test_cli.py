@@ -897,6 +897,23 @@ def test_a_rank_drives_its_local_gpu_among_those_it_sees(monkeypatch, visible, l
     assert ctx.device == torch.device("cuda", index)
 
 
+def test_slurm_jobs_meet_on_ports_of_their_own(monkeypatch):
+    """Two jobs on one node (a shared partition, nodes behind one address) each took
+    --rdzv-port for their first cell, and the second failed with EADDRINUSE. Each job now has
+    two ports of the 200 above it, by its id, its cells taking them in turn."""
+    from bench.harness import nodes, slurm
+
+    def ports(job: int) -> list[int]:
+        monkeypatch.setenv("SLURM_JOB_ID", str(job))
+        return [slurm.cell_port(29500, order) for order in range(1, 5)]
+
+    assert ports(4100) == [29500, 29501, 29500, 29501]
+    assert ports(4101) == [29502, 29503, 29502, 29503]  # the next job: apart
+    assert ports(4199) == [29698, 29699, 29698, 29699]  # the window's last two
+    assert ports(4200) == ports(4100)  # ids 100 apart share them (as the README says)
+    assert max(ports(4199)) < 29500 + nodes.PORTS
+
+
 def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
     """--launcher slurm: --nodes left out is all the allocation's nodes; --nodes 1 is one."""
     from bench.harness import slurm
