@@ -531,7 +531,15 @@ def test_a_baseline_that_did_not_run_is_a_failed_row_that_says_why(amplified, tm
     assert {(p.strategy, p.setting): p.status for p in parity[1:]} == {
         k: p.status for k, p in amplified[1].items()
     }
-    assert "1 cell(s) did not run to the end (1 timeout)" in "\n".join(verify_mod.summary(parity))
+    said = verify_mod.summary(parity)
+    assert said[0] == f"2 of {len(parity) - 2} cell(s) match their baseline"  # not it, nor refs
+    assert said[1] == (
+        "the fp32 baseline ended timeout: verify fails, and no cell held to it was compared "
+        "(reason above)"
+    )
+    assert verify_mod.summary([]) == [
+        "no cell of a strategy compared: single at fp32 is the baseline itself"
+    ]
 
 
 @pytest.mark.parametrize("name, side", [("googlenet", 64), ("inception_v3", 75)])

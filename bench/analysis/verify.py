@@ -1370,11 +1370,23 @@ def _compresses(cell: Any) -> str:
 def summary(parity: list[Parity]) -> list[str]:
     """verify's closing lines: how many cells pass, and of the rest, why, each kind apart (a
     cell that did not run or has no tolerance fails verify, but it does not mismatch)."""
-    cells = [p for p in parity if not p.reference]
+    # the fp32 baseline's own row, where it did not run to the end (compare): not a cell
+    base = [
+        p for p in parity if not p.reference and (p.strategy, p.world_size, p.setting) == BASELINE
+    ]
+    cells = [p for p in parity if not p.reference and p not in base]
     count = Counter(p.status for p in cells)
     lines = [f"{count['pass']} of {len(cells)} cell(s) match their baseline"]
-    if not cells:  # single in bf16 alone: a precision reference, no strategy's cell
-        lines = [f"no cell of a strategy compared: {len(parity)} precision reference(s) alone"]
+    refs = len(parity) - len(cells) - len(base)
+    if not cells and refs:  # single in bf16 alone: a precision reference, no strategy's cell
+        lines = [f"no cell of a strategy compared: {refs} precision reference(s) alone"]
+    elif not cells:  # single alone at fp32: the baseline, with nothing held to it
+        lines = ["no cell of a strategy compared: single at fp32 is the baseline itself"]
+    if base:
+        lines.append(
+            f"the fp32 baseline ended {base[0].status}: verify fails, and no cell held to it "
+            "was compared (reason above)"
+        )
     if count.get(NOT_COMPARABLE):
         lines.append(
             f"{count[NOT_COMPARABLE]} cell(s) not comparable with any baseline (reasons above)"
