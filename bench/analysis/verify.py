@@ -1256,8 +1256,11 @@ def verify(
     if cond is not None:
         shutil.move(str(scratch / "conditioning"), str(run_dir / "conditioning"))
         shutil.rmtree(scratch, ignore_errors=True)
-        (run_dir / "conditioning.txt").write_text(cond.describe() + "\n")
-        (run_dir / "conditioning.json").write_text(json.dumps(dataclasses.asdict(cond)) + "\n")
+        # whole or not at all, as the run's own files: a full disk leaves no half a JSON
+        results.write_whole(run_dir / "conditioning.txt", cond.describe() + "\n")
+        results.write_whole(
+            run_dir / "conditioning.json", json.dumps(dataclasses.asdict(cond)) + "\n"
+        )
     run_share_baselines(run_dir, cfg, echo=echo)
     parity = compare(run_dir)
     write_csv(parity, run_dir / "verify.csv")
