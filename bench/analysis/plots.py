@@ -24,7 +24,7 @@ from matplotlib.patches import Patch
 from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
-from bench.harness.results import case_key, natural_key
+from bench.harness.results import case_key, natural_key, oversubscribed_rows
 
 Colour = tuple[float, float, float, float]
 #: line style per world size, so loss curves of one strategy stay in its colour
@@ -193,9 +193,9 @@ def _empty(ax: Axes, what: str) -> None:
 def comparable(summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The summary rows whose speed can be ranked, and "<strategy> ws=<n>" for those left
     out: cells that ran more CPU ranks than cores (`oversubscribed`), for correctness only."""
-    if "oversubscribed" not in summary or summary.empty:
+    if summary.empty:
         return summary, []
-    over = pd.to_numeric(summary["oversubscribed"], errors="coerce").fillna(0) > 0
+    over = oversubscribed_rows(summary)
     out = _cells(summary[over])
     return summary[~over], [f"{name} ws={ws}" for name, ws in out]
 

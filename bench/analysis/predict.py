@@ -395,7 +395,7 @@ def predict_run(
             pred = predict_step(compute, data_ms, comm, f, compute_range)
             # an oversubscribed cell's ranks share cores (or GPUs) that the model gives each
             # rank its own of: not a measurement of what it predicts, so no check of it
-            at_n = group[(group["world_size"] == n) & ~_oversubscribed(group)]
+            at_n = group[(group["world_size"] == n) & ~results.oversubscribed_rows(group)]
             measured = float("nan") if what_if else at_n["samples_per_s"].median()
             sps = pred.samples_per_s(cfg.global_batch)
             sps_low = pred.samples_per_s(cfg.global_batch, pred.high_ms)
@@ -504,16 +504,6 @@ def _same_steps(counted: Any, cls: type, options: Mapping[str, Any], setting: st
         )
 
     return counted[counted.apply(same, axis=1).astype(bool)] if len(counted) else counted
-
-
-def _oversubscribed(rows: Any) -> Any:
-    """Per row, whether it ran more ranks than cores (or GPUs): runs.csv's `oversubscribed`,
-    False where a run older than that column has none."""
-    import pandas as pd
-
-    if "oversubscribed" not in rows:
-        return pd.Series(False, index=rows.index)
-    return pd.to_numeric(rows["oversubscribed"], errors="coerce").fillna(0) > 0
 
 
 def _cores(threads: Any, environment: Mapping[str, Any]) -> int:

@@ -497,9 +497,7 @@ def _intervals(grp: pd.DataFrame) -> dict[str, Any]:
 def oversubscribed(rows: pd.DataFrame | Mapping[str, Any]) -> bool:
     """Whether any of these rows (or this one row) ran more CPU ranks than cores."""
     if isinstance(rows, pd.DataFrame):
-        if "oversubscribed" not in rows:
-            return False
-        return bool((pd.to_numeric(rows["oversubscribed"], errors="coerce").fillna(0) > 0).any())
+        return bool(results.oversubscribed_rows(rows).any())
     value = pd.to_numeric(pd.Series([rows.get("oversubscribed")]), errors="coerce").iloc[0]
     return bool(value > 0)
 

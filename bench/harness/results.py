@@ -596,6 +596,17 @@ def write_whole(path: Path, text: str) -> None:
         f.write(text)
 
 
+def oversubscribed_rows(rows: Any) -> Any:
+    """Per row of a runs or summary table (a DataFrame), whether it ran more ranks than
+    cores (or GPUs): its `oversubscribed` column, False where a run older than that column
+    has none. Their speed is not comparable: reports, plots and predict leave them out."""
+    import pandas as pd
+
+    if "oversubscribed" not in rows:
+        return pd.Series(False, index=rows.index)
+    return pd.to_numeric(rows["oversubscribed"], errors="coerce").fillna(0) > 0
+
+
 # ---------------------------------------------------------------- labels
 
 
