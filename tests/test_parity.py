@@ -557,3 +557,19 @@ def test_models_with_auxiliary_heads_train_on_their_output_alone(name, side):
     cross_entropy(out, torch.tensor([1, 2])).backward()
     with pytest.raises(ConfigError, match="main output alone"):
         build_model(name, 10, aux_logits=True)
+
+
+def test_a_verify_stopped_leaves_no_conditioning_folder(tmp_path, data_root, monkeypatch):
+    """Ctrl-C in a BatchNorm model's conditioning runs (or in the cells after them) left a
+    hidden .conditioning-<pid> folder in the output directory; verify has no --resume to
+    use it, so it goes with the stop."""
+
+    def stopped(cfg, steps, out_dir, echo=print):
+        (out_dir / "conditioning").mkdir(parents=True)  # as its runs make it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verify_mod, "conditioning", stopped)
+    cfg = small_config(tmp_path, data_root, strategies=("ddp_spawn",), world_sizes=(2,))
+    with pytest.raises(KeyboardInterrupt):
+        verify(cfg, steps=2, echo=lambda m: None, condition=True)
+    assert list(tmp_path.iterdir()) == []

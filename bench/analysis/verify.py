@@ -1247,15 +1247,18 @@ def verify(
     cfg = parity_config(base, steps)
     plan(cfg)  # bad input: one line before anything runs
     cond = None
-    if condition if condition is not None else bool(batch_norms(cfg)):
-        scratch = Path(cfg.out_dir) / f".conditioning-{os.getpid()}"
-        cond = conditioning(cfg, steps, scratch, echo=echo)
-        echo(cond.describe())
-        cfg = parity_config(base, cond.horizon)
-    run_dir, _ = run_matrix(cfg, echo=echo, again=again(cfg))
-    if cond is not None:
-        shutil.move(str(scratch / "conditioning"), str(run_dir / "conditioning"))
+    scratch = Path(cfg.out_dir) / f".conditioning-{os.getpid()}"
+    try:
+        if condition if condition is not None else bool(batch_norms(cfg)):
+            cond = conditioning(cfg, steps, scratch, echo=echo)
+            echo(cond.describe())
+            cfg = parity_config(base, cond.horizon)
+        run_dir, _ = run_matrix(cfg, echo=echo, again=again(cfg))
+        if cond is not None:
+            shutil.move(str(scratch / "conditioning"), str(run_dir / "conditioning"))
+    finally:  # stopped or not (verify has no --resume): no hidden folder left behind
         shutil.rmtree(scratch, ignore_errors=True)
+    if cond is not None:
         # whole or not at all, as the run's own files: a full disk leaves no half a JSON
         results.write_whole(run_dir / "conditioning.txt", cond.describe() + "\n")
         results.write_whole(
