@@ -110,6 +110,21 @@ class ApexAmpDDP(TorchDistributed):
         self.notes.append("apex.parallel.DistributedDataParallel")
         return DistributedDataParallel(model), optimizer
 
+    def optimizer_states(self):
+        """The optimizer's state, and with master weights (O2) the fp32 copies apex puts in
+        its parameter groups in place of the model's fp16 parameters, with their gradients:
+        state this rank holds beside the model, which the model-state probe missed (O2 read
+        as lighter than DDP, where it holds more)."""
+        assert self.model is not None and self.optimizer is not None
+        held = {id(p) for p in self.unwrap(self.model).parameters()}
+        masters = [
+            {"master_weight": p, "master_grad": p.grad}
+            for group in self.optimizer.param_groups
+            for p in group["params"]
+            if id(p) not in held
+        ]
+        return [*super().optimizer_states(), *masters]
+
     def zero_grad(self, optimizer) -> None:
         # With master weights (O2) apex replaces zero_grad by one that takes no arguments.
         optimizer.zero_grad()

@@ -197,3 +197,30 @@ def test_compile_runs_ddp_and_reports_its_time_apart(tmp_path, data_root):
     assert "run without them" in r["notes"]  # no CUDA graphs on a CPU
     # compilation happens in the first (warm-up) step, outside the timed ones
     assert float(r["first_step_ms"]) > 5 * float(r["step_time_ms_p50"])
+
+
+def test_apex_o2_counts_its_fp32_master_weights_as_optimizer_state() -> None:
+    """apex O2 keeps fp32 master copies of the model's fp16 parameters in the optimizer's
+    parameter groups (apex.amp's _process_optimizer): state the rank holds beside the model
+    that the probe missed, so the GPU reference read O2 as lighter than DDP. Laid out here
+    as apex lays it out (apex needs CUDA): an fp16 layer, an fp32 one it keeps (BatchNorm)."""
+    import torch
+
+    from bench.harness.probes import model_state_mib
+    from strategies.apex_amp_ddp import ApexAmpDDP
+    from strategies.base import RankContext
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    strategy = ApexAmpDDP(ctx, {"opt_level": "O2"})
+    half, kept = torch.nn.Linear(256, 256).half(), torch.nn.BatchNorm1d(256)
+    strategy.model = torch.nn.Sequential(half, kept)
+    masters = [p.detach().float().requires_grad_() for p in half.parameters()]
+    strategy.optimizer = torch.optim.SGD([*masters, *kept.parameters()], lr=0.1, momentum=0.9)
+    for p in strategy.optimizer.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    strategy.optimizer.step()  # momentum for every parameter it steps
+    state = model_state_mib(strategy.model.parameters(), strategy.optimizer_states())
+    fp32 = sum(p.numel() for p in [*masters, *kept.parameters()]) * 4 / 2**20
+    master = sum(p.numel() for p in masters) * 4 / 2**20
+    # momentum for all it steps, and the fp32 masters with their gradients
+    assert state["optim_mib"] == pytest.approx(fp32 + 2 * master)
