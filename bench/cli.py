@@ -744,6 +744,9 @@ def cmd_submit(a: argparse.Namespace) -> int:
     if not a.procs_per_node:
         argv += [f"--procs-per-node={per}"]
     extra = list(a.sbatch_arg)
+    clash = slurm.own_line(extra)
+    if clash:
+        raise ConfigError(clash)
     ask = cuda and not slurm.asks_for_gpus(extra)
     if ask:  # a cluster hides the GPUs a job did not ask for
         extra.insert(0, f"--gpus-per-node={per}")

@@ -192,6 +192,15 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         (["submit", "--nodes=2", "--world-sizes=8"], "asks for another"),
         # the job ran one rank a node, as if it had not been given
         (["submit", "--nodes=2", "--procs-per-node=0"], "must be at least 1, got 0"),
+        # a second #SBATCH line of its own wins in SLURM: the job's run, told 1, ran 1 a node
+        (
+            ["submit", "--nodes=2", "--sbatch-arg=--ntasks-per-node=4"],
+            "--sbatch-arg=--ntasks-per-node=4: the job's --ntasks-per-node line is submit's "
+            "own; give submit --procs-per-node instead",
+        ),
+        (["submit", "--nodes=2", "--sbatch-arg=-N 3"], "give submit --nodes instead"),
+        (["submit", "--nodes=2", "--sbatch-arg=-n8"], "give submit --procs-per-node instead"),
+        (["submit", "--nodes=2", "--sbatch-arg=--output=x.log"], "submit names them itself"),
     ]:
         assert main([*argv, f"--data-root={data_root}"]) == 2, argv
         err = capsys.readouterr().err

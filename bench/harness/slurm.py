@@ -168,6 +168,28 @@ def asks_for_gpus(sbatch_args: Sequence[str]) -> bool:
     return any(re.match(r"--gpus|-G|--gres[= ]\S*gpu", a.strip()) for a in sbatch_args)
 
 
+#: the #SBATCH lines submit writes itself, by the sbatch options that set them (long, and
+#: short with or without a space before the value), and what to give submit instead
+OWN_LINES = {
+    ("--nodes", "-N"): "--nodes",
+    ("--ntasks-per-node", "--ntasks", "-n"): "--procs-per-node",
+    ("--output", "-o", "--job-name", "-J", "--open-mode"): "",
+}
+
+
+def own_line(extra: Sequence[str]) -> str | None:
+    """Why an --sbatch-arg sets a line submit writes itself, or None: a second --nodes or
+    --ntasks-per-node wins in SLURM, and the job's run, told the others, ran 1 rank a node of
+    the 4 tasks it was given; a second --output moves the log `parabench status` names."""
+    for arg in extra:
+        name = arg.split("=", 1)[0].split()[0] if arg.strip() else ""
+        for names, instead in OWN_LINES.items():
+            if name in names or any(len(n) == 2 and name.startswith(n) for n in names):
+                why = f"give submit {instead} instead" if instead else "submit names them itself"
+                return f"--sbatch-arg={arg}: the job's {names[0]} line is submit's own; {why}"
+    return None
+
+
 def batch_script(
     run_dir: Path, argv: Sequence[str], nodes: int, procs: int, extra: Sequence[str]
 ) -> str:
