@@ -178,9 +178,10 @@ OWN_LINES = {
 
 
 def own_line(extra: Sequence[str]) -> str | None:
-    """Why an --sbatch-arg sets a line submit writes itself, or None: a second --nodes or
-    --ntasks-per-node wins in SLURM, and the job's run, told the others, ran 1 rank a node of
-    the 4 tasks it was given; a second --output moves the log `parabench status` names."""
+    """Why an --sbatch-arg sets a line submit writes itself, or None: with a second --nodes
+    or --ntasks-per-node the job's lines disagree, and its run goes by submit's (1 rank a
+    node of the 4 tasks asked for); a second --output moves the log `parabench status`
+    names."""
     for arg in extra:
         name = arg.split("=", 1)[0].split()[0] if arg.strip() else ""
         for names, instead in OWN_LINES.items():
