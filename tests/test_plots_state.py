@@ -93,7 +93,7 @@ def test_model_state_draws_a_stack_per_rank_with_the_given_heights() -> None:
     )
     assert ax.get_ylabel() == "model state held per rank (MiB)"
     assert ax.get_title() == (
-        "Model state per rank: parameters, gradients, optimizer state (after the epoch's steps)"
+        "Model state per rank: parameters, gradients, optimizer state (after training)"
     )
 
 

@@ -745,7 +745,7 @@ def model_state(ranks: pd.DataFrame, colours: Mapping[str, Colour] | None = None
     have = all(c in ranks for c in cols)
     data = ranks.dropna(subset=cols, how="all") if have else ranks.iloc[0:0]
     cells = _cells(data) if len(data) else []
-    title = "Model state per rank: parameters, gradients, optimizer state (after the epoch's steps)"
+    title = "Model state per rank: parameters, gradients, optimizer state (after training)"
     if not cells:
         fig, ax = _figure(8.0, 5.2)
         ax.set_ylabel("model state held per rank (MiB)")

@@ -1726,7 +1726,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
             "maximum over ranks; per rank where ranks share a GPU, each with its own allocator)."
             f"{memory} "
             "Model state is what the rank holding most keeps of parameters / gradients / optimizer "
-            "state after the epoch's steps (local shards for FSDP and ZeRO; 'least': the lightest "
+            "state after training (local shards for FSDP and ZeRO; 'least': the lightest "
             "rank where they differ; per rank in ranks.csv and the model-state plot). "
             f"The full table, with the IQR, is summary.csv.{over}{token_note(summary)}",
             summary_markdown(summary),
