@@ -8,6 +8,7 @@ import dataclasses
 import math
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -465,21 +466,27 @@ def test_a_strategy_that_trains_another_model_fails_and_says_why(tmp_path, data_
     assert cell.status == "FAIL" and "holds features.0.bias in another shape" in cell.reason
 
 
-def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, tmp_path):
-    """The reference run apart ended in error: its row says so (and fails verify), and the
-    bf16 cells are held to their recipe's tolerance, not widened by a figure never taken."""
-    import shutil
-
+def _apart_ended(run: Path, tmp_path: Path, baseline: str, status: str, reason: str) -> Path:
+    """A copy of verify's `run` whose `baseline` run apart (under baselines/) ended `status`."""
     from bench.harness.runner import RunDir
 
     run_dir = tmp_path / "run"
-    shutil.copytree(amplified[0], run_dir)
-    ref_runs = RunDir(run_dir / "baselines" / "shares2-acc1-bf16").runs
-    rows = ref_runs.read()
+    shutil.copytree(run, run_dir)
+    runs = RunDir(run_dir / "baselines" / baseline).runs
+    rows = runs.read()
     for r in rows:
-        r.update(status="error", reason="worker exited with code 1")
-    ref_runs.path.unlink()
-    ref_runs.append(rows)
+        r.update(status=status, reason=reason)
+    runs.path.unlink()
+    runs.append(rows)
+    return run_dir
+
+
+def test_a_reference_that_did_not_run_is_a_row_and_leaves_the_recipe(amplified, tmp_path):
+    """The reference run apart ended in error: its row says so (and fails verify), and the
+    bf16 cells are held to their recipe's tolerance, not widened by a figure never taken."""
+    run_dir = _apart_ended(
+        amplified[0], tmp_path, "shares2-acc1-bf16", "error", "worker exited with code 1"
+    )
     by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
     ref = by[("single", "bf16,shares=2")]
     assert ref.reference and ref.status == "error" and not ref.ok, ref
@@ -507,18 +514,9 @@ def test_a_baseline_that_did_not_run_is_a_failed_row_that_says_why(amplified, tm
     its own saying how it ended and why (a --timeout too short for the slowest cell, say),
     failing verify, and the cells held to other baselines keep their verdicts; not an exit 2
     that drops the table as if the input were bad."""
-    import shutil
-
-    from bench.harness.runner import RunDir
-
-    run_dir = tmp_path / "run"
-    shutil.copytree(amplified[0], run_dir)
-    runs = RunDir(run_dir / "baselines" / "shares1-acc1").runs
-    rows = runs.read()
-    for r in rows:
-        r.update(status="timeout", reason="no step finished within --timeout 60 s")
-    runs.path.unlink()
-    runs.append(rows)
+    run_dir = _apart_ended(
+        amplified[0], tmp_path, "shares1-acc1", "timeout", "no step finished within --timeout 60 s"
+    )
     parity = verify_mod.compare(run_dir)
     base = parity[0]
     assert (base.strategy, base.world_size, base.status) == ("single", 1, "timeout")

@@ -127,13 +127,16 @@ def test_a_cell_across_two_nodes_inside_an_allocation(cluster, data_root, tmp_pa
     assert "their baseline, single, ran on this machine" in done.stdout
 
 
-def _submit(data_root: Path, out: Path, run_id: str, *extra: str, **kw) -> tuple[Path, str, str]:
-    """`parabench submit` on both nodes, one rank each: (the run, its job id, what it printed)."""
+def _submit(
+    data_root: Path, out: Path, run_id: str, *extra: str, nodes: int = 2, procs: int = 1, **kw
+) -> tuple[Path, str, str]:
+    """`parabench submit`, by default on both nodes, one rank each: (the run, its job id, what
+    it printed)."""
     done = subprocess.run(
         _cli(
             "submit",
-            "--nodes=2",
-            "--procs-per-node=1",
+            f"--nodes={nodes}",
+            f"--procs-per-node={procs}",
             *extra,
             *_run_args(data_root, out, run_id, **kw),
         ),
@@ -192,7 +195,11 @@ def test_two_jobs_sharing_an_address_meet_apart(cluster, data_root, tmp_path) ->
     so their cells overlap."""
     runs = []
     for run_id in ("one", "two"):
-        run, job, _ = _submit1(data_root, tmp_path, run_id)
+        # held, on one node, two ranks, long enough to overlap the other
+        run, job, _ = _submit(
+            data_root, tmp_path, run_id, "--no-report", "--sbatch-arg=--hold",
+            nodes=1, procs=2, cores_per_node=2, max_steps=100,
+        )  # fmt: skip
         runs.append((run, job))
     subprocess.run(["scontrol", "release", ",".join(job for _, job in runs)], check=True)
     for run, _ in runs:
@@ -200,23 +207,3 @@ def test_two_jobs_sharing_an_address_meet_apart(cluster, data_root, tmp_path) ->
         rows = pd.read_csv(run / "runs.csv")
         assert "completed" in line and list(rows["status"]) == ["ok"], rows["reason"]
         assert _left_behind(run) == []
-
-
-def _submit1(data_root: Path, out: Path, run_id: str) -> tuple[Path, str, str]:
-    """A held job on one node, two ranks, long enough to overlap another."""
-    done = subprocess.run(
-        _cli(
-            "submit",
-            "--nodes=1",
-            "--procs-per-node=2",
-            "--no-report",
-            "--sbatch-arg=--hold",
-            *_run_args(data_root, out, run_id, cores_per_node=2, max_steps=100),
-        ),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    return out / run_id, (out / run_id / "job.id").read_text().strip(), done.stdout
