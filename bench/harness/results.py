@@ -549,23 +549,21 @@ class CsvTable:
         rows = list(rows)
         if not rows:
             return
-        existing = self.read()
-        with written_whole(self.path, newline="") as f:
-            w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
-            w.writeheader()
-            w.writerows(existing)
-            w.writerows({k: _fmt(v) for k, v in r.items()} for r in rows)
+        self._rewrite([*self.read(), *({k: _fmt(v) for k, v in r.items()} for r in rows)])
 
     def keep(self, wanted: Callable[[dict[str, str]], bool]) -> None:
         """Drop the rows `wanted` refuses, rewriting the file whole as `append` does."""
         existing = self.read()
         kept = [r for r in existing if wanted(r)]
-        if len(kept) == len(existing):
-            return
+        if len(kept) < len(existing):
+            self._rewrite(kept)
+
+    def _rewrite(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """The file as these rows, in its columns, written whole (`written_whole`)."""
         with written_whole(self.path, newline="") as f:
             w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
             w.writeheader()
-            w.writerows(kept)
+            w.writerows(rows)
 
 
 @contextlib.contextmanager
