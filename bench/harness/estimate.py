@@ -261,7 +261,7 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
             cells,
             bundle,
             None,
-            f"a step of the whole {cfg.model} at batch {min(TIMED_BATCH, cfg.global_batch)} "
+            f"a step of the whole {cfg.model} at batch {timed_batch(cfg)} "
             f"does not fit in one {where}'s memory ({proc.one_line(exc)}); cells that shard "
             "it may still run",
         )
@@ -273,10 +273,16 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
     )
 
 
+def timed_batch(cfg: RunConfig) -> int:
+    """The batch of the training steps the estimate times: TIMED_BATCH, or the global batch
+    where smaller (per_sample_ms's own cap)."""
+    return min(TIMED_BATCH, cfg.global_batch)
+
+
 def _still_timing(cfg: RunConfig, precisions: list[str]) -> None:
     print(
         f"the estimate is still timing a few steps of {cfg.model} at batch "
-        f"{min(TIMED_BATCH, cfg.global_batch)} ({', '.join(precisions)}), {SLOW_S:g} s so far",
+        f"{timed_batch(cfg)} ({', '.join(precisions)}), {SLOW_S:g} s so far",
         file=sys.stderr,
         flush=True,
     )
