@@ -86,6 +86,15 @@ class DDPCommHook(DistributedDataParallel):
                     f"powersgd_start {start}: torch's PowerSGD with error feedback compresses "
                     "from step 2 at the earliest"
                 )
+            # steps 0 .. start-1 all-reduce in full: timed, they would make a ddp_powersgd
+            # row a mix of plain DDP's steps and PowerSGD's (verify times nothing: its steps
+            # are compared, not timed, and it has no warm-up)
+            if not cfg.save_params and start > cfg.warmup_steps:
+                return (
+                    f"PowerSGD compresses from step {start} (powersgd_start), after "
+                    f"--warmup-steps {cfg.warmup_steps}: timed steps would all-reduce "
+                    f"uncompressed; give --warmup-steps {start} or more"
+                )
         return super().unsuitable(cfg, world_size, options)
 
     @staticmethod

@@ -101,6 +101,15 @@ CASES = [
         ["--strategies", "ddp_powersgd", "--world-sizes", "2", "--set", "powersgd_start=1"],
         "compresses from step 2 at the earliest",
     ),
+    (  # its first two steps all-reduce in full: timed, they were averaged into its row
+        ["--strategies", "ddp_powersgd", "--world-sizes", "2", "--warmup-steps", "1"],
+        "PowerSGD compresses from step 2 (powersgd_start), after --warmup-steps 1: timed "
+        "steps would all-reduce uncompressed; give --warmup-steps 2 or more",
+    ),
+    (
+        ["--strategies", "ddp_powersgd", "--world-sizes", "2", "--set", "powersgd_start=9"],
+        "give --warmup-steps 9 or more",
+    ),
     (  # torch's DDP asserts under no_sync() with a static graph: refused, not a failed row
         ["--strategies", "zero1", "--set", "static_graph=true", "--accumulate", "2"],
         "zero1 cannot run at world size 1,2 with fp32,acc2,static_graph=true: static_graph=true "
