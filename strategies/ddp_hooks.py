@@ -95,6 +95,16 @@ class DDPCommHook(DistributedDataParallel):
                     f"--warmup-steps {cfg.warmup_steps}: timed steps would all-reduce "
                     f"uncompressed; give --warmup-steps {start} or more"
                 )
+            # verify: step i's loss follows the updates of steps before it, so the losses it
+            # compares follow a compressed step only from step start+1: before that, a
+            # PowerSGD that never ran would pass
+            steps = cfg.max_steps
+            if cfg.save_params and steps is not None and start > steps - 2:
+                return (
+                    f"PowerSGD compresses from step {start} (powersgd_start): no loss of the "
+                    f"{steps} steps compared would follow a compressed step; give --steps "
+                    f"{start + 2} or more"
+                )
         return super().unsuitable(cfg, world_size, options)
 
     @staticmethod

@@ -1042,6 +1042,19 @@ def test_verify_takes_run_options_given_the_values_it_would_set(tmp_path, capsys
     assert "--max-steps would be ignored" in capsys.readouterr().err
 
 
+def test_verify_refuses_a_powersgd_start_no_compared_loss_follows(tmp_path, capsys, data_root):
+    """Step i's loss follows the updates of the steps before it: with PowerSGD starting at
+    --steps' last step or later, every loss verify compares came from plain all-reduce, and
+    ddp_powersgd passed without having compressed anything. It has no warm-up to refuse."""
+    args = ["verify", "--dry-run", "--strategies", "ddp_powersgd", "--world-sizes", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--steps", "4"]
+    assert main([*args, "--set", "powersgd_start=3"]) == 2
+    err = capsys.readouterr().err
+    assert "no loss of the 4 steps compared would follow a compressed step" in err
+    assert "give --steps 5 or more" in err
+    assert main([*args, "--set", "powersgd_start=2"]) == 0, capsys.readouterr().err
+
+
 def test_verify_refuses_runs_defaults_it_would_ignore(tmp_path, capsys, data_root):
     """`run`'s defaults given outright (a run's command line reused) are not verify's: 5
     warm-up steps, 1,000 held-out samples and the probes would be ignored, and are refused
