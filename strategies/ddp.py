@@ -132,12 +132,22 @@ class DistributedDataParallel(TorchDistributed):
         ddp = self.unwrap_ddp()
         if not isinstance(ddp, DDP):  # a subclass that does its own thing
             return super().run_notes()
-        sizes = str(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
+        logged = ddp._get_ddp_logging_data()
+        # (DDP rebuilds its buckets after the first step only across ranks: on one rank the
+        # buckets it started with are those it kept)
+        sizes = str(logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes", ""))
         mib = [int(x) / 2**20 for x in sizes.split(",") if x.strip().isdigit()]
         if not mib:
             return super().run_notes()
         listed = " + ".join(f"{m:.2f}" for m in mib)
-        return [*super().run_notes(), f"{len(mib)} gradient bucket(s): {listed} MiB"]
+        # Unless the gradients are views into the buckets, DDP copies each into its bucket
+        # to all-reduce it: a second copy of the gradients the model-state columns leave out
+        held = (
+            "the gradients' own storage (gradient_as_bucket_view)"
+            if flag(self.options.get("gradient_as_bucket_view", "false"))
+            else "a copy of the gradients beside the model state"
+        )
+        return [*super().run_notes(), f"{len(mib)} gradient bucket(s): {listed} MiB, {held}"]
 
     def unwrap_ddp(self) -> DDP:
         """The DDP wrapper, under torch.compile's if any."""

@@ -224,3 +224,31 @@ def test_apex_o2_counts_its_fp32_master_weights_as_optimizer_state() -> None:
     master = sum(p.numel() for p in masters) * 4 / 2**20
     # momentum for all it steps, and the fp32 masters with their gradients
     assert state["optim_mib"] == pytest.approx(fp32 + 2 * master)
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_ddp_bucket_note_says_whether_the_buckets_copy_the_gradients(one_rank, view):
+    """Unless gradient_as_bucket_view, DDP's buckets hold a second copy of the gradients,
+    memory the model-state columns do not count; with it the gradients live in them."""
+    import torch
+    from torch import nn
+
+    from strategies.base import Setting
+    from strategies.ddp import DistributedDataParallel
+
+    ddp = DistributedDataParallel(
+        one_rank, {"gradient_as_bucket_view": str(view).lower()}, Setting()
+    )
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    ddp.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(2):  # DDP settles its buckets after the first step
+        ddp.backward(
+            nn.functional.cross_entropy(ddp.model(torch.randn(8, 64)), torch.zeros(8).long())
+        )
+        ddp.optimizer_step(ddp.optimizer)
+    assert ddp.unwrap_ddp().gradient_as_bucket_view is view
+    (note,) = [n for n in ddp.run_notes() if "gradient bucket(s)" in n]
+    if view:
+        assert "gradients' own storage" in note and "copy" not in note
+    else:
+        assert "a copy of the gradients beside the model state" in note
