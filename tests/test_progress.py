@@ -98,6 +98,21 @@ def test_a_log_gets_a_plain_line_every_few_seconds_with_both_etas(tmp_path):
     assert shown.matrix_eta(progress.read(tmp_path)) == pytest.approx(2.5 + 12)
 
 
+def test_a_cell_past_its_last_step_is_finishing_not_ending_in_0_s(tmp_path):
+    """After its steps a cell still runs its probes and evaluation, a minute or more on a
+    busy CPU: its line says so, not "cell ends in 0 s" every 10 s as if it hung."""
+    out, clock = io.StringIO(), Clock()
+    shown = Display(1, stream=out, tty=False, every_s=10, clock=clock)
+    shown.start("ddp_torchrun ws=1 repeat=0", tmp_path, global_batch=64)
+    _state(tmp_path, done=100)
+    clock.t = 12
+    shown.poll()
+    line = out.getvalue().strip()
+    assert "cell ends in" not in line
+    assert line.startswith("ddp_torchrun ws=1 repeat=0: step 100/100, 1,280 samples/s, ")
+    assert "steps done, the cell finishing (probes, evaluation), matrix in " in line
+
+
 def test_a_terminal_gets_a_bar(tmp_path):
     out = io.StringIO()
     shown = Display(1, stream=out, tty=True)

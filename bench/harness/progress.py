@@ -163,10 +163,16 @@ class Display:
     def line(self, state: dict[str, Any]) -> str:
         sps = self.samples_per_s(state)
         epoch = f" (epoch {state['epoch'] + 1}/{state['epochs']})" if state["epochs"] > 1 else ""
+        # past its last step a cell still probes, evaluates and tears down, for as long as a
+        # minute or more: "ends in 0 s" line after line would read as a hang
+        cell = (
+            "steps done, the cell finishing (probes, evaluation)"
+            if state["done"] >= state["total"]
+            else f"cell ends in {duration(self.cell_eta(state))}"
+        )
         return (
             f"{self.label}: step {state['done']}/{state['total']}{epoch}, {sps:,.0f} samples/s, "
-            f"cell ends in {duration(self.cell_eta(state))}, "
-            f"matrix in {duration(self.matrix_eta(state))}"
+            f"{cell}, matrix in {duration(self.matrix_eta(state))}"
         )
 
     def _bar(self, state: dict[str, Any]) -> None:
