@@ -544,6 +544,22 @@ def test_a_run_from_before_run_options_is_not_run_again_on_resume(tmp_path, caps
     assert len(report.load_run(old).runs) == 32
 
 
+def test_predict_on_a_run_from_before_the_measurements_says_so(tmp_path, capsys):
+    """The committed reference from before parabench measured collectives: predict said its
+    measurement "failed (the run's output said why)", which the run never attempted."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist", old)
+    assert main(["predict", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"parabench: error: {old} has no collectives.json: the run measured no collectives "
+        "(it was made by a parabench from before these measurements)\n"
+    )
+    assert not (old / "predict.csv").exists()
+
+
 def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(
     tmp_path, capsys, data_root, monkeypatch
 ):

@@ -29,6 +29,7 @@ The model, per strategy and run option, from its one-process (world size 1) cell
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -200,7 +201,7 @@ def _fits(run_dir: Path, cfg: Any, runs: Any) -> dict[str, dict]:
     if not path.exists():
         raise ConfigError(
             f"{run_dir} has no collectives.json: the run measured no collectives "
-            f"({_why_no_collectives(cfg, runs)})"
+            f"({_why_no_collectives(run_dir, cfg, runs)})"
         )
     return _best_fits(path)
 
@@ -226,7 +227,7 @@ def _best_fits(path: Path) -> dict[str, dict]:
     return best
 
 
-def _why_no_collectives(cfg: Any, runs: Any) -> str:
+def _why_no_collectives(run_dir: Path, cfg: Any, runs: Any) -> str:
     """Why a run has no collectives.json, from its config and rows (as
     bench.harness.runner.measure_collectives decides): a run that asked for the measurement
     and had multi-process cells is not one that had none; its measurement failed."""
@@ -235,6 +236,11 @@ def _why_no_collectives(cfg: Any, runs: Any) -> str:
     import strategies
     from bench.harness import results
 
+    # a parabench from before the measurement wrote no scaling_model into config.json, and
+    # reading it fills in today's default (on): its run did not fail to measure, it never tried
+    with contextlib.suppress(OSError, ValueError):
+        if "scaling_model" not in json.loads((run_dir / "config.json").read_text()):
+            return "it was made by a parabench from before these measurements"
     if not cfg.scaling_model:
         return "it was run with --no-scaling-model"
     if cfg.multi_host:
