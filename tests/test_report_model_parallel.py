@@ -15,6 +15,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from bench.analysis import plots, report, summary
+from bench.harness.results import case_labels
 
 NAN = math.nan
 
@@ -276,7 +277,7 @@ def test_terminal_summary_marks_oversubscribed_and_gives_no_speedup() -> None:
 
 
 def test_terminal_speedups_are_over_one_single_setting_as_the_reports() -> None:
-    """With no plain fp32 single, the base is single's first setting (the report's
+    """With no plain fp32 single, the base is single's plainest setting (the report's
     baseline_row), named under the table; not a median over its settings, which gave no
     row 1.00x."""
     rows = [
@@ -294,6 +295,36 @@ def test_terminal_speedups_are_over_one_single_setting_as_the_reports() -> None:
     assert text.splitlines()[-1] == "speed-up: over single [acc1] at world size 1"
     base = report.baseline_row(report.summarise(_runs(rows)))
     assert base["setting"] == "bf16"  # the report's base is the same
+
+
+@pytest.mark.parametrize(
+    "plain, other",
+    [("fp32,acc2", "fp32,compile,acc2"), ("fp32,acc2", "bf16,acc2"), ("bf16", "fp16,cl")],
+)
+def test_speedups_are_over_the_plainest_single_not_the_first_in_text_order(
+    plain: str, other: str
+) -> None:
+    """With no plain fp32 single (`--compile off,on --accumulate 2`), every speed-up is over
+    the eager, fp32 single of the run: `single [compile]` sorts before `single [eager]`,
+    and `[bf16]` before `[fp32]`, and was taken as the baseline."""
+    rows = [
+        _row("single", 1, 0, sps=100.0, setting=plain),
+        _row("single", 1, 0, sps=50.0, setting=other),
+        _row("ddp", 2, 0, sps=180.0, setting=plain),
+    ]
+    (runs,) = report._labelled([_runs(rows)])  # one case per setting, as a report has
+    table = report.summarise(runs)
+    assert report.baseline_row(table)["setting"] == plain
+    speedup = {
+        (r["strategy_name"], r["setting"]): r["speedup_vs_single"] for _, r in table.iterrows()
+    }
+    assert speedup[("single", plain)] == 1.0 and speedup[("ddp", plain)] == pytest.approx(1.8)
+    assert speedup[("single", other)] == pytest.approx(0.5)
+    text = summary.table(
+        [{k: str(v) for k, v in r.items()} for r in _runs(rows).to_dict("records")]
+    )
+    labels = case_labels([("single", plain), ("single", other), ("ddp", plain)])
+    assert text.splitlines()[-1] == f"speed-up: over {labels[('single', plain)]} at world size 1"
 
 
 def test_labels_sort_with_their_numbers_as_numbers() -> None:

@@ -535,13 +535,18 @@ def _singles(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def baseline_row(summary: pd.DataFrame) -> pd.Series | None:
-    """`single` at world size 1, in fp32 with no other run option where the run has it
-    (the plain baseline every speed-up is over), else its first setting; None if absent."""
+    """`single` at world size 1 in its plainest setting (the baseline every speed-up is
+    over): fp32 with no other run option where the run has it, else the setting fewest
+    axes away from plain, each axis's plain value first (results.plainness); None if
+    absent. Not the first in the table's order: that put `[compile]` before `[eager]`
+    and `[bf16]` before `[fp32]` in a run that swept them at `--accumulate 2`."""
     single = _singles(summary)
     if single.empty:
         return None
-    plain = single[single["setting"].isin(["fp32", ""])] if "setting" in single else single
-    return (plain if len(plain) else single).iloc[0]
+    if "setting" not in single:
+        return single.iloc[0]
+    order = single["setting"].map(lambda s: results.plainness(str(s)))
+    return single.loc[order.sort_values(kind="stable").index[0]]
 
 
 def _one_host(rows: pd.DataFrame) -> pd.Series:
@@ -1708,11 +1713,13 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         else ""
     )
     model_parallel = model_parallel_markdown(counted, summary)
-    base = (
-        ""
-        if len(summary) and baseline_row(summary) is not None
-        else " (no ok `single` run at world size 1, so no speed-up)"
-    )
+    single = baseline_row(summary) if len(summary) else None
+    if single is None:
+        base = " (no ok `single` run at world size 1, so no speed-up)"
+    elif str(single.get("setting", "")) in ("fp32", ""):
+        base = ""
+    else:  # no plain single in this run: say which of its settings the speed-ups are over
+        base = f" (`{single['strategy']}`, its plainest setting in this run)"
     # the summary table and how to read it; where no cell finished ok, only that
     summarised = (
         [

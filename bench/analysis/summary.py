@@ -51,7 +51,7 @@ def _labelled(rows: list[Mapping[str, str]]) -> list[dict[str, str]]:
 
 def _baseline(ok: Mapping[tuple[str, int], list[Mapping[str, str]]]) -> tuple[str, int] | None:
     """The cell every speed-up is over, chosen as the report chooses (report.baseline_row:
-    single at world size 1 in fp32, else its first setting; never a median of several)."""
+    single at world size 1 in its plainest setting; never a median of several)."""
     import pandas as pd
 
     from bench.analysis.report import baseline_row

@@ -655,6 +655,14 @@ _NUMBER = re.compile(r"(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
 _PLAIN = {"fp32", "eager", "acc1", "bn", "nchw"}
 
 
+def plainness(setting: str) -> tuple[int, tuple[bool, ...]]:
+    """A setting's sort key from plainest on: how many axes (and strategy options) it sets
+    away from plain, then which, the earlier axes (precision, compile, ...) first: `fp32,acc2`
+    before `fp32,compile,acc2` and before `bf16,acc2`."""
+    away = tuple(v not in _PLAIN for v in _setting_parts(setting).values())
+    return sum(away), away
+
+
 def natural_key(label: str) -> tuple:
     """A case label's sort key (see case_labels): the strategy's name, then its options with
     each axis's plain value first (`single [fp32, acc1]` before `[fp32, acc2]` before
