@@ -87,6 +87,41 @@ def test_the_compile_mode_reaches_torch_compile(monkeypatch, mode, passed):
     assert ("need a CUDA device" in note) == (mode == "reduce-overhead")
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_dataparallel_replicas_compute_in_the_cells_precision(precision):
+    """nn.DataParallel runs each replica's forward in a thread of its own, and torch's
+    parallel_apply enters autocast there with that thread's default dtype (autocast's
+    dtype is per-thread): fp16 on CUDA, so `dp --precision bf16` over 2 GPUs computed in
+    fp16 with no loss scaling. The replicated module must carry the cell's dtype. Here on
+    the CPU, whose default is bf16, a replica's thread is entered as parallel_apply does."""
+    import threading
+
+    import torch
+
+    from strategies.base import RankContext
+    from strategies.dp import DataParallel
+    from strategies.precision import DTYPES
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    strategy = DataParallel(ctx, {}, Setting(precision=precision))
+    model = torch.nn.Linear(4, 2)
+    strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    replicated = strategy.model.module  # what DataParallel copies to each device
+    got = []
+
+    def replica() -> None:
+        with torch.amp.autocast("cpu", enabled=True):  # parallel_apply's, in the replica
+            got.append(replicated(torch.ones(3, 4)).dtype)
+
+    thread = threading.Thread(target=replica)
+    thread.start()
+    thread.join()
+    assert got == [DTYPES[precision]]
+    # evaluation, parity and the model state still see the model itself, its names as they were
+    assert strategy.unwrap(strategy.model) is model
+    assert set(strategy.full_state_dict()) == {"weight", "bias"}
+
+
 def test_channels_last_is_an_axis_named_in_case_labels(tmp_path, data_root):
     planned = cells(
         tmp_path, data_root, strategies=("single",), world_sizes=(1,), channels_last=(False, True)
