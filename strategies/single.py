@@ -50,11 +50,17 @@ class Single(Strategy):
         # each share is cut into the cell's micro-batches: an uneven cut would scale the
         # loss and gradients
         for k in cfg.accumulate:  # the cell's alone (runner.plan)
-            if (cfg.global_batch // r) % k:
+            if not (cfg.global_batch // r) % k:
+                continue
+            if r == 1:  # no shares asked for: name none
                 return (
-                    f"a share of {cfg.global_batch // r} samples ({r} shares of global batch "
-                    f"{cfg.global_batch}) does not split into {k} equal micro-batches"
+                    f"global batch {cfg.global_batch} does not split into {k} equal "
+                    "micro-batches; every micro-batch must be the same size"
                 )
+            return (
+                f"a share of {cfg.global_batch // r} samples ({r} shares of global batch "
+                f"{cfg.global_batch}) does not split into {k} equal micro-batches"
+            )
         return None
 
     @property

@@ -262,6 +262,26 @@ def test_single_shares_skip_only_the_micro_batch_counts_that_do_not_divide_them(
     )
 
 
+def test_single_asked_for_micro_batches_that_do_not_divide_its_batch_says_so_plainly(
+    tmp_path, data_root
+):
+    """`--strategies single --accumulate 3` at global batch 64: the error names the batch
+    and the micro-batches, not '1 shares' of a --set shares the user never gave."""
+    with pytest.raises(ConfigError) as err:
+        cells(
+            tmp_path,
+            data_root,
+            strategies=("single",),
+            world_sizes=(1,),
+            global_batch=64,
+            accumulate=(3,),
+        )
+    assert str(err.value) == (
+        "single cannot run at world size 1 with fp32,acc3: global batch 64 does not split "
+        "into 3 equal micro-batches; every micro-batch must be the same size"
+    )
+
+
 def test_why_a_strategy_cannot_run_groups_its_sizes_and_settings():
     """Each reason once, with the sizes it stops in every setting, then those it stops in
     some, grouped by those settings: short however many settings the matrix sweeps."""
