@@ -440,6 +440,23 @@ def test_notes_that_fail_keep_the_measured_steps(tmp_path, data_root, faulty):
     assert not leftover_processes(run_dir)
 
 
+def test_cell_metrics_that_fail_keep_the_measured_steps(tmp_path, data_root, faulty):
+    """A strategy's own measurements that raise on one rank: a failed row that says so,
+    with the steps measured kept (the cell and every step were lost)."""
+    import pandas as pd
+
+    from bench.harness import results
+
+    cfg = small_config(tmp_path, data_root, strategies=("test_metrics_fail",), world_sizes=(2,))
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    [row] = rows
+    assert row["status"] == results.FAILED
+    assert row["reason"] == "rank 1: MetricsFail.cell_metrics() raised KeyError: 'bubble_pct'"
+    assert float(row["samples_per_s"]) > 0 and int(row["timed_steps"]) == 4
+    assert len(pd.read_csv(run_dir / "steps.csv")) == 6
+    assert not leftover_processes(run_dir)
+
+
 def test_the_oom_watch_reads_the_kernels_records_and_ends_at_an_end_of_file(monkeypatch):
     """OomWatch reads the kernel's log record by record until there is no more: EAGAIN from
     /dev/kmsg, or an end of file where a container put /dev/null (or a file) in its place,

@@ -872,7 +872,13 @@ class Runner:
                     "threads_per_rank": rec["threads_per_rank"],
                     "warmup_steps": rec["warmup_steps"],
                     "notes": rec["notes"],
-                    **_epoch_status(diverged, rec.get("eval_error", ""), rec.get("eval_oom"), oom),
+                    **_epoch_status(
+                        diverged,
+                        rec.get("eval_error", ""),
+                        rec.get("eval_oom"),
+                        oom,
+                        rec.get("metrics_error", ""),
+                    ),
                     "cell_wall_s": wall,
                     **startup,
                     **results.measure(rec, cell.world_size, self.device),
@@ -1341,12 +1347,17 @@ def products_precision(precision: Any) -> str:
 
 
 def _epoch_status(
-    diverged: str | None, eval_error: str, eval_oom: Any = False, oom: proc.OomKills | None = None
+    diverged: str | None,
+    eval_error: str,
+    eval_oom: Any = False,
+    oom: proc.OomKills | None = None,
+    metrics_error: str = "",
 ) -> dict[str, str]:
     """An epoch record's status and reason: a diverged epoch, or one whose evaluation
-    failed (out of memory: `oom`), keeps every measurement but is not a result to rank. A
-    DataLoader worker of the training's that died meanwhile (its death is raised where the
-    rank is, here in the evaluation) is told of as in a failed cell (_failure)."""
+    failed (out of memory: `oom`), or whose strategy's own measurements (cell_metrics)
+    failed, keeps every measurement but is not a result to rank. A DataLoader worker of the
+    training's that died meanwhile (its death is raised where the rank is, here in the
+    evaluation) is told of as in a failed cell (_failure)."""
     if diverged:
         return {"status": results.DIVERGED, "reason": diverged}
     if eval_error:
@@ -1356,7 +1367,9 @@ def _epoch_status(
             _worker_pids(eval_error),
             oom,
         )
-        return {"status": status, "reason": reason}
+        return {"status": status, "reason": "; ".join(filter(None, [reason, metrics_error]))}
+    if metrics_error:
+        return {"status": results.FAILED, "reason": metrics_error}
     return {"status": results.OK, "reason": ""}
 
 

@@ -249,7 +249,7 @@ def _train(
             precision=cfg.target_precision,
             step_timing=cfg.step_timing,
         )
-        extra = strategy.cell_metrics(stats.warmup_steps)  # of the timed steps only
+        extra, extra_error = _cell_metrics(strategy, stats.warmup_steps)
         probe = _probe(strategy, cfg, cell_dir) if epoch == cfg.epochs - 1 else {}
         evaluates = ctx.rank == 0 or strategy.collective_eval
         try:
@@ -273,9 +273,12 @@ def _train(
                 "step_ms_p50": _median(stats.step_times_ms[stats.warmup_steps :]),
                 **stats.memory,
                 **stats.model_state,
+                "metrics_error": extra_error,
             }
         )
         if ctx.rank == 0:
+            # the first rank's failure of cell_metrics, where any rank's failed
+            failed = next((r for r in ranks if r.get("metrics_error")), None)
             record = {
                 "epoch": epoch,
                 "steps": stats.steps,
@@ -304,6 +307,8 @@ def _train(
                 "written": time.time(),
                 **metrics,
             }
+            if failed is not None:
+                record["metrics_error"] = f"rank {failed['rank']}: {failed['metrics_error']}"
             with open(cell_dir / "epochs.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
     if cfg.save_params:
@@ -319,6 +324,18 @@ def _notes(strategy: Strategy) -> str:
         return "; ".join(strategy.run_notes())
     except Exception as exc:
         return f"{type(strategy).__name__}.run_notes() raised {proc.one_line(exc)}"
+
+
+def _cell_metrics(strategy: Strategy, warmup_steps: int) -> tuple[dict[str, Any], str]:
+    """The strategy's own measurements of the timed steps (Strategy.cell_metrics), and what
+    it raised ("" where nothing): the timed steps are measured, and a cell_metrics that
+    raises (a plug-in's bug, or a private torch API that moved) costs its own columns,
+    not the cell. Where it raised on some ranks only, before its gather, its peers wait in
+    that gather, as in a probe that fails on one rank."""
+    try:
+        return strategy.cell_metrics(warmup_steps), ""
+    except Exception as exc:
+        return {}, f"{type(strategy).__name__}.cell_metrics() raised {proc.one_line(exc)}"
 
 
 def _median(values: Any) -> float:

@@ -189,6 +189,18 @@ class NotesFail(Strategy):
         return [f"{self.options['no such option']}"]
 
 
+class MetricsFail(DistributedDataParallel):
+    """Trains like DDP, but its own measurements (cell_metrics, asked after the timed steps)
+    raise on rank 1: the row must keep what was measured, failed with what rank 1 raised."""
+
+    variants = {"test_metrics_fail": Variant("spawn", "DDP whose cell_metrics raises on rank 1")}
+
+    def cell_metrics(self, warmup_steps):
+        if self.ctx.rank == 1:
+            raise KeyError("bubble_pct")
+        return super().cell_metrics(warmup_steps)
+
+
 class Sleepy(Strategy):
     """One process, slowed on purpose. Each step ends in a fixed sleep of BASE_S, then a
     further sleep of a fraction of the step it just took (from the end of the previous
