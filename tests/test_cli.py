@@ -227,6 +227,16 @@ CASES = [
         "dim 128 is not divisible by 3 heads",
     ),
     (["--strategies", "single", "--model-arg", "depth"], "expected key=value"),
+    (  # a key given twice kept its last value, the first dropped without a word
+        ["--strategies", "single", "--model", "transformer"]
+        + ["--model-arg", "depth=8", "--model-arg", "depth=2"],
+        "--model-arg depth is given twice (depth=8, depth=2): give it once",
+    ),
+    (
+        ["--strategies", "single", "--dataset", "tests/plugins/hungry_data.py:hungry"]
+        + ["--dataset-arg", "n=64", "--dataset-arg", "n=128"],
+        "--dataset-arg n is given twice (n=64, n=128): give it once",
+    ),
     (["--strategies", "single", "--diverge-factor", "1"], "--diverge-factor must be more than 1"),
     (
         ["--strategies", "single", "--world-sizes", "1", "--global-batch", "20000"],
