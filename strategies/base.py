@@ -210,7 +210,8 @@ class Strategy:
         """How many different, equal parts of each global batch a cell trains at once: one
         per device by default (DataParallel's one process cuts its batch across its
         devices); fewer under model parallelism, whose ranks share a batch. plan() refuses a
-        global batch (times --accumulate) that these do not divide, before anything starts."""
+        global batch that these do not divide, before anything starts, and skips a cell
+        whose shares do not cut into its --accumulate's equal micro-batches."""
         return world_size
 
     @classmethod

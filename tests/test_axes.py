@@ -282,6 +282,47 @@ def test_single_asked_for_micro_batches_that_do_not_divide_its_batch_says_so_pla
     )
 
 
+def test_micro_batches_a_rank_cannot_cut_evenly_skip_only_their_cells(tmp_path, data_root):
+    """Global batch 24, --accumulate 8: 3 samples a micro-batch at world size 1, but a
+    rank's 12 at world size 2 do not cut into 8. That cell is a skipped row, the other
+    runs (the whole run was refused); a run where no cell can is an error that says why."""
+    got = {
+        c.world_size: c.reason
+        for c in cells(
+            tmp_path,
+            data_root,
+            strategies=("ddp_spawn",),
+            world_sizes=(1, 2),
+            global_batch=24,
+            accumulate=(8,),
+        )
+    }
+    assert got == {1: "", 2: "global batch 24 is not divisible by world size 2 x 8 micro-batches"}
+    with pytest.raises(ConfigError, match="ddp_spawn cannot run at world size 2 with fp32,acc8"):
+        cells(
+            tmp_path,
+            data_root,
+            strategies=("ddp_spawn",),
+            world_sizes=(2,),
+            global_batch=24,
+            accumulate=(8,),
+        )
+    # every strategy (none named): skipped rows only, were it not an error
+    with pytest.raises(ConfigError, match=r"^no cell can run: .* x 3 micro-batches"):
+        cells(tmp_path, data_root, world_sizes=(1, 2), accumulate=(3,))
+    # a world size that cannot share the batch at all is refused still, micro-batches or not
+    with pytest.raises(ConfigError, match="global batch 30 is not divisible by world size 4;"):
+        cells(
+            tmp_path,
+            data_root,
+            strategies=("ddp_spawn",),
+            world_sizes=(1, 4),
+            global_batch=30,
+            accumulate=(2,),
+            oversubscribe=True,
+        )
+
+
 def test_why_a_strategy_cannot_run_groups_its_sizes_and_settings():
     """Each reason once, with the sizes it stops in every setting, then those it stops in
     some, grouped by those settings: short however many settings the matrix sweeps."""

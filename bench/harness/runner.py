@@ -166,6 +166,12 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
         if explicit and all(c.status for c in mine):
             impossible.append(_cannot_run(spec.name, mine))
         cells += mine
+    if not impossible and cells and all(c.status for c in cells):
+        # every strategy's cells skipped, some as the batch does not cut into equal
+        # micro-batches: a run of skipped rows only, where --accumulate is what to change
+        uneven = dict.fromkeys(c.reason for c in cells if c.reason.endswith(" micro-batches"))
+        if uneven:
+            impossible.append(f"no cell can run: {'; '.join(uneven)}")
     impossible = list(dict.fromkeys(impossible))  # a batch every strategy fails alike: once
     if len(impossible) > 1:  # numbered: a reason may hold a ';' of its own
         raise ConfigError(" ".join(f"({i}) {r}" for i, r in enumerate(impossible, 1)))
@@ -212,28 +218,30 @@ def _cells(
             if isinstance(shares, str):
                 reason = shares
             else:
-                _check_shares(cfg, spec.name, ws, setting.accumulate, shares)
+                reason = _check_shares(cfg, spec.name, ws, setting.accumulate, shares)
         for r in range(cfg.repeats):
             status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
             mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
     return mine
 
 
-def _check_shares(cfg: RunConfig, name: str, ws: int, k: int, shares: int) -> None:
+def _check_shares(cfg: RunConfig, name: str, ws: int, k: int, shares: int) -> str | None:
     """A ConfigError where a cell that would run cannot give each of its data-parallel
-    shares (each rank's, or each model-parallel group's) the same part of every batch."""
+    shares (each rank's, or each model-parallel group's) the same part of every batch; the
+    reason its cell is skipped where the shares can be given but not cut into the cell's k
+    micro-batches (another world size's, or another --accumulate's, may be: a run of
+    `--world-sizes 1,2 --accumulate 8` at global batch 24 can run at world size 1)."""
     if cfg.global_batch % (shares * k) == 0:
-        return
-    per = "" if k == 1 else f" x {k} micro-batches"
+        return None
     whose = (
         f"world size {ws}"
         if shares == ws
         else f"{name}'s {shares} data-parallel group(s) at world size {ws}"
     )
-    raise ConfigError(
-        f"global batch {cfg.global_batch} is not divisible by {whose}{per}; "
-        "every rank must get the same share"
-    )
+    said = f"global batch {cfg.global_batch} is not divisible by {whose}"
+    if cfg.global_batch % shares:
+        raise ConfigError(f"{said}; every rank must get the same share")
+    return f"{said} x {k} micro-batches"
 
 
 def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
