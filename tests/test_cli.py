@@ -1115,6 +1115,20 @@ def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsy
     assert "also run:" not in out and "compression references" not in out
 
 
+def test_verify_lists_no_fp32_cell_of_a_strategy_that_never_trains_in_fp32(
+    tmp_path, capsys, data_root
+):
+    """--precision fp16 adds fp32 for the baseline; amp_ddp cannot train there, and its
+    cell there was listed as skipped beside the fp16 one asked for."""
+    args = ["verify", "--dry-run", "--strategies", "amp_ddp,ddp_spawn", "--world-sizes", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--steps", "3"]
+    assert main([*args, "--precision", "fp16"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    amp = [line.split()[:3] for line in out.splitlines() if line.startswith("amp_ddp ")]
+    assert amp == [["amp_ddp", "2", "fp16"]], out
+    assert [w for w in out.split() if w == "ddp_spawn"] == ["ddp_spawn"] * 2  # fp32 and fp16
+
+
 def test_verify_dry_run_names_the_runs_batch_norm_adds(tmp_path, capsys, data_root):
     """On a model with BatchNorm verify runs single 3 times more before the cells (the
     conditioning) and cut into the cells' shares after them: the plan says so; on one

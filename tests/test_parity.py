@@ -95,6 +95,28 @@ def test_amp_ddp_rows_say_bf16_autocast_and_device_data(parity_run):
     assert float(r["samples_per_s"]) > 0 and math.isfinite(float(r["train_loss_final"]))
 
 
+def test_verifys_fp32_companion_of_a_reduced_precision_strategy_is_no_cell(parity_run, tmp_path):
+    """--precision fp16 puts fp32 beside it for the baseline, every strategy's: amp_ddp's
+    fp32 cell, which it cannot train, is no cell of what was asked, where it was listed as
+    skipped and counted ("1 of 2 cell(s) match", "1 cell(s) skipped")."""
+    import shutil
+
+    run_dir, rows, _ = parity_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    why = "trains in bf16 | fp16 only, not fp32"
+    amp = {**rows[("amp_ddp", 2)], "setting": "fp32", "precision": "fp32"}
+    amp |= {"status": "skipped", "reason": why}
+    # a strategy that does train in fp32, skipped there, stays a skipped cell
+    dp = {**amp, "strategy": "dp", "reason": "DataParallel parallelises over GPUs"}
+    RunDir(copy).runs.append([amp, dp])
+    parity = verify_mod.compare(copy)
+    assert [p.setting for p in parity if p.strategy == "amp_ddp"] == ["bf16"]
+    assert [p.status for p in parity if p.strategy == "dp"] == ["skipped"]
+    said = verify_mod.summary(parity)
+    assert "1 cell(s) skipped or unavailable here (reasons above)" in said
+
+
 def test_horovod_and_fp16_compression_run_through_horovodrun(parity_run):
     from tests.test_failures import leftover_processes
 

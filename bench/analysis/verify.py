@@ -730,6 +730,9 @@ def compare(run_dir: Path) -> list[Parity]:
             )
         return refs[(layout, precision)]
 
+    unfit = fp32_companions(
+        [(r["strategy"], int(r["world_size"]), r.get("precision", ""), r["status"]) for r in rows]
+    )
     for r in sorted(rows, key=lambda r: case_of[id(r)]):
         case = case_of[id(r)]
         precision = r.get("precision", "")
@@ -737,6 +740,8 @@ def compare(run_dir: Path) -> list[Parity]:
             continue
         if case[0] == BASELINE[0] and case[1] > 1 and r["status"] == results.SKIPPED:
             continue  # single at world size 2: a layout it cannot have, no comparison
+        if (r["strategy"], int(r["world_size"]), precision, r["status"]) in unfit:
+            continue  # amp_ddp in fp32: verify's companion of a precision it cannot train in
         numerics = r.get("numerics") or ""
         tol = tolerance(numerics) if numerics else None
         # single in a reduced precision with no other option: a precision reference itself
@@ -982,6 +987,30 @@ def added_settings(base: RunConfig, pcfg: RunConfig) -> str:
         "every cell is compared with, and each strategy's cell there shows whether a "
         "difference is the strategy's or the asked setting's"
     )
+
+
+def fp32_companions(cells: list[tuple[str, int, str, str]]) -> set[tuple[str, int, str, str]]:
+    """Of (strategy, world size, precision, status), the skipped fp32 cells of strategies
+    that never train in fp32 (amp_ddp: bf16 or fp16) beside a cell of theirs in another
+    precision at that world size: parity_config puts fp32 beside every precision asked, for
+    the baseline, and such a strategy's skipped cell there is no cell of what was asked (it
+    read as one skipped: "1 of 2 cell(s) match" for amp_ddp in fp16 alone). A strategy
+    not registered here is taken as it is."""
+    import strategies as registry
+
+    def never_fp32(name: str) -> bool:
+        try:
+            cls = registry.get(name).cls
+        except registry.UnknownStrategy:
+            return False
+        return cls is not None and "fp32" not in cls.precisions
+
+    other = {(s, ws) for s, ws, p, _ in cells if p != "fp32"}
+    return {
+        c
+        for c in cells
+        if c[2] == "fp32" and c[3] == results.SKIPPED and (c[0], c[1]) in other and never_fp32(c[0])
+    }
 
 
 def parity_config(base: RunConfig, steps: int) -> RunConfig:
@@ -1319,6 +1348,14 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if a.dry_run:
         from bench.harness import estimate
 
+        unfit = fp32_companions(
+            [(c.strategy, c.world_size, c.setting.precision, c.status) for c in cells]
+        )
+        cells = [
+            c
+            for c in cells
+            if (c.strategy, c.world_size, c.setting.precision, c.status) not in unfit
+        ]
         print(estimate.plan_text(pcfg, cells, estimate.estimate(pcfg, cells)))
         if batch_norms(pcfg):  # BatchNorm: runs of single that verify() adds (README)
             print(
