@@ -411,6 +411,16 @@ def wide(ratios: list[float], width: float) -> bool:
     return not high - low <= width  # nan: not yet
 
 
+def write_csv(path: str, rows: list[dict]) -> None:
+    """Every round's figures so far, the file rewritten whole (a few rows a round)."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def main() -> None:
     from bench.harness.stats import median_interval
 
@@ -463,7 +473,7 @@ def main() -> None:
     args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}
     if (problem := check(args)) is not None:
         p.exit(2, f"{p.prog}: error: {problem}\n")
-    if a.csv:  # written after the last round: a path that cannot be would lose them all
+    if a.csv:  # a path that cannot be written is said now, not after the first round's minutes
         try:
             Path(a.csv).parent.mkdir(parents=True, exist_ok=True)
             with open(a.csv, "a"):
@@ -508,19 +518,14 @@ def main() -> None:
                     | {f"{k}_samples_per_s": round(v, 2) for k, v in got.items()}
                     | {"ratio": round(ratio, 4)}
                 )
+                if a.csv:  # after every pair: a later round that fails or is cut off keeps these
+                    write_csv(a.csv, rows)
                 print(
                     f"round {r:>2} {strategy:<10} ws={world} hand {got['hand']:8.1f}  harness "
                     f"{got['harness']:8.1f} samples/s  ratio {ratio:.3f}  ({order[0]} first)",
                     flush=True,
                 )
             r += 1
-    if a.csv:
-        import csv
-
-        with open(a.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
     print(
         f"\n{'strategy':<10} {'ws':>3} {'rounds':>6} {'median ratio':>12} {'95% interval':>16} {'width':>6}"
     )

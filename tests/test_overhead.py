@@ -148,9 +148,9 @@ def test_bad_options_are_one_line_and_exit_2_before_any_round(data_root, options
 
 
 def test_a_csv_that_cannot_be_written_is_refused_before_the_rounds(data_root, tmp_path):
-    """--csv is written after the last round: a path that cannot be written (here a
-    folder) is one line and exit 2 before the first, not a traceback that loses them all;
-    a folder that does not exist yet is made."""
+    """A --csv path that cannot be written (here a folder) is one line and exit 2 before
+    the first round, not a traceback after its minutes; a folder that does not exist yet
+    is made."""
     script = [sys.executable, str(ROOT / "benchmarks" / "overhead.py")]
     script += ["--data-root", str(data_root), "--min-rounds", "1", "--max-rounds", "1"]
     run = subprocess.run(
@@ -162,3 +162,34 @@ def test_a_csv_that_cannot_be_written_is_refused_before_the_rounds(data_root, tm
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip() == f"overhead.py: error: --csv {tmp_path}: Is a directory"
     assert "round" not in run.stdout
+
+
+def test_the_rounds_done_stay_in_the_csv_when_a_later_round_fails(monkeypatch, tmp_path):
+    """--csv is written after every round: a harness cell that fails in round 2 (or a
+    command limit that cuts the script off) keeps rounds 0 and 1's figures in it, where
+    they were written only after the last round and lost with it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    calls = iter(range(100))
+
+    def harness(strategy, world, args, out_dir, tag):
+        if next(calls) == 2:
+            raise SystemExit(f"harness {strategy} failed: a test's reason")
+        return 90.0
+
+    monkeypatch.setattr(overhead, "check", lambda args: None)
+    monkeypatch.setattr(overhead, "hand", lambda strategy, world, args: 100.0)
+    monkeypatch.setattr(overhead, "harness", harness)
+    monkeypatch.setattr(overhead, "pairs", lambda device: (("single", 1),))
+    csv_path = tmp_path / "rounds.csv"
+    argv = ["overhead.py", "--min-rounds", "6", "--csv", str(csv_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match="harness single failed"):
+        overhead.main()
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].split(",")[:4] == ["round", "strategy", "world_size", "first"]
+    assert [line.split(",")[0] for line in lines[1:]] == ["0", "1"]
+    assert all(line.endswith(",0.9") for line in lines[1:]), lines
