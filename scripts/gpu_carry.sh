@@ -20,8 +20,15 @@ if [ ! -d "$SRC/mnist" ]; then
     exit 2
 fi
 mkdir -p .data .whl
-rm -rf .data/mnist
-cp -r "$SRC/mnist" .data/mnist
+# .data may be a link to $SRC (git ignores a link there too): then .data/mnist is the
+# source itself, and removing it before the copy would delete the only MNIST (a link
+# .data/mnist is only a link: it is removed and replaced by a copy that travels)
+if [ "$(cd .data && pwd -P)" = "$(cd "$SRC" && pwd -P)" ]; then
+    echo "gpu-carry: .data/mnist is $SRC/mnist itself; left as it is" >&2
+else
+    rm -rf .data/mnist
+    cp -r "$SRC/mnist" .data/mnist
+fi
 
 if [ ! -f ".whl/horovod-$HVD_VERSION.tar.gz" ]; then
     "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d .whl \

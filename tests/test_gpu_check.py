@@ -221,3 +221,51 @@ def test_an_earlier_days_check_is_named_so_a_cut_off_part_is_finished_there(tmp_
     again = install_part()
     assert again.returncode == 0 and "earlier check" not in again.stderr, again.stderr
     assert "install -> results/reference/nvidia-fake-gpu-80gb-20200101" in again.stderr
+
+
+def test_gpu_carry_with_data_linked_to_the_source_keeps_the_source(tmp_path):
+    """scripts/gpu_carry.sh where .data is a link to the data root (git ignores a link
+    there too): .data/mnist is then the source itself, which the script removed before
+    copying it, deleting the machine's only MNIST and failing on the copy. A copy of the
+    script in a git tree of its own, Horovod's sdist there already, so nothing is fetched."""
+    import shutil
+    import tarfile
+
+    source = tmp_path / "shared" / "data" / "mnist"  # ../shared/data, seen from the tree
+    source.mkdir(parents=True)
+    (source / "t10k-images-idx3-ubyte").write_bytes(b"images")
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "gpu_carry.sh", tree / "scripts")
+    shutil.copy(ROOT / ".gitignore", tree)
+    subprocess.run(["git", "init", "-q", str(tree)], check=True, timeout=60)
+    (tree / ".data").symlink_to(source.parent)
+    (tree / ".whl").mkdir()
+    with tarfile.open(tree / ".whl" / "horovod-0.28.1.tar.gz", "w:gz") as tar:
+        tar.add(tree / ".gitignore", arcname="horovod-0.28.1/PKG-INFO")
+    env = {k: v for k, v in os.environ.items() if k != "PARABENCH_DATA_ROOT"}
+    done = subprocess.run(
+        ["bash", str(tree / "scripts" / "gpu_carry.sh"), sys.executable],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (source / "t10k-images-idx3-ubyte").read_bytes() == b"images"
+    assert done.returncode == 0, done.stderr
+    assert "gpu-carry: .data/mnist is ../shared/data/mnist itself; left as it is" in done.stderr
+    # a folder .data whose mnist is a link to the source: the link gives way to a copy
+    (tree / ".data").unlink()
+    (tree / ".data").mkdir()
+    (tree / ".data" / "mnist").symlink_to(source)
+    done = subprocess.run(
+        ["bash", str(tree / "scripts" / "gpu_carry.sh"), sys.executable],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (source / "t10k-images-idx3-ubyte").read_bytes() == b"images"
+    copied = tree / ".data" / "mnist"
+    assert not copied.is_symlink() and (copied / "t10k-images-idx3-ubyte").read_bytes() == b"images"
