@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -193,3 +195,41 @@ def test_the_rounds_done_stay_in_the_csv_when_a_later_round_fails(monkeypatch, t
     assert lines[0].split(",")[:4] == ["round", "strategy", "world_size", "first"]
     assert [line.split(",")[0] for line in lines[1:]] == ["0", "1"]
     assert all(line.endswith(",0.9") for line in lines[1:]), lines
+
+
+def test_the_hand_written_side_trains_on_the_harness_training_set(monkeypatch, tmp_path):
+    """The hand-written loop held out the default 1,000 samples that the harness's cell
+    (eval_samples=0) trains on: on the MNIST test split it had 9,000 against 10,000, and a
+    --batch between them, which the options' check lets through, gave it no batch at all, a
+    loop that never ended. A one-layer model stands in for the CNN (its step at batch 9,500
+    takes long on a CPU); an alarm turns that endless loop into a failure."""
+    import importlib.util
+    import signal
+
+    import torch
+
+    from bench.workload import models
+
+    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    data_root = os.environ.get("PARABENCH_TEST_DATA")
+    if not data_root or not (Path(data_root) / "mnist").is_dir():
+        pytest.skip("needs MNIST under $PARABENCH_TEST_DATA")
+    args = {"steps": 1, "warmup": 0, "batch": 9500, "data_root": data_root, "ddp": False}
+    args |= {"device": "cpu", "feed": "device", "step_timing": "sync"}
+    assert overhead.check(args) is None  # the harness takes this batch
+    tiny = lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))  # noqa: E731
+    monkeypatch.setattr(models, "MnistCNN", tiny)
+
+    def endless(*_):
+        raise TimeoutError("the hand-written side found no batch of --batch 9500")
+
+    old = signal.signal(signal.SIGALRM, endless)
+    signal.alarm(120)
+    try:
+        overhead._hand_rank(0, 1, args, 0, str(tmp_path / "r"))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert json.loads((tmp_path / "r.0").read_text())["samples"] == 9500
