@@ -171,14 +171,27 @@ def harness_config(strategy: str, world: int, args: dict, out_dir: str, tag: str
 def check(args: dict) -> str | None:
     """What is wrong with the options, as the harness says it (ConfigError: a negative
     --warmup, a batch the ranks cannot share or larger than the data, no data under
-    --data-root), before any round: the hand-written side, which goes first, would fail
-    in its ranks with a traceback, or loop for ever on a batch larger than the data."""
+    --data-root), and more steps than an epoch has, before any round: the hand-written
+    side, which goes first, would fail in its ranks with a traceback, or loop for ever on a
+    batch larger than the data."""
     from bench.config import ConfigError
     from bench.harness.runner import plan
+    from bench.workload.data import checked
 
     try:
         for strategy, world in pairs(args["device"]):
-            plan(harness_config(strategy, world, args, "", "check"))
+            plan(cfg := harness_config(strategy, world, args, "", "check"))
+            # the harness's cell stops at the epoch's end, the hand-written loop goes on into
+            # the next: past it they would time different steps (the summary names --steps)
+            per = args["batch"] // world
+            epoch = checked(cfg)[1] // world // per
+            if args["warmup"] + args["steps"] > epoch:
+                return (
+                    f"--warmup {args['warmup']} + --steps {args['steps']} is more than the "
+                    f"{epoch} steps of an epoch at --batch {args['batch']} ({strategy} at world "
+                    f"size {world}), where the harness's cell stops; use --steps "
+                    f"{max(epoch - args['warmup'], 1)} or fewer"
+                )
     except ConfigError as exc:  # in this script's words: its options, not the harness's
         said = str(exc).replace("--warmup-steps", "--warmup")
         return said.replace("--global-batch", "--batch").replace("global batch", "--batch")

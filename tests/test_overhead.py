@@ -130,6 +130,9 @@ def test_the_summary_says_which_way_the_ratio_reads(monkeypatch, capsys):
         (["--warmup", "-1"], "--warmup cannot be negative, got -1"),
         # a ZeroDivisionError traceback in the hand-written ranks
         (["--batch", "1"], "--batch 1 is not divisible by world size 2"),
+        # past the epoch's end the harness's cell stopped and the hand-written loop went on:
+        # a ratio of different steps, under a summary naming --steps
+        (["--steps", "100000"], "--warmup 5 + --steps 100000 is more than the"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_any_round(data_root, options, said):
