@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -70,8 +71,19 @@ def bare(launcher: str, world: int, script: Path) -> float:
     # cluster's would have the bare ranks meet there), gloo on the loopback
     env = on_loopback(launcher_free(os.environ))
     t0 = time.time()
-    subprocess.run(argv[launcher], check=True, capture_output=True, env=env)
+    done = subprocess.run(argv[launcher], capture_output=True, text=True, env=env)
+    if done.returncode != 0:  # as a harness cell that fails: why, in one line, no traceback
+        raise SystemExit(f"bare {launcher} failed (exit {done.returncode}): {_why(done)}")
     return time.time() - t0
+
+
+def _why(done: subprocess.CompletedProcess) -> str:
+    """The last Python error the ranks wrote (torchrun closes with a summary of rules and
+    fields after it; horovodrun prefixes a rank's lines), else their last line."""
+    text = done.stderr + done.stdout
+    errors = re.findall(r"^(?:\[\d+,\d+\]<\w+>:)?\s*([\w.]+(?:Error|Exception): \S.*)$", text, re.M)
+    lines = text.strip().splitlines()
+    return errors[-1].strip() if errors else lines[-1] if lines else "no output"
 
 
 STRATEGY = {

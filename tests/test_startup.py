@@ -72,3 +72,19 @@ def test_the_bare_launchers_leave_out_the_users_rendezvous_variables(tmp_path, m
 
     monkeypatch.setattr(startup.subprocess, "run", run)
     assert startup.bare("spawn", 2, script) > 0  # the ranks met, here
+
+
+def test_a_bare_launcher_that_fails_says_why_in_one_line(tmp_path):
+    """A bare launcher's failure (here its script raising; on a busy machine a port taken
+    between free_port and the rendezvous) was a CalledProcessError traceback that hid the
+    ranks' output, the reason with it: now one line naming the launcher and the last line
+    the ranks wrote, as a harness cell's failure is."""
+    startup = load_startup()
+    script = tmp_path / "bare.py"
+    script.write_text("raise RuntimeError('the ranks could not meet (test)')\n")
+    with pytest.raises(SystemExit) as stopped:
+        startup.bare("torchrun", 1, script)
+    # torchrun closes with a summary of its own after the ranks' error: the error is said
+    assert str(stopped.value) == (
+        "bare torchrun failed (exit 1): RuntimeError: the ranks could not meet (test)"
+    )
