@@ -136,7 +136,15 @@ def hand(strategy: str, world: int, args: dict) -> float:
     args = args | {"ddp": strategy != "single"}
     with tempfile.TemporaryDirectory() as d:
         out = f"{d}/r"
-        mp.spawn(_hand_rank, args=(world, args, free_port(), out), nprocs=world, join=True)
+        ranks = mp.spawn(_hand_rank, args=(world, args, free_port(), out), nprocs=world, join=False)
+        try:
+            while not ranks.join():
+                pass
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the ranks stop too, not after their steps
+            for rank in ranks.processes:
+                rank.kill()
+                rank.join()
+            raise
         parts = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
     return sum(p["samples"] for p in parts) / max(p["s"] for p in parts)
 
@@ -426,6 +434,17 @@ def wide(ratios: list[float], width: float) -> bool:
     return not high - low <= width  # nan: not yet
 
 
+@contextlib.contextmanager
+def stop_said(p: argparse.ArgumentParser, rows: list[dict], csv_path: str) -> Iterator[None]:
+    """Ctrl-C or SIGTERM (a command limit) in the rounds: one line saying what was kept,
+    exit 130, where it was a KeyboardInterrupt traceback from inside the harness."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        kept = f"; their figures are in {csv_path}" if csv_path and rows else ""
+        p.exit(130, f"{p.prog}: stopped; {len(rows)} pair(s) of sides timed{kept}\n")
+
+
 def write_csv(path: str, rows: list[dict]) -> None:
     """Every round's figures so far, the file rewritten whole (a few rows a round)."""
     import csv
@@ -499,7 +518,13 @@ def main() -> None:
     ratios: dict[str, list[float]] = {s: [] for s, _ in timed}
     rows: list[dict] = []
     deadline = time.monotonic() + 60 * a.max_minutes
-    with tempfile.TemporaryDirectory() as out_dir:
+    from bench.harness.proc import sigterm_as_interrupt
+
+    with (
+        sigterm_as_interrupt(),
+        stop_said(p, rows, a.csv),
+        tempfile.TemporaryDirectory() as out_dir,
+    ):
         r = 0
         late = False  # said that the deadline passed before the rounds an interval needs
         while r < a.max_rounds:

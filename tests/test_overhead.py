@@ -236,3 +236,72 @@ def test_the_hand_written_side_trains_on_the_harness_training_set(monkeypatch, t
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert json.loads((tmp_path / "r.0").read_text())["samples"] == 9500
+
+
+def test_ctrl_c_in_the_rounds_is_one_line_saying_what_was_kept(monkeypatch, tmp_path, capsys):
+    """Ctrl-C, or SIGTERM from a command limit (which the harness turns into the same), in
+    the third round's harness cell was a KeyboardInterrupt traceback from inside the
+    harness: now one line and exit 130, naming the CSV that keeps the two rounds before."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    calls = iter(range(100))
+
+    def harness(strategy, world, args, out_dir, tag):
+        if next(calls) == 2:
+            raise KeyboardInterrupt
+        return 90.0
+
+    monkeypatch.setattr(overhead, "check", lambda args: None)
+    monkeypatch.setattr(overhead, "hand", lambda strategy, world, args: 100.0)
+    monkeypatch.setattr(overhead, "harness", harness)
+    monkeypatch.setattr(overhead, "pairs", lambda device: (("single", 1),))
+    csv_path = tmp_path / "rounds.csv"
+    monkeypatch.setattr(sys, "argv", ["overhead.py", "--csv", str(csv_path)])
+    try:
+        overhead.main()
+    except KeyboardInterrupt:  # caught here: it would stop the whole test session
+        pytest.fail("Ctrl-C in the rounds: a KeyboardInterrupt traceback, not one line")
+    except SystemExit as stopped:
+        assert stopped.code == 130
+    assert capsys.readouterr().err == (
+        f"overhead.py: stopped; 2 pair(s) of sides timed; their figures are in {csv_path}\n"
+    )
+    assert len(csv_path.read_text().splitlines()) == 3  # the header and two rounds
+
+
+def test_ctrl_c_in_the_hand_written_side_stops_its_ranks(monkeypatch):
+    """Ctrl-C or SIGTERM while the hand-written ranks ran left them running their steps to
+    the end (mp.spawn's join gave way; the ranks were joined only as Python exited): on a
+    GPU, past the command that started them. Now they are killed and reaped at once."""
+    import importlib.util
+
+    import torch.multiprocessing as mp
+
+    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    done: list[str] = []
+
+    class Rank:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def kill(self) -> None:
+            done.append(f"kill {self.n}")
+
+        def join(self) -> None:
+            done.append(f"join {self.n}")
+
+    class Ranks:
+        processes = [Rank(0), Rank(1)]
+
+        def join(self) -> bool:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(mp, "spawn", lambda *a, **kw: Ranks())
+    with pytest.raises(KeyboardInterrupt):
+        overhead.hand("ddp_spawn", 2, {"steps": 1})
+    assert done == ["kill 0", "join 0", "kill 1", "join 1"]
