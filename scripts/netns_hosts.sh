@@ -12,8 +12,13 @@
 # Run a command on "host" i: ip netns exec NAMEi COMMAND (parabench: --host-exec
 # 'ip netns exec NAME{node}' --hosts 10.231.0.1,10.231.0.2 --ifname pb0). Needs root.
 set -euo pipefail
-action=${1:?usage: $0 up|down|ssh NAME}
-name=${2:?usage: $0 up|down|ssh NAME}
+usage() {  # one line and exit 2, as any bad input here; ${1:?} said "line 15: 1:" and 1
+    echo "usage: $0 up|down|ssh NAME" >&2
+    exit 2
+}
+[ $# -ge 2 ] && [ -n "$2" ] || usage
+action=$1
+name=$2
 net=10.231.0
 
 down() {
@@ -85,7 +90,6 @@ ssh)
     esac
     ;;
 *)
-    echo "usage: $0 up|down|ssh NAME" >&2
-    exit 2
+    usage
     ;;
 esac

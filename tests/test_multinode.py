@@ -443,3 +443,13 @@ def test_a_killed_agent_fails_the_cell_not_the_run(two_hosts, data_root, tmp_pat
     print(f"agent killed: a {rows.loc[0, 'status']} row {became_row:.1f} s later")
     assert rows.loc[0, "status"] == "failed", out[-2000:]
     assert became_row < 40
+
+
+@pytest.mark.parametrize("args", [[], ["up"], ["up", ""], ["bogus", "pbx"]])
+def test_the_hosts_script_without_an_action_and_a_name_is_its_usage_and_exit_2(args):
+    """No root needed: the script stops before any `ip`. A missing action or name was
+    bash's own `line 15: 1: usage: ...` and exit 1; now the usage line, as for an unknown
+    action, and exit 2."""
+    done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"usage: {SCRIPT} up|down|ssh NAME"]
