@@ -53,6 +53,18 @@ for part in "${PARTS[@]}"; do
         *) echo "gpu-check: unknown part '$part'; parts: ${ALL[*]}" >&2; exit 2 ;;
     esac
 done
+# checked here, not where a part first passes them on: by then the install, Horovod's build
+# and the GPU tests have taken minutes of a machine lent by the minute
+REPEATS=${GPU_CHECK_REPEATS:-2}
+OVERHEAD_MINUTES=${GPU_CHECK_OVERHEAD_MINUTES:-3}
+if ! [[ $REPEATS =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpu-check: GPU_CHECK_REPEATS must be a whole number of at least 1, got '$REPEATS'" >&2
+    exit 2
+fi
+if ! [[ $OVERHEAD_MINUTES =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]]; then
+    echo "gpu-check: GPU_CHECK_OVERHEAD_MINUTES must be a number of minutes, got '$OVERHEAD_MINUTES'" >&2
+    exit 2
+fi
 
 # GPU_CHECK_DRY_RUN=1: no GPU needed; each matrix is planned on the CPU (`--dry-run`: its
 # cells, what is skipped and why) and the other commands are printed, not run. The tests
@@ -77,8 +89,6 @@ else
     DEVICE=cuda PLAN=()
     GPU=$("$PY" -c 'import re, torch; print(re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-"))')
 fi
-REPEATS=${GPU_CHECK_REPEATS:-2}
-OVERHEAD_MINUTES=${GPU_CHECK_OVERHEAD_MINUTES:-3}
 OUT=${GPU_CHECK_OUT:-results/reference/$GPU-$(date +%Y%m%d)}
 if [ -z "${GPU_CHECK_OUT:-}" ] && [ "$DRY" != 1 ] && [ ! -d "$OUT" ]; then
     # an earlier day's check of this GPU: a part it left cut off is finished only in there

@@ -269,3 +269,33 @@ def test_gpu_carry_with_data_linked_to_the_source_keeps_the_source(tmp_path):
     assert (source / "t10k-images-idx3-ubyte").read_bytes() == b"images"
     copied = tree / ".data" / "mnist"
     assert not copied.is_symlink() and (copied / "t10k-images-idx3-ubyte").read_bytes() == b"images"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("GPU_CHECK_REPEATS", "0", "GPU_CHECK_REPEATS must be a whole number of at least 1"),
+        ("GPU_CHECK_REPEATS", "two", "GPU_CHECK_REPEATS must be a whole number of at least 1"),
+        (
+            "GPU_CHECK_OVERHEAD_MINUTES",
+            "-1",
+            "GPU_CHECK_OVERHEAD_MINUTES must be a number of minutes",
+        ),
+    ],
+)
+def test_a_bad_repeats_or_minutes_is_refused_before_anything(tmp_path, variable, value, said):
+    """Passed on only when a part's runs start: on a GPU machine after the install,
+    Horovod's build and the GPU tests (minutes of a machine lent by the minute), then each
+    run refused it. Now one line and exit 2 before anything, here on a CPU too."""
+    env = dict(os.environ, PYTHON=sys.executable, GPU_CHECK_OUT=str(tmp_path / "out"))
+    env[variable] = value
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"gpu-check: {said}, got '{value}'"]
+    assert not (tmp_path / "out").exists()
