@@ -70,6 +70,9 @@ def test_leaders_tie_overlapping_intervals() -> None:
     assert stats.leaders(cells) == (["a", "b"], "95 % intervals over repeats")
     alone, how = stats.leaders([("a", 1.0, stats.NAN_PAIR), ("b", 2.0, stats.NAN_PAIR)])
     assert alone == ["b"] and "fewer than 3" in how
+    # a cell with no interval beside others that have one: not told apart, so not excluded
+    best, how = stats.leaders([*cells, ("d", 60.0, stats.NAN_PAIR)])
+    assert best == ["a", "b", "d"] and "d without an interval" in how
 
 
 def test_median_interval_from_order_statistics() -> None:

@@ -756,6 +756,19 @@ def _faster(runs: pd.DataFrame, name: str, ws: int, factor: float) -> pd.DataFra
     return runs
 
 
+def test_a_cell_without_an_interval_is_not_ranked_outside_noise(reference) -> None:
+    """A cell whose other repeats failed has one counted repeat and no interval: the ranking
+    left it out of those within noise of the fastest, as if shown slower ("no other within
+    noise" where it was the only other), though nothing showed it either way."""
+    runs = reference.runs.copy()
+    hit = (runs["strategy"] == "model_split") & (runs["world_size"] == 2) & (runs["repeat"] > 0)
+    runs.loc[hit, "status"] = "failed"
+    ranking = report.ranking_markdown(report.summarise(runs), runs)
+    ws2 = next(line for line in ranking.splitlines() if line.startswith("- world size 2"))
+    assert "model_split" in ws2.split("within noise of it:")[1]
+    assert "model_split without an interval (fewer than 3 repeats): not told apart" in ws2
+
+
 def test_which_to_pick_ranks_singles_numerics_apart_from_the_fastest_of_all(reference) -> None:
     """A cell with compressed gradients (fp16) made fastest of all is named as such, with its
     recipe and its accuracy beside single's, while the fastest with single's exact fp32

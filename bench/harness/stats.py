@@ -170,13 +170,14 @@ def leaders(
     (an interleaved run), a cell is tied when the paired interval of its ratio to the best
     reaches 1 (paired_ratio_interval); otherwise, or with fewer than 3 rounds in common,
     when the two cells' intervals overlap. Without intervals no tie can be ruled out or in:
-    the best alone, said so."""
+    the best alone, said so; a cell with none where others have one is counted tied, named
+    in how, since nothing shows it slower."""
     if not cells:
         return [], ""
     ordered = sorted(cells, key=lambda c: c[1], reverse=higher_is_better)
     best = ordered[0]
     rounds = rounds or {}
-    tied, paired, unpaired = [], 0, 0
+    tied, untold, paired, unpaired = [], [], 0, 0
     for name, _, interval in ordered[1:]:
         _, low, high = (
             paired_ratio_interval(rounds[name], rounds[best[0]])
@@ -191,6 +192,9 @@ def leaders(
             unpaired += 1
             if overlap(best[2], interval):
                 tied.append(name)
+        else:
+            tied.append(name)
+            untold.append(name)
     if not paired and not unpaired:
         return [best[0]], "no interval (fewer than 3 repeats): ties cannot be told from noise"
     how = []
@@ -198,6 +202,10 @@ def leaders(
         how.append("95 % interval of the ratio to the fastest, paired round by round")
     if unpaired:
         how.append("95 % intervals over repeats")
+    if untold:  # fewer than 3 repeats: "no other within noise" would claim what none showed
+        how.append(
+            f"{', '.join(untold)} without an interval (fewer than 3 repeats): not told apart"
+        )
     return [best[0], *tied], "; ".join(how)
 
 
