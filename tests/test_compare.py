@@ -276,6 +276,21 @@ def test_other_machines_are_named_and_still_judged(run_a: Path, tmp_path: Path, 
     assert "other machines" in out and "-> a faster CPU" in out
 
 
+def test_ranks_across_nodes_and_other_loader_workers_are_named(run_a: Path, tmp_path: Path) -> None:
+    """B's world size 2 spread over two hosts (--nodes 2) and fed by 4 DataLoader workers:
+    its cells match A's, but compare named neither, so a slow-down read as the code's."""
+
+    def spread(runs):
+        runs["nodes"], runs["loader_workers"] = "2", "4"
+        return runs
+
+    run_b = _edit(scaled_copy(run_a, tmp_path / "b", speed=0.5), spread)
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
+    assert cmp.machine == [("nodes", "1", "2")] and not cmp.unlike
+    assert cmp.how == [("loader workers per device", "0", "4")]
+    assert set(cmp.table["verdict"]) == {"SLOW-DOWN"}  # still judged, as other machines are
+
+
 def test_cells_are_matched_by_strategy_setting_and_world_size(run_a: Path, tmp_path: Path) -> None:
     """Labels depend on what varies within a run: B also ran ddp_spawn in bf16, so its report
     names the fp32 cells `ddp_spawn [fp32]` where A's says `ddp_spawn`. They are still the

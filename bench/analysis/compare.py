@@ -4,7 +4,7 @@ A cell is a strategy, its setting (precision, accumulation, swept options) and a
 size; a cell of A is matched with the same cell of B, whatever names the two reports give
 them. Two runs that did not train the same work (data set, model, global batch, optimizer)
 are refused (exit 2) unless --unlike is given, which shows the ratios without verdicts;
-runs on different machines (device, CPU, GPUs, torch) are compared as asked, with the
+runs on different machines (device, CPU, GPUs, nodes, torch) are compared as asked, with the
 differences named above the table.
 
 For every cell with an ok result in both runs: the ratio B/A of the
@@ -75,11 +75,15 @@ MACHINE = {
     "device_names": "devices",
     "cpu_model": "CPU",
     "cpu_cores": "CPU cores",
+    # ranks on other hosts talk over the network: a world size on one machine and the same
+    # world size across nodes are other layouts, though the cells match
+    "nodes": "nodes",
     "torch_version": "torch",
 }
 HOW = {
     "data_path": "data path",
     "step_timing": "step timing",
+    "loader_workers": "loader workers per device",  # --workers: what feeds the steps
     "epochs": "epochs",
     "max_steps": "max steps",
     "warmup_steps": "warm-up steps",
