@@ -98,6 +98,26 @@ def test_metric_chooses_what_is_judged(run_a: Path, tmp_path: Path) -> None:
     )
 
 
+def test_timed_s_over_other_step_counts_gets_no_verdict(run_a: Path, tmp_path: Path) -> None:
+    """B timed twice the steps (--max-steps twice A's) at the same speed: its timed_s is
+    twice A's, which --metric timed_s flagged as a slow-down (exit 1)."""
+
+    def twice_the_steps(runs):
+        ok = runs["status"] == "ok"
+        for col in ("timed_steps", "timed_s"):
+            runs.loc[ok, col] = (runs.loc[ok, col].astype(float) * 2).map(repr)
+        return runs
+
+    run_b = _edit(scaled_copy(run_a, tmp_path / "b", speed=1.0), twice_the_steps)
+    timed = ["compare", "--no-stats", "--metric", "timed_s", str(run_a), str(run_b)]
+    assert main(timed) == 0
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), "timed_s", 1.1, False)
+    assert set(cmp.table["verdict"]) == {"other timed steps: no timed_s verdict"}
+    # the same steps, taking twice as long: still a slow-down
+    slower = _edit(scaled_copy(run_a, tmp_path / "c", speed=0.5), lambda r: r)
+    assert main(["compare", "--no-stats", "--metric", "timed_s", str(run_a), str(slower)]) == 1
+
+
 def test_cells_in_one_run_only_are_listed(run_a: Path, tmp_path: Path, capsys) -> None:
     run_b = scaled_copy(run_a, tmp_path / "b", speed=1.0, drop="ddp_spawn")
     cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)

@@ -18,9 +18,9 @@ is noted the same way. Cells with
 a result in only one run are listed as such; one that was ok in A and failed, ran out of
 memory or timed out in B is flagged too (exit code 1), and so is a cell with more broken
 repeats in B than in A. A cell oversubscribed in either run (more CPU ranks than cores) has
-no speed verdict, and peak memory measured two different ways (host RSS, the CUDA
-allocator) no memory ratio. Medians come from the same selection as the report
-(bench.analysis.report.summarise), so the two never disagree.
+no speed verdict, timed_s over other timed step counts none, and peak memory measured two
+different ways (host RSS, the CUDA allocator) no memory ratio. Medians come from the same
+selection as the report (bench.analysis.report.summarise), so the two never disagree.
 """
 
 from __future__ import annotations
@@ -349,6 +349,11 @@ def compare(
     over = (table["oversubscribed_a"].fillna(0) > 0) | (table["oversubscribed_b"].fillna(0) > 0)
     table["oversubscribed"] = over.astype(int)
     ra, rb = (_repeats(r, metric) for r in (runs_a, runs_b)) if use_stats else ({}, {})
+    # timed_s is the wall time of the timed steps: over other step counts (--max-steps,
+    # --limit, --target-precision) its ratio is theirs, not a change in speed
+    steps_a, steps_b = (
+        (_repeats(r, "timed_steps") for r in (runs_a, runs_b)) if metric == "timed_s" else ({}, {})
+    )
     bad_a, bad_b = _broken_repeats(runs_a), _broken_repeats(runs_b)
     verdicts, partly = [], []
     for _, r in table.iterrows():
@@ -361,6 +366,8 @@ def compare(
             verdicts.append("")  # unlike runs: ratios only
         elif r["oversubscribed"] and metric != "peak_mem_mib":
             verdicts.append("oversubscribed: no speed verdict")
+        elif steps_a.get(key) and steps_b.get(key) and set(steps_a[key]) != set(steps_b[key]):
+            verdicts.append("other timed steps: no timed_s verdict")
         elif metric == "peak_mem_mib" and math.isnan(r["peak_mem_mib_ratio"]):
             verdicts.append("memory measured differently" if other_mem[r.name] else "")
         else:
