@@ -1,6 +1,7 @@
 """What the harness adds to a cell's start-up and teardown, over the bare launcher.
 
     python benchmarks/startup.py [--world-size 2] [--repeats 3] [--out results/startup]
+                                 [--timeout 300]
 
 For each launcher (in-process, mp.spawn, torchrun, horovodrun where built) it times, on
 the wall clock, a bare script that only imports torch, joins a gloo process group and
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,7 +54,7 @@ if __name__ == "__main__":
 """
 
 
-def bare(launcher: str, world: int, script: Path) -> float:
+def bare(launcher: str, world: int, script: Path, timeout_s: float = 300.0) -> float:
     from bench.harness import launchers, proc
     from bench.harness.runner import launcher_free, on_loopback
 
@@ -71,10 +73,32 @@ def bare(launcher: str, world: int, script: Path) -> float:
     # cluster's would have the bare ranks meet there), gloo on the loopback
     env = on_loopback(launcher_free(os.environ))
     t0 = time.time()
-    done = subprocess.run(argv[launcher], capture_output=True, text=True, env=env)
+    # In a session of its own, so a launcher that hangs (ranks that never meet) is killed
+    # with its ranks after timeout_s, as a harness cell is, and an interrupt leaves none
+    launched = subprocess.Popen(
+        argv[launcher],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = launched.communicate(timeout=timeout_s)
+    except BaseException as exc:
+        proc.signal_group(launched.pid, signal.SIGKILL)
+        stdout, stderr = launched.communicate()
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        last = _why(subprocess.CompletedProcess(argv[launcher], -9, stdout, stderr))
+        raise SystemExit(
+            f"bare {launcher} did not finish in {timeout_s:g} s (killed; --timeout): {last}"
+        ) from None
+    elapsed = time.time() - t0
+    done = subprocess.CompletedProcess(argv[launcher], launched.returncode, stdout, stderr)
     if done.returncode != 0:  # as a harness cell that fails: why, in one line, no traceback
         raise SystemExit(f"bare {launcher} failed (exit {done.returncode}): {_why(done)}")
-    return time.time() - t0
+    return elapsed
 
 
 def _why(done: subprocess.CompletedProcess) -> str:
@@ -133,7 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="results/startup")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds a bare launcher may take before it is killed with its ranks (default 300)",
+    )
     a = p.parse_args(argv)
+    if not a.timeout > 0:
+        p.exit(2, f"{p.prog}: error: --timeout must be more than 0 seconds, got {a.timeout:g}\n")
     for name, value in (("--world-size", a.world_size), ("--repeats", a.repeats)):
         if value < 1:
             p.exit(2, f"{p.prog}: error: {name} must be at least 1, got {value}\n")
@@ -159,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         script.write_text(BARE)
         for launcher in launchers:
             world = 1 if launcher == "inprocess" else a.world_size
-            bare_s = statistics.median(bare(launcher, world, script) for _ in range(a.repeats))
+            bare_s = statistics.median(
+                bare(launcher, world, script, a.timeout) for _ in range(a.repeats)
+            )
             rows = harness(launcher, a.world_size, out / "runs", a.repeats)
             own = rows["startup_launch_s"] + rows["startup_rendezvous_s"] + rows["teardown_s"]
             table.append(

@@ -88,3 +88,35 @@ def test_a_bare_launcher_that_fails_says_why_in_one_line(tmp_path):
     assert str(stopped.value) == (
         "bare torchrun failed (exit 1): RuntimeError: the ranks could not meet (test)"
     )
+
+
+def test_a_bare_launcher_that_hangs_is_killed_with_its_ranks_after_the_timeout(tmp_path):
+    """A bare launcher whose ranks never meet hung the script for ever (it waited with no
+    limit): after --timeout it is killed with every process it started, and says so."""
+    import contextlib
+    import time
+
+    import psutil
+
+    startup = load_startup()
+    pids = tmp_path / "pids"
+    script = tmp_path / "bare.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pids)!r}, 'w').write(str(rank.pid))\n"
+        "print('waiting for the other ranks', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as stopped:
+        startup.bare("spawn", 2, script, timeout_s=5)
+    assert time.monotonic() - t0 < 60
+    assert str(stopped.value) == (
+        "bare spawn did not finish in 5 s (killed; --timeout): waiting for the other ranks"
+    )
+    rank = int(pids.read_text())
+    time.sleep(0.5)
+    # the launcher's own child is gone too (or a zombie its new parent has not reaped)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        assert psutil.Process(rank).status() == psutil.STATUS_ZOMBIE
