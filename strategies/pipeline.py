@@ -129,6 +129,25 @@ def incomplete(name: str, model: nn.Module, layers: list) -> str | None:
     return None
 
 
+def tied(name: str, model: nn.Module, layers: list) -> str | None:
+    """Why `layers` cannot be cut apart, or None: a parameter held by two of them (tied
+    weights, as an embedding and an output layer that share one matrix). Stages on two
+    ranks cannot share a tensor: the rank that drops the other's layer would drop the tied
+    weight with it (to the meta device), and the cell fail at evaluation, its measured steps
+    lost."""
+    owner: dict[int, int] = {}
+    for i, layer in enumerate(layers):
+        for p in layer.parameters():
+            if owner.setdefault(id(p), i) != i:
+                same = [n for n, q in model.named_parameters(remove_duplicate=False) if q is p]
+                return (
+                    f"model {name}'s layers() {owner[id(p)]} and {i} share a parameter "
+                    f"({' is '.join(same)}): pipeline stages cannot share a tensor between "
+                    "ranks; untie it, or list the layers that share it as one module"
+                )
+    return None
+
+
 class Pipeline(TorchDistributed):
     variants = {
         "pipeline_gpipe": Variant(
@@ -196,7 +215,7 @@ class Pipeline(TorchDistributed):
         stages = world_size * cls.stages_per_rank(options)
         if len(layers) < stages:
             return f"model {cfg.model} has {len(layers)} layers, too few for {stages} stages"
-        return incomplete(cfg.model, model, layers)
+        return incomplete(cfg.model, model, layers) or tied(cfg.model, model, layers)
 
     # ---- data: every rank trains on the whole batch ----
     @classmethod

@@ -364,6 +364,19 @@ class Headless(nn.Module):  # layers() leaves the head out
         return list(self.body)
 def headless(num_classes=4):
     return Headless(num_classes)
+class Tied(nn.Module):  # its output layer shares the input layer's weight
+    input_shape = (8,)
+    def __init__(self, num_classes=8):
+        super().__init__()
+        self.embed, self.mid = nn.Linear(8, 8), nn.ReLU()
+        self.head = nn.Linear(8, num_classes)
+        self.head.weight = self.embed.weight
+    def forward(self, x):
+        return self.head(self.mid(self.embed(x)))
+    def layers(self):
+        return [self.embed, self.mid, self.head]
+def tied(num_classes=8):
+    return Tied(num_classes)
 """
 
 
@@ -396,6 +409,22 @@ def test_a_pipeline_refuses_layers_that_leave_out_parameters(tmp_path):
         assert pipe.unsuitable(whole.replace(global_batch=8), 2, options) is None
     lm = RunConfig(model="lm", dataset="python-source", seq_len=16, global_batch=8)
     assert pipe.unsuitable(lm, 2, options) is None
+
+
+def test_a_pipeline_refuses_layers_that_share_a_parameter(tmp_path):
+    """Tied weights in two layers: the stages on two ranks cannot share them, and the cell
+    failed at evaluation after its steps ('Missing key(s) in state_dict'). Checked on the
+    meta model (which keeps the tie) before anything starts."""
+    import strategies
+
+    pipe = strategies.get("pipeline_gpipe")
+    cfg = RunConfig(model=f"{_file(tmp_path, LAYERS_FILE)}:tied", dataset="synthetic")
+    why = pipe.unsuitable(cfg.replace(global_batch=8), 2, pipe.variant.options)
+    assert why == (
+        f"model {cfg.model}'s layers() 0 and 2 share a parameter (embed.weight is "
+        "head.weight): pipeline stages cannot share a tensor between ranks; untie it, or "
+        "list the layers that share it as one module"
+    )
 
 
 @pytest.fixture
