@@ -240,7 +240,10 @@ class Pipeline(TorchDistributed):
         sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
         cuts = balanced_cuts(sizes, n_stages)
         mine = [self.ctx.rank + k * ws for k in range(v)]  # looped placement
-        names = {id(t): n for n, t in model.state_dict(keep_vars=True).items()}
+        # every name of each tensor: one tied within a layer is in the state dict under each
+        names: dict[int, list[str]] = {}
+        for n, t in model.state_dict(keep_vars=True).items():
+            names.setdefault(id(t), []).append(n)
         kept = {i for s in mine for i in range(*cuts[s])}
         for i, layer in enumerate(layers):
             if i not in kept:
@@ -366,8 +369,9 @@ class Pipeline(TorchDistributed):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every stage's tensors under the full model's names, merged on rank 0."""
         local = {
-            self.names[id(t)]: t.detach().cpu()
+            name: t.detach().cpu()
             for t in self.stage_modules.state_dict(keep_vars=True).values()
+            for name in self.names[id(t)]
         }
         parts = self.gather(local)
         return {k: v for part in parts for k, v in part.items()} if self.ctx.rank == 0 else {}
