@@ -491,6 +491,15 @@ def test_model_parallel_table_has_a_row_per_model_parallel_cell() -> None:
     assert "equal stages and free communication" in note
 
 
+@pytest.mark.parametrize(("lightest", "said"), [(4.556, ""), (4.4, "; least 4.4")])
+def test_the_lightest_stage_is_named_only_where_it_reads_less(lightest, said) -> None:
+    """A pipeline's two stages of the transformer hold 4.63 and 4.56 MiB: more than 1 %
+    apart, they read 'least 4.6' beside the 4.6 they were said to be less than."""
+    cell = {"model_state_mib_median": 4.635, "model_state_mib_lightest_median": lightest}
+    cell |= {f"{k}_median": 1.545 for k in ("param_mib", "grad_mib", "optim_mib")}
+    assert report.model_state_text(cell) == "4.6 (1.5/1.5/1.5)" + said
+
+
 def test_a_run_made_before_the_interleaved_bubble_was_mended_reads_the_mended_one() -> None:
     """Rows keep the textbook bubble their worker wrote: a run from before interleaved
     1F1B's was mended (one micro-batch through 2 ranks' 4 stages: 33.3 %, where no
