@@ -194,10 +194,12 @@ class Pipeline(TorchDistributed):
                 f"torch {torch.__version__}'s GPipe schedule needs at least as many "
                 f"micro-batches as stages ({world_size}), got {m}; torch 2.11 lifted that"
             )
-        if kind == "interleaved" and m % max(1, m // world_size):
+        rounds = max(1, m // world_size)  # as torch's schedule counts them
+        if kind == "interleaved" and m % rounds:
             return (
-                f"interleaved 1F1B runs micro-batches in rounds of {world_size}: {m} is not "
-                "a multiple of its rounds"
+                f"interleaved 1F1B runs {m} micro-batches in {rounds} rounds ({m} // "
+                f"{world_size} ranks), which must divide them: take a multiple of "
+                f"{world_size}, or fewer than {2 * world_size}"
             )
         if cfg.global_batch % m:
             return f"global batch {cfg.global_batch} is not divisible into {m} micro-batches"

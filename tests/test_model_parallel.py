@@ -200,6 +200,15 @@ def test_model_parallel_cells_that_cannot_run_are_skipped_with_reasons(tmp_path,
             "1F1B needs at least as many micro-batches as stages",
         ),
         ("pipeline_gpipe", 2, {"accumulate": (2,)}, "use --set microbatches"),
+        (
+            "pipeline_interleaved",
+            2,
+            {"global_batch": 30, "options": {"microbatches": "5"}},
+            re.escape(
+                "5 micro-batches in 2 rounds (5 // 2 ranks), which must divide them: take "
+                "a multiple of 2, or fewer than 4"
+            ),
+        ),
     ],
 )
 def test_asking_directly_for_what_cannot_run_is_an_error(
