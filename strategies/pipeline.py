@@ -277,7 +277,10 @@ class Pipeline(TorchDistributed):
             f"{type(self.schedule).__name__}: {n_stages} stages over {ws} ranks "
             f"(layers per stage {layout}), {self.microbatches} micro-batch(es)"
         )
-        return self.stage_modules, rebuild(optimizer, self.stage_modules.parameters())
+        # a rank whose stages hold no parameters (a ReLU, a pooling layer: stages balance
+        # parameters) steps an optimizer over none: torch refuses an empty list, not a group
+        params = list(self.stage_modules.parameters()) or [{"params": []}]
+        return self.stage_modules, rebuild(optimizer, params)
 
     def _schedule(self):
         from torch.distributed.pipelining import (

@@ -396,6 +396,17 @@ class TiedWithin(nn.Module):
         return [self.embed, self.twice, self.head]
 def tied_within(num_classes=4):
     return TiedWithin(num_classes)
+class Normalised(nn.Module):  # its last layer has no parameters
+    input_shape = (8,)
+    def __init__(self, num_classes=4):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(8, num_classes), nn.LogSoftmax(dim=-1)
+    def forward(self, x):
+        return self.norm(self.fc(x))
+    def layers(self):
+        return [self.fc, self.norm]
+def normalised(num_classes=4):
+    return Normalised(num_classes)
 """
 
 
@@ -446,12 +457,10 @@ def test_a_pipeline_refuses_layers_that_share_a_parameter(tmp_path):
     )
 
 
-def test_a_pipeline_trains_and_evaluates_a_weight_tied_within_one_layer(tmp_path):
-    """What the refusal above suggests: the tied weight in one layer, so one stage. The
-    trained model is put back together under each of the weight's names; one name left out
-    failed the cell at evaluation ('Missing key(s) in state_dict'), its steps lost."""
+def _pipeline_run(tmp_path: Path, factory: str) -> dict:
+    """The one row of pipeline_gpipe at 2 ranks for two steps on a model of LAYERS_FILE."""
     cfg = RunConfig(
-        model=f"{_file(tmp_path, LAYERS_FILE)}:tied_within",
+        model=f"{_file(tmp_path, LAYERS_FILE)}:{factory}",
         dataset="synthetic",
         strategies=("pipeline_gpipe",),
         world_sizes=(2,),
@@ -469,8 +478,25 @@ def test_a_pipeline_trains_and_evaluates_a_weight_tied_within_one_layer(tmp_path
     )
     run_dir, _ = run_matrix(cfg, echo=lambda m: None)
     (row,) = pd.read_csv(run_dir / "runs.csv").to_dict("records")
+    return row
+
+
+def test_a_pipeline_trains_and_evaluates_a_weight_tied_within_one_layer(tmp_path):
+    """What the refusal above suggests: the tied weight in one layer, so one stage. The
+    trained model is put back together under each of the weight's names; one name left out
+    failed the cell at evaluation ('Missing key(s) in state_dict'), its steps lost."""
+    row = _pipeline_run(tmp_path, "tied_within")
     assert row["status"] == "ok", row["reason"]
     assert 0 <= row["eval_accuracy"] <= 1
+
+
+def test_a_pipeline_rank_whose_stage_has_no_parameters_trains(tmp_path):
+    """Stages balance parameters, so a rank may get only layers without (here the log-softmax;
+    mnist_cnn's ReLU at 4 ranks interleaved): it steps an optimizer over none, where torch's
+    refusal of an empty parameter list failed the cell."""
+    row = _pipeline_run(tmp_path, "normalised")
+    assert row["status"] == "ok", row["reason"]
+    assert row["model_state_mib_lightest"] == 0 < row["model_state_mib"]
 
 
 @pytest.fixture
