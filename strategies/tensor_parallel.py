@@ -55,10 +55,11 @@ def tp_problem(cfg: Any, tp: int) -> str | None:
             f"model {cfg.model} has no attention or MLP blocks with separate projections to "
             "split (use --model transformer or lm)"
         )
-    heads = getattr(model, "heads", 0)
-    if heads % tp:
-        heads_ = f"{heads} attention head{'s' if heads != 1 else ''}"
-        return f"{heads_} cannot be split over {tp} tensor-parallel ranks"
+    # each attention's own heads (a model of yours built from Attention need not say them)
+    for heads in (a.q.out_features // a.head_dim for a in attn):
+        if heads % tp:
+            heads_ = f"{heads} attention head{'s' if heads != 1 else ''}"
+            return f"{heads_} cannot be split over {tp} tensor-parallel ranks"
     return None
 
 

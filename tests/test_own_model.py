@@ -441,6 +441,31 @@ def test_a_pipeline_refuses_layers_that_leave_out_parameters(tmp_path):
     assert pipe.unsuitable(lm, 2, options) is None
 
 
+def test_tp_reads_the_heads_off_a_users_attention(tmp_path):
+    """A model of Attention blocks need not say its heads (the built-in ones' `heads`):
+    two heads over 4 ranks passed, and the cell failed at its first step ("shape ... is
+    invalid for input of size"), each rank's share of q a half head."""
+    import strategies
+
+    body = """
+        from bench.workload.models import Attention
+        class Net(nn.Module):
+            input_shape = (4, 64)
+            def __init__(self, num_classes=4):
+                super().__init__()
+                self.attn, self.fc = Attention(64, 2), nn.Linear(64, num_classes)
+            def forward(self, x):
+                return self.fc(self.attn(x).mean(dim=1))
+        def build(num_classes=4):
+            return Net(num_classes)
+        """
+    cfg = RunConfig(model=f"{_file(tmp_path, body)}:build", dataset="synthetic")
+    tp = strategies.get("tp")
+    assert tp.unsuitable(cfg, 2, {}) is None
+    why = tp.unsuitable(cfg, 4, {})
+    assert why == "2 attention heads cannot be split over 4 tensor-parallel ranks"
+
+
 def test_a_pipeline_refuses_layers_that_share_a_parameter(tmp_path):
     """Tied weights in two layers: the stages on two ranks cannot share them, and the cell
     failed at evaluation after its steps ('Missing key(s) in state_dict'). Checked on the
