@@ -1148,7 +1148,8 @@ def test_verify_dry_run_names_the_compression_references(tmp_path, capsys, data_
     """The cells that compress their gradients in fp32 get a reference run of single with
     its gradients rounded alike: the plan says so before anything runs (their numerics are
     known only once they run); a cell that does not compress adds none."""
-    args = ["verify", "--dry-run", "--world-sizes", "2", "--steps", "3"]
+    # (4 steps: PowerSGD compresses from step 2, and step 3's loss is the first to follow)
+    args = ["verify", "--dry-run", "--world-sizes", "2", "--steps", "4"]
     args += ["--data-root", str(data_root), "--out-dir", str(tmp_path)]
     assert main([*args, "--strategies", "ddp_bf16_hook,ddp_fp16_hook"]) == 0
     said = "and single with its gradients rounded to bf16, fp16 on each layout"
