@@ -244,13 +244,17 @@ def test_gpu_carry_with_data_linked_to_the_source_keeps_the_source(tmp_path):
     with tarfile.open(tree / ".whl" / "horovod-0.28.1.tar.gz", "w:gz") as tar:
         tar.add(tree / ".gitignore", arcname="horovod-0.28.1/PKG-INFO")
     env = {k: v for k, v in os.environ.items() if k != "PARABENCH_DATA_ROOT"}
-    done = subprocess.run(
-        ["bash", str(tree / "scripts" / "gpu_carry.sh"), sys.executable],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def carry() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(tree / "scripts" / "gpu_carry.sh"), sys.executable],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = carry()
     assert (source / "t10k-images-idx3-ubyte").read_bytes() == b"images"
     assert done.returncode == 0, done.stderr
     assert "gpu-carry: .data/mnist is ../shared/data/mnist itself; left as it is" in done.stderr
@@ -258,13 +262,7 @@ def test_gpu_carry_with_data_linked_to_the_source_keeps_the_source(tmp_path):
     (tree / ".data").unlink()
     (tree / ".data").mkdir()
     (tree / ".data" / "mnist").symlink_to(source)
-    done = subprocess.run(
-        ["bash", str(tree / "scripts" / "gpu_carry.sh"), sys.executable],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = carry()
     assert done.returncode == 0, done.stderr
     assert (source / "t10k-images-idx3-ubyte").read_bytes() == b"images"
     copied = tree / ".data" / "mnist"

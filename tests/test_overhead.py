@@ -17,6 +17,32 @@ from tests.conftest import single_epoch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def load_overhead():
+    """benchmarks/overhead.py as a module (a script, outside the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    return overhead
+
+
+def third_harness_raises(monkeypatch, overhead, exc: BaseException) -> None:
+    """Rounds of `single` alone with both sides stubbed: the hand-written loop at 100
+    samples/s, the harness at 90 until its third cell raises `exc`."""
+    calls = iter(range(100))
+
+    def harness(strategy, world, args, out_dir, tag):
+        if next(calls) == 2:
+            raise exc
+        return 90.0
+
+    monkeypatch.setattr(overhead, "check", lambda args: None)
+    monkeypatch.setattr(overhead, "hand", lambda strategy, world, args: 100.0)
+    monkeypatch.setattr(overhead, "harness", harness)
+    monkeypatch.setattr(overhead, "pairs", lambda device: (("single", 1),))
+
+
 def test_loop_cost_reports_the_harness_step_against_a_bare_one():
     """--loop-cost-only runs the real loop (single's train_epoch) and a bare loop on a tiny
     model and prints both per-step figures and their difference with its interval, with no
@@ -70,11 +96,7 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one():
 def test_switching_a_part_off_leaves_the_loop_training_and_comes_back():
     """Inside switched_off the harness's loop still trains (losses fall as with the part
     on), its steps' phases read 0 and its held memory nothing; after it, both are back."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
-    overhead = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(overhead)
+    overhead = load_overhead()
 
     with overhead.switched_off(overhead.SWITCHABLE):
         off = single_epoch(6, warmup=1)
@@ -93,11 +115,7 @@ def test_the_summary_says_which_way_the_ratio_reads(monkeypatch, capsys):
     that below 1 the harness is slower, and where the interval stays wide it blames the
     rounds' scatter, not the harness's cost (here the harness is 10-30 % slower, far more
     than the interval's width)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
-    overhead = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(overhead)
+    overhead = load_overhead()
     speeds = iter([0.7, 0.9, 0.8, 0.75, 0.85, 0.72, 0.88, 0.78] * 4)
     monkeypatch.setattr(overhead, "hand", lambda strategy, world, args: 100.0)
     monkeypatch.setattr(overhead, "harness", lambda *a: 100.0 * next(speeds))
@@ -173,22 +191,10 @@ def test_the_rounds_done_stay_in_the_csv_when_a_later_round_fails(monkeypatch, t
     """--csv is written after every round: a harness cell that fails in round 2 (or a
     command limit that cuts the script off) keeps rounds 0 and 1's figures in it, where
     they were written only after the last round and lost with it."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
-    overhead = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(overhead)
-    calls = iter(range(100))
-
-    def harness(strategy, world, args, out_dir, tag):
-        if next(calls) == 2:
-            raise SystemExit(f"harness {strategy} failed: a test's reason")
-        return 90.0
-
-    monkeypatch.setattr(overhead, "check", lambda args: None)
-    monkeypatch.setattr(overhead, "hand", lambda strategy, world, args: 100.0)
-    monkeypatch.setattr(overhead, "harness", harness)
-    monkeypatch.setattr(overhead, "pairs", lambda device: (("single", 1),))
+    overhead = load_overhead()
+    third_harness_raises(
+        monkeypatch, overhead, SystemExit("harness single failed: a test's reason")
+    )
     csv_path = tmp_path / "rounds.csv"
     argv = ["overhead.py", "--min-rounds", "6", "--csv", str(csv_path)]
     monkeypatch.setattr(sys, "argv", argv)
@@ -206,16 +212,13 @@ def test_the_hand_written_side_trains_on_the_harness_training_set(monkeypatch, t
     --batch between them, which the options' check lets through, gave it no batch at all, a
     loop that never ended. A one-layer model stands in for the CNN (its step at batch 9,500
     takes long on a CPU); an alarm turns that endless loop into a failure."""
-    import importlib.util
     import signal
 
     import torch
 
     from bench.workload import models
 
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
-    overhead = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(overhead)
+    overhead = load_overhead()
     data_root = os.environ.get("PARABENCH_TEST_DATA")
     if not data_root or not (Path(data_root) / "mnist").is_dir():
         pytest.skip("needs MNIST under $PARABENCH_TEST_DATA")
@@ -242,22 +245,8 @@ def test_ctrl_c_in_the_rounds_is_one_line_saying_what_was_kept(monkeypatch, tmp_
     """Ctrl-C, or SIGTERM from a command limit (which the harness turns into the same), in
     the third round's harness cell was a KeyboardInterrupt traceback from inside the
     harness: now one line and exit 130, naming the CSV that keeps the two rounds before."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
-    overhead = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(overhead)
-    calls = iter(range(100))
-
-    def harness(strategy, world, args, out_dir, tag):
-        if next(calls) == 2:
-            raise KeyboardInterrupt
-        return 90.0
-
-    monkeypatch.setattr(overhead, "check", lambda args: None)
-    monkeypatch.setattr(overhead, "hand", lambda strategy, world, args: 100.0)
-    monkeypatch.setattr(overhead, "harness", harness)
-    monkeypatch.setattr(overhead, "pairs", lambda device: (("single", 1),))
+    overhead = load_overhead()
+    third_harness_raises(monkeypatch, overhead, KeyboardInterrupt())
     csv_path = tmp_path / "rounds.csv"
     monkeypatch.setattr(sys, "argv", ["overhead.py", "--csv", str(csv_path)])
     try:
@@ -276,13 +265,10 @@ def test_ctrl_c_in_the_hand_written_side_stops_its_ranks(monkeypatch):
     """Ctrl-C or SIGTERM while the hand-written ranks ran left them running their steps to
     the end (mp.spawn's join gave way; the ranks were joined only as Python exited): on a
     GPU, past the command that started them. Now they are killed and reaped at once."""
-    import importlib.util
 
     import torch.multiprocessing as mp
 
-    spec = importlib.util.spec_from_file_location("overhead", ROOT / "benchmarks" / "overhead.py")
-    overhead = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(overhead)
+    overhead = load_overhead()
     done: list[str] = []
 
     class Rank:
