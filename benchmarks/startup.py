@@ -15,6 +15,7 @@ startup.csv.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 
 BARE = """
 import os, sys
@@ -86,25 +88,41 @@ def bare(launcher: str, world: int, script: Path, timeout_s: float = 300.0) -> f
     try:
         stdout, stderr = launched.communicate(timeout=timeout_s)
     except BaseException as exc:
-        proc.signal_group(launched.pid, signal.SIGKILL)
-        stdout, stderr = launched.communicate()
+        stdout, stderr = _kill(launched)
         if not isinstance(exc, subprocess.TimeoutExpired):
             raise
-        last = _why(subprocess.CompletedProcess(argv[launcher], -9, stdout, stderr))
         raise SystemExit(
-            f"bare {launcher} did not finish in {timeout_s:g} s (killed; --timeout): {last}"
+            f"bare {launcher} did not finish in {timeout_s:g} s (killed; --timeout): "
+            f"{_why(stderr + stdout)}"
         ) from None
     elapsed = time.time() - t0
-    done = subprocess.CompletedProcess(argv[launcher], launched.returncode, stdout, stderr)
-    if done.returncode != 0:  # as a harness cell that fails: why, in one line, no traceback
-        raise SystemExit(f"bare {launcher} failed (exit {done.returncode}): {_why(done)}")
+    if launched.returncode != 0:  # as a harness cell that fails: why, in one line
+        raise SystemExit(
+            f"bare {launcher} failed (exit {launched.returncode}): {_why(stderr + stdout)}"
+        )
     return elapsed
 
 
-def _why(done: subprocess.CompletedProcess) -> str:
+def _kill(launched: subprocess.Popen) -> tuple[str, str]:
+    """Kill the launcher and every process under it (torchrun starts each rank in a session
+    of its own, which killing the launcher's session would miss); what they had written."""
+    from bench.harness import proc
+
+    with contextlib.suppress(psutil.Error):
+        for p in psutil.Process(launched.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    proc.signal_group(launched.pid, signal.SIGKILL)
+    try:
+        return launched.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # a grandchild holding the pipes, past our reach
+        launched.kill()
+        return "", ""
+
+
+def _why(text: str) -> str:
     """The last Python error the ranks wrote (torchrun closes with a summary of rules and
     fields after it; horovodrun prefixes a rank's lines), else their last line."""
-    text = done.stderr + done.stdout
     errors = re.findall(r"^(?:\[\d+,\d+\]<\w+>:)?\s*([\w.]+(?:Error|Exception): \S.*)$", text, re.M)
     lines = text.strip().splitlines()
     return errors[-1].strip() if errors else lines[-1] if lines else "no output"

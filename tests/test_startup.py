@@ -60,18 +60,21 @@ def test_the_bare_launchers_leave_out_the_users_rendezvous_variables(tmp_path, m
     monkeypatch.setenv("MASTER_PORT", "1")
     monkeypatch.setenv("RANK", "5")
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    real = subprocess.run
+    real = subprocess.Popen
+    started = []
 
-    def run(argv, **kw):
+    def popen(argv, **kw):
         # checked before the ranks start: a leak would have them reach for that address
         env = kw.get("env")
         assert env is not None, "the bare launcher inherits the whole environment"
         assert not {"MASTER_ADDR", "MASTER_PORT", "RANK"} & set(env)
         assert env["GLOO_SOCKET_IFNAME"] == "lo"
-        return real(argv, timeout=120, **kw)
+        started.append(argv)
+        return real(argv, **kw)
 
-    monkeypatch.setattr(startup.subprocess, "run", run)
-    assert startup.bare("spawn", 2, script) > 0  # the ranks met, here
+    monkeypatch.setattr(startup.subprocess, "Popen", popen)
+    assert startup.bare("spawn", 2, script, timeout_s=120) > 0  # the ranks met, here
+    assert len(started) == 1
 
 
 def test_a_bare_launcher_that_fails_says_why_in_one_line(tmp_path):
@@ -90,9 +93,13 @@ def test_a_bare_launcher_that_fails_says_why_in_one_line(tmp_path):
     )
 
 
-def test_a_bare_launcher_that_hangs_is_killed_with_its_ranks_after_the_timeout(tmp_path):
+@pytest.mark.parametrize(("launcher", "world"), [("spawn", 2), ("torchrun", 1)])
+def test_a_bare_launcher_that_hangs_is_killed_with_its_ranks_after_the_timeout(
+    tmp_path, launcher, world
+):
     """A bare launcher whose ranks never meet hung the script for ever (it waited with no
-    limit): after --timeout it is killed with every process it started, and says so."""
+    limit): after --timeout it is killed with every process it started, and says so;
+    torchrun's ranks too, each in a session of its own."""
     import contextlib
     import time
 
@@ -102,21 +109,20 @@ def test_a_bare_launcher_that_hangs_is_killed_with_its_ranks_after_the_timeout(t
     pids = tmp_path / "pids"
     script = tmp_path / "bare.py"
     script.write_text(
-        "import subprocess, sys, time\n"
-        "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-        f"open({str(pids)!r}, 'w').write(str(rank.pid))\n"
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
         "print('waiting for the other ranks', flush=True)\n"
         "time.sleep(600)\n"
     )
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as stopped:
-        startup.bare("spawn", 2, script, timeout_s=5)
+        startup.bare(launcher, world, script, timeout_s=10)
     assert time.monotonic() - t0 < 60
     assert str(stopped.value) == (
-        "bare spawn did not finish in 5 s (killed; --timeout): waiting for the other ranks"
+        f"bare {launcher} did not finish in 10 s (killed; --timeout): waiting for the other ranks"
     )
-    rank = int(pids.read_text())
     time.sleep(0.5)
-    # the launcher's own child is gone too (or a zombie its new parent has not reaped)
-    with contextlib.suppress(psutil.NoSuchProcess):
-        assert psutil.Process(rank).status() == psutil.STATUS_ZOMBIE
+    for pid in map(int, pids.read_text().split()):  # the rank and its child: gone (or a
+        with contextlib.suppress(psutil.NoSuchProcess):  # zombie its new parent keeps)
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
