@@ -67,12 +67,13 @@ def test_u_test_on_separated_and_identical_samples() -> None:
 
 def test_leaders_tie_overlapping_intervals() -> None:
     cells = [("a", 100.0, (95.0, 105.0)), ("b", 98.0, (93.0, 103.0)), ("c", 80.0, (78.0, 82.0))]
-    assert stats.leaders(cells) == (["a", "b"], "95 % intervals over repeats")
-    alone, how = stats.leaders([("a", 1.0, stats.NAN_PAIR), ("b", 2.0, stats.NAN_PAIR)])
-    assert alone == ["b"] and "fewer than 3" in how
-    # a cell with no interval beside others that have one: not told apart, so not excluded
-    best, how = stats.leaders([*cells, ("d", 60.0, stats.NAN_PAIR)])
-    assert best == ["a", "b", "d"] and "d without an interval" in how
+    assert stats.leaders(cells) == (["a", "b"], [], "95 % intervals over repeats")
+    alone, untold, how = stats.leaders([("a", 1.0, stats.NAN_PAIR), ("b", 2.0, stats.NAN_PAIR)])
+    assert alone == ["b"] and not untold and "fewer than 3" in how
+    # a cell with no interval beside others that have one: not told apart, neither tied nor
+    # behind
+    best, untold, how = stats.leaders([*cells, ("d", 60.0, stats.NAN_PAIR)])
+    assert best == ["a", "b"] and untold == ["d"] and how == "95 % intervals over repeats"
 
 
 def test_median_interval_from_order_statistics() -> None:
@@ -150,8 +151,8 @@ def test_pairing_by_round_tells_a_steady_gap_from_noise() -> None:
         (n, float(np.mean(list(v.values()))), stats.t_interval(list(v.values())))
         for n, v in (("a", a), ("b", b))
     ]
-    assert stats.leaders(cells) == (["a", "b"], "95 % intervals over repeats")  # unpaired: tied
-    best, how = stats.leaders(cells, rounds={"a": a, "b": b})
+    assert stats.leaders(cells) == (["a", "b"], [], "95 % intervals over repeats")  # unpaired
+    best, _, how = stats.leaders(cells, rounds={"a": a, "b": b})
     assert best == ["a"] and "paired round by round" in how  # paired: b is behind
     # a gap that flips sign from round to round stays within noise, paired or not
     c = {r: v * (1.03 if r % 2 else 0.97) for r, v in a.items()}

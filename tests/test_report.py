@@ -765,8 +765,15 @@ def test_a_cell_without_an_interval_is_not_ranked_outside_noise(reference) -> No
     runs.loc[hit, "status"] = "failed"
     ranking = report.ranking_markdown(report.summarise(runs), runs)
     ws2 = next(line for line in ranking.splitlines() if line.startswith("- world size 2"))
-    assert "model_split" in ws2.split("within noise of it:")[1]
-    assert "model_split without an interval (fewer than 3 repeats): not told apart" in ws2
+    assert "model_split" not in ws2.split("; ")[1]  # neither within noise nor behind:
+    assert ws2.endswith("; model_split without an interval (fewer than 3 repeats): not told apart")
+    # "Which to pick" says so too, where it listed the cell within noise without a word,
+    # and names the slowest, which it left out as if within noise
+    run = dataclasses.replace(reference, runs=runs)
+    pick = next(line for line in _pick(run).splitlines() if line.startswith("- world size 2, w"))
+    assert "model_split without an interval (fewer than 3 repeats): not told apart" in pick
+    assert "model_split" not in pick.split("within noise of it: ")[1].split(";")[0]
+    assert pick.endswith("; slowest model_split, 0.50x single")
 
 
 def test_which_to_pick_ranks_singles_numerics_apart_from_the_fastest_of_all(reference) -> None:

@@ -758,7 +758,7 @@ def _leaders(grp: pd.DataFrame, rounds: Mapping[tuple[str, int], Mapping[int, fl
         if (r["strategy"], int(r["world_size"])) in rounds
     }
     if len(cells) < 2:
-        return [c[0] for c in cells], ""
+        return [c[0] for c in cells], [], ""
     return stats.leaders(cells, rounds=mine)
 
 
@@ -768,7 +768,7 @@ def ranking_markdown(summary: pd.DataFrame, runs: pd.DataFrame | None = None) ->
     lines = []
     rounds = per_round(runs)
     for ws, grp in summary.groupby("world_size"):
-        best, how = _leaders(grp, rounds)
+        best, untold, how = _leaders(grp, rounds)
         if not how:
             continue  # one cell: nothing to rank it against
         tied = (
@@ -779,6 +779,8 @@ def ranking_markdown(summary: pd.DataFrame, runs: pd.DataFrame | None = None) ->
         tied += "" if "no interval" in how else f" (by {how})"
         if "no interval" in how:
             tied = f" ({how})"
+        if untold:  # fewer than 3 repeats: neither within noise nor shown slower
+            tied += f"; {stats.untold_text(untold)}"
         lines.append(f"- world size {ws}: fastest {best[0]}{tied}")
     unstable = summary[summary["unstable"] == 1]
     if len(unstable):
@@ -841,7 +843,7 @@ def _speed_lines(
     if grp.empty:
         return []  # no speed to rank here (oversubscribed, or no samples/s)
     named = {cell_name(r): r for _, r in grp.iterrows()}
-    best, how = _leaders(same, rounds) if len(same) else ([], "")
+    best, untold, how = _leaders(same, rounds) if len(same) else ([], [], "")
     numerics = f"numerics `{want}`" if base is None else f"single's numerics (`{want}`)"
     if not best:
         lines = [f"world size {ws}: no cell with {numerics} timed"]
@@ -854,6 +856,7 @@ def _speed_lines(
         elif how:
             line += f"; within noise of it: {', '.join(best[1:])}" if best[1:] else ""
             line += "" if best[1:] else "; no other within noise"
+            line += f"; {stats.untold_text(untold)}" if untold else ""
         slowest = cell_name(same.loc[same["samples_per_s_median"].idxmin()])
         if slowest not in best:
             line += f"; slowest {slowest}, {_pace(named[slowest])}"

@@ -164,16 +164,16 @@ def leaders(
     cells: Sequence[tuple[str, float, tuple[float, float]]],
     higher_is_better: bool = True,
     rounds: Mapping[str, Mapping[int, float]] | None = None,
-) -> tuple[list[str], str]:
+) -> tuple[list[str], list[str], str]:
     """The best cell and every cell tied with it within noise, from (name, point estimate,
-    interval); and how that was decided. Where `rounds` gives each cell's value per round
-    (an interleaved run), a cell is tied when the paired interval of its ratio to the best
-    reaches 1 (paired_ratio_interval); otherwise, or with fewer than 3 rounds in common,
-    when the two cells' intervals overlap. Without intervals no tie can be ruled out or in:
-    the best alone, said so; a cell with none where others have one is counted tied, named
-    in how, since nothing shows it slower."""
+    interval); the cells not told apart from it; and how that was decided. Where `rounds`
+    gives each cell's value per round (an interleaved run), a cell is tied when the paired
+    interval of its ratio to the best reaches 1 (paired_ratio_interval); otherwise, or with
+    fewer than 3 rounds in common, when the two cells' intervals overlap. Without intervals
+    no tie can be ruled out or in: the best alone, said so; a cell with none where others
+    have one is neither tied nor behind: not told apart (nothing shows it either way)."""
     if not cells:
-        return [], ""
+        return [], [], ""
     ordered = sorted(cells, key=lambda c: c[1], reverse=higher_is_better)
     best = ordered[0]
     rounds = rounds or {}
@@ -193,20 +193,22 @@ def leaders(
             if overlap(best[2], interval):
                 tied.append(name)
         else:
-            tied.append(name)
             untold.append(name)
     if not paired and not unpaired:
-        return [best[0]], "no interval (fewer than 3 repeats): ties cannot be told from noise"
+        return [best[0]], [], "no interval (fewer than 3 repeats): ties cannot be told from noise"
     how = []
     if paired:
         how.append("95 % interval of the ratio to the fastest, paired round by round")
     if unpaired:
         how.append("95 % intervals over repeats")
-    if untold:  # fewer than 3 repeats: "no other within noise" would claim what none showed
-        how.append(
-            f"{', '.join(untold)} without an interval (fewer than 3 repeats): not told apart"
-        )
-    return [best[0], *tied], "; ".join(how)
+    return [best[0], *tied], untold, "; ".join(how)
+
+
+def untold_text(untold: Sequence[str]) -> str:
+    """The clause naming cells with no interval beside cells that have one ("" if none)."""
+    if not untold:
+        return ""
+    return f"{', '.join(untold)} without an interval (fewer than 3 repeats): not told apart"
 
 
 def significant_change(
