@@ -48,19 +48,14 @@ class Single(Strategy):
         if cfg.global_batch % r:
             return f"global batch {cfg.global_batch} does not split into {r} equal shares"
         # each share is cut into the cell's micro-batches: an uneven cut would scale the
-        # loss and gradients
+        # loss and gradients (one share, the whole batch, is the runner's check of every
+        # cell's micro-batches)
         for k in cfg.accumulate:  # the cell's alone (runner.plan)
-            if not (cfg.global_batch // r) % k:
-                continue
-            if r == 1:  # no shares asked for: name none
+            if r > 1 and (cfg.global_batch // r) % k:
                 return (
-                    f"global batch {cfg.global_batch} does not split into {k} equal "
-                    "micro-batches; every micro-batch must be the same size"
+                    f"a share of {cfg.global_batch // r} samples ({r} shares of global batch "
+                    f"{cfg.global_batch}) does not split into {k} equal micro-batches"
                 )
-            return (
-                f"a share of {cfg.global_batch // r} samples ({r} shares of global batch "
-                f"{cfg.global_batch}) does not split into {k} equal micro-batches"
-            )
         return None
 
     @property

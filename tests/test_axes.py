@@ -277,8 +277,8 @@ def test_single_asked_for_micro_batches_that_do_not_divide_its_batch_says_so_pla
             accumulate=(3,),
         )
     assert str(err.value) == (
-        "single cannot run at world size 1 with fp32,acc3: global batch 64 does not split "
-        "into 3 equal micro-batches; every micro-batch must be the same size"
+        "single cannot run at world size 1 with fp32,acc3: global batch 64 is not divisible "
+        "by world size 1 x 3 micro-batches"
     )
 
 

@@ -169,7 +169,7 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
     if not impossible and cells and all(c.status for c in cells):
         # every strategy's cells skipped, some as the batch does not cut into equal
         # micro-batches: a run of skipped rows only, where --accumulate is what to change
-        uneven = dict.fromkeys(c.reason for c in cells if c.reason.endswith(" micro-batches"))
+        uneven = dict.fromkeys(c.reason for c in cells if isinstance(c.reason, UnevenCut))
         if uneven:
             impossible.append(f"no cell can run: {'; '.join(uneven)}")
     impossible = list(dict.fromkeys(impossible))  # a batch every strategy fails alike: once
@@ -241,7 +241,12 @@ def _check_shares(cfg: RunConfig, name: str, ws: int, k: int, shares: int) -> st
     said = f"global batch {cfg.global_batch} is not divisible by {whose}"
     if cfg.global_batch % shares:
         raise ConfigError(f"{said}; every rank must get the same share")
-    return f"{said} x {k} micro-batches"
+    return UnevenCut(f"{said} x {k} micro-batches")
+
+
+class UnevenCut(str):
+    """The reason a cell is skipped where its shares of the batch do not cut into its
+    --accumulate's micro-batches (plan() makes a run of nothing but these an error)."""
 
 
 def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
