@@ -445,7 +445,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         timeout_s=a.timeout,
         out_dir=a.out_dir,
         run_id=a.run_id,
-        options=_options(a.options),
+        options=_pairs("--set", a.options, "to sweep it, give its values at once: --set {}=a,b"),
         precisions=a.precisions,
         compile=a.compile,
         compile_mode=a.compile_mode,
@@ -457,8 +457,8 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
         diverge_factor=a.diverge_factor,
         data_feed=a.data_feed,
         step_timing=a.step_timing,
-        model_kwargs=_kwargs("--model-arg", a.model_args),
-        dataset_kwargs=_kwargs("--dataset-arg", a.dataset_args),
+        model_kwargs=_pairs("--model-arg", a.model_args),
+        dataset_kwargs=_pairs("--dataset-arg", a.dataset_args),
         seq_len=RunConfig.seq_len if a.seq_len is None else a.seq_len,
         probe_pairs=a.probe_pairs,
         profile_steps=a.profile_steps,
@@ -569,26 +569,15 @@ def _given(
     ]
 
 
-def _options(pairs: list[tuple[str, str]]) -> dict[str, str]:
-    """--set's key=value pairs; a key given twice would keep only its last value."""
-    keys = [k for k, _ in pairs]
-    twice = sorted({k for k in keys if keys.count(k) > 1})
-    if twice:
-        raise ConfigError(
-            f"--set {twice[0]} is given twice; to sweep it, give its values at once: "
-            f"--set {twice[0]}=a,b"
-        )
-    return dict(pairs)
-
-
-def _kwargs(flag: str, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """--model-arg's or --dataset-arg's key=value pairs; a key given twice would keep only
-    its last value, the first dropped without a word."""
+def _pairs(flag: str, pairs: list[tuple[str, Any]], hint: str = "give it once") -> dict[str, Any]:
+    """--set's, --model-arg's or --dataset-arg's key=value pairs; a key given twice would
+    keep only its last value, the first dropped without a word (`hint`: what to do, {} the
+    key)."""
     keys = [k for k, _ in pairs]
     twice = next((k for k in keys if keys.count(k) > 1), None)
     if twice is not None:
-        values = ", ".join(f"{k}={v!r}" for k, v in pairs if k == twice)
-        raise ConfigError(f"{flag} {twice} is given twice ({values}): give it once")
+        values = ", ".join(f"{k}={v}" for k, v in pairs if k == twice)
+        raise ConfigError(f"{flag} {twice} is given twice ({values}): {hint.format(twice)}")
     return dict(pairs)
 
 
