@@ -328,10 +328,11 @@ def _notes(strategy: Strategy) -> str:
 
 def _cell_metrics(strategy: Strategy, warmup_steps: int) -> tuple[dict[str, Any], str]:
     """The strategy's own measurements of the timed steps (Strategy.cell_metrics), and what
-    it raised ("" where nothing): the timed steps are measured, and a cell_metrics that
-    raises (a plug-in's bug, or a private torch API that moved) costs its own columns,
-    not the cell. Where it raised on some ranks only, before its gather, its peers wait in
-    that gather, as in a probe that fails on one rank."""
+    it raised ("" where nothing): a cell_metrics that raises (a plug-in's bug, or a
+    private torch API that moved) fails the row, with its reason, and the measured steps
+    are kept. Where it raised on some ranks only, before a collective of its own, its peers'
+    collectives fall out of step with theirs: the cell hangs to its --timeout or fails, as
+    in a probe that fails on one rank."""
     try:
         return strategy.cell_metrics(warmup_steps), ""
     except Exception as exc:
