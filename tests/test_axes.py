@@ -93,7 +93,8 @@ def test_dataparallel_replicas_compute_in_the_cells_precision(precision):
     parallel_apply enters autocast there with that thread's default dtype (autocast's
     dtype is per-thread): fp16 on CUDA, so `dp --precision bf16` over 2 GPUs computed in
     fp16 with no loss scaling. The replicated module must carry the cell's dtype. Here on
-    the CPU, whose default is bf16, a replica's thread is entered as parallel_apply does."""
+    the CPU, a replica's thread is entered as parallel_apply does, its default dtype the
+    other one."""
     import threading
 
     import torch
@@ -109,7 +110,10 @@ def test_dataparallel_replicas_compute_in_the_cells_precision(precision):
     replicated = strategy.model.module  # what DataParallel copies to each device
     got = []
 
+    other = DTYPES["fp16" if precision == "bf16" else "bf16"]
+
     def replica() -> None:
+        torch.set_autocast_dtype("cpu", other)  # this thread's default alone
         with torch.amp.autocast("cpu", enabled=True):  # parallel_apply's, in the replica
             got.append(replicated(torch.ones(3, 4)).dtype)
 
