@@ -1720,10 +1720,10 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
     single = baseline_row(summary) if len(summary) else None
     if single is None:
         base = " (no ok `single` run at world size 1, so no speed-up)"
-    elif str(single.get("setting", "")) in ("fp32", ""):
+    elif results.plainness(str(single.get("setting", "")))[0] == 0:
         base = ""
     else:  # no plain single in this run: say which of its settings the speed-ups are over
-        base = f" (`{single['strategy']}`, its plainest setting in this run)"
+        base = f" (`{single['strategy']}` at `{single['setting']}`, its plainest in this run)"
     # the summary table and how to read it; where no cell finished ok, only that
     summarised = (
         [
