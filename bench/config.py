@@ -103,7 +103,9 @@ class RunConfig:
     step_timing: str = "sync"
     #: a loss above this many times the first step's (or non-finite) marks the row diverged
     diverge_factor: float = 10.0
-    save_params: bool = False  # write final parameters (parity checks)
+    # write final parameters (parity checks): set by verify alone, so a strategy's
+    # unsuitable() reads it as "this is a verify run" (no timing, no warm-up to check)
+    save_params: bool = False
     #: every dropout layer of the model off (parity: its masks depend on the rank layout)
     no_dropout: bool = False
     #: the ImageNet subset's training images center-cropped as the held-out ones, with no

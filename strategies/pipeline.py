@@ -373,9 +373,13 @@ class Pipeline(TorchDistributed):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every stage's tensors under the full model's names, merged on rank 0."""
+        # each tensor once (state_dict lists a shared one under each of its names), then
+        # under every name the full model gives it
+        tensors = {id(t): t for t in self.stage_modules.state_dict(keep_vars=True).values()}
         local = {
-            name: t.detach().cpu()
-            for t in self.stage_modules.state_dict(keep_vars=True).values()
+            name: cpu
+            for t in tensors.values()
+            for cpu in [t.detach().cpu()]
             for name in self.names[id(t)]
         }
         parts = self.gather(local)
