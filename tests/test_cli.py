@@ -1119,7 +1119,8 @@ def test_verify_lists_no_fp32_cell_of_a_strategy_that_never_trains_in_fp32(
     tmp_path, capsys, data_root
 ):
     """--precision fp16 adds fp32 for the baseline; amp_ddp cannot train there, and its
-    cell there was listed as skipped beside the fp16 one asked for."""
+    cell there was listed as skipped beside the fp16 one asked for (single at world size 2
+    was too, where verify's table has no row of it)."""
     args = ["verify", "--dry-run", "--strategies", "amp_ddp,ddp_spawn", "--world-sizes", "2"]
     args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--steps", "3"]
     assert main([*args, "--precision", "fp16"]) == 0, capsys.readouterr().err
@@ -1127,6 +1128,13 @@ def test_verify_lists_no_fp32_cell_of_a_strategy_that_never_trains_in_fp32(
     amp = [line.split()[:3] for line in out.splitlines() if line.startswith("amp_ddp ")]
     assert amp == [["amp_ddp", "2", "fp16"]], out
     assert [w for w in out.split() if w == "ddp_spawn"] == ["ddp_spawn"] * 2  # fp32 and fp16
+    # nor single at world size 2, a layout the baseline cannot have: verify compares none
+    args = ["verify", "--dry-run", "--strategies", "single,ddp_spawn", "--world-sizes", "1,2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--steps", "3"]
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    single = [line.split()[:2] for line in out.splitlines() if line.startswith("single ")]
+    assert single == [["single", "1"]], out
 
 
 def test_verify_dry_run_names_the_runs_batch_norm_adds(tmp_path, capsys, data_root):

@@ -730,7 +730,7 @@ def compare(run_dir: Path) -> list[Parity]:
             )
         return refs[(layout, precision)]
 
-    unfit = fp32_companions(
+    unfit = not_compared(
         [(r["strategy"], int(r["world_size"]), r.get("precision", ""), r["status"]) for r in rows]
     )
     for r in sorted(rows, key=lambda r: case_of[id(r)]):
@@ -738,10 +738,8 @@ def compare(run_dir: Path) -> list[Parity]:
         precision = r.get("precision", "")
         if case == BASELINE:
             continue
-        if case[0] == BASELINE[0] and case[1] > 1 and r["status"] == results.SKIPPED:
-            continue  # single at world size 2: a layout it cannot have, no comparison
         if (r["strategy"], int(r["world_size"]), precision, r["status"]) in unfit:
-            continue  # amp_ddp in fp32: verify's companion of a precision it cannot train in
+            continue  # single at world size 2, amp_ddp in fp32: no cell of what was asked
         numerics = r.get("numerics") or ""
         tol = tolerance(numerics) if numerics else None
         # single in a reduced precision with no other option: a precision reference itself
@@ -989,13 +987,14 @@ def added_settings(base: RunConfig, pcfg: RunConfig) -> str:
     )
 
 
-def fp32_companions(cells: list[tuple[str, int, str, str]]) -> set[tuple[str, int, str, str]]:
-    """Of (strategy, world size, precision, status), the skipped fp32 cells of strategies
-    that never train in fp32 (amp_ddp: bf16 or fp16) beside a cell of theirs in another
-    precision at that world size: parity_config puts fp32 beside every precision asked, for
-    the baseline, and such a strategy's skipped cell there is no cell of what was asked (it
-    read as one skipped: "1 of 2 cell(s) match" for amp_ddp in fp16 alone). A strategy
-    not registered here is taken as it is."""
+def not_compared(cells: list[tuple[str, int, str, str]]) -> set[tuple[str, int, str, str]]:
+    """Of (strategy, world size, precision, status), the skipped cells that are no cell of
+    what was asked, which verify neither compares nor lists: single at world sizes past 1
+    (a layout it cannot have), and the fp32 cells of strategies that never train in fp32
+    (amp_ddp: bf16 or fp16) beside a cell of theirs in another precision at that world
+    size: parity_config puts fp32 beside every precision asked, for the baseline (amp_ddp
+    in fp16 alone read "1 of 2 cell(s) match", one skipped). A strategy not registered
+    here is taken as it is."""
     import strategies as registry
 
     def never_fp32(name: str) -> bool:
@@ -1009,7 +1008,11 @@ def fp32_companions(cells: list[tuple[str, int, str, str]]) -> set[tuple[str, in
     return {
         c
         for c in cells
-        if c[2] == "fp32" and c[3] == results.SKIPPED and (c[0], c[1]) in other and never_fp32(c[0])
+        if c[3] == results.SKIPPED
+        and (
+            (c[0] == BASELINE[0] and c[1] > 1)
+            or (c[2] == "fp32" and (c[0], c[1]) in other and never_fp32(c[0]))
+        )
     }
 
 
@@ -1348,7 +1351,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if a.dry_run:
         from bench.harness import estimate
 
-        unfit = fp32_companions(
+        unfit = not_compared(
             [(c.strategy, c.world_size, c.setting.precision, c.status) for c in cells]
         )
         cells = [
