@@ -24,7 +24,8 @@ mkdir -p .data .whl
 # source itself, and removing it before the copy would delete the only MNIST (a link
 # .data/mnist is only a link: it is removed and replaced by a copy that travels)
 if [ "$(cd .data && pwd -P)" = "$(cd "$SRC" && pwd -P)" ]; then
-    echo "gpu-carry: .data/mnist is $SRC/mnist itself; left as it is" >&2
+    echo "gpu-carry: .data/mnist is $SRC/mnist itself; left as it is (a carry that copies" \
+         "a link as a link takes no MNIST: remove the link .data and run this again)" >&2
 else
     rm -rf .data/mnist
     cp -r "$SRC/mnist" .data/mnist

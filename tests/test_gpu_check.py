@@ -258,6 +258,7 @@ def test_gpu_carry_with_data_linked_to_the_source_keeps_the_source(tmp_path):
     assert (source / "t10k-images-idx3-ubyte").read_bytes() == b"images"
     assert done.returncode == 0, done.stderr
     assert "gpu-carry: .data/mnist is ../shared/data/mnist itself; left as it is" in done.stderr
+    assert "remove the link .data and run this again" in done.stderr
     # a folder .data whose mnist is a link to the source: the link gives way to a copy
     (tree / ".data").unlink()
     (tree / ".data").mkdir()
