@@ -198,6 +198,11 @@ class Strategy:
         self.clock = PhaseClock(ctx.device)
         #: the last batch trained on, kept for the probes after the timed steps
         self.last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: whether this rank's evaluation is past the last collective it takes part in (a
+        #: pipeline's rank 0 once the weights are gathered): where `collective_eval`, a
+        #: failure after it, on this rank alone, leaves no peer waiting, so the row fails
+        #: with its reason and keeps the measured steps, where the cell failed
+        self.evaluating_alone = False
 
     @classmethod
     def processes(cls, world_size: int) -> int:

@@ -387,9 +387,13 @@ class Pipeline(TorchDistributed):
 
     def eval_module(self) -> nn.Module | None:
         """A whole copy of the model with the trained weights, on rank 0 (collective)."""
+        self.evaluating_alone = False
         state = self.full_state_dict()
         if self.ctx.rank != 0:
             return None
+        # the gather done, the rest is rank 0's alone (its peers go on to the epoch's record):
+        # running out of memory building the copy, or a forward that raises, waits no one
+        self.evaluating_alone = True
         full = copy.deepcopy(self.original).to_empty(device=self.ctx.device)
         full.load_state_dict(state)
         return full

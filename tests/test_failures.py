@@ -493,3 +493,39 @@ def test_the_oom_watch_reads_the_kernels_records_and_ends_at_an_end_of_file(monk
     assert watch.fd is None  # closed
     with pytest.raises(OSError):
         os.fstat(read_end)
+
+
+def test_a_pipeline_evaluation_that_fails_on_rank_0_keeps_the_measured_steps(
+    tmp_path, data_root, faulty
+):
+    """A pipeline gathers its stages' weights on every rank, then rank 0 alone builds the
+    whole model and runs its forward: a failure there (out of memory, a forward that
+    raises) fails the row with its reason and keeps the steps. One before the gather, with
+    a peer waiting in it, still fails the cell."""
+    import pandas as pd
+
+    from bench.harness import results
+
+    strategies = ("test_pipeline_evaloom", "test_pipeline_evalfails", "test_pipeline_gatherfails")
+    cfg = small_config(tmp_path, data_root, strategies=strategies, world_sizes=(2,), timeout_s=60)
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    row = {r["strategy"]: r for r in rows}
+    assert row["test_pipeline_evaloom"]["status"] == results.OOM
+    assert row["test_pipeline_evaloom"]["reason"] == (
+        "evaluation after the timed steps failed: OutOfMemoryError: CUDA out of memory. "
+        "Tried to allocate 8.00 GiB"
+    )
+    assert row["test_pipeline_evalfails"]["status"] == results.FAILED
+    assert row["test_pipeline_evalfails"]["reason"] == (
+        "evaluation after the timed steps failed: RuntimeError: deliberate failure in the "
+        "evaluation's forward"
+    )
+    for name in ("test_pipeline_evaloom", "test_pipeline_evalfails"):
+        r = row[name]
+        assert float(r["samples_per_s"]) > 0 and int(r["timed_steps"]) == 4  # kept
+        assert float(r["bubble_pct"]) > 0  # the strategy's own measurements too
+    assert len(pd.read_csv(run_dir / "steps.csv")) == 2 * 6
+    gather = row["test_pipeline_gatherfails"]
+    assert gather["status"] == results.FAILED
+    assert "deliberate failure before the weight gather" in gather["reason"]
+    assert not leftover_processes(run_dir)

@@ -256,9 +256,10 @@ def _train(
             metrics = evaluate(strategy, bundle.held_out) if evaluates and cfg.eval_samples else {}
         except Exception as exc:
             # the timed steps are measured: keep them and say what failed, where rank 0
-            # evaluates alone; where every rank takes part, one that failed alone would
+            # evaluates alone, or has alone since its last collective (a pipeline's, after
+            # the weights' gather); where every rank takes part, one that failed alone would
             # leave the others waiting in the evaluation's collectives: the cell fails
-            if strategy.collective_eval:
+            if strategy.collective_eval and not strategy.evaluating_alone:
                 raise
             metrics = {"eval_error": proc.one_line(exc), "eval_oom": proc.is_oom(exc)}
             if strategy.model is not None:

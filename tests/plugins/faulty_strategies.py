@@ -279,3 +279,62 @@ class EvalOutOfMemory(Strategy):
 
     def eval_module(self):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+
+
+class PipelineEvalOutOfMemory(Pipeline):
+    """A pipeline whose rank 0 runs out of memory building the whole model from the
+    gathered weights (after the gather every rank took part in)."""
+
+    variants = {
+        "test_pipeline_evaloom": Variant(
+            "torchrun",
+            "pipeline whose rank 0 runs out of memory rebuilding the model for evaluation",
+            {"schedule": "gpipe", "microbatches": "2"},
+        )
+    }
+
+    def eval_module(self):
+        model = super().eval_module()
+        if model is not None:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return model
+
+
+class RaisesInForward(torch.nn.Module):
+    def forward(self, x):
+        raise RuntimeError("deliberate failure in the evaluation's forward")
+
+
+class PipelineEvalForwardFails(Pipeline):
+    """A pipeline whose whole model's forward raises at evaluation (on rank 0 alone, after
+    the gather)."""
+
+    variants = {
+        "test_pipeline_evalfails": Variant(
+            "torchrun",
+            "pipeline whose evaluation forward raises on rank 0",
+            {"schedule": "gpipe", "microbatches": "2"},
+        )
+    }
+
+    def eval_module(self):
+        model = super().eval_module()
+        return None if model is None else RaisesInForward()
+
+
+class PipelineGatherFails(Pipeline):
+    """A pipeline whose rank 1 raises before its part of the evaluation's weight gather:
+    rank 0 is left in the gather, and the cell must fail (not hang or keep a row)."""
+
+    variants = {
+        "test_pipeline_gatherfails": Variant(
+            "torchrun",
+            "pipeline whose rank 1 raises before the evaluation's gather",
+            {"schedule": "gpipe", "microbatches": "2"},
+        )
+    }
+
+    def full_state_dict(self):
+        if self.ctx.rank == 1:
+            raise RuntimeError("deliberate failure before the weight gather")
+        return super().full_state_dict()
