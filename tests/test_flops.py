@@ -272,3 +272,33 @@ def test_an_fp32_gpu_row_says_which_products_run_in_tf32():
         assert tf32_note(conv).startswith("fp32 matrix products in TF32")
     finally:
         cudnn.allow_tf32, cublas.allow_tf32 = saved
+
+
+def test_a_gpu_older_than_ampere_notes_no_tf32(monkeypatch):
+    """TF32 runs on tensor cores of compute capability 8 and later: on a V100 (7.0) or a T4
+    (7.5) fp32 is fp32 whatever allow_tf32 says, and the row says nothing of TF32 (its MFU
+    peak is fp32's already)."""
+    import torch
+
+    from bench.harness.worker import tf32_note
+
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    gpu = torch.device("cuda", 0)
+    cudnn, cublas = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = cudnn.allow_tf32, cublas.allow_tf32
+    asked = []
+
+    def capability(device=None):
+        asked.append(device)
+        return major, 0
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    try:
+        cudnn.allow_tf32 = cublas.allow_tf32 = True
+        major = 7
+        assert tf32_note(conv, gpu) == ""
+        major = 8
+        assert tf32_note(conv, gpu).startswith("fp32 convolutions and matrix products in TF32")
+        assert asked == [gpu, gpu]
+    finally:
+        cudnn.allow_tf32, cublas.allow_tf32 = saved

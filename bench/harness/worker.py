@@ -169,10 +169,14 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
 CONVS = tuple(getattr(torch.nn, f"Conv{t}{d}d") for t in ("", "Transpose") for d in (1, 2, 3))
 
 
-def tf32_note(model: torch.nn.Module) -> str:
+def tf32_note(model: torch.nn.Module, device: torch.device | None = None) -> str:
     """What of an fp32 cell's products run in TF32 on a GPU, as torch is set now: cuDNN's
     convolutions by default, matrix products where allowed (not by default); "" where none
-    does. Its row's fp32 is then TF32's 10-bit mantissa there (verify turns TF32 off)."""
+    does. Its row's fp32 is then TF32's 10-bit mantissa there (verify turns TF32 off).
+    `device`: the cell's GPU; one older than Ampere (compute capability 8) has no TF32, and
+    torch's allow_tf32 flags change nothing there (its MFU peak is fp32's: flops.peak_for)."""
+    if device is not None and torch.cuda.get_device_capability(device)[0] < 8:
+        return ""
     convs = any(isinstance(m, CONVS) for m in model.modules())
     parts = ["convolutions"] if convs and torch.backends.cudnn.allow_tf32 else []
     parts += ["matrix products"] if torch.backends.cuda.matmul.allow_tf32 else []
@@ -201,7 +205,7 @@ def _train(
     elif (
         ctx.device.type == "cuda"
         and strategy.setting.precision == "fp32"
-        and (note := tf32_note(model))
+        and (note := tf32_note(model, ctx.device))
     ):
         strategy.notes.append(note)
     model = model.to(ctx.device)
