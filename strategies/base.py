@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -680,8 +680,10 @@ class Strategy:
         timer = StepTimer(self.ctx.device, step_timing)
         # on CUDA, steps at least SPARSE_EVERY_S apart are lapped and their memory read, and
         # always the first and the first timed (of an epoch no longer than its warm-up, the
-        # last, which _epoch_stats then times): a lap's event costs host time
-        first_timed = warmup_steps if max_steps is None else min(warmup_steps, max_steps - 1)
+        # last, which _epoch_stats then times, whether --max-steps or the loader ends it): a
+        # lap's event costs host time
+        ends = [max_steps, len(loader) if isinstance(loader, Sized) else None]
+        first_timed = min([warmup_steps, *(n - 1 for n in ends if n)])
         every = SPARSE_EVERY_S.get(self.ctx.device.type, 0.0)
         self.clock = PhaseClock(self.ctx.device, every, always=(0, first_timed))
         losses: list[torch.Tensor] = []

@@ -80,9 +80,11 @@ def faulty_strategies():
         strategies.registry.cache_clear()
 
 
-def single_epoch(steps: int, warmup: int):
+def single_epoch(steps: int, warmup: int, by_loader: bool = False):
     """One epoch of single's training loop (Strategy.train_epoch) in this process, on a
-    tiny model (Linear(4, 2), batch 8, SGD), `steps` steps of which `warmup` warm-up."""
+    tiny model (Linear(4, 2), batch 8, SGD), `steps` steps of which `warmup` warm-up:
+    --max-steps `steps` of a loader one batch longer, or (`by_loader`) a loader of `steps`
+    batches and no --max-steps."""
     import torch
 
     from strategies.base import RankContext, Setting
@@ -94,6 +96,8 @@ def single_epoch(steps: int, warmup: int):
     strategy = Single(ctx, {}, Setting())
     model = torch.nn.Linear(4, 2)
     strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    if by_loader:
+        return strategy.train_epoch([(x, y)] * steps, 0, max_steps=None, warmup_steps=warmup)
     return strategy.train_epoch([(x, y)] * (steps + 1), 0, max_steps=steps, warmup_steps=warmup)
 
 

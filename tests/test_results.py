@@ -284,6 +284,9 @@ def test_the_loop_laps_and_reads_the_first_the_first_timed_and_the_last_step(mon
     assert read == [True, False, True, False, False, False, True]
     short = single_epoch(3, warmup=5)  # warm-up cut to 2 steps: step 2 is the timed one
     assert short.warmup_steps == 2 and [bool(p) for p in short.phase_ms] == [True, False, True]
+    # ended by its loader, not --max-steps (a small --limit on a GPU): the same
+    short = single_epoch(3, warmup=5, by_loader=True)
+    assert short.warmup_steps == 2 and [bool(p) for p in short.phase_ms] == [True, False, True]
     monkeypatch.undo()
     every = single_epoch(4, warmup=1)  # a CPU's own: every step
     assert all(every.phase_ms) and not any(math.isnan(m) for m in every.held_mib)
