@@ -205,8 +205,9 @@ def test_held_memory_is_read_at_most_so_often_where_a_read_is_dear():
 def test_cuda_marks_go_on_the_stream_looked_up_once(monkeypatch):
     """On CUDA a lap or an events-timed mark is an event recorded on the current stream,
     looked up at the first mark, not at each (current_stream() builds a Stream object per
-    call, inside every timed step); what the clock and timer read back is unchanged. A fake
-    CUDA here: the events' times are the order they were recorded in."""
+    call, inside every timed step); what the clock and timer read back is unchanged, and
+    they wait for the events on their own device. A fake CUDA here: the events' times are
+    the order they were recorded in."""
     from bench.harness.probes import PhaseClock
 
     looked_up, recorded = [], []
@@ -225,8 +226,9 @@ def test_cuda_marks_go_on_the_stream_looked_up_once(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: looked_up.append(d) or "s0")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
-    gpu = torch.device("cuda:0")
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.append(d))
+    gpu = torch.device("cuda:1")  # not the current device: every wait names it
     clock, timer = PhaseClock(gpu), StepTimer(gpu, "events")
     assert not looked_up  # nothing asked of CUDA before the first mark
     for _ in range(3):
@@ -240,6 +242,7 @@ def test_cuda_marks_go_on_the_stream_looked_up_once(monkeypatch):
     assert looked_up == [gpu, gpu] and set(recorded) == {"s0"}  # once each, for 15 marks
     assert len(recorded) == 15  # a step's end is the next one's start: no mark of its own
     assert clock.steps() == [{"forward": 1.0, "backward": 1.0, "optimizer": 0.0}] * 3
+    assert synced and all(d == gpu for d in synced), synced
     # 5 marks a step apart; the last step ends at a mark its first reading records
     assert [(r.total_ms, r.data_ms) for r in timer.records()] == [(5.0, 1.0)] * 3
     assert len(recorded) == 16 and len(timer.records()) == 3 and len(recorded) == 16

@@ -48,6 +48,11 @@ class CudaMarks:
         event.record(self._stream)
         return event
 
+    def wait(self) -> None:
+        """Until the events recorded on the clock's device have happened (its device named:
+        the current device need not be it)."""
+        torch.cuda.synchronize(self._device)
+
 
 class Due:
     """Whether a sparse probe is taken now: where at least `every_s` has passed since it
@@ -113,7 +118,7 @@ class PhaseClock:
         """Per step, milliseconds per phase (every phase present, 0 where none ran; none
         for a step not lapped)."""
         if self._cuda:
-            torch.cuda.synchronize()
+            self._cuda.wait()
         out: list[dict[str, float]] = []
         for marks in self._steps:
             if marks is None:
