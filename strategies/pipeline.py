@@ -29,7 +29,6 @@ import bisect
 import copy
 import functools
 import itertools
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,7 +38,7 @@ from torch import nn
 
 from bench import torch_before
 from bench.harness import results
-from bench.harness.probes import PhaseClock
+from bench.harness.probes import PhaseClock, Span
 from bench.workload.models import meta_model, sequence
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed
@@ -333,14 +332,16 @@ class Pipeline(TorchDistributed):
         args = (x,) if self.first else ()
         kwargs: dict[str, Any] = {"target": y, "losses": losses} if self.last else {}
         self.sent_bytes = 0  # (busy_s is read from the chunk clock after the step)
-        t0 = time.perf_counter()
+        # (on CUDA an event's span, as the chunks' compute is: a host clock started here
+        # would count the last step's optimizer still queued under --step-timing events)
+        span = Span(self.ctx.device)
+        span.start()
         with self.autocast():
             self.schedule.step(*args, return_outputs=False, **kwargs)
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ctx.device)
+        seconds = span.seconds()  # (the device waited for)
         self.busy_s = sum(sum(ms.values()) for ms in self.chunk_clock.steps()) / 1e3
         self.chunk_clock = PhaseClock(self.ctx.device)
-        self.spans.append((time.perf_counter() - t0, self.busy_s, self.sent_bytes))
+        self.spans.append((seconds, self.busy_s, self.sent_bytes))
         if self.last:  # the mean of equal micro-batches' means: the batch mean
             return torch.stack([loss.detach().float() for loss in losses]).mean()
         return torch.zeros((), device=self.ctx.device)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import pytest
 import torch
@@ -246,6 +247,44 @@ def test_cuda_marks_go_on_the_stream_looked_up_once(monkeypatch):
     # 5 marks a step apart; the last step ends at a mark its first reading records
     assert [(r.total_ms, r.data_ms) for r in timer.records()] == [(5.0, 1.0)] * 3
     assert len(recorded) == 16 and len(timer.records()) == 3 and len(recorded) == 16
+
+
+def test_a_span_on_cuda_is_between_events_where_the_stream_reaches_them(monkeypatch):
+    """The pipelines' bubble is their step's span less their chunks' event-timed compute.
+    The span was a host clock started before the step: under --step-timing events the last
+    step's optimizer is still queued then, and counted in as bubble. On CUDA a Span is two
+    events on the stream, read after waiting for the device; on a CPU, the host clock. A
+    fake CUDA: an event's time is when the stream reaches it (here 7 ms after the first
+    event's record, the queued work)."""
+    from bench.harness.probes import Span
+
+    synced = []
+
+    class Event:
+        clock = iter([7.0, 19.0])  # ms at which the stream reaches each event
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            self.t = next(Event.clock)
+
+        def elapsed_time(self, end):
+            assert synced, "read before the device was waited for"
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: "s0")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.append(d))
+    gpu = torch.device("cuda:1")
+    span = Span(gpu)
+    span.start()
+    assert span.seconds() == pytest.approx(0.012)  # 19 - 7 ms: not the queued 7 ms before
+    assert synced == [gpu]
+    host = Span(torch.device("cpu"))
+    host.start()
+    time.sleep(0.01)
+    assert 0.009 < host.seconds() < 1.0
 
 
 def test_the_phase_clock_laps_steps_at_most_so_often_where_asked():

@@ -54,6 +54,28 @@ class CudaMarks:
         torch.cuda.synchronize(self._device)
 
 
+class Span:
+    """Wall time from `start()` to `seconds()`. On CUDA both ends are events on the stream
+    (CudaMarks), so the span starts where the stream reaches it, after the work queued
+    before it (the last step's optimizer, a batch's copy), which a host clock started at
+    once would count in: the pipelines' bubble is this span less their chunks' event-timed
+    compute. `seconds()` waits for the device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = CudaMarks(device) if device.type == "cuda" else None
+        self._t0: Any = None
+
+    def start(self) -> None:
+        self._t0 = self._cuda.now() if self._cuda else time.perf_counter()
+
+    def seconds(self) -> float:
+        if self._cuda is None:
+            return time.perf_counter() - self._t0
+        end = self._cuda.now()
+        self._cuda.wait()
+        return self._t0.elapsed_time(end) / 1e3
+
+
 class Due:
     """Whether a sparse probe is taken now: where at least `every_s` has passed since it
     was last taken, or it is forced (every_s 0: always)."""
