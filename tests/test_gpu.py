@@ -40,7 +40,8 @@ def test_single_dp_ddp_on_one_gpu_with_nccl(tmp_path, data_root):
         r = _ok(rows, name)
         assert r["mem_source"] == "cuda_allocator" and float(r["peak_alloc_mib"]) > 0
         assert float(r["peak_reserved_mib"]) >= float(r["peak_alloc_mib"])
-        assert r["cuda_version"] and r["device_names"]
+        # the GPU's own name (without a GPU the field falls back to the CPU's model)
+        assert r["cuda_version"] and torch.cuda.get_device_name(0) in r["device_names"]
     assert _ok(rows, "ddp_torchrun")["backend"] == "nccl"
     assert _ok(rows, "amp_ddp")["precision"] == "fp16"  # its default on a GPU
 
