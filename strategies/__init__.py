@@ -117,7 +117,7 @@ class StrategySpec:
             try:
                 hook(*args)
             except Exception as exc:
-                return _raised(hook, exc)
+                return raised(hook, exc)
         return _reason(self.cls.unavailable, device)
 
     # The class's checks, as the planner asks them: a plug-in's that raises gives what it
@@ -150,7 +150,7 @@ class StrategySpec:
         try:
             n = hook(world_size, options)
         except Exception as exc:
-            return _raised(hook, exc)
+            return raised(hook, exc)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             return f"{self.cls.__name__}.batch_shares() answered {n!r}, not a positive int"
         return n
@@ -180,12 +180,14 @@ def _reason(hook: Any, *args: Any) -> str | None:
     try:
         return hook(*args)
     except Exception as exc:
-        return _raised(hook, exc)
+        return raised(hook, exc)
 
 
-def _raised(hook: Any, exc: Exception) -> str:
-    owner = getattr(hook, "__self__", None)  # the class of a class method
-    name = f"{owner.__name__}.{hook.__name__}" if isinstance(owner, type) else hook.__name__
+def raised(hook: Any, exc: Exception) -> str:
+    """What a strategy's hook raised, in one line naming it (`Class.hook() raised ...`)."""
+    owner = getattr(hook, "__self__", None)  # the class of a class method, else the object
+    cls = owner if isinstance(owner, type) else type(owner) if owner is not None else None
+    name = f"{cls.__name__}.{hook.__name__}" if cls is not None else hook.__name__
     return f"{name}() raised {one_line(exc)}"
 
 

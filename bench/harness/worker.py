@@ -328,7 +328,7 @@ def _notes(strategy: Strategy) -> str:
     try:
         return "; ".join(strategy.run_notes())
     except Exception as exc:
-        return f"{type(strategy).__name__}.run_notes() raised {proc.one_line(exc)}"
+        return strategies.raised(strategy.run_notes, exc)
 
 
 def _cell_metrics(strategy: Strategy, warmup_steps: int) -> tuple[dict[str, Any], str]:
@@ -341,7 +341,7 @@ def _cell_metrics(strategy: Strategy, warmup_steps: int) -> tuple[dict[str, Any]
     try:
         return strategy.cell_metrics(warmup_steps), ""
     except Exception as exc:
-        return {}, f"{type(strategy).__name__}.cell_metrics() raised {proc.one_line(exc)}"
+        return {}, strategies.raised(strategy.cell_metrics, exc)
 
 
 def _median(values: Any) -> float:
