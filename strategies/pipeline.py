@@ -377,12 +377,9 @@ class Pipeline(TorchDistributed):
         # each tensor once (state_dict lists a shared one under each of its names), then
         # under every name the full model gives it
         tensors = {id(t): t for t in self.stage_modules.state_dict(keep_vars=True).values()}
-        local = {
-            name: cpu
-            for t in tensors.values()
-            for cpu in [t.detach().cpu()]
-            for name in self.names[id(t)]
-        }
+        local: dict[str, torch.Tensor] = {}
+        for t in tensors.values():
+            local.update(dict.fromkeys(self.names[id(t)], t.detach().cpu()))
         parts = self.gather(local)
         return {k: v for part in parts for k, v in part.items()} if self.ctx.rank == 0 else {}
 
