@@ -446,10 +446,13 @@ def stop_said(p: argparse.ArgumentParser, rows: list[dict], csv_path: str) -> It
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
-    """Every round's figures so far, the file rewritten whole (a few rows a round)."""
+    """Every round's figures so far, the file rewritten whole (a few rows a round), as the
+    harness writes its tables: a stop while writing leaves the rounds before it."""
     import csv
 
-    with open(path, "w", newline="") as f:
+    from bench.harness.results import written_whole
+
+    with written_whole(Path(path), newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
