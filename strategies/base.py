@@ -438,6 +438,13 @@ class Strategy:
         """Every rank's `obj`, in rank order, on every rank."""
         return [obj]
 
+    def gather_to_root(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj`, in rank order, on rank 0 alone (None elsewhere): for what only
+        rank 0 uses, such as the whole model's weights, which every rank would otherwise
+        hold a copy of. A backend without a gather to one rank gathers to all."""
+        every = self.gather(obj)
+        return every if self.ctx.rank == 0 else None
+
     def sync_off(self) -> contextlib.AbstractContextManager | None:
         """A context in which one whole step (zero_grad, forward, backward, optimizer step)
         runs without synchronising gradients between ranks: the ablation that measures how

@@ -56,6 +56,11 @@ class TorchDistributed(Strategy):
         dist.all_gather_object(out, obj)
         return out
 
+    def gather_to_root(self, obj: Any) -> list[Any] | None:
+        out: list[Any] | None = [None] * self.ctx.world_size if self.ctx.rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
     def barrier(self) -> None:
         dist.barrier()
 

@@ -380,8 +380,9 @@ class Pipeline(TorchDistributed):
         local: dict[str, torch.Tensor] = {}
         for t in tensors.values():
             local.update(dict.fromkeys(self.names[id(t)], t.detach().cpu()))
-        parts = self.gather(local)
-        return {k: v for part in parts for k, v in part.items()} if self.ctx.rank == 0 else {}
+        # to rank 0 alone: a model cut up because it is large is not copied whole to each rank
+        parts = self.gather_to_root(local)
+        return {k: v for part in parts for k, v in part.items()} if parts is not None else {}
 
     def eval_module(self) -> nn.Module | None:
         """A whole copy of the model with the trained weights, on rank 0 (collective)."""

@@ -125,6 +125,52 @@ def test_a_compiled_tensor_parallel_step_runs_outside_the_counting_mode(compiled
     assert ("not counted under torch.compile" in "; ".join(tp.notes)) == compiled
 
 
+ARRIVED: list[int] = []  # in each process: the ranks whose _Sent it unpickled
+
+
+def _arrive(rank: int) -> int:
+    ARRIVED.append(rank)
+    return rank
+
+
+class _Sent:
+    """A rank's part, which notes where it is unpickled."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __reduce__(self):
+        return _arrive, (self.rank,)
+
+
+def _gather_to_root(rank: int, store_path: str, got: dict) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=2, store=dist.FileStore(store_path, 2))
+    try:
+        ctx = RankContext(
+            rank=rank, local_rank=rank, world_size=2, device=torch.device("cpu"), seed=0
+        )
+        pipe = strategies.get("pipeline_gpipe").create(ctx)
+        got[rank] = (pipe.gather_to_root(_Sent(rank)), list(ARRIVED))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_whole_models_weights_are_gathered_to_rank_0_alone(tmp_path):
+    """A pipeline's evaluation and parity gather every stage's weights: to rank 0 only, so a
+    model cut up because it is large is not also copied whole to every other rank (which
+    would unpickle every part)."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        got = manager.dict()
+        mp.spawn(_gather_to_root, args=(str(tmp_path / "store"), got), nprocs=2)
+        got = dict(got)
+    assert got[0] == ([0, 1], [0, 1])
+    assert got[1] == (None, [])  # rank 1 received no one's part
+
+
 def test_shared_batch_samples_are_counted_once():
     rec = {
         "steps": 1,
