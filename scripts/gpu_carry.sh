@@ -10,11 +10,15 @@
 # project itself, from the working tree. NVIDIA apex is not gathered: see README.md.
 #   scripts/gpu_carry.sh [PYTHON]        then name .data and .whl in the carry list
 set -euo pipefail
+# a relative $PARABENCH_DATA_ROOT is the caller's, as every parabench command reads it:
+# made whole before the cd to the checkout below
+SRC=${PARABENCH_DATA_ROOT:-}
+case "$SRC" in "" | /*) ;; *) SRC="$PWD/$SRC" ;; esac
 cd "$(dirname "$0")/.."
+SRC=${SRC:-../shared/data}
 PY=${1:-${PYTHON:-.venv/bin/python}}
 HVD_VERSION=0.28.1
 
-SRC=${PARABENCH_DATA_ROOT:-../shared/data}
 if [ ! -d "$SRC/mnist" ]; then
     echo "gpu-carry: no MNIST under $SRC (set PARABENCH_DATA_ROOT to the folder holding mnist/)" >&2
     exit 2

@@ -223,11 +223,10 @@ def test_an_earlier_days_check_is_named_so_a_cut_off_part_is_finished_there(tmp_
     assert "install -> results/reference/nvidia-fake-gpu-80gb-20200101" in again.stderr
 
 
-def test_gpu_carry_with_data_linked_to_the_source_keeps_the_source(tmp_path):
-    """scripts/gpu_carry.sh where .data is a link to the data root (git ignores a link
-    there too): .data/mnist is then the source itself, which the script removed before
-    copying it, deleting the machine's only MNIST and failing on the copy. A copy of the
-    script in a git tree of its own, Horovod's sdist there already, so nothing is fetched."""
+def _carry_tree(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of scripts/gpu_carry.sh in a git tree of its own, Horovod's sdist there
+    already, so nothing is fetched; and MNIST at ../shared/data seen from the tree. The
+    tree and that MNIST folder."""
     import shutil
     import tarfile
 
@@ -239,22 +238,31 @@ def test_gpu_carry_with_data_linked_to_the_source_keeps_the_source(tmp_path):
     shutil.copy(ROOT / "scripts" / "gpu_carry.sh", tree / "scripts")
     shutil.copy(ROOT / ".gitignore", tree)
     subprocess.run(["git", "init", "-q", str(tree)], check=True, timeout=60)
-    (tree / ".data").symlink_to(source.parent)
     (tree / ".whl").mkdir()
     with tarfile.open(tree / ".whl" / "horovod-0.28.1.tar.gz", "w:gz") as tar:
         tar.add(tree / ".gitignore", arcname="horovod-0.28.1/PKG-INFO")
-    env = {k: v for k, v in os.environ.items() if k != "PARABENCH_DATA_ROOT"}
+    return tree, source
 
-    def carry() -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["bash", str(tree / "scripts" / "gpu_carry.sh"), sys.executable],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
 
-    done = carry()
+def _gpu_carry(tree: Path, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    env = {**{k: v for k, v in os.environ.items() if k != "PARABENCH_DATA_ROOT"}, **env}
+    return subprocess.run(
+        ["bash", str(tree / "scripts" / "gpu_carry.sh"), sys.executable],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_gpu_carry_with_data_linked_to_the_source_keeps_the_source(tmp_path):
+    """scripts/gpu_carry.sh where .data is a link to the data root (git ignores a link
+    there too): .data/mnist is then the source itself, which the script removed before
+    copying it, deleting the machine's only MNIST and failing on the copy."""
+    tree, source = _carry_tree(tmp_path)
+    (tree / ".data").symlink_to(source.parent)
+    done = _gpu_carry(tree, tree)
     assert (source / "t10k-images-idx3-ubyte").read_bytes() == b"images"
     assert done.returncode == 0, done.stderr
     assert "gpu-carry: .data/mnist is ../shared/data/mnist itself; left as it is" in done.stderr
@@ -263,11 +271,25 @@ def test_gpu_carry_with_data_linked_to_the_source_keeps_the_source(tmp_path):
     (tree / ".data").unlink()
     (tree / ".data").mkdir()
     (tree / ".data" / "mnist").symlink_to(source)
-    done = carry()
+    done = _gpu_carry(tree, tree)
     assert done.returncode == 0, done.stderr
     assert (source / "t10k-images-idx3-ubyte").read_bytes() == b"images"
     copied = tree / ".data" / "mnist"
     assert not copied.is_symlink() and (copied / "t10k-images-idx3-ubyte").read_bytes() == b"images"
+
+
+def test_gpu_carry_reads_a_relative_data_root_from_where_it_is_run(tmp_path):
+    """A relative $PARABENCH_DATA_ROOT names a folder from the caller's directory, as for
+    every parabench command; the script read it from the checkout it moves to first, and
+    found no MNIST there (or another one)."""
+    tree, _ = _carry_tree(tmp_path)
+    elsewhere = tmp_path / "work"
+    (elsewhere / "mine" / "mnist").mkdir(parents=True)
+    (elsewhere / "mine" / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"the caller's")
+    done = _gpu_carry(tree, elsewhere, PARABENCH_DATA_ROOT="mine")
+    assert done.returncode == 0, done.stderr
+    copied = tree / ".data" / "mnist" / "t10k-images-idx3-ubyte"
+    assert copied.read_bytes() == b"the caller's"
 
 
 @pytest.mark.parametrize(
