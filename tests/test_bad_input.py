@@ -556,6 +556,14 @@ CASES = [
         id="verify-batch-not-divisible",
     ),
     case(VERIFY, ["--limit", "16"], "smaller than the global batch (32)", id="verify-limit"),
+    # a typo of a model's name, on the default data (MNIST) and on text
+    case(VERIFY, ["--model", "resnet1"], "unknown model 'resnet1'", id="verify-unknown-model"),
+    case(
+        VERIFY,
+        ["--model", "resnet1", "--dataset", "python-source"],
+        "unknown model 'resnet1'",
+        id="verify-unknown-model-text",
+    ),
     # options verify sets itself would be ignored (--max-steps 2 also clashed with the
     # --warmup-steps 5 it never uses)
     case(

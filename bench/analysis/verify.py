@@ -54,7 +54,7 @@ from bench.harness.runner import (
     usable_device,
 )
 from bench.workload import data
-from bench.workload.models import batch_norms, meta_model
+from bench.workload.models import batch_norms, check_model, meta_model
 
 
 @dataclass(frozen=True)
@@ -1331,6 +1331,9 @@ def cmd_verify(a: argparse.Namespace) -> int:
     # them is refused); synthetic data has as many as it says
     if a.limit is None and cfg.dataset == "synthetic":
         cfg = cfg.replace(limit=VERIFY_LIMIT)
+    # a name no model has, first, as plan() checks it: the data check below would take it
+    # for a torchvision model, and a typo read "takes 3-channel images and MNIST is 1-channel"
+    check_model(cfg.model)
     samples = data.checked(parity_config(cfg, a.steps))[1]
     if a.limit is None and samples > VERIFY_LIMIT:
         cfg, samples = cfg.replace(limit=VERIFY_LIMIT), VERIFY_LIMIT
