@@ -1390,3 +1390,14 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
         if not isinstance(action, argparse._HelpAction) and not action.help
     ]
     assert len(commands.choices) >= 8 and bare == []
+
+
+def test_verify_says_how_many_steps_it_compared_and_whose_weights(tmp_path, capsys, data_root):
+    """The table's legend names the steps compared (where no conditioning ran, nothing else
+    said it) and that the weights are rank 0's after the last of them."""
+    args = ["verify", "--strategies", "dp", "--world-sizes", "1", "--steps", "3"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--device", "cpu"]
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "baseline: single at world size 1, fp32; 3 step(s) compared;" in out, out
+    assert "over parameters, after the last step (rank 0's, gathered where sharded)" in out

@@ -843,7 +843,9 @@ def compare(run_dir: Path) -> list[Parity]:
     return out + [ref for ref in refs.values() if ref is not None]
 
 
-def table(parity: list[Parity]) -> str:
+def table(parity: list[Parity], steps: int | None = None) -> str:
+    """The parity rows as text, with a legend of what was compared: `steps`, the steps every
+    cell ran (the run's --max-steps: --steps, or fewer where conditioning cut them)."""
     width = max([26, *(len(p.label) + 1 for p in parity)])
     bwidth = max([9, *(len(p.baseline) + 2 for p in parity)])
     twidth = max([36, *(len(p.tol.describe()) + 2 for p in parity)])
@@ -859,10 +861,14 @@ def table(parity: list[Parity]) -> str:
             f"{p.baseline or '-':<{bwidth}}{p.status}{' (precision reference)' if p.reference else ''}"
         )
     lines += [f"{p.label} ws={p.world_size}: {p.reason}" for p in parity if p.reason]
+    # how many steps, and whose weights: a replica other than rank 0's is not compared
+    over = f"; {steps} step(s) compared" if steps else ""
     lines.append(
-        "baseline: single at world size 1, fp32; loss: max over steps of |loss - baseline's| "
-        "(approximate: relative gap of the mean loss over the second half of the steps); "
-        "rel dparam: ||w - w_base|| / ||w_base - w_init|| over parameters"
+        f"baseline: single at world size 1, fp32{over}; loss: max over steps of |loss - "
+        "baseline's| (the global batch's, averaged over ranks; approximate: relative gap of "
+        "the mean loss over the second half of the steps); rel dparam: ||w - w_base|| / "
+        "||w_base - w_init|| over parameters, after the last step (rank 0's, gathered where "
+        "sharded)"
     )
     if any(p.baseline not in ("single", "") for p in parity):
         lines.append(
@@ -1392,7 +1398,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
     if added:
         print(added, flush=True)
     run_dir, parity = verify(cfg, a.steps)
-    print(table(parity))
+    print(table(parity, RunDir(run_dir).config().max_steps))
     if cfg.multi_host:
         print(
             f"the cells ran across {cfg.nodes} node(s) ({', '.join(cfg.hosts) or 'srun'}); "
