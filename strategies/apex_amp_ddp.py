@@ -63,6 +63,7 @@ class ApexAmpDDP(TorchDistributed):
     }
     accepts = {"opt_level": ("O0", "O1", "O2", "O3"), "ddp": ("apex", "torch")}
     shares_gpu = True  # its DDPs all-reduce, which gloo does on CUDA tensors
+    replicated = True
     #: apex.amp is its own mixed precision (by opt_level), not a value of the precision axis
     precisions = ("apex",)
     no_compile = "apex.amp patches torch functions at run time; torch.compile is not used with it"

@@ -164,6 +164,10 @@ class Strategy:
     no_sync_bn: ClassVar[str] = "one process: SyncBatchNorm needs ranks to synchronise with"
     #: every rank must take part in evaluation and in reading the full weights (sharded models)
     collective_eval: ClassVar[bool] = False
+    #: every rank holds the whole model and, after each step, the same weights (data
+    #: parallelism): `parabench verify`, which compares rank 0's weights with the baseline,
+    #: checks the other ranks' against rank 0's (a rank that fell out of step is a FAIL)
+    replicated: ClassVar[bool] = False
     #: why torch.profiler cannot see this strategy's collectives (then the probe's
     #: communication total is unknown, not 0); empty: it sees them (c10d's gloo and NCCL)
     comm_unseen: ClassVar[str] = ""

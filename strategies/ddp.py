@@ -85,6 +85,7 @@ class DistributedDataParallel(TorchDistributed):
     #: gloo all-reduces and broadcasts CUDA tensors, all DDP (and ZeRO-1's broadcasts) needs;
     #: FSDP's reduce-scatter and the pipelines' send/recv it does not take on CUDA
     shares_gpu = True
+    replicated = True
 
     @classmethod
     def traffic(cls, options, world_size, shape, precision):

@@ -22,6 +22,7 @@ INSTALL = "build it against this torch with `make horovod`"
 
 class Horovod(Strategy):
     multiprocess = True
+    replicated = True
     accepts = {"compression": ("none", "fp16")}
     no_sync_bn = (
         "torch's SyncBatchNorm needs a torch.distributed process group, which horovodrun "

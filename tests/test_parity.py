@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -66,6 +67,25 @@ def test_fp32_strategies_match_the_baseline(parity, name):
     p = parity[(name, 2)]
     assert p.status == "pass", p
     assert p.loss_abs <= RECIPES["exact"].loss_abs and p.param_rel <= RECIPES["exact"].param_rel
+
+
+def test_a_replica_that_fell_out_of_step_fails_though_rank_0s_weights_pass(tmp_path, data_root):
+    """verify compares rank 0's weights with the baseline: over one step, a DDP whose rank 1
+    skips its optimizer step matched on loss and weights alike, and passed. Each replica's
+    weights against rank 0's say it; DDP's own replicas agree."""
+    cfg = small_config(
+        tmp_path, data_root, strategies=("ddp_spawn", "test_replica_nostep"), world_sizes=(2,)
+    )
+    with faulty_strategies():
+        run_dir, result = verify(cfg, steps=1, echo=lambda m: None)
+    by = {p.strategy: p for p in result}
+    good, bad = by["ddp_spawn"], by["test_replica_nostep"]
+    assert good.status == "pass", good
+    assert bad.param_rel <= RECIPES["exact"].param_rel  # rank 0's weights are right...
+    assert bad.status == "FAIL", bad  # ...rank 1's stayed where they began: a whole update
+    assert bad.reason.startswith("rank 1's weights ended 1 of an update from rank 0's"), bad
+    gaps = json.loads(next(run_dir.glob("cells/ddp_spawn*/replicas.json")).read_text())
+    assert len(gaps["param_gap_by_rank"]) == 2
 
 
 def test_data_parallel_matches_the_baseline(tmp_path, data_root):

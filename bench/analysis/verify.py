@@ -334,6 +334,33 @@ def _param_diff(
     return worst, math.sqrt(num) / max(math.sqrt(den), 1e-30)
 
 
+def replicas_apart(rd: RunDir, case: Case, mine: _Baseline, tol: Tolerance) -> str:
+    """Why the cell's ranks ended with other weights than rank 0's, which alone are compared
+    with the baseline (a rank that skipped a step, or averaged its gradients with no one):
+    the farthest rank's ||w_rank - w_0|| relative to how far rank 0's moved, past the
+    tolerance; "" where they agree, or where the cell has no record of its replicas (its
+    weights are sharded, or it ran one rank: bench.harness.worker._save_replica_gaps)."""
+    path = rd.path / "cells" / cell_dirname(*case, 0) / "replicas.json"
+    if not path.exists():
+        return ""
+    gaps = json.loads(path.read_text())["param_gap_by_rank"]
+    moved = math.sqrt(
+        sum(
+            (mine.params[k].double() - mine.init[k].double()).pow(2).sum().item()
+            for k in mine.params
+        )
+    )
+    rel = [g / max(moved, 1e-30) for g in gaps]
+    rank = max(range(len(rel)), key=lambda i: (math.isnan(rel[i]), rel[i]))
+    if rel[rank] <= tol.param_rel:
+        return ""
+    return (
+        f"rank {rank}'s weights ended {rel[rank]:.3g} of an update from rank 0's (params<="
+        f"{tol.param_rel:.3g}): its replicas fell out of step, and only rank 0's are compared "
+        "with the baseline"
+    )
+
+
 BASELINE: Case = ("single", 1, "fp32")
 
 
@@ -795,6 +822,8 @@ def compare(run_dir: Path) -> list[Parity]:
                 "loss (conditioning.txt): this may be rounding"
             )
             reason = f"{reason}; {why}" if reason else why
+        if status == "pass" and (why := replicas_apart(rd, case, mine, tol)):
+            status, reason = "FAIL", why
         if status == "pass" and ref is not None and unrounded(g, ref):
             status = "FAIL"
             reason = (

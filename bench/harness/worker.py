@@ -18,6 +18,7 @@ if __name__ in ("__main__", "__mp_main__"):  # a rank (or mp.spawn's): not the h
     proc.die_with_parent()
 
 import json
+import math
 import os
 import random
 import socket
@@ -318,6 +319,7 @@ def _train(
                 f.write(json.dumps(record) + "\n")
     if cfg.save_params:
         _save_params(strategy, cell_dir / "params.pt")
+        _save_replica_gaps(strategy, cell_dir / "replicas.json")
     strategy.barrier()
 
 
@@ -390,6 +392,25 @@ def _save_params(strategy: Strategy, path: Path) -> None:
     state = strategy.full_state_dict()  # on every rank: a sharded model gathers its weights
     if strategy.ctx.rank == 0:
         torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
+
+
+def _save_replica_gaps(strategy: Strategy, path: Path) -> None:
+    """Where every rank holds the same weights (Strategy.replicated), how far each rank's
+    parameters ended from rank 0's, ||w_rank - w_0|| by rank (collective): verify compares
+    rank 0's with the baseline, and these say whether the others trained the same."""
+    if not (type(strategy).replicated and strategy.ctx.world_size > 1):
+        return
+    assert strategy.model is not None
+    mine = {k: p.detach().cpu() for k, p in strategy.unwrap(strategy.model).named_parameters()}
+    every = strategy.gather_to_root(mine)
+    if every is None:
+        return
+    first = every[0]
+    gaps = [
+        math.sqrt(sum((w[k].double() - first[k].double()).pow(2).sum().item() for k in first))
+        for w in every
+    ]
+    path.write_text(json.dumps({"param_gap_by_rank": gaps}))
 
 
 def _spawn_entry(index: int, spec: dict[str, Any], port: int) -> None:

@@ -169,6 +169,21 @@ class PipelineSkipsStep(Pipeline):
         super().optimizer_step(optimizer)
 
 
+class ReplicaSkipsStep(DistributedDataParallel):
+    """DDP whose rank 1 never takes its optimizer step: its replica keeps the initial weights
+    while rank 0's, the ones compared with the baseline, train right. Over one step the loss
+    (computed before the step) cannot show it; the replicas' weights must."""
+
+    variants = {
+        "test_replica_nostep": Variant("spawn", "DDP whose rank 1 skips its optimizer step")
+    }
+
+    def optimizer_step(self, optimizer):
+        if self.ctx.rank == 1:
+            return
+        super().optimizer_step(optimizer)
+
+
 class ProbeFails(DistributedDataParallel):
     """Trains like DDP, but its communication ablation raises (on every rank alike): the
     cell must still be an ok row, the probe's failure said in `comm_method`."""
