@@ -27,7 +27,7 @@ help:
 	@echo "make test-torch TORCH=2.10.0  the fast suite against another torch (PYTEST_ARGS: other tests)"
 	@echo "make lint       ruff"
 	@echo "make format     ruff format"
-	@echo "make clean      remove $(VENV) and the caches and build outputs"
+	@echo "make clean      remove $(VENV), test-torch's .venv-torch-*, the caches and build outputs"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -100,5 +100,8 @@ GPU_CHECK_PARTS ?=
 gpu-check:
 	PYTHON=$(PYTHON) scripts/gpu_check.sh $(GPU_CHECK_PARTS)
 
+# what the targets above make and git ignores: test-torch's venvs too (one per torch
+# version, each as large as $(VENV)); not results/, nor the data or wheels carried for a GPU
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .venv-torch-* .pytest_cache .ruff_cache build *.egg-info */__pycache__ \
+		*/*/__pycache__

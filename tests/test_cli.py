@@ -1350,6 +1350,20 @@ def test_make_report_renders_the_run_written_last(tmp_path) -> None:
     assert done.stdout.splitlines()[-1] == "parabench report results/aa newest"
 
 
+def test_make_clean_removes_the_venvs_test_torch_made(tmp_path) -> None:
+    """`make test-torch` makes a `.venv-torch-<version>` per torch tried, each as large as
+    .venv; `make clean` left them behind. Results and the data carried for a GPU stay."""
+    box = _make_sandbox(tmp_path)
+    made = [".venv-torch-2.10.0/bin", ".pytest_cache", "bench/harness/__pycache__", "build"]
+    kept = ["results/reference/r", "results/mine", ".data/mnist", ".whl"]
+    for name in made + kept:
+        (box / name).mkdir(parents=True)
+    done = _make(box, "clean")
+    assert done.returncode == 0, done.stderr
+    assert [n for n in [".venv", *made] if (box / n).exists()] == []
+    assert [n for n in kept if not (box / n).is_dir()] == []
+
+
 def test_make_help_names_every_target(tmp_path) -> None:
     import re
 
