@@ -30,17 +30,29 @@ from bench.config import (
 EXIT_BAD_INPUT = 2
 
 
+def comma_items(text: str) -> list[str]:
+    """A comma-separated list's items. An empty item (`single,ddp,`, `1,,2`) is refused: it
+    was dropped without a word, where it may stand for a value meant (`1,2,$N` with N unset)."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):  # an empty shell variable must not widen the run to the default
+        raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
+    if not all(items):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has an empty item (a stray comma); give the values alone, e.g. "
+            f"{','.join(x for x in items if x)}"
+        )
+    return items
+
+
 def _csv(kind: type):
     def parse(text: str):
+        items = comma_items(text)
         try:
-            values = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+            return tuple(kind(x) for x in items)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(
                 f"expected a comma-separated list of {kind.__name__}: {text!r}"
             ) from exc
-        if not values:  # an empty shell variable must not widen the run to the default
-            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
-        return values
 
     return parse
 
@@ -48,8 +60,8 @@ def _csv(kind: type):
 def _on_off(text: str) -> tuple[bool, ...]:
     """`on`, `off` or `off,on` (both, as a matrix axis)."""
     words = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
-    parts = [x.strip().lower() for x in text.split(",") if x.strip()]
-    if not parts or any(x not in words for x in parts):
+    parts = [x.lower() for x in comma_items(text)]
+    if any(x not in words for x in parts):
         raise argparse.ArgumentTypeError(f"expected on, off or off,on; got {text!r}")
     return tuple(words[x] for x in parts)
 

@@ -163,6 +163,10 @@ CASES = [
     ),
     (["--strategies", ","], "--strategies: expected at least one value"),
     (["--strategies", "single", "--world-sizes", ","], "expected at least one value"),
+    # a stray comma was dropped without a word: `1,2,$N` with N unset ran at 1,2
+    (["--strategies", "single,ddp_spawn,"], "'single,ddp_spawn,' has an empty item"),
+    (["--strategies", "single", "--world-sizes", "1,,2"], "'1,,2' has an empty item"),
+    (["--strategies", "single", "--compile", "off,"], "'off,' has an empty item"),
     (["--strategies", "single", "--timeout", "inf"], "--timeout takes seconds above 0"),
     (["--strategies", "single", "--run-id", "x" * 201], "--run-id names a folder: at most 200"),
     (["--strategies", "single", "--image-size", "100000"], "--image-size takes 16 to 1024"),
@@ -268,6 +272,15 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith("parabench: error:"), err
     assert message in lines[0]
     assert not (tmp_path / "out").exists()  # nothing was created
+
+
+def test_predict_refuses_a_stray_comma_in_its_world_sizes(tmp_path, capsys):
+    """As run's list options do: `--world-sizes 4,8,` predicted at 4 and 8 without a word."""
+    with pytest.raises(SystemExit) as bad:
+        main(["predict", str(tmp_path), "--world-sizes", "4,8,"])
+    err = capsys.readouterr().err
+    assert bad.value.code == 2 and err.count("\n") == 1, err
+    assert "'4,8,' has an empty item (a stray comma); give the values alone, e.g. 4,8" in err
 
 
 def test_an_output_folder_that_cannot_be_written_is_one_line(run, tmp_path):

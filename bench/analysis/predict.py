@@ -663,8 +663,10 @@ DEFAULT_SIZES = (2, 4, 8, 64)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
+    from bench.cli import comma_items  # run's list options' own reading: no empty item
+
     try:
-        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+        sizes = tuple(int(x) for x in comma_items(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected world sizes like 4,8,64, got {text!r}") from exc
     if not sizes or any(n < 1 for n in sizes):
