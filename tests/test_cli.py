@@ -583,6 +583,45 @@ def test_predict_on_a_run_from_before_the_measurements_says_so(tmp_path, capsys)
     assert not (old / "predict.csv").exists()
 
 
+def test_predict_writes_its_csv_where_asked_and_never_into_a_committed_reference(tmp_path, capsys):
+    """predict wrote predict.csv into every run it read, committed references under
+    results/reference/ included (an untracked file there, rewritten by each --link asked
+    about); a run directory it could not write ended in a traceback."""
+    import shutil
+
+    import pandas as pd
+
+    src = Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist-20261126"
+    ref = tmp_path / "results" / "reference" / "ref"
+    shutil.copytree(src, ref)
+    before = sorted(p.name for p in ref.iterdir())
+    assert main(["predict", str(ref), "--world-sizes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"predictions not written: {ref} is a committed reference; --csv PATH" in out
+    assert sorted(p.name for p in ref.iterdir()) == before
+    asked = tmp_path / "mine.csv"
+    assert main(["predict", str(ref), "--world-sizes", "2", "--csv", str(asked)]) == 0
+    assert f"predictions: {asked}" in capsys.readouterr().out
+    assert set(pd.read_csv(asked)["world_size"]) == {2}
+    assert sorted(p.name for p in ref.iterdir()) == before
+    # a run of one's own: beside its runs.csv, as before
+    mine = shutil.copytree(ref, tmp_path / "results" / "mine")
+    assert main(["predict", str(mine), "--world-sizes", "2"]) == 0
+    assert set(pd.read_csv(mine / "predict.csv")["world_size"]) == {2}
+    capsys.readouterr()
+    # a --csv that cannot be written: one line, before anything is predicted
+    for bad, said in [(tmp_path / "no" / "p.csv", "no such directory"), (tmp_path, "a directory")]:
+        assert main(["predict", str(mine), "--csv", str(bad)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and said in err, err
+    # a file that cannot be replaced (as in a run copied read-only, which root writes anyway)
+    (mine / "predict.csv").unlink()
+    (mine / "predict.csv").mkdir()
+    assert main(["predict", str(mine), "--world-sizes", "2"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # after the cases left out, one line
+    assert last.startswith(f"parabench: error: cannot write {mine / 'predict.csv'} ("), last
+
+
 def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(
     tmp_path, capsys, data_root, monkeypatch
 ):

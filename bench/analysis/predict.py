@@ -674,14 +674,37 @@ def _sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))  # each once: a size given twice is one prediction
 
 
+def _is_reference(run_dir: Path) -> bool:
+    """A run under results/reference/: a committed reference, which a prediction (one per
+    link asked about) must not add an untracked file to."""
+    return any(
+        p.name == "reference" and p.parent.name == "results" for p in run_dir.resolve().parents
+    )
+
+
+def _csv_path(a: argparse.Namespace, run_dir: Path) -> Path | None:
+    """Where predict.csv goes: --csv, else the run directory, none for a committed reference.
+    A --csv that cannot be written is said before anything is predicted."""
+    if a.csv is None:
+        return None if _is_reference(run_dir) else run_dir / "predict.csv"
+    path = Path(a.csv).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"--csv {a.csv} is a directory; name a file, e.g. {path / 'predict.csv'}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--csv {a.csv}: no such directory {path.parent}")
+    return path
+
+
 def cmd_predict(a: argparse.Namespace) -> int:
     import csv
 
     from bench.analysis import report
+    from bench.harness import results
 
     run_dir = run_dir_named(a.run_dir)
     if a.busbw is not None and not (a.busbw > 0 and math.isfinite(a.busbw)):
         raise ConfigError(f"--busbw must be a positive number of GB/s, got {a.busbw}")
+    path = _csv_path(a, run_dir)
     why: list[str] = []
     sizes = a.world_sizes or DEFAULT_SIZES
     batch = _config(run_dir, a.link).global_batch
@@ -710,11 +733,20 @@ def cmd_predict(a: argparse.Namespace) -> int:
             print(f"doubtful: {doubtful_line(case, where)}")
     for line in why:  # the cases and sizes left out of the table, each with its reason
         print(f"parabench: not predicted: {line}", file=sys.stderr)
-    path = run_dir / "predict.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    if path is None:
+        print(
+            f"predictions not written: {run_dir} is a committed reference; --csv PATH writes them"
+        )
+        return 0
+    try:  # whole or not at all: a stop mid-write leaves the file of the call before
+        with results.written_whole(path, newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+    except OSError as exc:  # a run copied read-only from another machine, say
+        raise ConfigError(
+            f"cannot write {path} ({exc.strerror or exc}); --csv PATH writes it elsewhere"
+        ) from exc
     print(f"predictions: {path}")
     return 0
 
@@ -735,6 +767,13 @@ def add_parser(sub: Any) -> None:
         type=_sizes,
         default=None,
         help=f"default {','.join(map(str, DEFAULT_SIZES))} (those that divide the global batch)",
+    )
+    p.add_argument(
+        "--csv",
+        default=None,
+        metavar="PATH",
+        help="where the predictions' CSV goes (default RUN_DIR/predict.csv; for a committed "
+        "reference under results/reference/, none)",
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--busbw", type=float, default=None, help="what-if bus bandwidth, GB/s")
