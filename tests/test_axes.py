@@ -243,6 +243,55 @@ def test_an_option_sweep_multiplies_only_the_strategies_that_take_it(tmp_path, d
     assert len(dirs) == len(set(dirs)) and "ddp_spawn-ws1-fp32+bucket_cap_mb=25-r1" in dirs
 
 
+@pytest.mark.parametrize(
+    ("names", "options", "said"),
+    [
+        (
+            ("fsdp", "fsdp_zero2"),
+            {"reshard_after_forward": "on,off"},  # on is true, as the strategy reads it
+            "--set reshard_after_forward=on makes fsdp_zero2 (fsdp with "
+            "reshard_after_forward=false) run as fsdp: set it on fsdp, or leave fsdp_zero2 "
+            "out (of --strategies)",
+        ),
+        (
+            ("pipeline_1f1b",),
+            {"schedule": "gpipe"},
+            "--set schedule=gpipe makes pipeline_1f1b (pipeline_gpipe with schedule=1f1b) "
+            "run as pipeline_gpipe: set it on pipeline_gpipe",
+        ),
+        (
+            ("horovod_fp16",),
+            {"compression": "none"},
+            "makes horovod_fp16 (horovod with compression=fp16) run as horovod",
+        ),
+    ],
+)
+def test_a_set_that_turns_a_variant_into_its_sibling_is_refused(
+    tmp_path, data_root, names, options, said
+):
+    """fsdp_zero2 [reshard_after_forward=true] ran fsdp's steps under fsdp_zero2's name,
+    which says they keep parameters gathered: one line before anything runs."""
+    with pytest.raises(ConfigError) as exc:
+        cells(tmp_path, data_root, strategies=names, world_sizes=(2,), options=options)
+    assert said in str(exc.value)
+
+
+def test_a_set_a_variant_fixes_stays_a_sweep_where_no_sibling_runs_it(tmp_path, data_root):
+    """pipeline_gpipe fixes 4 micro-batches; 8 is a pipeline_gpipe of its own, and its own
+    value (or one spelled otherwise, 04) changes nothing."""
+    planned = cells(
+        tmp_path,
+        data_root,
+        strategies=("pipeline_gpipe", "fsdp_zero2"),
+        world_sizes=(2,),
+        options={"microbatches": "04,8", "reshard_after_forward": "off"},
+    )
+    assert sorted({c.label for c in planned if c.strategy == "pipeline_gpipe"}) == [
+        "fp32,microbatches=04",
+        "fp32,microbatches=8",
+    ]
+
+
 def test_single_shares_skip_only_the_micro_batch_counts_that_do_not_divide_them(
     tmp_path, data_root
 ):

@@ -151,6 +151,12 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
     check_model_args(cfg)
     data.check(cfg)
     sweeps = _option_sweeps(cfg.options, specs)
+    for spec in specs:
+        for point in _option_points(spec, sweeps):
+            renamed = _runs_as_sibling(spec, point)
+            if renamed:
+                out = f"--exclude {spec.name}" if not explicit else "of --strategies"
+                raise ConfigError(f"{renamed}, or leave {spec.name} out ({out})")
     cells: list[Cell] = []
     impossible: list[str] = []  # every named strategy that can run none of its cells, at once
     for spec in specs:
@@ -460,6 +466,35 @@ def option_problem(allowed: tuple[str, ...] | type, value: str) -> str | None:
     except ValueError:
         return f"{'an' if allowed is int else 'a'} {allowed.__name__}"
     return None if 0 < number < math.inf else f"a positive, finite {allowed.__name__}"
+
+
+def _runs_as_sibling(spec: strategies.StrategySpec, point: Sequence[tuple[str, str]]) -> str:
+    """Where --set changes an option the strategy's variant fixes so that its cells are a
+    sibling variant's (fsdp_zero2 with reshard_after_forward=true is fsdp; pipeline_1f1b with
+    schedule=gpipe is pipeline_gpipe): a line saying so, else "". Its rows would carry a
+    name that says what they did not run. Another value (microbatches=8) stays a sweep."""
+    if spec.cls is None or spec.variant is None:
+        return ""
+    fixed, takes = spec.variant.options, spec.accepts
+
+    def same(key: str, a: str, b: str) -> bool:  # true and on, 4 and 04: one value
+        return _parsed(a, takes.get(key, str)) == _parsed(b, takes.get(key, str))
+
+    changed = [(k, v) for k, v in point if k in fixed and not same(k, v, fixed[k])]
+    if not changed:
+        return ""
+    cell = merged_options(spec, point)
+    for name, variant in vars(spec.cls).get("variants", {}).items():
+        if name == spec.name or variant.launcher != spec.variant.launcher:
+            continue
+        if all(k in cell and same(k, cell[k], v) for k, v in variant.options.items()):
+            own = ",".join(f"{k}={fixed[k]}" for k, _ in changed)
+            asked = ",".join(f"{k}={v}" for k, v in changed)
+            return (
+                f"--set {asked} makes {spec.name} ({name} with {own}) run as {name}: "
+                f"set it on {name}"
+            )
+    return ""
 
 
 def _option_points(spec: strategies.StrategySpec, sweeps: dict[str, list[str]]) -> list[tuple]:
