@@ -482,6 +482,28 @@ def test_a_target_precision_is_a_condition_named(run_a: Path, tmp_path: Path) ->
     assert cmp.how == [("--target-precision", "none", "2")] and not cmp.unlike
 
 
+def test_a_seed_or_cores_per_node_of_its_own_is_a_condition_named(
+    run_a: Path, tmp_path: Path
+) -> None:
+    """Other initial weights and sample order, or other cores per node (so other threads
+    per rank), went unnamed in the text on what the two runs did differently."""
+    import json
+
+    import pandas as pd
+
+    run_b = Path(shutil.copytree(run_a, tmp_path / "b"))
+    cfg = json.loads((run_b / "config.json").read_text())
+    seed = cfg["seed"]
+    cfg.update(seed=seed + 1, cores_per_node=4)
+    (run_b / "config.json").write_text(json.dumps(cfg))
+    rows = pd.read_csv(run_b / "runs.csv", dtype=str, keep_default_na=False)
+    rows["seed"] = str(seed + 1)
+    rows.to_csv(run_b / "runs.csv", index=False)
+    cmp = compare.compare(report.load_run(run_a), report.load_run(run_b), use_stats=False)
+    assert cmp.how == [("seed", str(seed), str(seed + 1)), ("--cores-per-node", "0", "4")]
+    assert not cmp.unlike
+
+
 REFERENCE = Path(__file__).resolve().parent.parent / "results/reference/cpu-2core-mnist-3rounds"
 
 

@@ -90,6 +90,10 @@ HOW = {
     "limit": "training samples (--limit)",  # the steps per epoch, where --max-steps allows
     "target_precision": "--target-precision",  # the timed steps: until the step time is known
     "lr": "learning rate",
+    # the initial weights and the sample order; and the cores a node gives its ranks,
+    # whose threads per rank follow from it
+    "seed": "seed",
+    "cores_per_node": "--cores-per-node",
 }
 #: a cell ok in A and broken in B (failed, oom, timeout, diverged) is the worst regression
 BROKEN = results.BROKEN
