@@ -456,6 +456,18 @@ def test_time_parts_says_which_communication_was_not_measured() -> None:
     assert pipe == "exposed\ncomm not\nmeasured"
 
 
+def test_time_parts_says_the_exposed_share_of_the_step_its_parts_split() -> None:
+    """On a GPU the parts split the mean of the lapped steps (at least 20 ms apart, each
+    carrying its laps' cost), here 2.0 ms against 1.6 for every timed step: the share over
+    the bar read 25 %, the exposed part over a step the bar is not."""
+    parts = {col: 0.0 for col in plots.STEP_PARTS}
+    parts |= {"part_forward_ms": 0.5, "part_backward_ms": 1.0, "part_comm_exposed_ms": 0.4}
+    parts |= {"part_optimizer_ms": 0.1}
+    rows = pd.DataFrame([{"strategy": "ddp", "world_size": 2, "step_time_ms_mean": 1.6} | parts])
+    (note,) = _notes(plots.time_parts(rows))
+    assert note == "20% comm\nexposed"  # 0.4 of the bar's 2.0 ms
+
+
 def test_a_legend_taller_than_the_figure_makes_the_figure_taller() -> None:
     """Thirty loss curves (every strategy of make bench at two world sizes): their legend
     beside the axes ran past the figure's bottom, cut off in the PNG, with the axes

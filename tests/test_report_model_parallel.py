@@ -760,3 +760,34 @@ def test_a_comm_total_past_the_step_names_the_profiled_step_it_was_measured_in()
     assert "| 12.50 (of 14.00) |" in rows["slow"]
     assert "| 6.00 |" in rows["fits"] and "(of" not in rows["fits"]
     assert "| 12.50 |" in rows["past"] and "(of" not in rows["past"]
+
+
+def test_the_time_split_step_is_the_step_its_parts_split() -> None:
+    """On a GPU only steps at least 20 ms apart are lapped (and the first timed one), and
+    the parts split the mean of those, which carry their laps' cost: MNIST's 1.70 ms steps
+    on an H100, the lapped ones 1.80. The table's step was the mean of every timed step,
+    so its parts added up to 0.10 ms more than the step beside them, with `other` at 0 %."""
+    laps = {
+        "device": "cuda",
+        "step_time_ms_mean": 1.70,  # every timed step
+        "part_data_wait_ms": 0.05,
+        "part_forward_ms": 0.50,
+        "part_backward_ms": 0.90,
+        "part_optimizer_ms": 0.35,
+        "part_comm_exposed_ms": NAN,  # one process: none
+        "part_other_ms": 0.0,  # the lapped steps' mean, 1.80, less their laps
+        "comm_total_ms": NAN,
+        "comm_hidden_ms": NAN,
+        "rank_skew_pct": 0.0,
+        "comm_method": "",
+    }
+    runs = _runs([_row("single", 1, rep, **laps) for rep in range(3)])
+    table = report.breakdown_markdown(report.counted_rows(runs))
+    row = next(ln for ln in table.splitlines() if ln.startswith("| single | 1 |"))
+    cells = row.split(" | ")
+    assert cells[2] == "1.80", row  # 0.05 + 0.50 + 0.90 + 0.35 + 0
+    assert sum(float(c) for c in cells[3:7]) == pytest.approx(float(cells[2]))
+    assert "can be longer than the summary's step time" in table
+    # an older run's rows, with no parts: the table is left out, as before
+    older = runs.drop(columns=[c for c in runs if c.startswith("part_")])
+    assert report.breakdown_markdown(report.counted_rows(older)) == ""

@@ -992,7 +992,8 @@ def time_parts(
 ) -> Figure:
     """A mean step per strategy and world size, stacked: forward, backward and optimizer
     compute, exposed communication (bench.harness.breakdown), data wait and what the laps miss;
-    medians over repeats, so the bar's height is the cell's mean step time. A pipeline's
+    medians over repeats, so the bar's height is the cell's mean step (on a GPU, of its lapped
+    steps: the step the parts split, report._lapped_step). A pipeline's
     measured bubble is said in words over its bar (it lies inside its backward bar: the
     schedule runs forward and backward as one)."""
     rows = counted.copy()
@@ -1026,7 +1027,9 @@ def time_parts(
                 label=f"_{cell[0]} {label}",
             )
             bottom += v
-        step = float(values["step_time_ms_mean"])
+        # the share of the step the parts split: on a GPU the lapped steps' mean, which the
+        # timed steps' (step_time_ms_mean) is not
+        step = float(np.nansum([float(values[col]) for col in STEP_PARTS]))
         comm = float(values["part_comm_exposed_ms"])
         if np.isfinite(comm) and step > 0:
             said = [f"{100 * comm / step:.0f}% comm\nexposed"]

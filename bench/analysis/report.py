@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from bench.config import ConfigError, first_line, run_dir_named
-from bench.harness import results, stats
+from bench.harness import breakdown, results, stats
 
 #: the per-repeat measurements that summary.csv gives a median and spread for
 SUMMARY_METRICS = (
@@ -1461,10 +1461,25 @@ def _band(r: Mapping[str, Any]) -> str:
     )
 
 
+def _lapped_step(grp: pd.DataFrame) -> float:
+    """The mean step a cell's parts split, median over its repeats: each repeat's parts
+    summed (they add up to it by construction, bench.harness.breakdown.stacked). On a GPU
+    that is the mean of the lapped steps only (probes.SPARSE_EVERY_S apart, the first timed
+    one always, each carrying its laps' cost), not the timed steps' mean, step_time_ms_mean:
+    beside it the parts missed their step by that difference, `other` none the wiser."""
+    cols = [f"part_{p}_ms" for p in breakdown.PARTS if f"part_{p}_ms" in grp]
+    parts = grp[cols].apply(pd.to_numeric, errors="coerce").sum(axis=1, min_count=1)
+    step = float(parts.median()) if parts.notna().any() else float("nan")
+    # a row with no parts (an older run's): its timed steps' mean, as before the laps
+    return step if step == step else _median_of(grp, "step_time_ms_mean")
+
+
 def breakdown_markdown(counted: pd.DataFrame) -> str:
     """Where the time goes, per cell (medians over its repeats): the stacked parts of a mean
     step, communication in all and hidden, rank skew, MFU and the trace; "" for a run from
     before the breakdown was kept."""
+    from bench.harness.probes import SPARSE_EVERY_S  # how often a GPU's loop laps a step
+
     if not lapped(counted):
         return ""
     rows = []
@@ -1474,7 +1489,7 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
             for c in counted.columns
             if c.endswith(("_ms", "_pct")) or c == "step_time_ms_mean"
         }
-        step = m.get("step_time_ms_mean", float("nan"))
+        step = _lapped_step(grp)
         method = next((v for v in grp.get("comm_method", []) if isinstance(v, str) and v), "")
         trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
         # a pipeline's schedule runs forward and backward in one call, lapped as backward:
@@ -1506,7 +1521,10 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         "Milliseconds of a mean timed step, median over repeats. The laps of every step "
         "(data wait, forward, backward, optimizer; other: what the laps do not cover, in % of "
         "the step) add up to the step in each repeat; each column's median over repeats may "
-        "come from another repeat, so a row's parts can miss its step by a little. A "
+        "come from another repeat, so a row's parts can miss its step by a little. The step "
+        "is the mean of the steps the laps split: on a GPU only those at least "
+        f"{SPARSE_EVERY_S['cuda'] * 1e3:g} ms apart are lapped (and the first timed one), each carrying its laps' cost, so it can be "
+        "longer than the summary's step time. A "
         "pipeline's schedule runs the forward and backward "
         "of its micro-batches in one call, so its row counts both under backward "
         "(forward+backward) and shows – for forward. Communication is measured after the "
