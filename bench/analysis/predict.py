@@ -349,6 +349,7 @@ def predict_run(
         first = one.iloc[0]
         cpu = first["device"] != "cuda"  # where the run ran, not where this runs
         options = json.loads(_text(first["options"]) or "{}")
+        k = _accumulate(first)
         # every case whose steps are this one's, launched differently: their cells measure
         # the same data wait, compute and share of communication exposed
         pool = _same_steps(counted, spec.cls, options, setting)
@@ -372,6 +373,16 @@ def predict_run(
                 continue
             if cfg.global_batch % n:
                 _say(why, f"world size {n} does not divide the global batch {cfg.global_batch}")
+                continue
+            if cfg.global_batch % (n * k):
+                # as the run skips such a cell (runner._check_shares): no rank of N could
+                # cut its share into the case's micro-batches, so there is no step to predict
+                _say(
+                    why,
+                    f"{case}: at world size {n} each rank's share of the global batch "
+                    f"({cfg.global_batch // n} of {cfg.global_batch}) does not cut into its "
+                    f"{k} micro-batches (--accumulate): a cell the run would skip",
+                )
                 continue
             if cpu and n <= cores:
                 # N ranks on cores/N threads each share this machine's cores: together they
@@ -510,6 +521,16 @@ def _same_steps(counted: Any, cls: type, options: Mapping[str, Any], setting: st
         )
 
     return counted[counted.apply(same, axis=1).astype(bool)] if len(counted) else counted
+
+
+def _accumulate(row: Mapping[str, Any]) -> int:
+    """The micro-batches per optimizer step a case's row ran (--accumulate); 1 where the row
+    does not say (a run older than that column)."""
+    try:
+        k = float(row.get("accumulate", 1))
+    except (TypeError, ValueError):
+        return 1
+    return int(k) if math.isfinite(k) and k >= 1 else 1
 
 
 def _cores(threads: Any, environment: Mapping[str, Any]) -> int:
