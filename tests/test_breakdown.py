@@ -835,3 +835,31 @@ def test_predict_leaves_out_a_world_size_the_cases_micro_batches_cannot_run_at(
     (line,) = [ln for ln in out.splitlines() if ln.startswith("ddp_spawn [acc2]")]
     assert line.split()[2] == "16", line
     assert "not predicted: ddp_spawn [acc2]: at world size 32" in err
+
+
+def test_predict_leaves_out_a_world_size_its_compute_curve_cannot_reach(
+    probed_run, tmp_path, capsys
+) -> None:
+    """A one-process cell whose compute curve holds one batch size (a global batch of 2 or
+    3, or micro-batches of 2 samples at a large --accumulate) has no line to carry to
+    another batch: predict printed that world size as a row of nan (compute, step,
+    samples/s, band), its reason only in predict.csv's basis. It is left out now, the
+    reason on stderr."""
+    from bench.cli import main
+    from bench.harness.runner import cell_dirname
+
+    run, _ = probed_run
+    one = Path(shutil.copytree(run, tmp_path / "one"))
+    epochs = one / "cells" / cell_dirname("ddp_spawn", 1, "fp32", 0) / "epochs.jsonl"
+    record = json.loads(epochs.read_text().splitlines()[-1])
+    curve = record["probe"]["compute_curve"]
+    record["probe"]["compute_curve"] = [p for p in curve if p["batch"] == 32]
+    epochs.write_text(json.dumps(record) + "\n")
+    why: list[str] = []
+    rows = predict.predict_run(one, [1, 16], link="nvlink-h100", why=why)  # 16: past the cores
+    assert [r["world_size"] for r in rows] == [1]
+    assert all(math.isfinite(r["samples_per_s"]) for r in rows)
+    assert any("at world size 16" in w and "too few measured batch sizes" in w for w in why)
+    assert main(["predict", str(one), "--world-sizes", "16"]) == 1  # nothing to predict
+    out, err = capsys.readouterr()
+    assert "nan" not in out and "too few measured batch sizes" in out, out

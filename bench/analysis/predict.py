@@ -390,10 +390,21 @@ def predict_run(
                 compute, basis = compute1, "the one-process cell's compute: ranks share its cores"
                 times = tuple(ones[[f"{p}_ms" for p in PHASES]].sum(axis=1, min_count=1))
             else:
-                times, bases = zip(
-                    *(compute_at(c, cfg.global_batch // n) for c in curves), strict=True
-                )
-                compute, basis = float(np.median(times)), bases[0]
+                batch = cfg.global_batch // n
+                at = [compute_at(c, batch) for c in curves]
+                times = tuple(t for t, _ in at if t == t)
+                if not times:
+                    # a curve of one batch size (a global batch of 2 or 3, or micro-batches
+                    # of at least 2 samples at a large --accumulate) gives no line: say so,
+                    # not a row of nan figures whose reason only predict.csv's basis held
+                    measured = sorted({int(p["batch"]) for c in curves for p in c})
+                    _say(
+                        why,
+                        f"{case}: at world size {n} (a rank's batch of {batch}): {at[0][1]} "
+                        f"(its compute curve measured batch {', '.join(map(str, measured))})",
+                    )
+                    continue
+                compute, basis = float(np.median(times)), next(b for t, b in at if t == t)
                 basis += "; each rank a device like the one-process cell's"
             if pooled:
                 basis += f"; pooled with {', '.join(pooled)}'s (the same steps, launched apart)"
