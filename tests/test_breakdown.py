@@ -863,3 +863,25 @@ def test_predict_leaves_out_a_world_size_its_compute_curve_cannot_reach(
     assert main(["predict", str(one), "--world-sizes", "16"]) == 1  # nothing to predict
     out, err = capsys.readouterr()
     assert "nan" not in out and "too few measured batch sizes" in out, out
+
+
+def test_a_fit_without_a_bandwidth_is_not_said_as_infinite(tmp_path, monkeypatch) -> None:
+    """On a busy CPU gloo's all-reduce times may not grow with the buffer (a latency-bound
+    fit, busbw inf in collectives.json): the run's first lines said "bus bandwidth inf
+    GB/s", a link without limit, where the machine was too noisy to tell; predict does not
+    use such a fit. The line says there is none, and why."""
+    from bench.harness import collectives, runner
+    from bench.harness.runner import Cell
+
+    flat = [
+        {"op": "all_reduce", "backend": "gloo", "device": "cpu", "world_size": 2}
+        | {"bytes": b, "seconds": t, "calls": 15}
+        for b, t in ((4096, 3e-4), (65536, 2e-4), (1048576, 2e-4))
+    ]
+    monkeypatch.setattr(collectives, "measure", lambda *a, **k: flat)
+    cfg = dataclasses.replace(small_config(tmp_path, tmp_path), scaling_model=True)
+    said: list[str] = []
+    runner.measure_collectives(cfg, [Cell("ddp_spawn", 2, 0)], tmp_path, said.append)
+    (line,) = said
+    assert "inf" not in line and "no bus bandwidth (non-positive slope" in line, line
+    assert "latency 233 us" in line  # the mean time: a latency-bound fit
