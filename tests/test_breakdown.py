@@ -885,3 +885,21 @@ def test_a_fit_without_a_bandwidth_is_not_said_as_infinite(tmp_path, monkeypatch
     (line,) = said
     assert "inf" not in line and "no bus bandwidth (non-positive slope" in line, line
     assert "latency 233 us" in line  # the mean time: a latency-bound fit
+
+
+def test_predict_says_what_its_efficiency_is_over(probed_run, capsys) -> None:
+    """predict's `eff` is over the case's own one-process samples/s, the report's scaling
+    efficiency over `single`: on this CPU ddp_spawn at 2 ranks read 0.50 in one and 4.77 in
+    the other, and predict's table said nothing of its base (its exposed column had a key)."""
+    from bench.cli import main
+
+    run, _ = probed_run
+    assert main(["predict", str(run), "--world-sizes", "2"]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("ddp_spawn"))
+    (r,) = predict.predict_run(run, [2])
+    own = pd.read_csv(run / "runs.csv").query("world_size == 1")["samples_per_s"].median()
+    assert r["efficiency"] == pytest.approx(r["samples_per_s"] / (2 * own))
+    assert row.split()[9] == f"{r['efficiency']:.2f}", row
+    assert predict.EFFICIENCY_KEY in out.splitlines()
+    assert "the case's own one-process samples/s" in predict.EFFICIENCY_KEY

@@ -67,6 +67,12 @@ EXPOSED_KEY = (
     "(none hidden assumed)."
 )
 
+#: what the table's `eff` column is over, in one sentence: not the summary's base (single)
+EFFICIENCY_KEY = (
+    "eff: predicted samples/s over N times the case's own one-process samples/s as measured "
+    "(not the report's scaling efficiency, which is over `single`)."
+)
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -755,6 +761,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
         return 1
     print(table(rows))
     print(EXPOSED_KEY)
+    print(EFFICIENCY_KEY)
     # a named link's figures replace the fits' (--busbw keeps their latencies)
     rough = rough_fits(run_dir) if a.link is None else ""
     if rough:
