@@ -159,6 +159,61 @@ def test_a_rank_whose_launcher_dies_as_it_starts_dies_with_it(tmp_path):
     assert log.read_text() == ""
 
 
+@pytest.mark.parametrize("harness_lives", [False, True])
+def test_a_rank_whose_harness_died_before_it_asked_dies_too(tmp_path, harness_lives):
+    """A parent already gone when a rank asks the kernel to kill it with its parent sends it
+    nothing: mp.spawn's ranks, started as their harness was SIGKILLed, trained on into the
+    dead run's cell folder. A rank whose harness ($PARABENCH_HARNESS) is no longer among its
+    ancestors now dies at once; one whose harness lives, two processes up, runs on."""
+    import psutil
+
+    log = tmp_path / "rank.log"
+    harness = (
+        "import os, subprocess, sys\n"
+        f"out = open({str(log)!r}, 'w')\n"
+        "worker = [sys.executable, '-m', 'bench.harness.worker', 'no-such-spec.json']\n"
+        # a launcher between them, as torchrun's agent or mp.spawn's parent is
+        "launcher = [sys.executable, '-c', f'import subprocess; subprocess.call({worker!r})']\n"
+        "env = dict(os.environ, PARABENCH_HARNESS=str(os.getpid()))\n"
+        "p = subprocess.Popen(launcher, stdout=out, stderr=subprocess.STDOUT, env=env)\n"
+        "print(p.pid, flush=True)\n"
+        f"sys.exit(p.wait() if {harness_lives} else 0)  # gone before the rank's interpreter is up\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", harness], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    launcher = int(done.stdout)  # it ends when the rank does
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(launcher).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the rank outlived its harness")
+    said = log.read_text()
+    if harness_lives:  # it ran on, to its spec (there is none)
+        assert "no-such-spec.json" in said, said
+    else:  # killed before it did anything
+        assert said == ""
+
+
+def test_a_cell_on_this_machine_names_its_harness_to_its_ranks(tmp_path, data_root):
+    """The harness's pid goes in the cell's environment where the ranks descend from it, and
+    not where srun, ssh or horovodrun -H start them on other nodes (they would all die)."""
+    from bench.harness.runner import Cell, Runner
+
+    cfg = small_config(tmp_path, data_root)
+    env = Runner(cfg, RunDir(tmp_path))._env(Cell("ddp_spawn", 2, 0), tmp_path)
+    assert env["PARABENCH_HARNESS"] == str(os.getpid())
+    across = cfg.replace(nodes=2, hosts=("a", "b"), procs_per_node=1)
+    assert "PARABENCH_HARNESS" not in Runner(across, RunDir(tmp_path))._env(
+        Cell("ddp_torchrun", 2, 0), tmp_path
+    )
+
+
 def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root, capsys):
     rd, out, code = _interrupt_mid_matrix(tmp_path, data_root, "r2", signal.SIGTERM, 1, *CELLS_ONLY)
     run_dir = rd.path

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -36,8 +37,34 @@ def _prctl(option: int, value: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value, 0, 0, 0)
 
 
-def die_with_parent() -> None:
+#: the pid of the harness running a cell on this machine, in its processes' environment
+HARNESS_VAR = "PARABENCH_HARNESS"
+
+
+def die_with_parent(harness: int | None = None) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies. A parent already gone
+    when it asks sends nothing: a rank whose launcher was killed with its harness while the
+    rank's interpreter started was left running (mp.spawn's trained on into the dead run's
+    cell folder). So a process of a cell whose harness (`harness`, else $PARABENCH_HARNESS)
+    is no longer among its ancestors kills itself, as the signal would have: a death after
+    the request signals it, one before it shows here."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    harness = harness or int(os.environ.get(HARNESS_VAR) or 0)
+    if harness and not descends_from(harness):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def descends_from(pid: int) -> bool:
+    """Whether `pid` is this process's parent, or its parent's, and so on up."""
+    up = os.getppid()
+    while up > 1:
+        if up == pid:
+            return True
+        try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            up = int(Path(f"/proc/{up}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or no /proc: as no
+            return False
+    return False
 
 
 def raise_interrupt(signum: int, frame: Any) -> None:
@@ -223,7 +250,8 @@ class CellProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
+                # the harness by pid: killed between the fork and the request, it sent nothing
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
 
     def _track(self) -> None:

@@ -783,6 +783,12 @@ class Runner:
         env["OMP_NUM_THREADS"] = str(self._threads(cell))
         env["PARABENCH_PG_TIMEOUT_S"] = str(int(self.cfg.timeout_s))  # the cell deadline rules
         env["PYTHONUNBUFFERED"] = "1"
+        # a rank started as this harness was killed dies, not trains on (proc.die_with_parent);
+        # on one machine alone: ranks srun, ssh or horovodrun -H start elsewhere descend from
+        # no process here
+        env.pop(proc.HARNESS_VAR, None)
+        if not self.cfg.multi_host:
+            env[proc.HARNESS_VAR] = str(os.getpid())
         if self.cfg.multi_host:  # the nodes' interface, or gloo's choice
             env.pop("GLOO_SOCKET_IFNAME", None)
             if self.cfg.ifname:
