@@ -787,19 +787,20 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    args.argv = argv
-    old = torch_too_old()
-    if old:
-        print(f"parabench: warning: {old}", file=sys.stderr)
     from bench.harness.proc import sigterm_as_interrupt
 
     try:
-        # SIGTERM as Ctrl-C in every command, in all its phases (a run's estimate and
-        # report, verify's runs and the steps between them): what is left said, exit 130
+        # SIGTERM as Ctrl-C in every command, in all its phases (the parser's imports, torch's
+        # among them, seconds long; a run's estimate and report, verify's runs and the steps
+        # between them): what is left said, exit 130
         with sigterm_as_interrupt():
+            parser = build_parser()
+            argv = list(sys.argv[1:] if argv is None else argv)
+            args = parser.parse_args(argv)
+            args.argv = argv
+            old = torch_too_old()
+            if old:
+                print(f"parabench: warning: {old}", file=sys.stderr)
             code = args.func(args)
         sys.stdout.flush()  # here, so a reader gone shows as the error below
         return code

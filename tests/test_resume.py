@@ -437,6 +437,32 @@ def test_sigterm_before_the_cells_and_while_the_report_is_written_is_as_ctrl_c(
         signal.signal(signal.SIGTERM, old)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_command_stopped_as_it_starts_says_one_line(monkeypatch, capsys, sig):
+    """Ctrl-C or SIGTERM in a command's first seconds, as its parser imports torch: one line
+    and exit 130, where Ctrl-C there gave a traceback of torch's imports (SIGTERM ended it
+    silently with 143: here the test's own handler hears it)."""
+    from bench import cli
+
+    def stopped():
+        os.kill(os.getpid(), sig)
+        raise AssertionError("the signal did not stop the command")
+
+    heard = []
+    old = signal.signal(signal.SIGTERM, lambda *args: heard.append(args))
+    try:
+        monkeypatch.setattr(cli, "build_parser", stopped)
+        try:
+            code = cli.main(["list"])
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C went past main as a traceback")
+        assert code == 130
+        assert capsys.readouterr().err == "parabench: interrupted\n"
+        assert heard == []
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def test_sigterm_stops_any_command_as_ctrl_c(monkeypatch, capsys):
     """Not only run: verify between its runs, report, predict... SIGTERM in any command is
     Ctrl-C's one line and exit 130, where its default ended them silently with 143 (here in
