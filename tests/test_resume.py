@@ -4,10 +4,12 @@ process, and `--resume` finishes the rest. Plus concurrent runs and determinism.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -198,6 +200,42 @@ def test_a_rank_whose_harness_died_before_it_asked_dies_too(tmp_path, harness_li
         assert "no-such-spec.json" in said, said
     else:  # killed before it did anything
         assert said == ""
+
+
+def test_a_collectives_rank_whose_harness_died_as_it_started_dies_too(tmp_path):
+    """The collectives' ranks, started before the cells: a harness killed as it started one
+    left it waiting on the dead harness's store until the measurement's timeout, then
+    writing its error; it now dies at once, having written nothing."""
+    import psutil
+
+    harness = (
+        "import os, subprocess\n"
+        "from bench.harness import collectives\n"
+        "popen = subprocess.Popen\n"
+        "def started(cmd, **kw):\n"
+        "    rank = popen(cmd, **kw)\n"
+        "    if '--worker' not in cmd:  # another's (torch's imports run ldconfig)\n"
+        "        return rank\n"
+        "    print(rank.pid, kw['stderr'].name, flush=True)\n"
+        "    os._exit(0)  # as a SIGKILL: its first rank is gone before it is up\n"
+        "collectives.subprocess.Popen = started\n"
+        "collectives.measure(2, timeout_s=5)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", harness], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    pid, err = done.stdout.split()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    said = Path(err).read_text()
+    shutil.rmtree(os.path.dirname(err))  # the temporary folder its harness did not remove
+    assert said == ""
 
 
 def test_a_cell_on_this_machine_names_its_harness_to_its_ranks(tmp_path, data_root):

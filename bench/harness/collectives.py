@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench import ROOT
+from bench.harness.proc import HARNESS_VAR
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -153,7 +154,8 @@ def _run_ranks(spec: dict[str, Any], tmp: Path, timeout_s: float) -> list[dict[s
         timeout=dt.timedelta(seconds=timeout_s),
         wait_for_workers=False,
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # a rank that starts as this process is killed dies with it (proc.die_with_parent)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", HARNESS_VAR: str(os.getpid())}
     if "lo" in {name for _, name in socket.if_nameindex()}:
         # gloo picks the interface of the host name, which may not route on a sandboxed host
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
