@@ -158,6 +158,30 @@ def test_a_node_killed_outright_is_named_before_the_peer_it_took_down(tmp_path) 
         assert _failure(tmp_path, 247) == ("failed", f"{says}rank 0: RuntimeError: {peer}")
 
 
+def test_the_node_commands_die_with_the_cells_top_process(tmp_path) -> None:
+    """The cell's top process (bench.harness.nodes) dies with its harness (its parent-death
+    signal); the node commands it started, each in a session of its own, asked for none:
+    a harness SIGKILLed mid-cell left every node's torchrun agent, and its ranks, running."""
+    import json
+
+    import psutil
+
+    node = [sys.executable, "-c", "import time; time.sleep(120)"]
+    spec = tmp_path / "nodes.json"
+    spec.write_text(json.dumps({"commands": [node, node], "grace_s": 1}))
+    top = subprocess.Popen([sys.executable, "-m", "bench.harness.nodes", str(spec)], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while len(nodes := psutil.Process(top.pid).children()) < 2:
+        assert time.monotonic() < deadline, "the node commands did not start"
+        time.sleep(0.1)
+    top.kill()  # as its parent-death signal does
+    top.wait()
+    gone, alive = psutil.wait_procs(nodes, timeout=10)
+    for p in alive:
+        p.kill()
+    assert alive == []
+
+
 def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> None:
     for bad, says in [
         (["--nodes=2"], "--procs-per-node"),

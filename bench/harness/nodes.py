@@ -24,6 +24,7 @@ end when their peers' connections break).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -184,8 +185,19 @@ def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:
     # before the first node starts: a signal from here on reaches every node started
     signal.signal(signal.SIGTERM, stop_all)
     signal.signal(signal.SIGINT, stop_all)
+    from bench.harness.proc import die_with_parent
+
     for c in commands:
-        procs.append(subprocess.Popen(list(c), start_new_session=True))
+        # each dies with this process, as this one does with the harness: a harness killed
+        # outright left every node's agent and ranks running (a remote shell's command ends
+        # at the cell's deadline itself, _on_node)
+        procs.append(
+            subprocess.Popen(
+                list(c),
+                start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
+        )
     first: int | None = None
     failed_at = 0.0
     while True:
