@@ -522,3 +522,28 @@ def test_sigterm_stops_any_command_as_ctrl_c(monkeypatch, capsys):
         assert len(heard) == 1
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def test_a_rank_of_a_harness_that_is_pid_1_runs(tmp_path):
+    """In a container the harness is often pid 1 (`docker run IMAGE parabench run`): its
+    ranks descend from it. The walk up their parents stopped short of pid 1, found no
+    harness, and every rank killed itself. A pid namespace of its own makes the harness 1."""
+    import shutil as sh
+
+    if sh.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare and root for a pid namespace")
+    harness = (
+        "import os, subprocess, sys\n"
+        "assert os.getpid() == 1\n"
+        "rank = 'from bench.harness import proc; proc.die_with_parent(); print(\"ran\")'\n"
+        "env = dict(os.environ, PARABENCH_HARNESS='1')\n"
+        "sys.exit(subprocess.run([sys.executable, '-c', rank], env=env).returncode)\n"
+    )
+    done = subprocess.run(
+        ["unshare", "--fork", "--pid", "--mount-proc", sys.executable, "-c", harness],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
