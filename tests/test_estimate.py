@@ -3,9 +3,11 @@ steps, so one step slowed by other work on the machine does not become the estim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
+from pathlib import Path
 
 import pytest
 
@@ -165,6 +167,52 @@ def test_timing_in_a_child_process_as_on_a_gpu(mnist, tmp_path) -> None:
     )
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 9.00 GiB"):
         estimate.timed(cfg.replace(model=f"{model}:build"), bundle, ["fp32"], isolate=True)
+
+
+def test_the_timing_child_dies_with_a_killed_harness(tmp_path, data_root) -> None:
+    """The child timing the steps (on a GPU, holding its memory) asks to die with the
+    harness: SIGKILLed, the harness left it timing on to its end, minutes for a large model."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    marker = tmp_path / "child.pid"
+    model = tmp_path / "stuck_model.py"
+    model.write_text(
+        "import os, time, torch\n"
+        "class Stuck(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        f"        open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        "        time.sleep(300)\n"
+        "def build(num_classes):\n"
+        "    return Stuck(1, num_classes)\n"
+    )
+    harness = (
+        "import os, threading, time\n"
+        "from bench.config import RunConfig\n"
+        "from bench.harness import estimate\n"
+        f"cfg = RunConfig(dataset='mnist', data_root={str(data_root)!r}, device='cpu', limit=64,\n"
+        f"                model={str(model) + ':build'!r})\n"
+        "go = lambda: estimate.timed(cfg, None, ['fp32'], isolate=True)\n"
+        "threading.Thread(target=go, daemon=True).start()\n"
+        f"while not os.path.exists({str(marker)!r}):\n"
+        "    time.sleep(0.05)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", harness], cwd=root, timeout=120, check=False)
+    child = int(marker.read_text())
+    try:
+        gone, _ = psutil.wait_procs([psutil.Process(child)], timeout=10)
+    except psutil.NoSuchProcess:
+        gone = [child]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    assert gone, "the timing child outlived its harness"
 
 
 def test_a_long_run_points_to_dry_run_only_outside_one(mnist) -> None:

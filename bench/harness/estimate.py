@@ -13,8 +13,10 @@ torch.compile's first step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -181,7 +183,9 @@ def timed(
             for p in precisions
         }
     spawn = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(1, mp_context=spawn)
+    # a harness SIGKILLed meanwhile takes the child with it (it would time on, holding the GPU)
+    dies = functools.partial(proc.die_with_parent, os.getpid())
+    pool = ProcessPoolExecutor(1, mp_context=spawn, initializer=dies)
     try:
         return pool.submit(_timed_alone, cfg, precisions).result()
     except BaseException:
