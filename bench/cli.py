@@ -536,7 +536,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print(
                 f"interrupted while writing the report: every row is in {run_dir}; "
-                f"`parabench report {run_dir}` writes it"
+                f"`parabench report {run_dir}` writes it",
+                file=sys.stderr,
             )
             return 130
     print(summary.table(rows))

@@ -422,7 +422,7 @@ def test_ctrl_c_in_the_report_after_the_run_says_the_rows_are_kept(run, tmp_path
     monkeypatch.setattr(report, "render", interrupted)
     code, out, err = _not_raised(run, "--strategies", "single", "--world-sizes", "1")
     assert code == 130 and "Traceback" not in err, err
-    assert out.splitlines()[-1] == (
+    assert err.splitlines()[-1] == (
         f"interrupted while writing the report: every row is in {done}; "
         f"`parabench report {done}` writes it"
     )
@@ -1264,7 +1264,7 @@ def test_a_verify_stopped_part_way_says_to_run_verify_again(
     args = ["verify", "--strategies", "dp", "--world-sizes", "1", "--steps", "2"]
     args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--run-id", "v"]
     assert main([*args, "--device", "cpu"]) == 130
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert f"interrupted: no row yet for {tmp_path / 'v' / 'runs.csv'};" in out, out
     said = (
         "verify has no --resume; for its verdict, run the same verify again under another --run-id"

@@ -464,7 +464,7 @@ def test_sigterm_before_the_cells_and_while_the_report_is_written_is_as_ctrl_c(
         monkeypatch.setattr(report, "render", terminated)
         assert main(argv) == 130
         run_dir = tmp_path / "t"
-        assert capsys.readouterr().out.splitlines()[-1] == (
+        assert capsys.readouterr().err.splitlines()[-1] == (
             f"interrupted while writing the report: every row is in {run_dir}; "
             f"`parabench report {run_dir}` writes it"
         )

@@ -1322,8 +1322,8 @@ def run_matrix(
             raise RunStopped(
                 f"{stop.strerror} in {run_dir.path}, the run stopped: {line} once there is room"
             ) from None
-        if isinstance(stop, KeyboardInterrupt):
-            echo(f"interrupted: {line}")
+        if isinstance(stop, KeyboardInterrupt):  # on stderr: seen where the output goes to a file
+            print(f"interrupted: {line}", file=sys.stderr, flush=True)
         elif proc.stdout_gone():  # `| head` left: say it where it is read
             print(f"parabench: stdout closed, the run stopped: {line}", file=sys.stderr)
         else:  # another pipe: the CLI shows its traceback
