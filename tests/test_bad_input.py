@@ -564,6 +564,14 @@ CASES = [
         "unknown model 'resnet1'",
         id="verify-unknown-model-text",
     ),
+    # every cell asked for is skipped: verify ran only the fp32, one-micro-batch cells it
+    # adds beside them, and passed
+    case(
+        VERIFY,
+        ["--strategies", "ddp_spawn", "--world-sizes", "2", "--accumulate", "3"],
+        "ddp_spawn cannot run at world size 2 with fp32,acc3: global batch 32 is not divisible",
+        id="verify-only-skipped-cells",
+    ),
     # options verify sets itself would be ignored (--max-steps 2 also clashed with the
     # --warmup-steps 5 it never uses)
     case(

@@ -1374,6 +1374,10 @@ def cmd_verify(a: argparse.Namespace) -> int:
         cfg, samples = cfg.replace(limit=VERIFY_LIMIT), VERIFY_LIMIT
     pcfg = parity_config(cfg, a.steps)
     added = added_settings(cfg, pcfg)
+    if added:
+        # what was asked, alone: where none of its cells can run, the cells verify adds
+        # beside them (fp32, one micro-batch, ...) would be verified in their place
+        plan(cfg)
     cells = plan(pcfg)
     if not any(not c.status and (c.strategy, c.world_size, c.label) != BASELINE for c in cells):
         raise ConfigError(
