@@ -52,6 +52,18 @@ def _bad_world_size() -> str:
     return _runs_csv(rows=[[row[c] for c in results.RUN_COLUMNS]])
 
 
+def _text_measurement() -> str:
+    """Two repeats of a cell, one's throughput left text by a spreadsheet (`n/a`): read as
+    not measured, the cell would be ranked on the other repeat alone, with no word why."""
+    rows = []
+    for repeat, speed in (("0", "1000.5"), ("1", "n/a")):
+        row = dict.fromkeys(results.RUN_COLUMNS, "")
+        row.update(strategy="single", world_size="1", repeat=repeat, status="ok", epoch="0")
+        row.update(samples_per_s=speed)
+        rows.append([row[c] for c in results.RUN_COLUMNS])
+    return _runs_csv(rows=rows)
+
+
 def _cut_mnist(root: Path) -> None:
     """MNIST's test split in its .gz files, the images' cut short (a partial download):
     their header is whole, so only reading them all finds the end missing."""
@@ -78,6 +90,9 @@ SETUPS = {
     "columns_csv": lambda root: _run_dir(root, "columns_csv", {"runs.csv": "a,b\n1,2\n"}),
     "text_world_size": lambda root: _run_dir(
         root, "text_world_size", {"runs.csv": _bad_world_size()}
+    ),
+    "text_measurement": lambda root: _run_dir(
+        root, "text_measurement", {"runs.csv": _text_measurement()}
     ),
     "runs_csv_dir": lambda root: (root / "runs_csv_dir" / "runs.csv").mkdir(parents=True),
     "corrupt_config": lambda root: _run_dir(root, "corrupt_config", {"config.json": "{not json"}),
@@ -611,6 +626,13 @@ CASES = [
         ["text_world_size"],
         id="report-text-world-size",
     ),
+    case(
+        REPORT,
+        ["{text_measurement}"],
+        "column samples_per_s holds 'n/a', not a number (row 3)",
+        ["text_measurement"],
+        id="report-text-measurement",
+    ),
     case(REPORT, ["{runs_csv_dir}"], "no runs.csv there", ["runs_csv_dir"], id="report-csv-dir"),
     case(REPORT, ["{corrupt_config}"], "config.json", ["corrupt_config"], id="report-bad-config"),
     case(REPORT, ["{list_config}"], "config.json", ["list_config"], id="report-list-config"),
@@ -666,6 +688,13 @@ CASES = [
         "column world_size holds 'two'",
         ["good", "text_world_size"],
         id="compare-text-world-size",
+    ),
+    case(
+        COMPARE,
+        ["{good}", "{text_measurement}"],
+        "column samples_per_s holds 'n/a'",
+        ["good", "text_measurement"],
+        id="compare-text-measurement",
     ),
     case(COMPARE, ["{good}"], "the following arguments are required: B", ["good"], id="cmp-one"),
     # ---- the command itself

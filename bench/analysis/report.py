@@ -230,8 +230,13 @@ def _check_numbers(df: pd.DataFrame, path: Path, least: Mapping[str, int]) -> No
         return
     keys = {c: n for c, n in least.items() if c != "epoch" or df[c].notna().any()}
     _check_whole_numbers(df, path, keys)
-    for col in df.columns:
-        if col in TEXT_COLUMNS or pd.api.types.is_numeric_dtype(df[col]):
+    _check_number_columns(df, path, [c for c in df.columns if c not in TEXT_COLUMNS])
+
+
+def _check_number_columns(df: pd.DataFrame, path: Path, columns: Sequence[str]) -> None:
+    """Every value of `columns` a number or empty; ConfigError naming the first that is not."""
+    for col in columns:
+        if pd.api.types.is_numeric_dtype(df[col]):
             continue
         values = df[col].astype(str).str.strip()
         not_numbers = pd.to_numeric(values, errors="coerce").isna() & ~_nan_text(df[col])
@@ -240,6 +245,16 @@ def _check_numbers(df: pd.DataFrame, path: Path, least: Mapping[str, int]) -> No
             raise ConfigError(
                 f"{path}: column {col} holds {bad.iloc[0]!r}, not a number (row {bad.index[0] + 2})"
             )
+
+
+#: runs.csv's measurements that are numbers: one a hand or a spreadsheet left text (`n/a`,
+#: `1,039.3`) would read as not measured, its cell ranked on the other repeats alone; the
+#: strategies' own (cell_metrics) are left out, a plug-in's text there no reason to refuse
+RUN_NUMBERS = tuple(
+    c
+    for c in results.MEASUREMENTS
+    if c not in {"mem_source", "comm_method", "trace", "peak_source", *results.EXTRA}
+)
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -253,6 +268,7 @@ def load_run(run_dir: str | Path) -> Run:
     _check_whole_numbers(runs, path / "runs.csv", {"world_size": 1, "repeat": 0})
     # a row that ran says its epoch: the report counts each repeat's last (a skipped row has none)
     _check_whole_numbers(runs[runs["status"] == results.OK], path / "runs.csv", {"epoch": 0})
+    _check_number_columns(runs, path / "runs.csv", RUN_NUMBERS)
     settings = runs["setting"].notna().any()  # a run from before the column has none
     if not settings:
         _check_one_setting(runs, path / "runs.csv")
