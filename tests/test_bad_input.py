@@ -64,6 +64,16 @@ def _text_measurement() -> str:
     return _runs_csv(rows=rows)
 
 
+def _cut_row() -> str:
+    """A runs.csv cut short in its last row (a copy that stopped), after the row's
+    throughput: read filled out with empty fields, the cell would be reported as run."""
+    row = dict.fromkeys(results.RUN_COLUMNS, "")
+    row.update(strategy="single", world_size="1", repeat="0", status="ok", epoch="0")
+    row.update(samples_per_s="1000.5")
+    cut = results.RUN_COLUMNS.index("samples_per_s") + 1
+    return _runs_csv(rows=[[row[c] for c in results.RUN_COLUMNS][:cut]]).rstrip("\n")
+
+
 def _cut_mnist(root: Path) -> None:
     """MNIST's test split in its .gz files, the images' cut short (a partial download):
     their header is whole, so only reading them all finds the end missing."""
@@ -94,6 +104,7 @@ SETUPS = {
     "text_measurement": lambda root: _run_dir(
         root, "text_measurement", {"runs.csv": _text_measurement()}
     ),
+    "cut_row": lambda root: _run_dir(root, "cut_row", {"runs.csv": _cut_row()}),
     "runs_csv_dir": lambda root: (root / "runs_csv_dir" / "runs.csv").mkdir(parents=True),
     "corrupt_config": lambda root: _run_dir(root, "corrupt_config", {"config.json": "{not json"}),
     "list_config": lambda root: _run_dir(root, "list_config", {"config.json": "[1, 2]"}),
@@ -632,6 +643,13 @@ CASES = [
         "column samples_per_s holds 'n/a', not a number (row 3)",
         ["text_measurement"],
         id="report-text-measurement",
+    ),
+    case(
+        REPORT,
+        ["{cut_row}"],
+        f"row 2 has {results.RUN_COLUMNS.index('samples_per_s') + 1} of its header's",
+        ["cut_row"],
+        id="report-runs-csv-cut-short",
     ),
     case(REPORT, ["{runs_csv_dir}"], "no runs.csv there", ["runs_csv_dir"], id="report-csv-dir"),
     case(REPORT, ["{corrupt_config}"], "config.json", ["corrupt_config"], id="report-bad-config"),

@@ -13,6 +13,7 @@ end-of-training values. Step-level plots use the same epochs, warm-up steps excl
 from __future__ import annotations
 
 import argparse
+import csv
 import functools
 import json
 import math
@@ -143,8 +144,11 @@ def _read_csv(
                 raise ConfigError(f"{path} is empty: the run wrote no row")
             return pd.DataFrame(columns=list(columns))
         df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        short = _short_row(path)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise ConfigError(f"{path} is unreadable ({first_line(exc)})") from None
+    if short:
+        raise ConfigError(f"{path} is unreadable ({short})")
     if not isinstance(df.index, pd.RangeIndex):  # pandas made the surplus fields an index
         raise ConfigError(f"{path} is unreadable (its rows have more fields than its header)")
     df = df.rename(columns=results.renamed(df.columns))  # an older parabench's names
@@ -168,6 +172,23 @@ def _read_csv(
             # object first: an all-empty column reads as float, which "" cannot fill
             df[col] = df[col].astype(object).fillna("").astype(str)
     return df
+
+
+def _short_row(path: Path) -> str:
+    """The first row with fewer fields than the header, said in words ("" where none): a
+    file cut short (a copy that stopped) ends in one, which pandas fills out with empty
+    fields, and its cell would read as run but not measured. parabench writes every field
+    of every row."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        for n, row in enumerate(filter(None, reader), start=2):
+            if len(row) < len(header):
+                return (
+                    f"row {n} has {len(row)} of its header's {len(header)} fields: the file "
+                    "is cut short, or was edited by hand"
+                )
+    return ""
 
 
 #: columns that hold names, not numbers, even when every value of a run looks like one
