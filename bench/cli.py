@@ -732,12 +732,15 @@ def cmd_submit(a: argparse.Namespace) -> int:
     # or a strategy that cannot run there is one line here, not a failed job later
     one = argparse.Namespace(
         **{**vars(a), "nodes": None, "procs_per_node": None, "launcher": "", "cores_per_node": 0}
+        | {"ifname": "", "rdzv_port": RunConfig.rdzv_port}
     )
     cfg = config_from_args(one).replace(
         launcher="slurm",
         nodes=n,
         procs_per_node=per,
         cores_per_node=a.cores_per_node,
+        ifname=a.ifname,
+        rdzv_port=a.rdzv_port,
         hosts=tuple(f"node{i}" for i in range(n)),
         master_addr="node0",
     )

@@ -383,6 +383,14 @@ class RunConfig:
                 "--procs-per-node, --hosts, --host-exec and --cores-per-node describe several "
                 "nodes: give --nodes N too",
             )
+            # one machine's ranks meet on loopback, at torchrun's own port: these would be
+            # dropped without a word, the run not on the interface or port asked for
+            need(
+                not self.ifname
+                and (self.rdzv, self.rdzv_port) == (RunConfig.rdzv, RunConfig.rdzv_port),
+                "--ifname, --rdzv and --rdzv-port set how several nodes meet; on one machine "
+                "the ranks meet on loopback: leave them out, or give --nodes N",
+            )
             return
         need(self.procs_per_node >= 1, "--nodes N needs --procs-per-node M (world size N x M)")
         need(
@@ -442,6 +450,8 @@ class RunConfig:
             hosts=(),
             host_exec="",
             ifname="",
+            rdzv=RunConfig.rdzv,
+            rdzv_port=RunConfig.rdzv_port,
             cores_per_node=0,
             launcher="",
             master_addr="",

@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from bench.cli import main
+from bench.config import RunConfig
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "netns_hosts.sh"
@@ -198,6 +199,10 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--host-exec=ssh '{host}"], "quot"),
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--rdzv-port=80"], "--rdzv-port"),
         (["--cores-per-node=4"], "give --nodes N too"),
+        # on one machine the ranks meet on loopback: these were dropped without a word
+        (["--ifname=eth0"], "on one machine the ranks meet on loopback"),
+        (["--rdzv=static"], "on one machine the ranks meet on loopback"),
+        (["--rdzv-port=30000"], "on one machine the ranks meet on loopback"),
         (["--nodes=2", "--procs-per-node=1", "--hosts=a,b", "--cores-per-node=-1"], "positive"),
     ]:
         assert main(["run", f"--data-root={data_root}", "--dry-run", *bad]) == 2, bad
@@ -214,6 +219,11 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         # static is torchrun's: the job's srun ranks meet by MASTER_ADDR whatever it says
         (["submit", "--nodes=2", "--rdzv=static"], "no --launcher, --host-exec, --hosts or --rdzv"),
         (["submit", "--nodes=2", "--world-sizes=8"], "asks for another"),
+        # the job's nodes meet on them: checked past them, not refused as on one machine
+        (
+            ["submit", "--nodes=2", "--ifname=lo", "--rdzv-port=30000", "--strategies=ddp_spawn"],
+            "cannot run as srun's ranks",
+        ),
         # the job ran one rank a node, as if it had not been given
         (["submit", "--nodes=2", "--procs-per-node=0"], "must be at least 1, got 0"),
         # a second #SBATCH line of its own wins in SLURM: the job's run, told 1, ran 1 a node
@@ -229,6 +239,14 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         assert main([*argv, f"--data-root={data_root}"]) == 2, argv
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, (argv, err)
+
+
+def test_one_host_drops_what_only_several_nodes_take() -> None:
+    """verify's baseline runs on this machine alone: the nodes' interface, rendezvous and
+    port go with the nodes, as one machine refuses them."""
+    cfg = RunConfig(nodes=2, procs_per_node=1, hosts=("a", "b"), rdzv="static", ifname="lo")
+    one = cfg.replace(rdzv_port=30000).one_host()
+    assert (one.nodes, one.ifname, one.rdzv, one.rdzv_port) == (1, "", "c10d", 29500)
 
 
 def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) -> None:
