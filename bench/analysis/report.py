@@ -876,7 +876,7 @@ def _speed_lines(
     """At world size `ws`, of its timed cells `grp`: the fastest of those with single's
     numerics (`same`; `want`, named plainly where there is no single `base`), those within
     noise of it and the slowest; and the fastest of all where it is another recipe, with its
-    accuracy and loss beside single's."""
+    accuracy and loss beside single's (and the first's name where it is within noise of it)."""
     if grp.empty:
         return []  # no speed to rank here (oversubscribed, or no samples/s)
     named = {cell_name(r): r for _, r in grp.iterrows()}
@@ -898,10 +898,19 @@ def _speed_lines(
         if slowest not in best:
             line += f"; slowest {slowest}, {_pace(named[slowest])}"
         lines = [line]
-    top = best if len(same) == len(grp) else _leaders(grp, rounds)[0]
+    top, top_untold, _ = (best, untold, how) if len(same) == len(grp) else _leaders(grp, rounds)
     if top and top[0] not in best:
         r = named[top[0]]
         recipe = recipes.get((str(r["strategy"]), ws), "?")
+        # ahead by its median alone where single's numerics' fastest is within noise of it
+        # (or not told apart): named as the fastest, it read as a gain bought with its recipe
+        level = (
+            f"; within noise of it: {best[0]}, with single's numerics"
+            if best and best[0] in top
+            else f"; {stats.untold_text(best[:1])}"
+            if best and best[0] in top_untold
+            else ""
+        )
         said = [
             t
             for t in (
@@ -911,7 +920,7 @@ def _speed_lines(
             if t
         ]
         lines.append(
-            f"world size {ws}, fastest of all: {top[0]} (`{recipe}`), {_pace(r)}"
+            f"world size {ws}, fastest of all: {top[0]} (`{recipe}`), {_pace(r)}{level}"
             + (f"; {', '.join(said)}" if said else "")
         )
     return lines
