@@ -536,3 +536,24 @@ def test_compared_cases_list_the_plain_setting_first(tmp_path: Path) -> None:
     cmp = compare.compare(report.load_run(run), report.load_run(run), use_stats=False)
     spawn = [s for s in dict.fromkeys(cmp.table["strategy"]) if s.startswith("ddp_spawn")]
     assert spawn == ["ddp_spawn [fp32]", "ddp_spawn [bf16]"], list(cmp.table["strategy"])
+
+
+def test_a_slow_down_too_few_repeats_to_judge_is_said_last(tmp_path: Path, capsys) -> None:
+    """Runs of 2 repeats (fewer than the U test needs) with B at half the speed: compare exits
+    0, as documented, and said so only in the table's verdict column, so a log that shows
+    the last lines and the exit code read "no slow-down". The last line names the cells."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+    a = _edit(Path(shutil.copytree(REFERENCE, tmp_path / "a")), lambda r: r[r["repeat"] != "2"])
+    b = scaled_copy(a, tmp_path / "b", speed=0.5)
+    assert main(["compare", str(a), str(b)]) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last.startswith(
+        "slow-down beyond x1.1 in samples_per_s, not judged (fewer than 3 repeats a side; "
+        "--no-stats judges the factor alone): "
+    )
+    assert "ddp_spawn ws=2" in last and "single ws=1" in last
+    # three repeats a side: judged and flagged, no such line
+    full = scaled_copy(REFERENCE, tmp_path / "full", speed=0.5)
+    assert main(["compare", str(REFERENCE), str(full)]) == 1
+    assert "not judged" not in capsys.readouterr().out

@@ -12,7 +12,8 @@ medians over repeats of samples/s, step time p50 and peak memory per device. The
 chosen with --metric decides the verdict: a change for the worse by more than --factor
 that is also significant over the repeats (one-sided Mann-Whitney U at 5 %, bench.harness.stats)
 is flagged (exit code 1); one beyond the factor but not significant is "within noise",
-and with fewer than 3 repeats a side "too few repeats to tell": neither is flagged.
+and with fewer than 3 repeats a side "too few repeats to tell": neither is flagged (a
+last line names the slow-downs so left unjudged).
 `--no-stats` flags on the factor alone (the behaviour before). A change for the better
 is noted the same way. Cells with
 a result in only one run are listed as such; one that was ok in A and failed, ran out of
@@ -279,6 +280,10 @@ def _said(diffs: list[tuple[str, str, str]]) -> str:
     return "; ".join(f"{what} {va} -> {vb}" for what, va, vb in diffs)
 
 
+#: a verdict's words where either run has fewer than stats.MIN_REPEATS counted repeats
+TOO_FEW = "too few repeats to tell"
+
+
 def noise_verdict(flag: str, before: list[float], after: list[float], metric: str) -> str:
     """A factor verdict kept only where the repeats say the change is real."""
     if not flag:
@@ -288,7 +293,7 @@ def noise_verdict(flag: str, before: list[float], after: list[float], metric: st
     # the direction tested: worse, or better (the opposite)
     p = stats.significant_change(before, after, worse_if_lower=lower_is_worse == worse)
     if math.isnan(p):
-        return f"{flag}? too few repeats to tell"
+        return f"{flag}? {TOO_FEW}"
     return flag if p <= stats.ALPHA else f"{flag}? within noise (p={p:.2f})"
 
 
@@ -466,6 +471,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(worse):
         cells = ", ".join(f"{s} ws={w}" for s, w in worse[report.KEY].itertuples(index=False))
         print(f"{worse_word(cmp.metric).lower()} beyond x{cmp.factor:g} in {cmp.metric}: {cells}")
+    # beyond the factor but untested (exit 0): said last, where an exit 0 on a run of
+    # --repeats 1 read as "no slow-down" with only the table's column saying otherwise
+    untold = cmp.table[cmp.table["verdict"] == f"{worse_word(cmp.metric)}? {TOO_FEW}"]
+    if len(untold):
+        cells = ", ".join(f"{s} ws={w}" for s, w in untold[report.KEY].itertuples(index=False))
+        print(
+            f"{worse_word(cmp.metric).lower()} beyond x{cmp.factor:g} in {cmp.metric}, not "
+            f"judged (fewer than {stats.MIN_REPEATS} repeats a side; --no-stats judges the "
+            f"factor alone): {cells}"
+        )
     for name, ws, what in cmp.broken:
         print(f"ok in A, {what.split(' (')[0].split(':')[0]} in B: {name} ws={ws}")
     for label, run in (("A", a), ("B", b)):  # a cell it lacks is "not run" above: say why
