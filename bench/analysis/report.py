@@ -1406,6 +1406,23 @@ def startup_markdown(counted: pd.DataFrame, runs: pd.DataFrame | None = None) ->
     )
 
 
+def _within_noise(mine: pd.DataFrame, theirs: pd.DataFrame, col: str) -> bool:
+    """Whether two cells' `col` over their counted repeats are not told apart, as the
+    summary's ranking tells them (stats.leaders): the paired ratio's 95 % interval reaching 1
+    where they share 3 rounds, else their 95 % intervals overlapping; False where neither
+    has an interval (fewer than 3 repeats: the point estimates stand, as everywhere)."""
+    a, b = (
+        dict(zip(g["repeat"].astype(int), pd.to_numeric(g[col], errors="coerce"), strict=True))
+        for g in (mine, theirs)
+    )
+    _, low, high = stats.paired_ratio_interval(a, b)
+    if not math.isnan(low):
+        return low <= 1 <= high
+    return bool(
+        stats.overlap(stats.t_interval(list(a.values())), stats.t_interval(list(b.values())))
+    )
+
+
 def compile_markdown(runs: pd.DataFrame, counted: pd.DataFrame) -> str:
     """What torch.compile cost beside what it bought: each compiled case's first step
     (epoch 0's first_step_ms, which holds the compilation; median over the counted repeats)
@@ -1440,6 +1457,9 @@ def compile_markdown(runs: pd.DataFrame, counted: pd.DataFrame) -> str:
             repaid = "–"
         elif saved <= 0:
             repaid = "never (no faster a step)"
+        elif _within_noise(grp, twin, "step_time_ms_p50"):
+            # a saving the repeats do not show: any count of steps would be the noise's
+            repaid = "not shown (steps within noise of eager's)"
         elif extra <= 0:
             repaid = "at once"
         else:
@@ -1463,7 +1483,9 @@ def compile_markdown(runs: pd.DataFrame, counted: pd.DataFrame) -> str:
         "the same strategy, world size and other options where the run has one (`--compile "
         "off,on`); *repaid after*: the extra time of the slowest first step (the coldest "
         "cache) over what each compiled step saves against the eager one (median step "
-        "times), the steps a training run must take before compiling pays for itself. With "
+        "times), the steps a training run must take before compiling pays for itself, not "
+        "shown where the two step times are within noise of each other (as the summary's "
+        "ranking decides, from 3 repeats on). With "
         "`--compile-mode reduce-overhead`, recording the CUDA graphs falls in the next "
         "warm-up steps, not counted here.\n\n"
         + md_table(
