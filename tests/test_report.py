@@ -593,6 +593,26 @@ def test_the_baseline_over_itself_has_an_interval_only_with_enough_repeats(refer
         assert np.isnan(one[f"{col}_ci_low"]) and np.isnan(one[f"{col}_ci_high"]), col
 
 
+def test_an_interval_of_noisy_repeats_never_reads_below_zero(reference) -> None:
+    """single's three repeats at 20, 100 and 180 samples/s: the t-interval of their mean
+    ran from -99 to 299, a negative samples/s in the summary's 95 % CI column; a speed or a
+    step time is never below 0, so its interval stops there."""
+    runs = reference.runs.copy()
+    cell = (runs["strategy"] == "single") & (pd.to_numeric(runs["world_size"]) == 1)
+    repeat = pd.to_numeric(runs.loc[cell, "repeat"])
+    runs.loc[cell, "samples_per_s"] = 20.0 + 80.0 * repeat
+    runs.loc[cell, "step_time_ms_p50"] = 3200.0 / (20.0 + 80.0 * repeat)
+    s = report.summarise(runs)
+    single = s[(s["strategy"] == "single") & (s["world_size"] == 1)].iloc[0]
+    assert single["samples_per_s_ci_low"] == 0.0
+    assert single["samples_per_s_ci_high"] == pytest.approx(298.7, abs=0.1)
+    assert single["step_time_ms_p50_ci_low"] == 0.0
+    assert "| 0.0–298.7 |" in report.summary_markdown(s)
+    # a quiet cell's interval is as it was
+    spawn = s[(s["strategy"] == "ddp_spawn") & (s["world_size"] == 2)].iloc[0]
+    assert 0 < spawn["samples_per_s_ci_low"] < spawn["samples_per_s_median"]
+
+
 def test_a_baseline_with_no_speed_gets_no_speed_up_of_one(reference) -> None:
     """An ok `single` row whose samples/s is empty (a hand-edited or damaged runs.csv) has
     no speed: its speed-up over itself is not 1.00x, since nothing was measured to be 1."""
