@@ -577,7 +577,8 @@ def test_a_pipeline_row_shows_no_forward_of_its_own(reference) -> None:
 
 def test_the_baseline_over_itself_has_an_interval_only_with_enough_repeats(reference) -> None:
     """README: with fewer than 3 repeats the interval is –/nan, never invented; the
-    baseline's speed-up is exactly 1 but its interval follows the same rule."""
+    baseline's speed-up is exactly 1 but its interval follows the same rule. One repeat has
+    no IQR either."""
 
     def single(runs: pd.DataFrame) -> pd.Series:
         s = report.summarise(runs)
@@ -588,6 +589,10 @@ def test_the_baseline_over_itself_has_an_interval_only_with_enough_repeats(refer
     assert (three["speedup_ci_low"], three["speedup_ci_high"]) == (1.0, 1.0)
     one = single(reference.runs[pd.to_numeric(reference.runs["repeat"]) == 0])
     assert one["n_repeats"] == 1 and one["speedup_vs_single"] == 1.0
+    # nor a spread: one repeat's IQR read 0, as steady as a cell can be, beside a CV of nan
+    assert three["samples_per_s_iqr"] > 0 and three["step_time_ms_p50_iqr"] > 0
+    assert np.isnan(one["samples_per_s_iqr"]) and np.isnan(one["samples_per_s_cv_pct"])
+    assert one["samples_per_s_min"] == one["samples_per_s_max"] == one["samples_per_s_median"]
     assert one["scaling_efficiency"] == 1.0
     for col in ("speedup", "scaling_efficiency"):
         assert np.isnan(one[f"{col}_ci_low"]) and np.isnan(one[f"{col}_ci_high"]), col

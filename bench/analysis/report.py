@@ -405,7 +405,8 @@ def _spread(values: pd.Series) -> dict[str, float]:
         return dict.fromkeys(SPREAD, math.nan)
     return {
         "median": float(v.median()),
-        "iqr": float(v.quantile(0.75) - v.quantile(0.25)),
+        # one repeat has no spread to measure: NaN, as its CV, not an IQR of 0 read as steady
+        "iqr": float(v.quantile(0.75) - v.quantile(0.25)) if len(v) > 1 else math.nan,
         "min": float(v.min()),
         "max": float(v.max()),
     }
