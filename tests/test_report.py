@@ -786,6 +786,19 @@ def _faster(runs: pd.DataFrame, name: str, ws: int, factor: float) -> pd.DataFra
     return runs
 
 
+def test_a_run_from_before_rounds_is_not_paired_round_by_round(reference) -> None:
+    """A runs.csv without `round` ran each cell's repeats back to back, so two cells' repeat
+    r ran minutes apart: the ranking paired them by repeat all the same and said "paired
+    round by round", which README keeps for cells that ran in the same rounds."""
+    paired = report.ranking_markdown(report.summarise(reference.runs), reference.runs)
+    assert "(by 95 % interval of the ratio to the fastest, paired round by round)" in paired
+    old = reference.runs.assign(round=np.nan)
+    assert report.per_round(old) == {}
+    ranking = report.ranking_markdown(report.summarise(old), old)
+    ws = [line for line in ranking.splitlines() if line.startswith("- world size")]
+    assert ws and all(line.endswith("(by 95 % intervals over repeats)") for line in ws), ws
+
+
 def test_a_cell_without_an_interval_is_not_ranked_outside_noise(reference) -> None:
     """A cell whose other repeats failed has one counted repeat and no interval: the ranking
     left it out of those within noise of the fastest, as if shown slower ("no other within
@@ -1128,6 +1141,7 @@ def test_compilation_repaid_only_where_the_steps_show_a_saving_beyond_noise() ->
                         "setting": setting,
                         "world_size": 1,
                         "repeat": repeat,
+                        "round": repeat,
                         "epoch": 0,
                         "status": "ok",
                         "first_step_ms": first,

@@ -768,15 +768,26 @@ def precision_markdown(runs: pd.DataFrame) -> str:
 
 
 def per_round(runs: pd.DataFrame | None) -> dict[tuple[str, int], dict[int, float]]:
-    """Each cell's samples/s by round (its repeat), from the counted rows: what pairs two
-    cells of an interleaved run round by round."""
+    """Each cell's samples/s by round, from the counted rows: what pairs two cells of an
+    interleaved run round by round; none for a run from before rounds (no `round`)."""
     if runs is None or runs.empty or "repeat" not in runs:
         return {}
-    out: dict[tuple[str, int], dict[int, float]] = {}
-    for (name, ws), grp in counted_rows(runs).groupby(KEY):
-        values = pd.to_numeric(grp["samples_per_s"], errors="coerce")
-        out[(name, int(ws))] = dict(zip(grp["repeat"].astype(int), values, strict=True))
-    return out
+    return {
+        (name, int(ws)): _by_round(grp, "samples_per_s")
+        for (name, ws), grp in counted_rows(runs).groupby(KEY)
+        if _by_round(grp, "samples_per_s")
+    }
+
+
+def _by_round(rows: pd.DataFrame, col: str) -> dict[int, float]:
+    """A cell's `col` by the round each of its rows ran in; {} where the rows do not say
+    (a run from before the matrix ran round by round ran a cell's repeats back to back, so
+    its repeat r of two cells ran minutes apart: nothing a pair would cancel)."""
+    rounds = pd.to_numeric(rows.get("round", pd.Series(math.nan, index=rows.index)))
+    if rounds.isna().any():
+        return {}
+    values = pd.to_numeric(rows[col], errors="coerce")
+    return dict(zip(rounds.astype(int), values, strict=True))
 
 
 def _leaders(grp: pd.DataFrame, rounds: Mapping[tuple[str, int], Mapping[int, float]]):
@@ -1415,16 +1426,11 @@ def _within_noise(mine: pd.DataFrame, theirs: pd.DataFrame, col: str) -> bool:
     summary's ranking tells them (stats.leaders): the paired ratio's 95 % interval reaching 1
     where they share 3 rounds, else their 95 % intervals overlapping; False where neither
     has an interval (fewer than 3 repeats: the point estimates stand, as everywhere)."""
-    a, b = (
-        dict(zip(g["repeat"].astype(int), pd.to_numeric(g[col], errors="coerce"), strict=True))
-        for g in (mine, theirs)
-    )
-    _, low, high = stats.paired_ratio_interval(a, b)
+    _, low, high = stats.paired_ratio_interval(_by_round(mine, col), _by_round(theirs, col))
     if not math.isnan(low):
         return low <= 1 <= high
-    return bool(
-        stats.overlap(stats.t_interval(list(a.values())), stats.t_interval(list(b.values())))
-    )
+    a, b = (pd.to_numeric(g[col], errors="coerce") for g in (mine, theirs))
+    return bool(stats.overlap(stats.t_interval(a), stats.t_interval(b)))
 
 
 def compile_markdown(runs: pd.DataFrame, counted: pd.DataFrame) -> str:
