@@ -172,7 +172,7 @@ CASES = [
     case(RUN, ["--world-sizes", "1.5"], "comma-separated list of int", id="world-sizes-float"),
     case(RUN, ["--accumulate", "two"], "comma-separated list of int", id="accumulate-text"),
     case(RUN, ["--sync-bn", "yes"], "expected on, off or off,on", id="sync-bn-word"),
-    case(RUN, ["--compile", ""], "expected on, off or off,on", id="compile-empty"),
+    case(RUN, ["--compile", ""], "expected at least one value, got ''", id="compile-empty"),
     case(RUN, ["--compile", "--compile-mode", "fast"], "--compile-mode takes", id="compile-mode"),
     case(
         RUN,
