@@ -9,6 +9,7 @@ repeated here.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 from pathlib import Path
@@ -74,6 +75,16 @@ def _cut_row() -> str:
     return _runs_csv(rows=[[row[c] for c in results.RUN_COLUMNS][:cut]]).rstrip("\n")
 
 
+def _huge_field() -> str:
+    """A runs.csv whose notes hold a field past the csv module's limit (a file overwritten
+    by other data, or a paste gone wrong): pandas reads it, the check for rows cut short
+    raised a traceback (as 3.10's reader does on a crash's NUL bytes)."""
+    row = dict.fromkeys(results.RUN_COLUMNS, "")
+    row.update(strategy="single", world_size="1", repeat="0", status="ok", epoch="0")
+    row.update(notes="x" * (csv.field_size_limit() + 1))
+    return _runs_csv(rows=[[row[c] for c in results.RUN_COLUMNS]])
+
+
 def _cut_mnist(root: Path) -> None:
     """MNIST's test split in its .gz files, the images' cut short (a partial download):
     their header is whole, so only reading them all finds the end missing."""
@@ -105,6 +116,7 @@ SETUPS = {
         root, "text_measurement", {"runs.csv": _text_measurement()}
     ),
     "cut_row": lambda root: _run_dir(root, "cut_row", {"runs.csv": _cut_row()}),
+    "huge_field": lambda root: _run_dir(root, "huge_field", {"runs.csv": _huge_field()}),
     "runs_csv_dir": lambda root: (root / "runs_csv_dir" / "runs.csv").mkdir(parents=True),
     "corrupt_config": lambda root: _run_dir(root, "corrupt_config", {"config.json": "{not json"}),
     "list_config": lambda root: _run_dir(root, "list_config", {"config.json": "[1, 2]"}),
@@ -650,6 +662,13 @@ CASES = [
         f"row 2 has {results.RUN_COLUMNS.index('samples_per_s') + 1} of its header's",
         ["cut_row"],
         id="report-runs-csv-cut-short",
+    ),
+    case(
+        REPORT,
+        ["{huge_field}"],
+        "runs.csv is unreadable (field larger than field limit",
+        ["huge_field"],
+        id="report-runs-csv-huge-field",
     ),
     case(REPORT, ["{runs_csv_dir}"], "no runs.csv there", ["runs_csv_dir"], id="report-csv-dir"),
     case(REPORT, ["{corrupt_config}"], "config.json", ["corrupt_config"], id="report-bad-config"),

@@ -145,7 +145,13 @@ def _read_csv(
             return pd.DataFrame(columns=list(columns))
         df = pd.read_csv(path, keep_default_na=False, na_values=[""])
         short = _short_row(path)
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+    except (
+        OSError,
+        UnicodeDecodeError,
+        csv.Error,  # Python 3.10's reader on a file that ends in NUL bytes (a crash's)
+        pd.errors.ParserError,
+        pd.errors.EmptyDataError,
+    ) as exc:
         raise ConfigError(f"{path} is unreadable ({first_line(exc)})") from None
     if short:
         raise ConfigError(f"{path} is unreadable ({short})")
