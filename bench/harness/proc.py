@@ -55,18 +55,14 @@ def die_with_parent(harness: int | None = None) -> None:
 
 
 def descends_from(pid: int) -> bool:
-    """Whether `pid` is this process's parent, or its parent's, and so on up."""
-    up = os.getppid()
-    while up > 0:
-        if up == pid:
-            return True
-        if up == 1:  # init: every process's (the harness itself in a container's pid space)
-            return False
-        try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-            up = int(Path(f"/proc/{up}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, IndexError, ValueError):  # gone meanwhile, or no /proc: as no
-            return False
-    return False
+    """Whether `pid` is this process's parent, or its parent's, and so on up to init (the
+    harness itself where it is pid 1, a container's entry point). Where the system cannot
+    say (no process table to read), as yes: a process is killed only where its harness is
+    known to be gone."""
+    try:
+        return pid == os.getppid() or any(p.pid == pid for p in psutil.Process().parents())
+    except psutil.Error:
+        return True
 
 
 def raise_interrupt(signum: int, frame: Any) -> None:
