@@ -24,24 +24,11 @@ from bench.config import (
     ConfigError,
     RunConfig,
     RunStopped,
+    comma_items,
     unknown_device,
 )
 
 EXIT_BAD_INPUT = 2
-
-
-def comma_items(text: str) -> list[str]:
-    """A comma-separated list's items. An empty item (`single,ddp,`, `1,,2`) is refused: it
-    was dropped without a word, where it may stand for a value meant (`1,2,$N` with N unset)."""
-    items = [x.strip() for x in text.split(",")]
-    if not any(items):  # an empty shell variable must not widen the run to the default
-        raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
-    if not all(items):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} has an empty item (a stray comma); give the values alone, e.g. "
-            f"{','.join(x for x in items if x)}"
-        )
-    return items
 
 
 def _csv(kind: type):

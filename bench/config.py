@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -39,6 +40,20 @@ class ConfigError(ValueError):
 class RunStopped(RuntimeError):
     """A run that cannot go on (its disk is full): the CLI prints the message, which says
     what is kept and how to continue, on one line and exits with code 1."""
+
+
+def comma_items(text: str) -> list[str]:
+    """A comma-separated list's items. An empty item (`single,ddp,`, `1,,2`) is refused: it
+    was dropped without a word, where it may stand for a value meant (`1,2,$N` with N unset)."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):  # an empty shell variable must not widen the run to the default
+        raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
+    if not all(items):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has an empty item (a stray comma); give the values alone, e.g. "
+            f"{','.join(x for x in items if x)}"
+        )
+    return items
 
 
 def unknown_device(device: str) -> str:

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.config import ConfigError, run_dir_named
+from bench.config import ConfigError, comma_items, run_dir_named
 
 #: what-if links: (all-reduce bus bandwidth GB/s, latency per hop in µs), stated assumptions.
 #: NVLink 4 on H100 SXM: 900 GB/s both ways per GPU, 450 one way, the ceiling of busbw;
@@ -701,8 +701,6 @@ DEFAULT_SIZES = (2, 4, 8, 64)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    from bench.cli import comma_items  # run's list options' own reading: no empty item
-
     try:
         sizes = tuple(int(x) for x in comma_items(text))
     except ValueError as exc:
