@@ -441,6 +441,10 @@ class RunConfig:
             raise ConfigError(f"a run's config is an object, not {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
+        if d.get("nodes") in (None, 0, 1) and not d.get("launcher"):
+            # a run saved before one machine refused these kept them, and ran without them
+            for key in ("ifname", "rdzv", "rdzv_port"):
+                d.pop(key, None)
         for key in ("strategies", "exclude", "world_sizes", "precisions", "hosts"):
             d[key] = tuple(d.get(key) or ())
         for key in ("compile", "accumulate", "sync_bn", "channels_last"):

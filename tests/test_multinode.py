@@ -249,6 +249,17 @@ def test_one_host_drops_what_only_several_nodes_take() -> None:
     assert (one.nodes, one.ifname, one.rdzv, one.rdzv_port) == (1, "", "c10d", 29500)
 
 
+def test_a_run_saved_on_one_machine_with_a_nodes_option_still_loads() -> None:
+    """One machine refuses --ifname, --rdzv and --rdzv-port now; a run saved before that
+    kept them in its config.json (its ranks met on loopback without them): it still loads,
+    to resume, verify or predict, without them, and a run across nodes keeps them."""
+    old = {"ifname": "eth0", "rdzv": "static", "rdzv_port": 30000, "global_batch": 64}
+    cfg = RunConfig.from_dict(old)
+    assert (cfg.ifname, cfg.rdzv, cfg.rdzv_port, cfg.global_batch) == ("", "c10d", 29500, 64)
+    across = dict(old, nodes=2, procs_per_node=1, hosts=["a", "b"])
+    assert RunConfig.from_dict(across).rdzv_port == 30000
+
+
 def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) -> None:
     from bench.config import ConfigError
     from bench.harness.runner import plan
