@@ -259,6 +259,12 @@ def test_an_option_sweep_multiplies_only_the_strategies_that_take_it(tmp_path, d
             "--set schedule=gpipe makes pipeline_1f1b (pipeline_gpipe with schedule=1f1b) "
             "run as pipeline_gpipe: set it on pipeline_gpipe",
         ),
+        (  # another micro-batch count beside it: still GPipe's steps under 1F1B's name
+            ("pipeline_1f1b",),
+            {"schedule": "gpipe", "microbatches": "8"},
+            "--set schedule=gpipe makes pipeline_1f1b (pipeline_gpipe with schedule=1f1b) "
+            "run as pipeline_gpipe",
+        ),
         (
             ("horovod_fp16",),
             {"compression": "none"},

@@ -472,22 +472,35 @@ def _runs_as_sibling(spec: strategies.StrategySpec, point: Sequence[tuple[str, s
     """Where --set changes an option the strategy's variant fixes so that its cells are a
     sibling variant's (fsdp_zero2 with reshard_after_forward=true is fsdp; pipeline_1f1b with
     schedule=gpipe is pipeline_gpipe): a line saying so, else "". Its rows would carry a
-    name that says what they did not run. Another value (microbatches=8) stays a sweep."""
+    name that says what they did not run. Another value (microbatches=8) stays a sweep, and
+    so does one beside the change (pipeline_1f1b with schedule=gpipe,microbatches=8 is still
+    GPipe's): the variants are told apart by the options on which they differ alone."""
     if spec.cls is None or spec.variant is None:
         return ""
     fixed, takes = spec.variant.options, spec.accepts
+    siblings = vars(spec.cls).get("variants", {})
+    # the options that name a variant: those its siblings fix otherwise (schedule, not the
+    # microbatches=4 every pipeline fixes alike)
+    naming = {
+        k
+        for v in siblings.values()
+        for k in v.options
+        if len({w.options.get(k) for w in siblings.values()}) > 1
+    }
 
     def same(key: str, a: str, b: str) -> bool:  # true and on, 4 and 04: one value
         return _parsed(a, takes.get(key, str)) == _parsed(b, takes.get(key, str))
 
-    changed = [(k, v) for k, v in point if k in fixed and not same(k, v, fixed[k])]
+    changed = [(k, v) for k, v in point if k in fixed and k in naming and not same(k, v, fixed[k])]
     if not changed:
         return ""
     cell = merged_options(spec, point)
-    for name, variant in vars(spec.cls).get("variants", {}).items():
+    for name, variant in siblings.items():
         if name == spec.name or variant.launcher != spec.variant.launcher:
             continue
-        if all(k in cell and same(k, cell[k], v) for k, v in variant.options.items()):
+        if all(
+            k in cell and same(k, cell[k], v) for k, v in variant.options.items() if k in naming
+        ):
             own = ",".join(f"{k}={fixed[k]}" for k, _ in changed)
             asked = ",".join(f"{k}={v}" for k, v in changed)
             return (
