@@ -797,6 +797,8 @@ def test_a_run_from_before_rounds_is_not_paired_round_by_round(reference) -> Non
     ranking = report.ranking_markdown(report.summarise(old), old)
     ws = [line for line in ranking.splitlines() if line.startswith("- world size")]
     assert ws and all(line.endswith("(by 95 % intervals over repeats)") for line in ws), ws
+    # a round edited to text names no round either (it raised a traceback from pandas)
+    assert report.per_round(reference.runs.assign(round="x")) == {}
 
 
 def test_a_cell_without_an_interval_is_not_ranked_outside_noise(reference) -> None:

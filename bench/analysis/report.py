@@ -779,9 +779,9 @@ def per_round(runs: pd.DataFrame | None) -> dict[tuple[str, int], dict[int, floa
     if runs is None or runs.empty or "repeat" not in runs:
         return {}
     return {
-        (name, int(ws)): _by_round(grp, "samples_per_s")
+        (name, int(ws)): by
         for (name, ws), grp in counted_rows(runs).groupby(KEY)
-        if _by_round(grp, "samples_per_s")
+        if (by := _by_round(grp, "samples_per_s"))
     }
 
 
@@ -789,8 +789,10 @@ def _by_round(rows: pd.DataFrame, col: str) -> dict[int, float]:
     """A cell's `col` by the round each of its rows ran in; {} where the rows do not say
     (a run from before the matrix ran round by round ran a cell's repeats back to back, so
     its repeat r of two cells ran minutes apart: nothing a pair would cancel)."""
-    rounds = pd.to_numeric(rows.get("round", pd.Series(math.nan, index=rows.index)))
-    if rounds.isna().any():
+    rounds = pd.to_numeric(
+        rows.get("round", pd.Series(math.nan, index=rows.index)), errors="coerce"
+    )
+    if rounds.isna().any():  # (or a round that is not a number: none to pair by)
         return {}
     values = pd.to_numeric(rows[col], errors="coerce")
     return dict(zip(rounds.astype(int), values, strict=True))
