@@ -993,14 +993,14 @@ def time_parts(
     """A mean step per strategy and world size, stacked: forward, backward and optimizer
     compute, exposed communication (bench.harness.breakdown), data wait and what the laps miss;
     medians over repeats, so the bar's height is the cell's mean step (on a GPU, of its lapped
-    steps: the step the parts split, report._lapped_step). A pipeline's
+    steps: the step the parts split, as the report's table gives it). A pipeline's
     measured bubble is said in words over its bar (it lies inside its backward bar: the
     schedule runs forward and backward as one)."""
     rows = counted.copy()
-    for col in [*STEP_PARTS, "step_time_ms_mean"]:
+    for col in STEP_PARTS:
         rows[col] = pd.to_numeric(rows.get(col), errors="coerce")
     rows = rows[rows["part_forward_ms"].notna()]
-    med = rows.groupby(["strategy", "world_size"])[[*STEP_PARTS, "step_time_ms_mean"]].median()
+    med = rows.groupby(["strategy", "world_size"])[list(STEP_PARTS)].median()
     # in the order of every other plot and table (case_key), not groupby's text order, which
     # put bf16 before fp32 and bucket_cap_mb=100 before 25
     med = med.loc[sorted(med.index, key=lambda c: case_key(*c))]
@@ -1027,8 +1027,8 @@ def time_parts(
                 label=f"_{cell[0]} {label}",
             )
             bottom += v
-        # the share of the step the parts split: on a GPU the lapped steps' mean, which the
-        # timed steps' (step_time_ms_mean) is not
+        # the share of the step the parts split (their medians' sum): on a GPU the lapped
+        # steps' mean, which the timed steps' (step_time_ms_mean) is not
         step = float(np.nansum([float(values[col]) for col in STEP_PARTS]))
         comm = float(values["part_comm_exposed_ms"])
         if np.isfinite(comm) and step > 0:
