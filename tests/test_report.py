@@ -850,7 +850,7 @@ def test_which_to_pick_says_where_the_fastest_of_all_is_within_noise_of_singles_
     runs = _faster(reference.runs, "ddp_fp16_hook", 2, 1.01 * ratio)
     top = _lines(dataclasses.replace(reference, runs=runs))["- world size 2, fastest of all"]
     assert "ddp_fp16_hook (`grad_fp16`)" in top
-    assert "; within noise of it: ddp_spawn, with single's numerics;" in top
+    assert "; within noise of it: ddp_spawn, with single's numerics (`exact`);" in top
     # ddp_spawn with one counted repeat: nothing shows it within noise or behind either
     hit = (runs["strategy"] == "ddp_spawn") & (runs["world_size"] == 2) & (runs["repeat"] > 0)
     runs.loc[hit, "status"] = "failed"

@@ -928,7 +928,7 @@ def _speed_lines(
         # ahead by its median alone where single's numerics' fastest is within noise of it
         # (or not told apart): named as the fastest, it read as a gain bought with its recipe
         level = (
-            f"; within noise of it: {best[0]}, with single's numerics"
+            f"; within noise of it: {best[0]}, with {numerics}"
             if best and best[0] in top
             else f"; {stats.untold_text(best[:1])}"
             if best and best[0] in top_untold
