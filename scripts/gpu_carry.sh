@@ -10,10 +10,14 @@
 # project itself, from the working tree. NVIDIA apex is not gathered: see README.md.
 #   scripts/gpu_carry.sh [PYTHON]        then name .data and .whl in the carry list
 set -euo pipefail
-# a relative $PARABENCH_DATA_ROOT is the caller's, as every parabench command reads it:
-# made whole before the cd to the checkout below
+# a relative $PARABENCH_DATA_ROOT is the caller's, and ~ its home, as every parabench
+# command reads it: made whole before the cd to the checkout below
 SRC=${PARABENCH_DATA_ROOT:-}
-case "$SRC" in "" | /*) ;; *) SRC="$PWD/$SRC" ;; esac
+case "$SRC" in
+    "" | /*) ;;
+    "~" | "~/"*) SRC="$HOME${SRC#"~"}" ;;
+    *) SRC="$PWD/$SRC" ;;
+esac
 cd "$(dirname "$0")/.."
 SRC=${SRC:-../shared/data}
 PY=${1:-${PYTHON:-.venv/bin/python}}

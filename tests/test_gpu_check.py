@@ -290,6 +290,11 @@ def test_gpu_carry_reads_a_relative_data_root_from_where_it_is_run(tmp_path):
     assert done.returncode == 0, done.stderr
     copied = tree / ".data" / "mnist" / "t10k-images-idx3-ubyte"
     assert copied.read_bytes() == b"the caller's"
+    # ~ is the caller's home (quoted, the shell left it as it is)
+    (elsewhere / "mine" / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"at home")
+    done = _gpu_carry(tree, tmp_path, PARABENCH_DATA_ROOT="~/mine", HOME=str(elsewhere))
+    assert done.returncode == 0, done.stderr
+    assert copied.read_bytes() == b"at home"
 
 
 @pytest.mark.parametrize(
