@@ -467,19 +467,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     a, b = report.load_run(args.a), report.load_run(args.b)
     cmp = compare(a, b, args.metric, args.factor, use_stats=not args.no_stats, unlike=args.unlike)
     print(format_table(cmp, str(a.path), str(b.path)))
+    beyond = f"{worse_word(cmp.metric).lower()} beyond x{cmp.factor:g} in {cmp.metric}"
+
+    def cells(rows: pd.DataFrame) -> str:
+        return ", ".join(f"{s} ws={w}" for s, w in rows[report.KEY].itertuples(index=False))
+
     worse = cmp.regressions
     if len(worse):
-        cells = ", ".join(f"{s} ws={w}" for s, w in worse[report.KEY].itertuples(index=False))
-        print(f"{worse_word(cmp.metric).lower()} beyond x{cmp.factor:g} in {cmp.metric}: {cells}")
+        print(f"{beyond}: {cells(worse)}")
     # beyond the factor but untested (exit 0): said last, where an exit 0 on a run of
     # --repeats 1 read as "no slow-down" with only the table's column saying otherwise
     untold = cmp.table[cmp.table["verdict"] == f"{worse_word(cmp.metric)}? {TOO_FEW}"]
     if len(untold):
-        cells = ", ".join(f"{s} ws={w}" for s, w in untold[report.KEY].itertuples(index=False))
         print(
-            f"{worse_word(cmp.metric).lower()} beyond x{cmp.factor:g} in {cmp.metric}, not "
-            f"judged (fewer than {stats.MIN_REPEATS} repeats a side; --no-stats judges the "
-            f"factor alone): {cells}"
+            f"{beyond}, not judged (fewer than {stats.MIN_REPEATS} repeats a side; --no-stats "
+            f"judges the factor alone): {cells(untold)}"
         )
     for name, ws, what in cmp.broken:
         print(f"ok in A, {what.split(' (')[0].split(':')[0]} in B: {name} ws={ws}")
