@@ -334,12 +334,14 @@ def _param_diff(
     return worst, math.sqrt(num) / max(math.sqrt(den), 1e-30)
 
 
-def replicas_apart(rd: RunDir, case: Case, mine: _Baseline, tol: Tolerance) -> str:
+def replicas_apart(rd: RunDir, case: Case, mine: _Baseline) -> str:
     """Why the cell's ranks ended with other weights than rank 0's, which alone are compared
     with the baseline (a rank that skipped a step, or averaged its gradients with no one):
-    the farthest rank's ||w_rank - w_0|| relative to how far rank 0's moved, past the
-    tolerance; "" where they agree, or where the cell has no record of its replicas (its
-    weights are sharded, or it ran one rank: bench.harness.worker._save_replica_gaps)."""
+    the farthest rank's ||w_rank - w_0|| relative to how far rank 0's moved, past the exact
+    tolerance whatever the cell's numerics (every rank applies the same all-reduced update,
+    compressed or in bf16 alike); "" where they agree, or where the cell has no record of
+    its replicas (its weights are sharded, or it ran one rank:
+    bench.harness.worker._save_replica_gaps)."""
     path = rd.path / "cells" / cell_dirname(*case, 0) / "replicas.json"
     if not path.exists():
         return ""
@@ -352,12 +354,13 @@ def replicas_apart(rd: RunDir, case: Case, mine: _Baseline, tol: Tolerance) -> s
     )
     rel = [g / max(moved, 1e-30) for g in gaps]
     rank = max(range(len(rel)), key=lambda i: (math.isnan(rel[i]), rel[i]))
-    if rel[rank] <= tol.param_rel:
+    limit = RECIPES["exact"].param_rel
+    if rel[rank] <= limit:
         return ""
     return (
-        f"rank {rank}'s weights ended {rel[rank]:.3g} of an update from rank 0's (params<="
-        f"{tol.param_rel:.3g}): its replicas fell out of step, and only rank 0's are compared "
-        "with the baseline"
+        f"rank {rank}'s weights ended {rel[rank]:.3g} of an update from rank 0's (replicas: "
+        f"<={limit:.3g}): its replicas fell out of step, and only rank 0's are compared with "
+        "the baseline"
     )
 
 
@@ -822,7 +825,7 @@ def compare(run_dir: Path) -> list[Parity]:
                 "loss (conditioning.txt): this may be rounding"
             )
             reason = f"{reason}; {why}" if reason else why
-        if status == "pass" and (why := replicas_apart(rd, case, mine, tol)):
+        if status == "pass" and (why := replicas_apart(rd, case, mine)):
             status, reason = "FAIL", why
         if status == "pass" and ref is not None and unrounded(g, ref):
             status = "FAIL"

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 
 import strategies
 from bench.config import RunConfig
-from bench.harness import slurm
+from bench.harness import results, slurm
 from bench.harness.probes import reset_peaks
 from bench.harness.progress import StepReporter
 from bench.workload import data, models
@@ -397,20 +397,22 @@ def _save_params(strategy: Strategy, path: Path) -> None:
 def _save_replica_gaps(strategy: Strategy, path: Path) -> None:
     """Where every rank holds the same weights (Strategy.replicated), how far each rank's
     parameters ended from rank 0's, ||w_rank - w_0|| by rank (collective): verify compares
-    rank 0's with the baseline, and these say whether the others trained the same."""
+    rank 0's with the baseline, and these say whether the others trained the same. Rank 0's
+    weights reach every rank one parameter at a time, as the mean of its own (times the
+    world size, in float64: exact) and everyone else's zeros; no rank holds a whole copy
+    more, nor rank 0 one of each rank's."""
     if not (type(strategy).replicated and strategy.ctx.world_size > 1):
         return
     assert strategy.model is not None
-    mine = {k: p.detach().cpu() for k, p in strategy.unwrap(strategy.model).named_parameters()}
-    every = strategy.gather_to_root(mine)
-    if every is None:
-        return
-    first = every[0]
-    gaps = [
-        math.sqrt(sum((w[k].double() - first[k].double()).pow(2).sum().item() for k in first))
-        for w in every
-    ]
-    path.write_text(json.dumps({"param_gap_by_rank": gaps}))
+    ws, first = strategy.ctx.world_size, strategy.ctx.rank == 0
+    gap = 0.0
+    for p in strategy.unwrap(strategy.model).parameters():
+        mine = p.detach().double()
+        w0 = strategy.all_mean(mine * ws if first else torch.zeros_like(mine))
+        gap += (mine - w0).pow(2).sum().item()
+    gaps = strategy.gather(math.sqrt(gap))
+    if first:
+        results.write_whole(path, json.dumps({"param_gap_by_rank": gaps}))
 
 
 def _spawn_entry(index: int, spec: dict[str, Any], port: int) -> None:
