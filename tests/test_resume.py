@@ -30,6 +30,22 @@ MATRIX = ["--strategies", ",".join(STRATEGIES), "--world-sizes", "1,2"]
 CELLS_ONLY = ("--probe-steps=0", "--profile-steps=0", "--no-scaling-model")
 
 
+def _ended(pid: int, timeout_s: float) -> bool:
+    """Whether process `pid` ends (is gone, or a zombie its parent has yet to reap) within
+    `timeout_s`."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def _cli(out, data_root, *extra, matrix=MATRIX):
     return [
         sys.executable,
@@ -129,7 +145,6 @@ def test_a_rank_whose_launcher_dies_as_it_starts_dies_with_it(tmp_path):
     ranks asked for the same only after importing torch, seconds in which the launcher's
     death sent them nothing: two torchrun ranks were left waiting on its store. A rank
     now asks first; here its parent is gone while it imports, and nothing follows."""
-    import psutil
 
     log = tmp_path / "rank.log"
     parent = (
@@ -149,14 +164,7 @@ def test_a_rank_whose_launcher_dies_as_it_starts_dies_with_it(tmp_path):
         [sys.executable, "-c", parent], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     rank = int(done.stdout)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(rank).status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.2)
+    _ended(rank, 30)
     # killed in its imports: it never came to read its spec (and say there is none)
     assert log.read_text() == ""
 
@@ -167,7 +175,6 @@ def test_a_rank_whose_harness_died_before_it_asked_dies_too(tmp_path, harness_li
     nothing: mp.spawn's ranks, started as their harness was SIGKILLed, trained on into the
     dead run's cell folder. A rank whose harness ($PARABENCH_HARNESS) is no longer among its
     ancestors now dies at once; one whose harness lives, two processes up, runs on."""
-    import psutil
 
     log = tmp_path / "rank.log"
     harness = (
@@ -185,16 +192,7 @@ def test_a_rank_whose_harness_died_before_it_asked_dies_too(tmp_path, harness_li
         [sys.executable, "-c", harness], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     launcher = int(done.stdout)  # it ends when the rank does
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(launcher).status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError("the rank outlived its harness")
+    assert _ended(launcher, 60), "the rank outlived its harness"
     said = log.read_text()
     if harness_lives:  # it ran on, to its spec (there is none)
         assert "no-such-spec.json" in said, said
@@ -206,7 +204,6 @@ def test_a_collectives_rank_whose_harness_died_as_it_started_dies_too(tmp_path):
     """The collectives' ranks, started before the cells: a harness killed as it started one
     left it waiting on the dead harness's store until the measurement's timeout, then
     writing its error; it now dies at once, having written nothing."""
-    import psutil
 
     harness = (
         "import os, subprocess\n"
@@ -225,14 +222,7 @@ def test_a_collectives_rank_whose_harness_died_as_it_started_dies_too(tmp_path):
         [sys.executable, "-c", harness], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     pid, err = done.stdout.split()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.2)
+    _ended(int(pid), 60)
     said = Path(err).read_text()
     shutil.rmtree(os.path.dirname(err))  # the temporary folder its harness did not remove
     assert said == ""
