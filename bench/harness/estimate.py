@@ -13,10 +13,8 @@ torch.compile's first step.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import multiprocessing
-import os
 import sys
 import threading
 import time
@@ -184,8 +182,7 @@ def timed(
         }
     spawn = multiprocessing.get_context("spawn")
     # a harness SIGKILLed meanwhile takes the child with it (it would time on, holding the GPU)
-    dies = functools.partial(proc.die_with_parent, os.getpid())
-    pool = ProcessPoolExecutor(1, mp_context=spawn, initializer=dies)
+    pool = ProcessPoolExecutor(1, mp_context=spawn, initializer=proc.dies_with_this())
     try:
         return pool.submit(_timed_alone, cfg, precisions).result()
     except BaseException:

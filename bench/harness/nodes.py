@@ -24,7 +24,6 @@ end when their peers' connections break).
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -185,7 +184,7 @@ def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:
     # before the first node starts: a signal from here on reaches every node started
     signal.signal(signal.SIGTERM, stop_all)
     signal.signal(signal.SIGINT, stop_all)
-    from bench.harness.proc import die_with_parent
+    from bench.harness.proc import dies_with_this
 
     for c in commands:
         # each dies with this process, as this one does with the harness: a harness killed
@@ -195,7 +194,7 @@ def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:
             subprocess.Popen(
                 list(c),
                 start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+                preexec_fn=dies_with_this(),
             )
         )
     first: int | None = None

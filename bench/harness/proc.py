@@ -54,6 +54,12 @@ def die_with_parent(harness: int | None = None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def dies_with_this() -> Callable[[], None]:
+    """For a child about to start (a Popen's preexec_fn, a pool's initializer): it dies with
+    this process, named by pid, so a death between the fork and the child's request shows."""
+    return functools.partial(die_with_parent, os.getpid())
+
+
 def descends_from(pid: int) -> bool:
     """Whether `pid` is this process's parent, or its parent's, and so on up to init (the
     harness itself where it is pid 1, a container's entry point). Where the system cannot
@@ -248,8 +254,7 @@ class CellProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                # the harness by pid: killed between the fork and the request, it sent nothing
-                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+                preexec_fn=dies_with_this(),
             )
 
     def _track(self) -> None:
