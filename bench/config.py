@@ -401,8 +401,7 @@ class RunConfig:
             # one machine's ranks meet on loopback, at torchrun's own port: these would be
             # dropped without a word, the run not on the interface or port asked for
             need(
-                not self.ifname
-                and (self.rdzv, self.rdzv_port) == (RunConfig.rdzv, RunConfig.rdzv_port),
+                all(getattr(self, k) == v for k, v in _ONE_MACHINE_MEETING.items()),
                 "--ifname, --rdzv and --rdzv-port set how several nodes meet; on one machine "
                 "the ranks meet on loopback: leave them out, or give --nodes N",
             )
@@ -443,7 +442,7 @@ class RunConfig:
         d = {k: v for k, v in d.items() if k in known}
         if d.get("nodes") in (None, 0, 1) and not d.get("launcher"):
             # a run saved before one machine refused these kept them, and ran without them
-            for key in ("ifname", "rdzv", "rdzv_port"):
+            for key in _ONE_MACHINE_MEETING:
                 d.pop(key, None)
         for key in ("strategies", "exclude", "world_sizes", "precisions", "hosts"):
             d[key] = tuple(d.get(key) or ())
@@ -468,13 +467,16 @@ class RunConfig:
             procs_per_node=0,
             hosts=(),
             host_exec="",
-            ifname="",
-            rdzv=RunConfig.rdzv,
-            rdzv_port=RunConfig.rdzv_port,
+            **_ONE_MACHINE_MEETING,
             cores_per_node=0,
             launcher="",
             master_addr="",
         )
+
+
+#: how several nodes' ranks meet (--ifname, --rdzv, --rdzv-port), as a run on one machine
+#: has them: its ranks meet on loopback at torchrun's own port
+_ONE_MACHINE_MEETING = {k: getattr(RunConfig, k) for k in ("ifname", "rdzv", "rdzv_port")}
 
 
 # ---------------------------------------------------------------- errors in one line
