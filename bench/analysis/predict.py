@@ -355,7 +355,8 @@ def predict_run(
         first = one.iloc[0]
         cpu = first["device"] != "cuda"  # where the run ran, not where this runs
         options = json.loads(_text(first["options"]) or "{}")
-        k = _accumulate(first)
+        # its micro-batches per optimizer step (--accumulate); 1 for a run older than that column
+        k = _count(first.get("accumulate"))
         # every case whose steps are this one's, launched differently: their cells measure
         # the same data wait, compute and share of communication exposed
         pool = _same_steps(counted, spec.cls, options, setting)
@@ -540,21 +541,10 @@ def _same_steps(counted: Any, cls: type, options: Mapping[str, Any], setting: st
     return counted[counted.apply(same, axis=1).astype(bool)] if len(counted) else counted
 
 
-def _accumulate(row: Mapping[str, Any]) -> int:
-    """The micro-batches per optimizer step a case's row ran (--accumulate); 1 where the row
-    does not say (a run older than that column)."""
-    try:
-        k = float(row.get("accumulate", 1))
-    except (TypeError, ValueError):
-        return 1
-    return int(k) if math.isfinite(k) and k >= 1 else 1
-
-
-def _cores(threads: Any, environment: Mapping[str, Any]) -> int:
-    """The cores the one-process cell had: its row's threads_per_rank (it had them all);
-    where the row does not say (a run older than that column, or edited), the cores the
-    run's host had (environment.json); 1 where neither says."""
-    for value in (threads, environment.get("cpu_cores")):
+def _count(*values: Any) -> int:
+    """The first of `values` that reads as a count of at least 1 (a row's cell may be text,
+    nan, or missing); 1 where none does."""
+    for value in values:
         try:
             n = float(value)
         except (TypeError, ValueError):
@@ -562,6 +552,13 @@ def _cores(threads: Any, environment: Mapping[str, Any]) -> int:
         if math.isfinite(n) and n >= 1:
             return int(n)
     return 1
+
+
+def _cores(threads: Any, environment: Mapping[str, Any]) -> int:
+    """The cores the one-process cell had: its row's threads_per_rank (it had them all);
+    where the row does not say (a run older than that column, or edited), the cores the
+    run's host had (environment.json); 1 where neither says."""
+    return _count(threads, environment.get("cpu_cores"))
 
 
 def _no_curve(run_dir: Path, one: Any) -> str:
