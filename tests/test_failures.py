@@ -498,10 +498,10 @@ def test_the_oom_watch_reads_the_kernels_records_and_ends_at_an_end_of_file(monk
 def test_a_pipeline_evaluation_that_fails_on_rank_0_keeps_the_measured_steps(
     tmp_path, data_root, faulty
 ):
-    """A pipeline gathers its stages' weights on every rank, then rank 0 alone builds the
-    whole model and runs its forward: a failure there (out of memory, a forward that
-    raises) fails the row with its reason and keeps the steps. One before the gather, with
-    a peer waiting in it, still fails the cell."""
+    """A pipeline gathers its stages' weights to rank 0 (every rank takes part), then rank 0
+    alone builds the whole model and runs its forward: a failure there (out of memory, a
+    forward that raises) fails the row with its reason and keeps the steps. One before the
+    gather, with a peer waiting in it, still fails the cell."""
     import pandas as pd
 
     from bench.harness import results
