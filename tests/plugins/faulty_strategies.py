@@ -19,6 +19,9 @@ from strategies.ddp import DistributedDataParallel
 from strategies.ddp_hooks import DDPCommHook
 from strategies.pipeline import Pipeline
 
+#: the faulty pipelines' layout: GPipe over two micro-batches, the least that is a pipeline
+GPIPE_2 = {"schedule": "gpipe", "microbatches": "2"}
+
 
 class Crashes(DistributedDataParallel):
     """Rank 1 raises in its third backward; rank 0 is left waiting in all-reduce."""
@@ -159,7 +162,7 @@ class PipelineSkipsStep(Pipeline):
         "test_pipeline_nostep": Variant(
             "torchrun",
             "pipeline whose second stage skips its optimizer step (wrong on purpose)",
-            {"schedule": "gpipe", "microbatches": "2"},
+            GPIPE_2,
         )
     }
 
@@ -304,7 +307,7 @@ class PipelineEvalOutOfMemory(Pipeline):
         "test_pipeline_evaloom": Variant(
             "torchrun",
             "pipeline whose rank 0 runs out of memory rebuilding the model for evaluation",
-            {"schedule": "gpipe", "microbatches": "2"},
+            GPIPE_2,
         )
     }
 
@@ -328,7 +331,7 @@ class PipelineEvalForwardFails(Pipeline):
         "test_pipeline_evalfails": Variant(
             "torchrun",
             "pipeline whose evaluation forward raises on rank 0",
-            {"schedule": "gpipe", "microbatches": "2"},
+            GPIPE_2,
         )
     }
 
@@ -345,7 +348,7 @@ class PipelineGatherFails(Pipeline):
         "test_pipeline_gatherfails": Variant(
             "torchrun",
             "pipeline whose rank 1 raises before the evaluation's gather",
-            {"schedule": "gpipe", "microbatches": "2"},
+            GPIPE_2,
         )
     }
 
