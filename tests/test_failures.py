@@ -192,8 +192,8 @@ def test_a_loader_worker_the_oom_killer_killed_is_an_oom_row_with_the_kernels_wo
 
 
 def test_the_launchers_summary_names_the_rank_that_died(tmp_path):
-    """How torchrun, mp.spawn and horovodrun end a cell's log when a rank is killed (their own words,
-    cut to what the harness reads), and a log that names no rank."""
+    """How torchrun, mp.spawn, horovodrun and srun end a cell's log when a rank is killed
+    (their own words, cut to what the harness reads), and a log that names no rank."""
     from bench.harness.runner import _failure
 
     torchrun = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -222,6 +222,10 @@ Exit code: 137
     spawn = """    raise ProcessExitedException(
 torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with exit code 3
 """
+    srun = """srun: error: n2: task 1: Killed
+slurmstepd-n1: error: *** STEP 5.0 ON n1 CANCELLED AT 2026-11-27T09:19:06 ***
+srun: error: n1: task 0: Terminated
+"""
     for text, reason in (
         (torchrun, "rank 1 killed by SIGSEGV"),
         (horovod, "rank 0 killed by SIGKILL (the kernel's OOM killer?)"),
@@ -232,6 +236,13 @@ torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with ex
         # mp.spawn's, where its launcher's exit code 1 is not the rank's
         (spawn, "rank 1 exited with code 3 (log.txt)"),
         (spawn.replace("exit code 3", "signal SIGSEGV"), "rank 1 killed by SIGSEGV"),
+        # srun's, a step of --launcher slurm: the first task to end, not the peer that its
+        # --kill-on-bad-exit ended after it (the log's last line)
+        (srun, "rank 1 killed by SIGKILL (the kernel's OOM killer?)"),
+        (
+            srun.replace("task 1: Killed", "tasks 1-3: Exited with exit code 3"),
+            "rank 1 exited with code 3 (log.txt)",
+        ),
     ):
         (tmp_path / "log.txt").write_text(text)
         assert _failure(tmp_path, 1) == ("failed", reason)

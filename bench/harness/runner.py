@@ -1158,8 +1158,9 @@ def _first_failed_rank(log: Path) -> tuple[int, int] | None:
     """(rank, exit code) of the rank that failed first, as a launcher's summary at the end
     of the cell's log names a rank that died without an error file (a signal: the OOM
     killer's SIGKILL, a segfault; or an os._exit): torchrun's root cause, the process
-    mp.spawn saw die (its own exit code is 1 whatever the rank's), or
-    horovodrun's first process, whose shell gives 128 + the signal. A signal is a negative code, as Popen's."""
+    mp.spawn saw die (its own exit code is 1 whatever the rank's), horovodrun's first
+    process, whose shell gives 128 + the signal, or srun's first task to end (its task is
+    the rank). A signal is a negative code, as Popen's."""
     try:
         text = log.read_text(errors="replace")[-20000:]
     except OSError:
@@ -1183,6 +1184,17 @@ def _first_failed_rank(log: Path) -> tuple[int, int] | None:
         # its shell's 128 + N for a process killed by signal N; 255 and such are codes
         signalled = code > 128 and code - 128 in {int(s) for s in signal.Signals}
         return int(horovod[1]), 128 - code if signalled else code
+    # srun's, a line per task as it ends, the first the root cause: "srun: error: n2: task 1:
+    # Killed" (the signal in strsignal's words), "srun: error: n1: tasks 0-1: Exited with exit
+    # code 3"; the last line is a peer its --kill-on-bad-exit ended, not the rank that died
+    srun = re.search(r"^srun: error: \S+: tasks? (\d+)\S*: (.+?)\s*$", text, re.M)
+    if srun:
+        exited = re.fullmatch(r"Exited with exit code (\d+)", srun[2])
+        if exited:
+            return int(srun[1]), int(exited[1])
+        words = {signal.strsignal(s): s for s in signal.Signals}
+        if srun[2] in words:
+            return int(srun[1]), -words[srun[2]]
     return None
 
 
