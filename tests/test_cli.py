@@ -1467,3 +1467,26 @@ def test_verify_says_how_many_steps_it_compared_and_whose_weights(tmp_path, caps
     out = capsys.readouterr().out
     assert "baseline: single at world size 1, fp32; 3 step(s) compared;" in out, out
     assert "over parameters, after the last step (rank 0's, gathered where sharded)" in out
+
+
+def test_a_submitted_run_id_is_the_jobs_alone_before_it_starts(
+    tmp_path, capsys, data_root, sbatch, monkeypatch
+) -> None:
+    """`parabench run` into a run id submitted but not begun (the job pending) is one line
+    and exit 2, nothing written: it ran there, and the job, once started, resumed that run
+    as its own. The job itself (SLURM_JOB_ID the one in job.id) still starts its run there."""
+    from bench.harness import runner
+
+    assert main(_submit_args(data_root, tmp_path, "queued")) == 0, capsys.readouterr().err
+    run = tmp_path / "queued"
+    capsys.readouterr()
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    args = ["run", "--strategies=single", "--world-sizes=1", "--dataset=mnist"]
+    assert (
+        main([*args, f"--data-root={data_root}", f"--out-dir={tmp_path}", "--run-id=queued"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "was submitted as job 41" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in run.iterdir()) == ["job.id", "job.sbatch"]
+    monkeypatch.setenv("SLURM_JOB_ID", "41")  # the job's own run
+    runner.check_new_run(RunConfig(out_dir=str(tmp_path), run_id="queued"))

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -1303,6 +1304,14 @@ def check_new_run(cfg: RunConfig) -> None:
             f"{path} holds a run that stopped before its first row (its config.json, and "
             f"measurements a new run would take for its own); use --resume {path} or another "
             "--run-id"
+        )
+    job = path / "job.id"
+    # submitted, its job not begun (pending): the folder is that job's, whose run would
+    # then resume this one as its own; only the job itself (its id in job.id) runs there
+    if cfg.run_id and job.exists() and job.read_text().strip() != os.environ.get("SLURM_JOB_ID"):
+        raise ConfigError(
+            f"{path} was submitted as job {job.read_text().strip()}, which runs there "
+            f"(`parabench status {shlex.quote(str(path))}`); choose another --run-id"
         )
 
 
