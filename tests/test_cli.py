@@ -1490,3 +1490,29 @@ def test_a_submitted_run_id_is_the_jobs_alone_before_it_starts(
     assert sorted(p.name for p in run.iterdir()) == ["job.id", "job.sbatch"]
     monkeypatch.setenv("SLURM_JOB_ID", "41")  # the job's own run
     runner.check_new_run(RunConfig(out_dir=str(tmp_path), run_id="queued"))
+
+
+def test_status_follows_a_job_resubmitted_before_it_starts(tmp_path, monkeypatch, capsys):
+    """`sbatch job.sbatch` (what a stopped job's log says to do) queues a job that writes its
+    id to job.id only once it starts: until then status said the job before it had ended
+    ("cancelled", its log), the new one pending unseen. squeue's jobs running this run's
+    script, however sbatch was given its path, are read for a newer one."""
+    run_dir = tmp_path / "run"
+    asked = []
+
+    def run(argv, timeout=30):
+        assert argv[0] == "squeue", argv
+        if "-j" in argv:
+            asked.append(argv[argv.index("-j") + 1])
+            return {"7": "CANCELLED 0:41 2 (None)", "9": "PENDING 0:00 2 (Priority)"}[asked[-1]]
+        return "\n".join(
+            [
+                f"7|{tmp_path}|{run_dir}/job.sbatch",  # the job before, ended
+                f"9|{run_dir}|./job.sbatch",  # resubmitted from the run's folder
+                f"12|{tmp_path}|{tmp_path}/other/job.sbatch",  # another run's
+            ]
+        )
+
+    out = _status_with(run, "7", tmp_path, monkeypatch, capsys)
+    assert out.startswith("job 9 (resubmitted after job 7): pending (Priority); 0 rows"), out
+    assert asked == ["9"]

@@ -286,6 +286,27 @@ def _job_state(job: str) -> tuple[list[str], str]:
     return [state.split()[0] if state.strip() else "", elapsed, count, ""], ""
 
 
+def _resubmitted(run_dir: Path, job: str) -> str | None:
+    """The newest job squeue knows (of this user's) that runs this run's job.sbatch, where it
+    is newer than `job`, job.id's; else None. A job resubmitted (`sbatch job.sbatch`, what a
+    stopped job's log says to do) writes its id there only once it starts: while it waits,
+    job.id names the job before it, which ended."""
+    try:
+        out = _run(["squeue", "-h", "-t", "all", "-u", str(os.getuid()), "-o", "%i|%Z|%o"])
+    except ConfigError:
+        return None
+    script = os.path.realpath(run_dir / "job.sbatch")
+    newer = []
+    for line in out.splitlines():
+        i, _, rest = line.partition("|")
+        where, _, command = rest.partition("|")
+        # the script as sbatch was given it, relative to where it was submitted from
+        ran = os.path.realpath(os.path.join(where.strip(), command.strip()))
+        if i.strip().isdigit() and int(i) > int(job) and ran == script:
+            newer.append(int(i))
+    return str(max(newer)) if newer else None
+
+
 def status(run_dir: Path) -> str:
     """One line: the job's state (running, pending and why, or how it ended) and the rows
     written; for a job that did not complete, where its log is (or that it wrote none)."""
@@ -298,6 +319,9 @@ def status(run_dir: Path) -> str:
         raise ConfigError(
             f"{job_file}: {job!r} is not a SLURM job id (`parabench submit` wrote one)"
         )
+    again = _resubmitted(run_dir, job)
+    name = f"job {again} (resubmitted after job {job})" if again else f"job {job}"
+    job = again or job
     fields, unknown = _job_state(job)
     rows = run_dir / "runs.csv"
     n = 0
@@ -308,9 +332,9 @@ def status(run_dir: Path) -> str:
             n = sum(1 for _ in csv.DictReader(f))
     written = f"{n} row{'' if n == 1 else 's'} written to {rows}"
     if unknown:
-        return f"job {job}: state unknown ({unknown}); {written}"
+        return f"{name}: state unknown ({unknown}); {written}"
     if not fields or not fields[0]:
-        return f"job {job}: ended, not in the queue (finished or cancelled); {written}"
+        return f"{name}: ended, not in the queue (finished or cancelled); {written}"
     state, elapsed, count, where = fields
     where = where.strip().strip("()")  # squeue's %R brackets a reason, not a node list
     if state.upper() in ENDED:
@@ -318,7 +342,7 @@ def status(run_dir: Path) -> str:
         tail = "" if state.upper() == "COMPLETED" else f"; its log: {log}"
         if tail and not log.exists():  # cancelled while pending, or --output sent it elsewhere
             tail = f"; no log at {log}"
-        return f"job {job}: {state.lower()}, ended after {elapsed}; {written}{tail}"
+        return f"{name}: {state.lower()}, ended after {elapsed}; {written}{tail}"
     if state.upper() == "PENDING":
-        return f"job {job}: pending ({where}); {written}"
-    return f"job {job}: {state.lower()} for {elapsed} on {count} node(s) ({where}); {written}"
+        return f"{name}: pending ({where}); {written}"
+    return f"{name}: {state.lower()} for {elapsed} on {count} node(s) ({where}); {written}"
