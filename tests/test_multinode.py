@@ -235,6 +235,9 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         (["submit", "--nodes=2", "--sbatch-arg=-N 3"], "give submit --nodes instead"),
         (["submit", "--nodes=2", "--sbatch-arg=-n8"], "give submit --procs-per-node instead"),
         (["submit", "--nodes=2", "--sbatch-arg=--output=x.log"], "submit names them itself"),
+        # abbreviated, as sbatch takes them: the job asked 2 tasks a node, its run used 1
+        (["submit", "--nodes=2", "--sbatch-arg=--ntasks-per-n=2"], "give submit --procs-per-node"),
+        (["submit", "--nodes=2", "--sbatch-arg=--out x.log"], "submit names them itself"),
     ]:
         assert main([*argv, f"--data-root={data_root}"]) == 2, argv
         err = capsys.readouterr().err

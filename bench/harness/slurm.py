@@ -185,7 +185,13 @@ def own_line(extra: Sequence[str]) -> str | None:
     for arg in extra:
         name = arg.split("=", 1)[0].split()[0] if arg.strip() else ""
         for names, instead in OWN_LINES.items():
-            if name in names or any(len(n) == 2 and name.startswith(n) for n in names):
+            # sbatch, as getopt does, takes a long option's unique prefix for it: --ntasks-per-n
+            abbreviated = len(name) > 3 and name.startswith("--")
+            if (
+                name in names
+                or any(len(n) == 2 and name.startswith(n) for n in names)
+                or (abbreviated and any(n.startswith(name) for n in names))
+            ):
                 why = f"give submit {instead} instead" if instead else "submit names them itself"
                 return f"--sbatch-arg={arg}: the job's {names[0]} line is submit's own; {why}"
     return None
