@@ -183,7 +183,15 @@ def test_the_node_commands_die_with_the_cells_top_process(tmp_path) -> None:
     assert alive == []
 
 
-def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> None:
+def test_bad_node_descriptions_are_one_line_and_exit_2(
+    capsys, data_root, monkeypatch, tmp_path
+) -> None:
+    from bench.harness import slurm
+
+    def no_slurm(argv, timeout=30):  # a refusal gone would have sbatch look up its cluster
+        raise AssertionError(f"reached SLURM: {argv}")
+
+    monkeypatch.setattr(slurm, "_run", no_slurm)
     for bad, says in [
         (["--nodes=2"], "--procs-per-node"),
         # 0 is not 'not given': alone it ran one node, with --nodes it asked for M
@@ -239,7 +247,7 @@ def test_bad_node_descriptions_are_one_line_and_exit_2(capsys, data_root) -> Non
         (["submit", "--nodes=2", "--sbatch-arg=--ntasks-per-n=2"], "give submit --procs-per-node"),
         (["submit", "--nodes=2", "--sbatch-arg=--out x.log"], "submit names them itself"),
     ]:
-        assert main([*argv, f"--data-root={data_root}"]) == 2, argv
+        assert main([*argv, f"--data-root={data_root}", f"--out-dir={tmp_path}"]) == 2, argv
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, (argv, err)
 
