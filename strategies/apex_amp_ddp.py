@@ -111,6 +111,12 @@ class ApexAmpDDP(TorchDistributed):
         self.notes.append("apex.parallel.DistributedDataParallel")
         return DistributedDataParallel(model), optimizer
 
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        # apex's DistributedDataParallel, whose `module` is the model, told by its module's
+        # name: apex is imported only where it is installed
+        inner = super().unwrap(model)
+        return inner.module if type(inner).__module__.startswith("apex.parallel") else inner
+
     def optimizer_states(self):
         """The optimizer's state, and with master weights (O2) the fp32 copies apex puts in
         its parameter groups in place of the model's fp16 parameters, with their gradients:

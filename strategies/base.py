@@ -34,6 +34,12 @@ from bench.harness.probes import (
 from bench.workload.models import cross_entropy, norm_layers
 from strategies import precision as prec
 
+#: the wrappers whose `module` is the model they wrap (a strategy that wraps it in another
+#: overrides Strategy.unwrap); a model's own submodule named `module` (a backbone kept as
+#: self.module) is part of the model: taken for it, evaluation ran the backbone alone and
+#: the model state left out the rest
+WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -394,7 +400,7 @@ class Strategy:
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The plain module under any wrapper (compile, DDP, DP), for evaluation and parity."""
         model = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
-        return getattr(model, "module", model)
+        return model.module if isinstance(model, WRAPPERS) else model
 
     def eval_module(self) -> nn.Module | None:
         """The module evaluation runs forward on (on rank 0, or on every rank when

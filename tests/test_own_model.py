@@ -597,6 +597,44 @@ def test_evaluation_without_held_out_samples_is_nan_and_scores_labels_of_shape_1
     assert column["eval_loss"] == pytest.approx(flat["eval_loss"])
 
 
+class _Backbone(torch.nn.Module):
+    """A user's model that keeps its backbone as `self.module`, with a head beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU())
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.module(x))
+
+
+@pytest.mark.parametrize("name", ["single", "ddp_torchrun", "dp"])
+def test_a_models_own_submodule_named_module_is_not_taken_for_a_wrapper(one_rank, name):
+    """Only DDP's and DataParallel's `module` is the model under them: taken from a plain
+    model, `single` evaluated its backbone alone (MNIST accuracy 0.001 beside DDP's 0.76) and
+    its model state left out the head. Evaluation, parity and the model state see it whole."""
+    from torch.utils.data import TensorDataset
+
+    import strategies
+    from bench.harness.probes import model_state_mib
+    from bench.harness.worker import evaluate
+
+    torch.manual_seed(0)
+    net = _Backbone()
+    strategy = strategies.get(name).cls(one_rank, {})
+    strategy.attach(net, torch.optim.Adam(net.parameters()))
+    strategy.loss_fn = models.cross_entropy
+    x, y = torch.randn(20, 3), torch.randint(0, 4, (20,))
+    expected = (net(x).argmax(-1) == y).float().mean().item()
+    assert evaluate(strategy, TensorDataset(x, y))["eval_accuracy"] == pytest.approx(expected)
+    assert set(strategy.full_state_dict()) == set(net.state_dict())
+    whole = sum(p.numel() for p in net.parameters()) * 4 / 2**20
+    state = model_state_mib(strategy.unwrap(strategy.model).parameters(), [])
+    assert state["param_mib"] == pytest.approx(whole)
+    assert strategy.unwrap(strategy.model) is net
+
+
 def test_evaluation_leaves_the_random_state_for_the_next_epoch_as_it_was():
     """DDP evaluates on rank 0 alone, FSDP on every rank: a draw from torch's generator in
     evaluation gave rank 0 other dropout masks in epoch 2 under DDP than under FSDP."""
