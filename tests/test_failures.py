@@ -280,6 +280,37 @@ def test_a_rank_aborted_by_a_cpp_exception_says_what_it_said(tmp_path):
     assert _failure(tmp_path, 1) == ("failed", "rank 0 killed by SIGABRT")
 
 
+@pytest.mark.parametrize(
+    ("message", "oom"),
+    [
+        ("CUDA out of memory. Tried to allocate 8.00 GiB", True),
+        ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4000 bytes", True),
+        # cuBLAS's and cuDNN's own allocations, the first to fail on a full GPU
+        ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+        ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),
+        (
+            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, ...)`",
+            False,
+        ),
+        ("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED", False),
+    ],
+)
+def test_an_allocation_cublas_or_cudnn_could_not_make_is_oom(tmp_path, message, oom):
+    """A rank's error that says an allocation failed makes the row `oom`, with its words:
+    cuBLAS's and cuDNN's too, whose handles and workspaces torch's allocator does not make
+    (a row `failed` for them read as a bug in the strategy, not a GPU too small)."""
+    import json
+
+    from bench.harness import proc
+    from bench.harness.runner import _failure
+
+    exc = RuntimeError(message)
+    error = {"rank": 1, "time": 1.0, "type": "RuntimeError", "message": message}
+    (tmp_path / "error-rank1.json").write_text(json.dumps({**error, "oom": proc.is_oom(exc)}))
+    status = "oom" if oom else "failed"
+    assert _failure(tmp_path, 1) == (status, f"rank 1: RuntimeError: {message}")
+
+
 def test_a_sigkill_is_oom_only_where_the_kernels_log_names_the_process(tmp_path):
     """What the kernel says of its OOM killer over the cell decides: its log naming one of
     the cell's processes (the rank, or a DataLoader worker its error names) makes the row

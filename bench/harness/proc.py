@@ -116,6 +116,13 @@ def stdout_gone() -> bool:
     return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
+#: what an allocation that failed says beside torch's OutOfMemoryError and MemoryError: CUDA's
+#: and the CPU allocator's words, and cuBLAS's and cuDNN's (`CUBLAS_STATUS_ALLOC_FAILED when
+#: calling cublasCreate(handle)`): their handles and workspaces are allocated outside torch's
+#: allocator, and on a full GPU are often the first allocation to fail
+_OOM_WORDS = ("out of memory", "can't allocate memory", "_status_alloc_failed")
+
+
 def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
@@ -123,7 +130,7 @@ def is_oom(exc: BaseException) -> bool:
     if oom_type and isinstance(exc, oom_type):
         return True
     text = str(exc).lower()
-    return "out of memory" in text or "can't allocate memory" in text
+    return any(words in text for words in _OOM_WORDS)
 
 
 def oom_kill_count() -> int | None:
