@@ -76,6 +76,22 @@ def test_leaders_tie_overlapping_intervals() -> None:
     assert best == ["a", "b"] and untold == ["d"] and how == "95 % intervals over repeats"
 
 
+def test_tied_is_the_one_tie_rule_either_way_round_or_behind() -> None:
+    a = {0: 100.0, 1: 80.0, 2: 120.0, 3: 90.0, 4: 110.0}
+    ahead = {r: 1.1 * v * (1.001 if r % 2 else 0.999) for r, v in a.items()}  # 10 % up, steady
+    wide, narrow = (90.0, 130.0), (95.0, 105.0)
+    # paired: a steady 10 % is told apart either way round, and by the pairs
+    assert stats.tied((ahead, a), (wide, narrow)) == (False, True)
+    assert stats.tied((a, ahead), (narrow, wide)) == (False, True)
+    # ranked behind (leaders): only pairs that show it behind part them
+    assert stats.tied((ahead, a), (wide, narrow), higher_is_better=True) == (True, True)
+    assert stats.tied((ahead, a), (wide, narrow), higher_is_better=False) == (False, True)
+    # fewer than 3 rounds in common: the intervals, overlapping or not
+    assert stats.tied(({}, a), (wide, narrow)) == (True, False)
+    assert stats.tied(({}, a), ((110.0, 120.0), narrow), higher_is_better=True) == (False, False)
+    assert stats.tied(({}, {}), (stats.NAN_PAIR, narrow)) == (None, False)
+
+
 def test_median_interval_from_order_statistics() -> None:
     # the binomial interval of a median: [x(k), x(n-k+1)], k = 2 for 10 values, 6 for 20
     assert stats.median_interval(list(range(10))) == (4.5, 1.0, 8.0)

@@ -160,6 +160,25 @@ def paired_ratio_interval(
     return centre, float(np.exp(low)), float(np.exp(high))
 
 
+def tied(
+    rounds: tuple[Mapping[int, float], Mapping[int, float]],
+    intervals: tuple[tuple[float, float], tuple[float, float]],
+    higher_is_better: bool | None = None,
+) -> tuple[bool | None, bool]:
+    """Whether cell a is not told apart from cell b, from each one's values per round and
+    interval over repeats (in that order, a's first): where they share MIN_REPEATS rounds,
+    the paired interval of a/b reaching 1 (paired_ratio_interval), else their intervals
+    overlapping; None where neither has an interval. And whether the pairs told it. Given
+    `higher_is_better`, a is ranked behind b on it (leaders), and only pairs that show a
+    behind part them: pairs that show it ahead of the cell ranked first do not put it back."""
+    _, low, high = paired_ratio_interval(*rounds)
+    if math.isnan(low):
+        return overlap(*intervals), False
+    if higher_is_better is None:
+        return low <= 1 <= high, True
+    return (high >= 1 if higher_is_better else low <= 1), True
+
+
 def leaders(
     cells: Sequence[tuple[str, float, tuple[float, float]]],
     higher_is_better: bool = True,
@@ -168,8 +187,8 @@ def leaders(
     """The best cell and every cell tied with it within noise, from (name, point estimate,
     interval); the cells not told apart from it; and how that was decided. Where `rounds`
     gives each cell's value per round (an interleaved run), a cell is tied when the paired
-    interval of its ratio to the best reaches 1 (paired_ratio_interval); otherwise, or with
-    fewer than 3 rounds in common, when the two cells' intervals overlap. Without intervals
+    interval of its ratio to the best reaches 1; otherwise, or with fewer than 3 rounds in
+    common, when the two cells' intervals overlap (the rule is `tied`'s). Without intervals
     no tie can be ruled out or in: the best alone, said so; a cell with none where others
     have one is neither tied nor behind: not told apart (nothing shows it either way)."""
     if not cells:
@@ -177,23 +196,17 @@ def leaders(
     ordered = sorted(cells, key=lambda c: c[1], reverse=higher_is_better)
     best = ordered[0]
     rounds = rounds or {}
-    tied, untold, paired, unpaired = [], [], 0, 0
+    ties, untold, paired, unpaired = [], [], 0, 0
     for name, _, interval in ordered[1:]:
-        _, low, high = (
-            paired_ratio_interval(rounds[name], rounds[best[0]])
-            if name in rounds and best[0] in rounds
-            else (math.nan, math.nan, math.nan)
-        )
-        if not math.isnan(low):
-            paired += 1
-            if (high >= 1) if higher_is_better else (low <= 1):
-                tied.append(name)
-        elif overlap(best[2], interval) is not None:
-            unpaired += 1
-            if overlap(best[2], interval):
-                tied.append(name)
-        else:
+        pair = (rounds.get(name, {}), rounds.get(best[0], {}))
+        tie, by_pairs = tied(pair, (interval, best[2]), higher_is_better)
+        if tie is None:
             untold.append(name)
+            continue
+        paired += by_pairs
+        unpaired += not by_pairs
+        if tie:
+            ties.append(name)
     if not paired and not unpaired:
         return [best[0]], [], "no interval (fewer than 3 repeats): ties cannot be told from noise"
     how = []
@@ -201,7 +214,7 @@ def leaders(
         how.append("95 % interval of the ratio to the fastest, paired round by round")
     if unpaired:
         how.append("95 % intervals over repeats")
-    return [best[0], *tied], untold, "; ".join(how)
+    return [best[0], *ties], untold, "; ".join(how)
 
 
 def untold_text(untold: Sequence[str]) -> str:
