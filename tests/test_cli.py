@@ -1276,6 +1276,24 @@ def test_a_verify_stopped_part_way_says_to_run_verify_again(
     assert "--resume" not in err
 
 
+def test_verify_plans_its_matrix_once_before_it_runs(tmp_path, data_root, monkeypatch):
+    """`parabench verify` planned the parity matrix for its own checks, then verify()
+    planned it again (its cells and data checked twice) before the run planned it."""
+    from bench.analysis import verify as verify_mod
+    from bench.harness import runner
+
+    def interrupted(self, cells):
+        raise KeyboardInterrupt
+
+    planned = []
+    monkeypatch.setattr(runner.Runner, "run", interrupted)
+    monkeypatch.setattr(verify_mod, "plan", lambda cfg: planned.append(cfg) or runner.plan(cfg))
+    args = ["verify", "--strategies", "dp", "--world-sizes", "1", "--steps", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--device", "cpu"]
+    assert main(args) == 130
+    assert len(planned) == 1 and planned[0].strategies == ("single", "dp")
+
+
 def test_verify_csv_names_a_basis_only_for_a_tolerance_it_has(tmp_path):
     """tolerance_basis says where a row's tolerance came from: `recipe` for a recipe's, and
     nothing for a row with none (numerics no recipe covers, not comparable)."""

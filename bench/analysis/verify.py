@@ -1309,13 +1309,20 @@ def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Condi
 
 
 def verify(
-    base: RunConfig, steps: int, echo=print, condition: bool | None = None
+    base: RunConfig,
+    steps: int,
+    echo=print,
+    condition: bool | None = None,
+    *,
+    planned: bool = False,
 ) -> tuple[Path, list[Parity]]:
     """Parity of every cell with its baseline. `condition` (default: for models with
     BatchNorm) first measures how many steps rounding alone leaves comparable, and compares
-    only those."""
+    only those. `planned`: the caller has planned parity_config(base, steps) already
+    (cmd_verify, for its checks), so its cells and data are not checked a second time."""
     cfg = parity_config(base, steps)
-    plan(cfg)  # bad input: one line before anything runs
+    if not planned:
+        plan(cfg)  # bad input: one line before anything runs
     cond = None
     scratch = Path(cfg.out_dir) / f".conditioning-{os.getpid()}"
     try:
@@ -1433,7 +1440,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
         return 0
     if added:
         print(added, flush=True)
-    run_dir, parity = verify(cfg, a.steps)
+    run_dir, parity = verify(cfg, a.steps, planned=True)  # pcfg's plan, above
     print(table(parity, RunDir(run_dir).config().max_steps))
     if cfg.multi_host:
         print(
