@@ -497,6 +497,15 @@ def test_predict_without_a_setting_column_says_that_is_missing(
     assert "kept no compute curve" not in out
 
 
+def test_ranks_share_the_cores_up_to_one_a_core() -> None:
+    """The one rule of when a cell's ranks share the cores (predict: together in the
+    one-process cell's time) and when they are oversubscribed (the runner's column)."""
+    from bench.harness import env
+
+    assert not env.oversubscribed(1, 2) and not env.oversubscribed(2, 2)
+    assert env.oversubscribed(3, 2) and env.threads_per_process(3, 2) == 1
+
+
 def test_predict_takes_the_cores_from_the_row_then_the_host() -> None:
     host = {"cpu_cores": 8}
     assert predict._cores(2, host) == 2  # the row says

@@ -312,6 +312,7 @@ def predict_run(
     import strategies
     from bench.analysis import report
     from bench.harness import results
+    from bench.harness.env import oversubscribed
     from bench.harness.probes import PHASES
 
     cfg = _config(run_dir, link)
@@ -391,9 +392,10 @@ def predict_run(
                     f"{k} micro-batches (--accumulate): a cell the run would skip",
                 )
                 continue
-            if cpu and n <= cores:
-                # N ranks on cores/N threads each share this machine's cores: together they
-                # do the one-process cell's work on the same cores, in about its time
+            if cpu and not oversubscribed(n, cores):
+                # N ranks on cores/N threads each share this machine's cores, as the runner
+                # shares them: together they do the one-process cell's work on the same
+                # cores, in about its time
                 compute, basis = compute1, "the one-process cell's compute: ranks share its cores"
                 times = tuple(ones[[f"{p}_ms" for p in PHASES]].sum(axis=1, min_count=1))
             else:

@@ -42,6 +42,13 @@ def threads_per_process(processes: int, cores: int = 0) -> int:
     return max(1, (cores or cpu_cores()) // processes)
 
 
+def oversubscribed(processes: int, cores: int) -> bool:
+    """Whether a cell's processes outnumber the cores they share: each still gets a thread
+    (threads_per_process), but no longer a core of its own, so its speed is not comparable
+    (--oversubscribe runs it for correctness). Up to one a core they share the cores."""
+    return processes > cores
+
+
 def _version(dist: str) -> str:
     try:
         return metadata.version(dist)

@@ -38,6 +38,7 @@ from bench.harness.env import (
     cpu_cores,
     device_count,
     machine_state,
+    oversubscribed,
     provenance,
     resolve_device,
     threads_per_process,
@@ -783,8 +784,7 @@ class Runner:
         """1 if the cell runs more processes on a host than it has cores (CPU) or GPUs (CUDA,
         ranks of a strategy that can share one): --oversubscribe, for correctness."""
         if self.device == "cpu":
-            ranks, cores = cpu_share(self.cfg, cell)
-            return int(ranks > cores)
+            return int(oversubscribed(*cpu_share(self.cfg, cell)))
         spec = strategies.get(cell.strategy)
         gpus = device_count(self.device)
         return int(bool(spec.cls and spec.cls.shares_gpu) and per_host(self.cfg, cell) > gpus)
