@@ -313,6 +313,30 @@ def test_predict_from_the_run(probed_run) -> None:
     assert "## Where the time goes" in text and "## Scaling: predicted and measured" in text
 
 
+def test_predict_and_the_report_read_collectives_json_once(
+    probed_run, tmp_path, monkeypatch, capsys
+) -> None:
+    """The predictions, their check and the rough-fits line all stand on the run's fits:
+    `parabench predict` read collectives.json for each (three times), the report's scaling
+    section once per link asked about and once more for the rough-fits line."""
+    from bench.analysis import report
+    from bench.cli import main
+    from bench.harness import collectives
+
+    run, _ = probed_run
+    reads = []
+    load = collectives.load
+    monkeypatch.setattr(collectives, "load", lambda path: reads.append(path) or load(path))
+    assert main(["predict", str(run), "--csv", str(tmp_path / "p.csv")]) == 0
+    assert "predictions: " in capsys.readouterr().out
+    assert len(reads) == 1
+    reads.clear()
+    assert "Checked against the cells measured here" in report.scaling_markdown(
+        report.load_run(run)
+    )
+    assert len(reads) == 1
+
+
 def test_predict_cli_bad_input(probed_run, tmp_path, capsys) -> None:
     from bench.cli import main
 

@@ -200,19 +200,18 @@ def _shape(run_dir: Path):
         ) from None
 
 
-def _fits(run_dir: Path, cfg: Any, runs: Any) -> dict[str, dict]:
-    """The collectives' fit per op at the largest world size measured (collectives.json);
-    where there is none, the run's config and rows (`cfg`, `runs`) say why."""
-    path = run_dir / "collectives.json"
-    if not path.exists():
+def _fits(run_dir: Path, cfg: Any, run: Any) -> dict[str, dict]:
+    """The collectives' fit per op at the largest world size measured (collectives.json,
+    as `run` read it); where there is none, the run's config and rows say why."""
+    if not (run_dir / "collectives.json").exists():
         raise ConfigError(
             f"{run_dir} has no collectives.json: the run measured no collectives "
-            f"({_why_no_collectives(run_dir, cfg, runs)})"
+            f"({_why_no_collectives(run_dir, cfg, run.runs)})"
         )
-    return _best_fits(path)
+    return run.fits
 
 
-def _best_fits(path: Path) -> dict[str, dict]:
+def best_fits(path: Path) -> dict[str, dict]:
     """Each op's fit with a bandwidth at the largest world size in collectives.json `path`."""
     from bench.harness import collectives
 
@@ -320,7 +319,7 @@ def predict_run(
     if run is None:
         run = report.load_run(run_dir)
     runs = run.runs
-    fits = _fits(run_dir, cfg, runs)
+    fits = _fits(run_dir, cfg, run)
     shape = _shape(run_dir)
     alpha = None
     if link is not None:
@@ -609,17 +608,18 @@ def _no_curve(run_dir: Path, one: Any) -> str:
 ROUGH_R2 = 0.8
 
 
-def rough_fits(run_dir: Path) -> str:
+def rough_fits(run_dir: Path, run: Any = None) -> str:
     """A line naming the run's collectives' fits that predictions use (`_fits`) whose times
     scatter about their latency-bandwidth line (r² under ROUGH_R2), or "": the communication
     predicted from them is no better than that line (on a busy CPU gloo's times at one size
-    vary more than between sizes)."""
+    vary more than between sizes). `run`: the run the predictions read (report.load_run),
+    whose fits they read already."""
     path = run_dir / "collectives.json"
     if not path.exists():
         return ""
     rough = [
         f"{f['op']} ({f['backend']}, {f['world_size']} ranks) r² {float(f['r2']):.2f}"
-        for f in _best_fits(path).values()
+        for f in (best_fits(path) if run is None else run.fits).values()
         if float(f.get("r2", math.nan)) < ROUGH_R2
     ]
     if not rough:
@@ -760,7 +760,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     print(EXPOSED_KEY)
     print(EFFICIENCY_KEY)
     # a named link's figures replace the fits' (--busbw keeps their latencies)
-    rough = rough_fits(run_dir) if a.link is None else ""
+    rough = rough_fits(run_dir, run) if a.link is None else ""
     if rough:
         print(rough)
     # a strategy whose check at a world size run is far off: its every prediction is doubtful

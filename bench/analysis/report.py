@@ -98,6 +98,15 @@ class Run:
             if (n, int(w), s, int(r)) not in have
         ]
 
+    @functools.cached_property
+    def fits(self) -> dict[str, dict]:
+        """Each collective's fit that predictions use (predict.best_fits of collectives.json),
+        read once: the run's every prediction and the rough-fits line ask. A ConfigError
+        where it is unreadable or holds no fit to predict from."""
+        from bench.analysis import predict
+
+        return predict.best_fits(self.path / "collectives.json")
+
     def departing(self, base: str) -> list[str] | None:
         """The cells whose training loss departs from `base`'s (single's label) at world size
         1, as `departing` names them; None where the run has no loss curve of base's. Worked
@@ -1740,7 +1749,7 @@ def scaling_markdown(run: Run) -> str:
             )
             + f"\n\n{predict.EXPOSED_KEY}"
         )
-        rough = predict.rough_fits(run.path)
+        rough = predict.rough_fits(run.path, run)
         if rough:
             text += f"\n\n{rough}"
         if doubtful:
