@@ -187,12 +187,15 @@ def check(args: dict) -> str | None:
     from bench.workload.data import checked
 
     try:
-        for strategy, world in pairs(args["device"]):
-            plan(cfg := harness_config(strategy, world, args, "", "check"))
+        cfgs = {pair: harness_config(*pair, args, "", "check") for pair in pairs(args["device"])}
+        # every pair trains on the same data at the same --batch: its size read once
+        samples = checked(next(iter(cfgs.values())))[1]
+        for (strategy, world), cfg in cfgs.items():
+            plan(cfg)
             # the harness's cell stops at the epoch's end, the hand-written loop goes on into
             # the next: past it they would time different steps (the summary names --steps)
             per = args["batch"] // world
-            epoch = checked(cfg)[1] // world // per
+            epoch = samples // world // per
             if args["warmup"] + args["steps"] > epoch:
                 return (
                     f"--warmup {args['warmup']} + --steps {args['steps']} is more than the "

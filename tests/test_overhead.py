@@ -170,6 +170,21 @@ def test_bad_options_are_one_line_and_exit_2_before_any_round(data_root, options
     assert "round" not in run.stdout
 
 
+def test_the_options_check_reads_the_data_once_beside_the_plans(data_root, monkeypatch):
+    """The check read the data set twice for each pair it times: once in the harness's plan
+    and once more for the epoch's steps, the same samples at the same --batch each time."""
+    from bench.workload import data
+
+    overhead = load_overhead()
+    reads = []
+    checked = data.checked
+    monkeypatch.setattr(data, "checked", lambda cfg: reads.append(cfg) or checked(cfg))
+    args = {"steps": 2, "warmup": 1, "batch": 64, "data_root": str(data_root)}
+    args |= {"device": "cpu", "feed": "device", "step_timing": "sync"}
+    assert overhead.check(args) is None
+    assert len(reads) == 1 + len(overhead.pairs("cpu"))  # once, then each plan's own
+
+
 def test_a_csv_that_cannot_be_written_is_refused_before_the_rounds(data_root, tmp_path):
     """A --csv path that cannot be written (here a folder) is one line and exit 2 before
     the first round, not a traceback after its minutes; a folder that does not exist yet
