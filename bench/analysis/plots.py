@@ -604,30 +604,24 @@ def time_split(
         bub = [c * bubble_pct.get(cells[i], 0.0) / 100 for i, c in zip(idx, comp, strict=True)]
         own = [c - b for c, b in zip(comp, bub, strict=True)]
         ax.bar(idx, own, 0.6, color=cmap[name], label=name)
+        # on it, hatched and paler: the bubble (on the ranks' own compute) and the data wait
+        # (on all of compute); a label that starts "_" keeps each out of the legend
+        hatched = [(wait, comp, 0.45, DATA_WAIT_HATCH, "data wait")]
         if any(cells[i] in bubble_pct for i in idx):
             drew_bubble = True
+            hatched.insert(0, (bub, own, 0.7, PIPELINE_BUBBLE_HATCH, "pipeline bubble"))
+        for height, bottom, alpha, hatch, part in hatched:
             ax.bar(
                 idx,
-                bub,
+                height,
                 0.6,
-                bottom=own,
+                bottom=bottom,
                 color=cmap[name],
-                alpha=0.7,
-                hatch=PIPELINE_BUBBLE_HATCH,
+                alpha=alpha,
+                hatch=hatch,
                 edgecolor="0.25",
-                label=f"_{name} pipeline bubble",
+                label=f"_{name} {part}",
             )
-        ax.bar(
-            idx,
-            wait,
-            0.6,
-            bottom=comp,
-            color=cmap[name],
-            alpha=0.45,
-            hatch=DATA_WAIT_HATCH,
-            edgecolor="0.25",
-            label=f"_{name} data wait",
-        )
         # a thin wait slice is invisible: say its share in words on top of each bar
         for i, c, w, b in zip(idx, comp, wait, bub, strict=True):
             pct = 100 / (c + w) if c + w > 0 else 0.0  # percent of the step per ms
