@@ -171,3 +171,49 @@ def test_a_run_with_planned_cells_missing_says_so(monkeypatch, tmp_path) -> None
     assert f"**Incomplete: {planned - len(stopped)} of {planned} planned cells have no row" in text
     assert "Every cell finished ok." not in text
     assert f"{planned - len(stopped)} planned cell(s) did not run" in text
+
+
+def _summary(cells: list[tuple[str, str, int, float]]) -> pd.DataFrame:
+    """A summary (report.summarise's columns the trend reads) of one repeat per cell:
+    (strategy, setting, world size, samples/s), labelled as load_run labels one run."""
+    from bench.harness.results import case_labels
+
+    labels = case_labels((n, s) for n, s, _, _ in cells)
+    return pd.DataFrame(
+        [
+            {
+                "strategy": labels[(n, s)],
+                "strategy_name": n,
+                "setting": s,
+                "world_size": ws,
+                "n_repeats": 1,
+                **{f"samples_per_s_{k}": v for k in ("median", "min", "max")},
+            }
+            for n, s, ws, v in cells
+        ]
+    )
+
+
+def test_the_trend_draws_one_line_per_cell_whatever_each_run_calls_it() -> None:
+    """A run that swept precision names plain DDP `ddp_spawn [fp32]`, one that did not
+    `ddp_spawn`: the trend across them drew two series of one point each, in two colours,
+    as two cells, where `parabench compare` matches them as one."""
+    from bench.analysis import plots
+
+    plain = _summary([("ddp_spawn", "", 2, 800.0), ("single", "", 1, 900.0)])
+    swept = _summary(
+        [("ddp_spawn", "fp32", 2, 400.0), ("ddp_spawn", "bf16", 2, 600.0)]
+        + [("single", "fp32", 1, 450.0)]
+    )
+    colours = plots.colour_map([*plain["strategy"], *swept["strategy"]])
+    fig = plots.runs_trend({"a": plain, "b": swept}, colours=colours)
+    assert plots.legend_labels(fig) == [
+        "ddp_spawn [fp32] ws=2",
+        "ddp_spawn [bf16] ws=2",
+        "single ws=1",  # single ran in fp32 alone in both
+    ]
+    lines = {c.get_label(): c.lines[0] for c in fig.axes[0].containers}
+    assert list(lines["ddp_spawn [fp32] ws=2"].get_ydata()) == [800.0, 400.0]
+    assert list(lines["single ws=1"].get_ydata()) == [900.0, 450.0]
+    # in the colour the notebook's other plots give it (in the first run, by its name there)
+    assert lines["single ws=1"].get_color() == colours["single"]

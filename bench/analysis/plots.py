@@ -24,7 +24,7 @@ from matplotlib.patches import Patch
 from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
-from bench.harness.results import case_key, natural_key, oversubscribed_rows
+from bench.harness.results import case_key, case_labels, natural_key, oversubscribed_rows
 
 Colour = tuple[float, float, float, float]
 #: line style per world size, so loss curves of one strategy stay in its colour
@@ -666,6 +666,25 @@ METRIC_LABELS = {
 }
 
 
+def _across_runs(rows: pd.DataFrame) -> list[str]:
+    """Each summary row's case named over all the runs at once, as `parabench compare` names
+    them (results.case_labels, per strategy): a run that swept precision calls plain DDP
+    `ddp_spawn [fp32]` and one that did not `ddp_spawn`, which named run by run would be two
+    series of a point each, not one line across them. Rows without the registry name and
+    setting (a summary from before them) keep theirs."""
+    if rows.empty or not {"strategy_name", "setting"} <= set(rows.columns):
+        return list(rows["strategy"].astype(str))
+    pairs = list(
+        zip(
+            rows["strategy_name"].astype(str),
+            rows["setting"].astype(object).fillna("").astype(str),
+            strict=True,
+        )
+    )
+    named = case_labels(pairs, per_strategy=True)
+    return [named[p] for p in pairs]
+
+
 def runs_trend(
     summaries: Mapping[str, pd.DataFrame],
     metric: str = "samples_per_s",
@@ -677,8 +696,10 @@ def runs_trend(
     fig, ax = _figure(max(7.5, 1.5 * len(labels) + 4.5))
     frames = [s.assign(run=i) for i, s in enumerate(summaries.values()) if len(s)]
     both = pd.concat(frames) if frames else pd.DataFrame(columns=["strategy", "world_size"])
+    # the colours are the runs' own names'; a series is named across the runs
+    cmap = _colours(both["strategy"].astype(str), colours)
+    both = both.assign(run_label=both["strategy"].astype(str), strategy=_across_runs(both))
     cells = _cells(both)
-    cmap = _colours([c[0] for c in cells], colours)
     sizes = sorted({w for _, w in cells})
     # a small sideways shift per series keeps error bars at the same run apart
     shift = np.linspace(-0.12, 0.12, len(cells)) if len(cells) > 1 else [0.0]
@@ -692,7 +713,7 @@ def runs_trend(
             yerr=err,
             marker="o",
             capsize=3,
-            color=cmap[name],
+            color=cmap[rows["run_label"].iloc[0]],
             linestyle=WS_STYLES[sizes.index(ws) % len(WS_STYLES)],
             label=f"{name} ws={ws}",
         )
