@@ -217,3 +217,22 @@ def test_the_trend_draws_one_line_per_cell_whatever_each_run_calls_it() -> None:
     assert list(lines["single ws=1"].get_ydata()) == [900.0, 450.0]
     # in the colour the notebook's other plots give it (in the first run, by its name there)
     assert lines["single ws=1"].get_color() == colours["single"]
+
+
+def test_the_trends_across_runs_fit_their_legends(monkeypatch) -> None:
+    """Two full matrices name some 30 cells, a legend line each: the trends were shown as
+    drawn, the legend beside the axes longer than the figure, so the layout squeezed the
+    axes to a strip and the last cells' names fell off the bottom; fitted (plots.fit_titles)
+    as each run's plots are, the figure grows to hold it."""
+    runs = [
+        ROOT / "results" / "reference" / r for r in ("cpu-2core-mnist", "cpu-2core-mnist-3rounds")
+    ]
+    if not all((r / "runs.csv").exists() for r in runs):
+        pytest.skip("the CPU reference runs are not in this checkout")
+    shown = _shown(monkeypatch, ",".join(map(str, runs)), "runs_trend")
+    assert len(shown) == 3
+    for fig in shown:
+        fig.draw_without_rendering()
+        legend = fig.axes[0].get_legend().get_window_extent()
+        assert len(fig.axes[0].get_legend().get_texts()) > 25
+        assert legend.y0 >= 0 and legend.y1 <= fig.bbox.height
