@@ -438,6 +438,26 @@ def test_plots_with_only_oversubscribed_cells_say_so() -> None:
         assert "tp ws=4" in ax.get_xlabel()
 
 
+def test_bar_plots_name_the_cells_whose_value_was_not_measured() -> None:
+    """A runs.csv edited by hand (a column emptied or dropped) has cells with no value: the
+    bar plots drew nothing there, silently, the strategy still in the legend; with no value
+    at all, a blank plot on an axis running below 0 MiB."""
+    runs = _runs(
+        [_row("single", 1), _row("ddp", 2, sps=NAN, peak_mem_mib=NAN), _row("ddp", 1, sps=90)]
+    )
+    table = report.summarise(runs)
+    ax = plots.throughput(table).axes[0]
+    drawn = {c.get_label(): len(c.patches) for c in ax.containers if hasattr(c, "patches")}
+    assert drawn == {"ddp": 1, "single": 1}  # ddp at world size 1 only
+    assert "not measured" in ax.get_xlabel() and "ddp ws=2" in ax.get_xlabel()
+    table["peak_mem_mib_median"] = NAN  # the column gone: no cell has a value
+    ax = plots.peak_memory(table).axes[0]
+    assert not [c for c in ax.containers if hasattr(c, "patches") and len(c.patches)]
+    assert any("no measured values" in t.get_text() for t in ax.texts)
+    assert "single ws=1" in ax.get_xlabel() and list(ax.get_xticks()) == []
+    assert ax.get_legend() is None
+
+
 def test_plots_without_the_column_draw_everything() -> None:
     table = report.summarise(_mixed()).drop(columns="oversubscribed")
     ax = plots.throughput(table).axes[0]

@@ -239,8 +239,20 @@ def _grouped_bars(
     """Bars grouped by world size, one BarContainer per strategy (label = strategy).
 
     A group holds only the strategies that have a result at that world size, so strategies
-    that cannot run there leave no hole. Error bars: `_error_bars`.
+    that cannot run there leave no hole. Error bars: `_error_bars`. A cell whose metric was
+    not measured (empty in runs.csv: a run edited by hand, or from before the column) has
+    no bar and is named under the axis, not drawn as a hole or a legend entry with no bar.
     """
+    measured = summary[f"{metric}_median"].notna()
+    unmeasured = [f"{name} ws={ws}" for name, ws in _cells(summary[~measured])]
+    summary = summary[measured]
+    if unmeasured:
+        note = "not shown, not measured (empty in runs.csv): " + ", ".join(unmeasured)
+        ax.set_xlabel("world size (ranks)\n" + textwrap.fill(note, 80), fontsize=9)
+    if summary.empty:
+        _empty(ax, "measured values")
+        ax.set_xticks([])  # no world size drawn: not the 0 to 1 of an empty axis
+        return
     sizes = sorted(int(w) for w in summary["world_size"].unique())
     names = sorted(summary["strategy"].unique(), key=natural_key)
     # at most 0.3 wide: a lone bar would otherwise fill its whole group
@@ -271,7 +283,8 @@ def _grouped_bars(
             notes.append(_note_above(ax, xi, top, fmt % value))
     ax.set_xticks(range(len(sizes)), [str(w) for w in sizes])
     ax.set_xlim(-0.5, len(sizes) - 0.5)
-    ax.set_xlabel("world size (ranks)")
+    if not unmeasured:
+        ax.set_xlabel("world size (ranks)")
     _legend_outside(ax, title="strategy")
     ax.margins(y=0.12)
     for n in notes:
