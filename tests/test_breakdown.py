@@ -348,6 +348,12 @@ def test_predict_cli_bad_input(probed_run, tmp_path, capsys) -> None:
     assert "collectives.json" in capsys.readouterr().err
     assert main(["predict", str(tmp_path)]) == 2
     assert main(["predict", str(run), "--busbw", "-1"]) == 2
+    capsys.readouterr()
+    # positive but no link's: 1e-300 GB/s printed figures of 300 digits, 1e300 latency alone
+    for absurd in ("1e-300", "1e300", "nan", "inf"):
+        assert main(["predict", str(run), "--busbw", absurd]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "--busbw" in err, (absurd, out, err)
     with pytest.raises(SystemExit) as bad:  # argparse's own: one line, exit 2
         main(["predict", str(run), "--world-sizes", "0,2"])
     assert bad.value.code == 2

@@ -53,6 +53,11 @@ LINKS: dict[str, tuple[float, float]] = {
     "eth-100g": (12.5, 20.0),
     "eth-25g": (3.125, 30.0),
 }
+#: the --busbw a what-if may ask about, GB/s: from 1 MB/s (slower than any network a cluster
+#: runs on; below it a step takes hours and the table's figures overflow their columns) to
+#: 100 TB/s (over a hundred times NVLink 4's, past any GPU's own memory; above it the
+#: collectives' time is their latency alone, as at 100 TB/s)
+BUSBW_RANGE_GBPS = (1e-3, 1e5)
 WHAT_IF_SIZES = (8, 64)
 WHAT_IF_LINKS = ("nvlink-h100", "ib-400g", "eth-25g")
 #: a check (predicted against measured at a world size run) off by more than this, in %,
@@ -737,8 +742,12 @@ def cmd_predict(a: argparse.Namespace) -> int:
     from bench.harness import results
 
     run_dir = run_dir_named(a.run_dir)
-    if a.busbw is not None and not (a.busbw > 0 and math.isfinite(a.busbw)):
-        raise ConfigError(f"--busbw must be a positive number of GB/s, got {a.busbw}")
+    low, high = BUSBW_RANGE_GBPS
+    if a.busbw is not None and not low <= a.busbw <= high:  # nan fails both comparisons
+        raise ConfigError(
+            f"--busbw is a link's bus bandwidth in GB/s, from {low:g} (1 MB/s) to {high:g} "
+            f"(100 TB/s); got {a.busbw:g}"
+        )
     path = _csv_path(a, run_dir)
     why: list[str] = []
     sizes = a.world_sizes or DEFAULT_SIZES
