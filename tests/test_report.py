@@ -516,6 +516,31 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> report.Run:
     return report.load_run(copy)
 
 
+def test_an_infinite_figure_is_not_plotted_and_its_row_is_named(tmp_path) -> None:
+    """samples/s `inf` in runs.csv (a hand edit, or timed steps that took no time) made the
+    throughput plot's axis limits inf, and the report stopped with a traceback: it is read as
+    not measured, every plot is drawn, and the report names the row."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+    run_dir = Path(shutil.copytree(REFERENCE, tmp_path / "inf"))
+    runs = pd.read_csv(run_dir / "runs.csv")
+    row = runs.index[(runs["strategy"] == "ddp_spawn") & (runs["world_size"] == 2)][0]
+    runs.loc[row, "samples_per_s"] = np.inf
+    runs.loc[row, "train_loss_final"] = np.inf  # a diverged run's loss: a measurement
+    runs.to_csv(run_dir / "runs.csv", index=False)
+    for png in run_dir.glob("*.png"):
+        png.unlink()
+    text = report.render(run_dir).read_text()
+    assert {p.name for p in run_dir.glob("*.png")} >= set(report.PLOTS)
+    repeat = runs.loc[row, "repeat"]
+    said = f"row {row + 2} (ddp_spawn ws=2 repeat {repeat}): samples_per_s inf."
+    assert said in _section(text, "Unavailable, skipped and failed"), text
+    others = runs[(runs["strategy"] == "ddp_spawn") & (runs["world_size"] == 2)].drop(row)
+    summary = pd.read_csv(run_dir / "summary.csv")
+    cell = summary[(summary["strategy"] == "ddp_spawn") & (summary["world_size"] == 2)].iloc[0]
+    assert cell["samples_per_s_median"] == pytest.approx(others["samples_per_s"].median(), 1e-5)
+
+
 def _section(text: str, heading: str) -> str:
     return text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
 

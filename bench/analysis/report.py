@@ -74,6 +74,8 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)
     #: plan.csv: every cell the run set out to run (empty for a run from before it)
     planned: pd.DataFrame = field(default_factory=lambda: pd.DataFrame())
+    #: runs.csv's infinite figures, read as not measured: "row N (cell): column inf" each
+    not_finite: tuple[str, ...] = ()
     _departing: dict[str, list[str] | None] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -293,6 +295,28 @@ RUN_NUMBERS = tuple(
 )
 
 
+#: runs.csv's figures that cannot be infinite: times, rates, sizes (a loss can be, a run's
+#: that diverged); one that is (a cell whose timed steps took no time, a hand edit) broke
+#: every plot's axes, so it is read as not measured and the report names its row
+FINITE_NUMBERS = tuple(c for c in RUN_NUMBERS if "loss" not in c)
+
+
+def _not_finite(runs: pd.DataFrame) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """runs with its infinite FINITE_NUMBERS emptied, and a line for each row that had one."""
+    cols = [c for c in FINITE_NUMBERS if c in runs]
+    infinite = runs[cols].apply(pd.to_numeric, errors="coerce").isin([math.inf, -math.inf])
+    lines = []
+    for i in infinite.index[infinite.any(axis=1)]:
+        r = runs.loc[i]
+        which = ", ".join(f"{c} {r[c]}" for c in cols if infinite.at[i, c])
+        cell = f"{r['strategy']} ws={_plain(r['world_size'])} repeat {_plain(r['repeat'])}"
+        lines.append(f"row {i + 2} ({cell}): {which}")
+    if lines:
+        runs = runs.copy()
+        runs[cols] = runs[cols].mask(infinite)
+    return runs, tuple(lines)
+
+
 def load_run(run_dir: str | Path) -> Run:
     """A run's tables; ConfigError when the directory or its runs.csv is missing."""
     path = run_dir_named(run_dir)
@@ -305,6 +329,7 @@ def load_run(run_dir: str | Path) -> Run:
     # a row that ran says its epoch: the report counts each repeat's last (a skipped row has none)
     _check_whole_numbers(runs[runs["status"] == results.OK], path / "runs.csv", {"epoch": 0})
     _check_number_columns(runs, path / "runs.csv", RUN_NUMBERS)
+    runs, not_finite = _not_finite(runs)
     settings = runs["setting"].notna().any()  # a run from before the column has none
     if not settings:
         _check_one_setting(runs, path / "runs.csv")
@@ -339,6 +364,7 @@ def load_run(run_dir: str | Path) -> Run:
         environment=_read_json(path / "environment.json"),
         config=_read_json(path / "config.json"),
         planned=planned,
+        not_finite=not_finite,
     )
 
 
@@ -1802,6 +1828,15 @@ def scaling_markdown(run: Run) -> str:
     return text
 
 
+def not_finite_text(run: Run) -> str:
+    """One sentence on runs.csv's infinite figures, which nothing counts or plots."""
+    return (
+        f"Not measured, so in no summary or plot: runs.csv's infinite figures, which no step "
+        f"time, rate or size can be (a cell whose timed steps took no time, or a hand edit): "
+        f"{'; '.join(run.not_finite)}."
+    )
+
+
 def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str, str]]) -> str:
     counted = counted_rows(run.runs)
     startup = startup_markdown(counted, run.runs)
@@ -1895,6 +1930,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         *(["## Memory that grew step after step", growth] if growth else []),
         "## Unavailable, skipped and failed",
         problems_markdown(run.runs, summary, len(run.missing)),
+        *([not_finite_text(run)] if run.not_finite else []),
     ]
     return "\n\n".join(parts) + "\n"
 
