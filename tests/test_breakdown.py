@@ -536,6 +536,40 @@ def test_ranks_share_the_cores_up_to_one_a_core() -> None:
     assert env.oversubscribed(3, 2) and env.threads_per_process(3, 2) == 1
 
 
+def test_predict_csv_says_the_bandwidth_of_each_collective_it_timed(tmp_path) -> None:
+    """predict.csv's busbw_GBps was all-reduce's fit for every strategy, FSDP's too, whose
+    all-gathers and reduce-scatters are timed at their own fits' bandwidths: the figure it
+    used is the one it says, with the collective it is of."""
+    from bench.cli import main
+
+    ref = Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist-20261126"
+    if not (ref / "collectives.json").exists():
+        pytest.skip(f"{ref} is not in this checkout")
+    fits = predict.best_fits(ref / "collectives.json")
+    gbps = {op: fit["busbw_GBps"] for op, fit in fits.items()}
+    assert len({round(v, 3) for v in gbps.values()}) == 3  # three different bandwidths
+    path = tmp_path / "p.csv"
+    assert main(["predict", str(ref), "--world-sizes", "2", "--csv", str(path)]) == 0
+    rows = pd.read_csv(path).set_index("case")
+    fsdp, ddp = rows.loc["fsdp"], rows.loc["ddp_spawn"]
+    assert math.isnan(fsdp["busbw_GBps"])  # two figures: no one of them is the row's
+    assert fsdp["collectives"] == (
+        f"all_gather {gbps['all_gather']:.3g} GB/s; reduce_scatter {gbps['reduce_scatter']:.3g} GB/s"
+    )
+    assert ddp["collectives"] == f"all_reduce {gbps['all_reduce']:.3g} GB/s"
+    assert ddp["busbw_GBps"] == pytest.approx(gbps["all_reduce"])
+    # a what-if link: every collective at its bandwidth, which the row says
+    assert (
+        main(["predict", str(ref), "--world-sizes", "8", "--link", "ib-400g", "--csv", str(path)])
+        == 0
+    )
+    fsdp = pd.read_csv(path).set_index("case").loc["fsdp"]
+    assert (
+        fsdp["busbw_GBps"] == 50.0
+        and fsdp["collectives"] == "all_gather 50 GB/s; reduce_scatter 50 GB/s"
+    )
+
+
 def test_predict_takes_the_cores_from_the_row_then_the_host() -> None:
     host = {"cpu_cores": 8}
     assert predict._cores(2, host) == 2  # the row says

@@ -109,9 +109,7 @@ def comm_ms(
 
     total = 0.0
     for op, nbytes, calls in traffic:
-        fit = fits.get(op) or fits.get("all_reduce") or next(iter(fits.values()), None)
-        if fit is None:
-            raise ConfigError(f"no collective fit for {op}: the run measured none")
+        fit = _fit_for(op, fits)
         if alpha_us is not None:  # a named link: its latency per hop, at any world size
             fit = {**fit, "alpha_us": alpha_us * collectives.hops(fit["op"], fit["world_size"])}
         seconds = collectives.predict_seconds(
@@ -119,6 +117,32 @@ def comm_ms(
         )
         total += calls * seconds * 1e3
     return total
+
+
+def _fit_for(op: str, fits: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The fit `op` is timed with: its own, else all-reduce's, else any (see comm_ms)."""
+    fit = fits.get(op) or fits.get("all_reduce") or next(iter(fits.values()), None)
+    if fit is None:
+        raise ConfigError(f"no collective fit for {op}: the run measured none")
+    return fit
+
+
+def bandwidths(
+    traffic: Sequence[tuple[str, float, int]],
+    fits: Mapping[str, Mapping[str, Any]],
+    busbw_GBps: float | None = None,
+) -> tuple[float, str]:
+    """The bus bandwidth (GB/s) comm_ms times `traffic` at, where its collectives share one
+    (else nan), and each collective with its own, in words: FSDP's all-gathers and
+    reduce-scatters each at their own fit's, not at all-reduce's, which they never issue."""
+    said, values = [], set()
+    for op in dict.fromkeys(op for op, _, _ in traffic):
+        fit = _fit_for(op, fits)
+        value = float(fit["busbw_GBps"] if busbw_GBps is None else busbw_GBps)
+        whose = "" if busbw_GBps is not None or fit["op"] == op else f" ({fit['op']}'s fit)"
+        said.append(f"{op} {value:.3g} GB/s{whose}")
+        values.add(value)
+    return (values.pop() if len(values) == 1 else math.nan), "; ".join(said)
 
 
 def predict_step(
@@ -434,6 +458,7 @@ def predict_run(
             )
             f = float(shares.clip(0, 1).median()) if shares.notna().any() else None
             pred = predict_step(compute, data_ms, comm, f, compute_range)
+            busbw, collectives = bandwidths(traffic, fits, busbw_GBps)
             # an oversubscribed cell's ranks share cores (or GPUs) that the model gives each
             # rank its own of: not a measurement of what it predicts, so no check of it
             at_n = group[(group["world_size"] == n) & ~results.oversubscribed_rows(group)]
@@ -453,9 +478,10 @@ def predict_run(
                     "case": case,  # the report's name: the strategy and the axes it varies
                     "world_size": n,
                     "link": link or ("custom" if what_if else "measured"),
-                    "busbw_GBps": busbw_GBps
-                    if what_if
-                    else fits.get("all_reduce", {}).get("busbw_GBps"),
+                    # the one its collectives were timed at (nan where they differ), and
+                    # each collective's: FSDP's are all-gathers and reduce-scatters
+                    "busbw_GBps": busbw,
+                    "collectives": collectives,
                     "compute_ms": compute,
                     "compute_ms_low": compute_range[0],
                     "compute_ms_high": compute_range[1],
@@ -653,6 +679,7 @@ COLUMNS = [
     "world_size",
     "link",
     "busbw_GBps",
+    "collectives",
     "compute_ms",
     "compute_ms_low",
     "compute_ms_high",
