@@ -499,6 +499,33 @@ def test_cell_metrics_that_fail_keep_the_measured_steps(tmp_path, data_root, fau
     assert not leftover_processes(run_dir)
 
 
+def test_cell_metrics_that_fail_on_one_rank_before_its_gather_fail_the_cell_at_once(
+    tmp_path, data_root, faulty
+):
+    """Rank 1's cell_metrics raises before the gather rank 0 waits in (as a pipeline's
+    bubble is gathered): rank 1 went on, its next collectives paired with the wrong ones
+    of rank 0's, and the cell hung to its --timeout, a timeout row blaming the evaluation.
+    Now a failed row with what rank 1 raised, long before the timeout, nothing left."""
+    import time
+
+    from bench.harness import results, worker
+
+    cfg = small_config(
+        tmp_path, data_root, strategies=("test_gathered_metrics_fail",), world_sizes=(2,)
+    )
+    began = time.monotonic()
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    took = time.monotonic() - began
+    [row] = rows
+    assert row["status"] == results.FAILED, row["reason"]
+    assert row["reason"].startswith(
+        "rank 1: PeersLeftWaiting: GatheredMetricsFail.cell_metrics() raised KeyError: "
+        "'bubble_pct' (a peer, not past it within"
+    ), row["reason"]
+    assert took < cfg.timeout_s - worker.PEERS_PAST_S, took
+    assert not leftover_processes(run_dir)
+
+
 def test_the_oom_watch_reads_the_kernels_records_and_ends_at_an_end_of_file(monkeypatch):
     """OomWatch reads the kernel's log record by record until there is no more: EAGAIN from
     /dev/kmsg, or an end of file where a container put /dev/null (or a file) in its place,

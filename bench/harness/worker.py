@@ -255,6 +255,7 @@ def _train(
             step_timing=cfg.step_timing,
         )
         extra, extra_error = _cell_metrics(strategy, stats.warmup_steps)
+        _peers_past_metrics(strategy, epoch, extra_error)
         probe = _probe(strategy, cfg, cell_dir) if epoch == cfg.epochs - 1 else {}
         evaluates = ctx.rank == 0 or strategy.collective_eval
         try:
@@ -337,13 +338,56 @@ def _cell_metrics(strategy: Strategy, warmup_steps: int) -> tuple[dict[str, Any]
     """The strategy's own measurements of the timed steps (Strategy.cell_metrics), and what
     it raised ("" where nothing): a cell_metrics that raises (a plug-in's bug, or a
     private torch API that moved) fails the row, with its reason, and the measured steps
-    are kept. Where it raised on some ranks only, before a collective of its own, its peers'
-    collectives fall out of step with theirs: the cell hangs to its --timeout or fails, as
-    in a probe that fails on one rank."""
+    are kept; where it raised on some ranks only, before a collective of its own, the cell
+    ends at once instead (_peers_past_metrics)."""
     try:
         return strategy.cell_metrics(warmup_steps), ""
     except Exception as exc:
         return {}, strategies.raised(strategy.cell_metrics, exc)
+
+
+#: how long a rank whose cell_metrics raised waits to hear that every peer is past its own:
+#: the ranks leave the timed steps together (their last collective), and cell_metrics is
+#: small; a peer not past it by then waits in a collective of it that this rank skipped
+PEERS_PAST_S = 20.0
+
+
+class PeersLeftWaiting(RuntimeError):
+    """A rank's cell_metrics raised where its peers wait in a collective of it."""
+
+
+def _peers_past_metrics(strategy: Strategy, epoch: int, error: str) -> None:
+    """Every rank says in the process group's store that it is past cell_metrics; one whose
+    cell_metrics raised goes on (its row failed, the steps kept) only once every peer is
+    past it too. Where one is not (it waits in a collective of cell_metrics' that this rank
+    skipped, as a pipeline's gather of its bubble), going on would pair this rank's next
+    collectives with the wrong ones of its peers and hang the cell to its --timeout: it
+    raises instead, and the cell fails at once with what cell_metrics raised."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if strategy.ctx.world_size < 2:
+        return
+    try:  # torch.distributed's ranks (not Horovod's): the store they met through
+        store = dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        store = None
+    if store is not None:
+        store.set(f"parabench/cell_metrics/{epoch}/{strategy.ctx.rank}", "past")
+    if not error:
+        return
+    if store is not None:
+        peers = [f"parabench/cell_metrics/{epoch}/{r}" for r in range(strategy.ctx.world_size)]
+        try:
+            store.wait(peers, datetime.timedelta(seconds=PEERS_PAST_S))
+            return
+        except (RuntimeError, dist.DistError):  # (DistStoreError: the wait timed out)
+            pass
+    raise PeersLeftWaiting(
+        f"{error} (a peer, not past it within {PEERS_PAST_S:g} s, waits in a collective of it: "
+        "the cell ends here)"
+    )
 
 
 def _median(values: Any) -> float:

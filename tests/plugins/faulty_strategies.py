@@ -219,6 +219,24 @@ class MetricsFail(DistributedDataParallel):
         return super().cell_metrics(warmup_steps)
 
 
+class GatheredMetricsFail(DistributedDataParallel):
+    """Its own measurements gathered from every rank, as a pipeline's bubble is; rank 1
+    raises before its gather, where rank 0 is already waiting in it: the ranks must not
+    fall out of step (each next collective paired with another) and hang the cell."""
+
+    variants = {
+        "test_gathered_metrics_fail": Variant(
+            "spawn", "DDP whose cell_metrics raises on rank 1 before its gather"
+        )
+    }
+
+    def cell_metrics(self, warmup_steps):
+        if self.ctx.rank == 1:
+            raise KeyError("bubble_pct")
+        every = self.gather(float(self.ctx.rank))
+        return {"collective_mib_per_step": sum(every)}
+
+
 class Sleepy(Strategy):
     """One process, slowed on purpose. Each step ends in a fixed sleep of BASE_S, then a
     further sleep of a fraction of the step it just took (from the end of the previous
