@@ -537,3 +537,25 @@ def test_a_rank_of_a_harness_that_is_pid_1_runs(tmp_path):
         timeout=120,
     )
     assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
+
+
+def test_a_resumed_cell_is_in_a_round_after_those_already_run(tmp_path, data_root):
+    """A cell run on --resume (its row removed to run it again, or never written before a
+    stop) ran apart in time from the rows already there, but its row said the round of its
+    repeat, and the report paired it, as run side by side, with cells measured before the
+    stop: its round now comes after every round already in runs.csv."""
+    import pandas as pd
+
+    from bench.harness.runner import run_matrix
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,), repeats=2)
+    run_dir, _ = run_matrix(cfg, echo=lambda m: None)
+    rd = RunDir(run_dir)
+    first = pd.read_csv(run_dir / "runs.csv")
+    assert list(first["round"]) == list(first["repeat"]) == [0, 1]  # a run not resumed
+    first[first["repeat"] == 1].to_csv(run_dir / "runs.csv", index=False)  # repeat 0 again
+    run_matrix(cfg, resume=run_dir, echo=lambda m: None)
+    after = pd.read_csv(run_dir / "runs.csv").set_index("repeat")
+    assert after.loc[1, "round"] == 1  # as it was
+    assert after.loc[0, "round"] == 2, after[["round", "status"]]
+    assert len(rd.runs.read()) == 2

@@ -126,7 +126,7 @@ PARAMS = [
     "nodes",  # --nodes: the hosts the ranks ran on (1: this machine)
     "procs_per_node",
     "hosts",  # every rank's host, in rank order, once each
-    "round",  # the round of the interleaved matrix (the repeat's index)
+    "round",  # the round of the interleaved matrix (the repeat's index; resumed, after those run)
     "run_order",  # the cell's place in the run, 1-based
 ]
 STATUS = ["status", "reason", "notes"]

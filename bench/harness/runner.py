@@ -698,6 +698,8 @@ class Runner:
         #: the cell's place in the run (1-based) and the machine's state as it started
         self.order: dict[tuple, int] = {}
         self.state: dict[tuple, dict[str, float]] = {}
+        #: added to a cell's repeat for its row's round: past the rounds already run (resumed)
+        self.round_offset = 0
         model = run_dir.path / "model.json"
         #: model FLOPs and device peaks (measure_flops), for the rows' MFU
         self.model_info: dict[str, Any] = json.loads(model.read_text()) if model.exists() else {}
@@ -743,7 +745,7 @@ class Runner:
             "channels_last": int(cell.setting.channels_last),
             "optimizer": cfg.optimizer,
             "timestamp": dt.datetime.now().isoformat(timespec="seconds"),
-            "round": cell.repeat,
+            "round": cell.repeat + self.round_offset,
             "run_order": self.order.get(cell.key, ""),
             **self.state.get(cell.key, {}),
             **provenance(self.device),
@@ -1009,6 +1011,12 @@ class Runner:
         self.order = {c.key: i for i, c in enumerate(cells, 1)}
         done = self.dir.done()
         todo = [c for c in cells if c.key not in done]
+        # resumed, its cells run apart in time from the rows already there (minutes, or a
+        # day, after a stop): their rounds come after those rows', so that the report never
+        # pairs two cells as run side by side in one round (a slow round slows both) where
+        # one ran before the stop and the other after it
+        rounds = [r.get("round") or "" for r in self.dir.runs.read()]
+        self.round_offset = 1 + max((int(r) for r in rounds if r.isdigit()), default=-1)
         if done:
             self.echo(
                 f"resuming {self.dir.path}: {len(cells) - len(todo)} of {len(cells)} cells already done"
