@@ -811,3 +811,24 @@ def test_the_time_split_step_is_the_step_its_parts_split() -> None:
     # an older run's rows, with no parts: the table is left out, as before
     older = runs.drop(columns=[c for c in runs if c.startswith("part_")])
     assert report.breakdown_markdown(report.counted_rows(older)) == ""
+
+
+def test_the_efficiency_plot_names_the_single_each_cell_scales_over() -> None:
+    """A bf16 cell's efficiency is over single in bf16 (report.summarise), not over the
+    fp32 single the title named: with two precisions the title says each cell's own."""
+
+    def cells(*settings: str) -> pd.DataFrame:
+        rows = []
+        for s in settings:
+            tag = f" [{s}]" if len(settings) > 1 else ""
+            rows += [_row(f"single{tag}", 1, setting=s), _row(f"ddp{tag}", 2, setting=s)]
+        return report.summarise(
+            _runs([r | {"strategy_name": r["strategy"].split()[0]} for r in rows])
+        )
+
+    one = plots.scaling_efficiency(cells("fp32")).axes[0].get_title()
+    assert "linear scaling over single at world size 1" in one
+    table = cells("fp32", "bf16")
+    assert set(table["efficiency_over"]) == {"single [fp32]", "single [bf16]"}
+    two = plots.scaling_efficiency(table).axes[0].get_title()
+    assert "over single in each cell's own run options at world size 1" in two

@@ -386,7 +386,13 @@ def scaling_efficiency(
     ax.set_xlabel("world size (ranks)")
     _note_left_out(ax, left_out)
     ax.set_ylabel("scaling efficiency (speed-up over single / world size)")
-    title = "Scaling efficiency (1.0 = linear scaling over single at world size 1"
+    # each cell scales over single in its own run options (report.summarise): a bf16 cell
+    # over single [bf16], which the title names where it is not plain single
+    overs = sorted(set(data.get("efficiency_over", pd.Series(dtype=str)).dropna()) - {""})
+    over = overs[0] if len(overs) == 1 else "single"
+    if len(overs) > 1:
+        over += " in each cell's own run options"
+    title = f"Scaling efficiency (1.0 = linear scaling over {over} at world size 1"
     if shared:
         title += "; dotted: as fast as single, where the ranks shared its cores"
     ax.set_title(title + ")")
