@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import shlex
 import sys
@@ -61,13 +62,25 @@ def _kv(text: str) -> tuple[str, str]:
 
 
 def _model_arg(text: str) -> tuple[str, Any]:
-    """key=value for the model's constructor; the value as a Python literal (8, 0.1, True),
-    else as a string."""
+    """key=value for a model's or data set's factory; the value as a Python literal (8, 0.1,
+    True), else as a string. The ranks read it from the run's config.json: a value JSON
+    cannot hold (a set, bytes) would stop the run with a traceback after its estimate, and
+    one it holds otherwise (a tuple comes back a list) would reach the ranks' factory as
+    another value than the harness checked; so it is taken as JSON gives it back, or
+    refused."""
     k, v = _kv(text)
     try:
-        return k, ast.literal_eval(v)
+        value = ast.literal_eval(v)
     except (ValueError, SyntaxError):
         return k, v
+    try:
+        return k, json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{k}={v}: a {type(value).__name__} value cannot be passed to the ranks (the run's "
+            "config is JSON); give a number, a string, True, False, None, or a list or dict "
+            "of them"
+        ) from None
 
 
 class _Parser(argparse.ArgumentParser):

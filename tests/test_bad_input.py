@@ -201,6 +201,21 @@ CASES = [
         "expected key=value, got '=5'",
         id="dataset-arg-no-key",
     ),
+    # the ranks read the factory's arguments from the run's config.json: a value JSON
+    # cannot hold stopped the run with a traceback after its estimate
+    case(
+        RUN,
+        ["--dataset", "{examples}/own_data.py:shapes", "--model", "{examples}/own_model.py:build"]
+        + ["--dataset-arg", "seed={{1, 2}}"],
+        "--dataset-arg: seed={1, 2}: a set value cannot be passed to the ranks",
+        id="dataset-arg-set",
+    ),
+    case(
+        RUN,
+        ["--model", "{examples}/own_model.py:build", "--model-arg", "width=b'8'"],
+        "--model-arg: width=b'8': a bytes value cannot be passed to the ranks",
+        id="model-arg-bytes",
+    ),
     case(RUN, ["--bogus"], "unrecognized arguments: --bogus", id="unknown-option"),
     case(RUN, ["extra"], "unrecognized arguments: extra", id="stray-positional"),
     # ---- run: out of range

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from bench.cli import build_parser, main
 from bench.config import RunConfig
 
 
@@ -323,6 +324,25 @@ def test_malformed_data_root(run, tmp_path):
     (raw / "t10k-labels-idx1-ubyte").write_bytes(b"nor this")
     code, _, err = run("--strategies", "single", data=str(tmp_path / "bad"))
     assert code == 2 and "is not an idx file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_factory_argument_reaches_the_ranks_as_the_harness_checked_it():
+    """The ranks read --dataset-arg and --model-arg from the run's config, as JSON: a tuple
+    came back there a list and a dict's int keys strings, so the harness checked the
+    factories with other arguments than their ranks were given."""
+    shapes = str(Path(__file__).resolve().parents[1] / "examples" / "own_data.py") + ":shapes"
+    args = ["run", "--dataset", shapes, "--model", "lm"]
+    args += ["--dataset-arg", "shape=(3, 32, 32)", "--model-arg", "widths={8: 16}"]
+    a = build_parser().parse_args(args)
+    cfg = RunConfig(
+        dataset=a.dataset,
+        model=a.model,
+        dataset_kwargs=dict(a.dataset_args),
+        model_kwargs=dict(a.model_args),
+    )
+    ranks = RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert ranks.dataset_kwargs == cfg.dataset_kwargs == {"shape": [3, 32, 32]}
+    assert ranks.model_kwargs == cfg.model_kwargs == {"widths": {"8": 16}}
 
 
 def test_list_shows_every_strategy_with_reasons(capsys):
