@@ -299,6 +299,29 @@ def test_one_host_strategies_are_skipped_rows_across_nodes(data_root, tmp_path) 
     assert srun_cells["ddp_torchrun"].status == ""
 
 
+def test_a_data_root_in_the_home_folder_is_made_whole_for_the_nodes(
+    data_root, tmp_path, monkeypatch
+) -> None:
+    """Across nodes the ranks start in other folders, so the run's paths are made whole. A
+    shell leaves `--data-root=~/data` as it is, which a run on one machine reads as
+    $HOME/data: across nodes it became <here>/~/data, and the run was refused as having
+    no MNIST there."""
+    from bench.harness.runner import open_run
+    from tests.conftest import small_config
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "data").symlink_to(data_root)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    cfg = small_config(
+        tmp_path / "out", data_root, world_sizes=(), nodes=2, procs_per_node=1, hosts=HOSTS
+    ).replace(strategies=("ddp_torchrun",), data_root="~/data")
+    opened, run_dir, _ = open_run(cfg, None)
+    run_dir.unlock()
+    assert opened.data_root == str((home / "data").resolve())
+
+
 def test_a_nodes_cores_are_shared_by_its_own_ranks(data_root, tmp_path) -> None:
     """--cores-per-node C: each of a node's M ranks gets C / M threads, wherever the agents
     start; a cell is oversubscribed (a skipped row, or with --oversubscribe one thread a

@@ -1271,8 +1271,10 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
         return saved, rd, cells
     cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
     if cfg.multi_host:  # other hosts start in other folders: whole paths
+        # the data root as read here (data_path: a ~ expanded, as a shell leaves it after
+        # --data-root=), not a folder named ~ below this one
         cfg = cfg.replace(
-            out_dir=str(Path(cfg.out_dir).resolve()), data_root=str(Path(cfg.data_root).resolve())
+            out_dir=str(Path(cfg.out_dir).resolve()), data_root=str(cfg.data_path.resolve())
         )
     check_new_run(cfg)
     path = Path(cfg.out_dir) / cfg.run_id
