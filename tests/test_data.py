@@ -220,6 +220,42 @@ def test_files_on_disk_keep_the_loader(data_root):
         RunConfig(dataset="imagenet-subset", data_feed="device")
 
 
+#: a user's data set that subclasses TensorDataset: images stored as bytes, scaled to
+#: [0, 1] as they are read
+SCALED = """
+import torch
+from torch.utils.data import TensorDataset
+
+
+class Scaled(TensorDataset):
+    num_classes = 4
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return x.float() / 255, y
+
+
+def build():
+    x = torch.arange(40 * 3 * 4 * 4).remainder(256).to(torch.uint8).view(40, 3, 4, 4)
+    return Scaled(x, torch.arange(40) % 4)
+"""
+
+
+def test_a_tensor_data_set_with_its_own_getitem_is_read_through_it(tmp_path):
+    """The device path indexes the stored tensors: for a TensorDataset whose __getitem__
+    changes what it reads, every cell trained on the raw bytes (here: failed, a float model
+    fed uint8), or on other data than the loader path reads. It keeps the DataLoader."""
+    (tmp_path / "scaled.py").write_text(SCALED)
+    cfg = RunConfig(dataset=f"{tmp_path}/scaled.py:build", model="resnet18")
+    train = data.load(cfg).train
+    assert data.on_device(train, torch.device("cpu")) is None
+    assert not data.in_memory(train)
+    x, _ = train[5]
+    assert x.dtype == torch.float32 and float(x.max()) <= 1.0
+    with pytest.raises(ConfigError, match="--data-path device needs data held in memory"):
+        data.check(cfg.replace(data_feed="device"))
+
+
 class _BrokenAt(torch.utils.data.Dataset):
     """Raises `message` on sample 3, as a user's data set with one bad record would."""
 

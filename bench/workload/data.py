@@ -594,16 +594,23 @@ def in_memory(ds: Dataset) -> bool:
     return on_device(ds, torch.device("cpu")) is not None
 
 
+def _reads_as(ds: Dataset, kind: type) -> bool:
+    """Whether `ds` is a `kind` that reads its samples as `kind` does: a subclass with its
+    own __getitem__ (one that scales or crops what it reads) is read through it, sample by
+    sample, or its rows would train on the stored tensors instead."""
+    return isinstance(ds, kind) and type(ds).__getitem__ is kind.__getitem__
+
+
 def on_device(ds: Dataset, device: torch.device) -> Take | None:
     """Move an in-memory data set to `device` once; return a function from a tensor of
     sample indices to that batch (images, labels), indexed there: no per-sample
     __getitem__, no collate, no copy per step. None if `ds` is not held in memory (the
     ImageNet subset is decoded from files: it keeps the DataLoader)."""
-    if isinstance(ds, Subset):
+    if _reads_as(ds, Subset):
         idx, base = torch.as_tensor(list(ds.indices), dtype=torch.long), ds.dataset
-        while isinstance(base, Subset):  # a --limit of a split's training part: one index
+        while _reads_as(base, Subset):  # a --limit of a split's training part: one index
             idx, base = torch.as_tensor(list(base.indices), dtype=torch.long)[idx], base.dataset
-        if device.type != "cpu" and isinstance(base, TensorDataset) and len(base.tensors) == 2:
+        if device.type != "cpu" and _reads_as(base, TensorDataset) and len(base.tensors) == 2:
             # only the samples it trains on go to the device, whose memory the row reports
             # (not the held-out ones, nor the 60,000 MNIST images a --limit 1000 leaves out);
             # on the CPU the tensors are in memory already and nothing is copied
@@ -613,7 +620,7 @@ def on_device(ds: Dataset, device: torch.device) -> Take | None:
             return None
         idx = idx.to(device)
         return lambda i: inner(idx[i])
-    if isinstance(ds, TensorDataset) and len(ds.tensors) == 2:
+    if _reads_as(ds, TensorDataset) and len(ds.tensors) == 2:
         x, y = (t.to(device) for t in ds.tensors)
         return lambda i: (x[i], y[i])
     if isinstance(ds, SyntheticImages):  # the pool generated once, then on the device
@@ -841,7 +848,7 @@ def _plugin(cfg: RunConfig) -> DataBundle:
         ) from None
     if classes < 2:
         raise ConfigError(f"{name}: {classes} class(es); a classifier needs at least 2")
-    if isinstance(ds, TensorDataset):  # in memory: every label checked, not a first batch's
+    if _reads_as(ds, TensorDataset):  # in memory: every label checked, not a first batch's
         low, high = int(ds.tensors[1].min()), int(ds.tensors[1].max())
         if low < 0 or high >= classes:
             raise ConfigError(
