@@ -243,6 +243,11 @@ srun: error: n1: task 0: Terminated
             srun.replace("task 1: Killed", "tasks 1-3: Exited with exit code 3"),
             "rank 1 exited with code 3 (log.txt)",
         ),
+        # a signal that dumped a core: srun adds so to strsignal's words
+        (
+            srun.replace("task 1: Killed", "task 1: Segmentation fault (core dumped)"),
+            "rank 1 killed by SIGSEGV",
+        ),
     ):
         (tmp_path / "log.txt").write_text(text)
         assert _failure(tmp_path, 1) == ("failed", reason)

@@ -1202,8 +1202,9 @@ def _first_failed_rank(log: Path) -> tuple[int, int] | None:
         if exited:
             return int(srun[1]), int(exited[1])
         words = {signal.strsignal(s): s for s in signal.Signals}
-        if srun[2] in words:
-            return int(srun[1]), -words[srun[2]]
+        said = srun[2].removesuffix(" (core dumped)")  # SIGSEGV's, SIGABRT's with a core
+        if said in words:
+            return int(srun[1]), -words[said]
     return None
 
 
