@@ -703,14 +703,8 @@ def _forwarded(argv: Sequence[str]) -> list[str]:
 
 
 def _unsubmitted(run_dir: Path) -> None:
-    """ConfigError if `run_dir` was submitted already, or holds a run begun another way."""
-    job = run_dir / "job.id"
-    if job.exists():
-        raise ConfigError(
-            f"{run_dir} was submitted already, as job {job.read_text().strip()} (`parabench "
-            f"status {shlex.quote(str(run_dir))}`; a job that stopped resumes with `sbatch "
-            f"{shlex.quote(str(run_dir / 'job.sbatch'))}`); choose another --run-id"
-        )
+    """ConfigError if `run_dir` holds a run begun already (check_new_run, after it, says
+    where it was submitted and its job has not begun)."""
     if (run_dir / "config.json").exists():
         raise ConfigError(f"{run_dir} holds a run already; choose another --run-id")
 

@@ -1524,10 +1524,20 @@ def test_a_submitted_run_id_is_the_jobs_alone_before_it_starts(
         main([*args, f"--data-root={data_root}", f"--out-dir={tmp_path}", "--run-id=queued"]) == 2
     )
     err = capsys.readouterr().err
-    assert "was submitted as job 41" in err and err.count("\n") == 1, err
+    assert "was submitted already, as job 41" in err and err.count("\n") == 1, err
     assert sorted(p.name for p in run.iterdir()) == ["job.id", "job.sbatch"]
     monkeypatch.setenv("SLURM_JOB_ID", "41")  # the job's own run
     runner.check_new_run(RunConfig(out_dir=str(tmp_path), run_id="queued"))
+
+
+def test_a_run_folder_whose_job_id_cannot_be_read_is_one_line(tmp_path, capsys, data_root):
+    """A job.id that cannot be read (here a folder) stopped `parabench run --run-id` with
+    a traceback; it is one line and exit 2, as a job.id that reads is."""
+    (tmp_path / "odd" / "job.id").mkdir(parents=True)
+    args = ["run", "--strategies=single", "--world-sizes=1", "--dataset=mnist"]
+    assert main([*args, f"--data-root={data_root}", f"--out-dir={tmp_path}", "--run-id=odd"]) == 2
+    err = capsys.readouterr().err
+    assert "job.id: cannot read it" in err and err.count("\n") == 1, err
 
 
 def test_status_follows_a_job_resubmitted_before_it_starts(tmp_path, monkeypatch, capsys):

@@ -1308,6 +1308,8 @@ def check_new_run(cfg: RunConfig) -> None:
         raise ConfigError(f"--run-id {cfg.run_id}: {path} is a file, not a run folder")
     if cfg.run_id:  # a run still going is said as such, not as one that stopped
         RunDir(path).check_free()
+    if cfg.run_id:
+        check_unsubmitted(path)
     if cfg.run_id and (path / "runs.csv").exists():
         raise ConfigError(f"{path} already holds a run; use --resume {path} or another --run-id")
     if cfg.run_id and (path / "config.json").exists():  # begun, stopped before its first row
@@ -1316,14 +1318,27 @@ def check_new_run(cfg: RunConfig) -> None:
             f"measurements a new run would take for its own); use --resume {path} or another "
             "--run-id"
         )
-    job = path / "job.id"
-    # submitted, its job not begun (pending): the folder is that job's, whose run would
-    # then resume this one as its own; only the job itself (its id in job.id) runs there
-    if cfg.run_id and job.exists() and job.read_text().strip() != os.environ.get("SLURM_JOB_ID"):
-        raise ConfigError(
-            f"{path} was submitted as job {job.read_text().strip()}, which runs there "
-            f"(`parabench status {shlex.quote(str(path))}`); choose another --run-id"
-        )
+
+
+def check_unsubmitted(path: Path) -> None:
+    """ConfigError where run folder `path` was submitted (`parabench submit` wrote its
+    job.id) and this is not that job: the folder is the job's, whose run, pending, would
+    resume a run begun there as its own, and which a job that stopped resumes (sbatch of
+    its job.sbatch)."""
+    job_file = path / "job.id"
+    try:
+        job = job_file.read_text().strip()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"{job_file}: cannot read it ({exc.strerror})") from None
+    if job == os.environ.get("SLURM_JOB_ID"):
+        return
+    raise ConfigError(
+        f"{path} was submitted already, as job {job} (`parabench status "
+        f"{shlex.quote(str(path))}`; a job that stopped resumes with `sbatch "
+        f"{shlex.quote(str(path / 'job.sbatch'))}`); choose another --run-id"
+    )
 
 
 def run_matrix(
