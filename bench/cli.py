@@ -73,14 +73,23 @@ def _model_arg(text: str) -> tuple[str, Any]:
         value = ast.literal_eval(v)
     except (ValueError, SyntaxError):
         return k, v
+    refused = "cannot be passed to the ranks (the run's config is JSON); give a number, a "
+    refused += "string, True, False, None, or a list or dict (with string keys) of them"
+    if _keys_not_str(value):  # JSON would make {8: 16} {"8": 16}, the factory another value
+        raise argparse.ArgumentTypeError(f"{k}={v}: a dict whose keys are not strings {refused}")
     try:
         return k, json.loads(json.dumps(value))
     except (TypeError, ValueError):
         raise argparse.ArgumentTypeError(
-            f"{k}={v}: a {type(value).__name__} value cannot be passed to the ranks (the run's "
-            "config is JSON); give a number, a string, True, False, None, or a list or dict "
-            "of them"
+            f"{k}={v}: a {type(value).__name__} value {refused}"
         ) from None
+
+
+def _keys_not_str(value: Any) -> bool:
+    """Whether `value` holds a dict with a key that is not a string, at any depth."""
+    if isinstance(value, dict):
+        return any(not isinstance(k, str) or _keys_not_str(x) for k, x in value.items())
+    return isinstance(value, list | tuple) and any(_keys_not_str(x) for x in value)
 
 
 class _Parser(argparse.ArgumentParser):

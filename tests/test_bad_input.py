@@ -216,6 +216,12 @@ CASES = [
         "--model-arg: width=b'8': a bytes value cannot be passed to the ranks",
         id="model-arg-bytes",
     ),
+    case(
+        RUN,
+        ["--model", "{examples}/own_model.py:build", "--model-arg", "widths={8: 16}"],
+        "--model-arg: widths={8: 16}: a dict whose keys are not strings cannot be passed",
+        id="model-arg-int-keys",
+    ),
     case(RUN, ["--bogus"], "unrecognized arguments: --bogus", id="unknown-option"),
     case(RUN, ["extra"], "unrecognized arguments: extra", id="stray-positional"),
     # ---- run: out of range

@@ -328,11 +328,12 @@ def test_malformed_data_root(run, tmp_path):
 
 def test_a_factory_argument_reaches_the_ranks_as_the_harness_checked_it():
     """The ranks read --dataset-arg and --model-arg from the run's config, as JSON: a tuple
-    came back there a list and a dict's int keys strings, so the harness checked the
-    factories with other arguments than their ranks were given."""
+    came back there a list, so the harness checked the factories with other arguments than
+    their ranks were given (a dict's int keys, which came back strings, are refused:
+    tests/test_bad_input.py)."""
     shapes = str(Path(__file__).resolve().parents[1] / "examples" / "own_data.py") + ":shapes"
     args = ["run", "--dataset", shapes, "--model", "lm"]
-    args += ["--dataset-arg", "shape=(3, 32, 32)", "--model-arg", "widths={8: 16}"]
+    args += ["--dataset-arg", "shape=(3, 32, 32)", "--model-arg", 'widths={"a": (8, 16)}']
     a = build_parser().parse_args(args)
     cfg = RunConfig(
         dataset=a.dataset,
@@ -342,7 +343,7 @@ def test_a_factory_argument_reaches_the_ranks_as_the_harness_checked_it():
     )
     ranks = RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert ranks.dataset_kwargs == cfg.dataset_kwargs == {"shape": [3, 32, 32]}
-    assert ranks.model_kwargs == cfg.model_kwargs == {"widths": {"8": 16}}
+    assert ranks.model_kwargs == cfg.model_kwargs == {"widths": {"a": [8, 16]}}
 
 
 def test_list_shows_every_strategy_with_reasons(capsys):
