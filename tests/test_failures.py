@@ -531,6 +531,24 @@ def test_cell_metrics_that_fail_on_one_rank_before_its_gather_fail_the_cell_at_o
     assert not leftover_processes(run_dir)
 
 
+def test_ranks_with_no_process_group_go_on_when_their_cell_metrics_raised(monkeypatch):
+    """Horovod's ranks (and one process's DataParallel) meet through no torch.distributed
+    store: a cell_metrics that raised there fails the row with the steps kept, as before
+    the store's wait, not ended as if a peer waited in a collective."""
+    import types
+
+    import torch.distributed as dist
+
+    from bench.harness import worker
+
+    def no_group():  # what torch says where no process group was made
+        raise ValueError("Default process group has not been initialized")
+
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", no_group)
+    strategy = types.SimpleNamespace(ctx=types.SimpleNamespace(world_size=2, rank=1))
+    assert worker._peers_past_metrics(strategy, 0, "cell_metrics() raised KeyError") is None
+
+
 def test_the_oom_watch_reads_the_kernels_records_and_ends_at_an_end_of_file(monkeypatch):
     """OomWatch reads the kernel's log record by record until there is no more: EAGAIN from
     /dev/kmsg, or an end of file where a container put /dev/null (or a file) in its place,

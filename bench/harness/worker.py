@@ -362,32 +362,29 @@ def _peers_past_metrics(strategy: Strategy, epoch: int, error: str) -> None:
     past it too. Where one is not (it waits in a collective of cell_metrics' that this rank
     skipped, as a pipeline's gather of its bubble), going on would pair this rank's next
     collectives with the wrong ones of its peers and hang the cell to its --timeout: it
-    raises instead, and the cell fails at once with what cell_metrics raised."""
+    raises instead, and the cell fails within PEERS_PAST_S with what cell_metrics raised.
+    Ranks with no such store (Horovod's, one process's DataParallel) go on as they were."""
     import datetime
 
     import torch.distributed as dist
 
     if strategy.ctx.world_size < 2:
         return
-    try:  # torch.distributed's ranks (not Horovod's): the store they met through
+    try:  # torch.distributed's ranks: the store they met through
         store = dist.distributed_c10d._get_default_store()
     except (AttributeError, RuntimeError, ValueError):
-        store = None
-    if store is not None:
-        store.set(f"parabench/cell_metrics/{epoch}/{strategy.ctx.rank}", "past")
+        return
+    store.set(f"parabench/cell_metrics/{epoch}/{strategy.ctx.rank}", "past")
     if not error:
         return
-    if store is not None:
-        peers = [f"parabench/cell_metrics/{epoch}/{r}" for r in range(strategy.ctx.world_size)]
-        try:
-            store.wait(peers, datetime.timedelta(seconds=PEERS_PAST_S))
-            return
-        except (RuntimeError, dist.DistError):  # (DistStoreError: the wait timed out)
-            pass
-    raise PeersLeftWaiting(
-        f"{error} (a peer, not past it within {PEERS_PAST_S:g} s, waits in a collective of it: "
-        "the cell ends here)"
-    )
+    peers = [f"parabench/cell_metrics/{epoch}/{r}" for r in range(strategy.ctx.world_size)]
+    try:
+        store.wait(peers, datetime.timedelta(seconds=PEERS_PAST_S))
+    except (RuntimeError, dist.DistError):  # (DistStoreError: the wait timed out)
+        raise PeersLeftWaiting(
+            f"{error} (a peer, not past it within {PEERS_PAST_S:g} s, waits in a collective "
+            "of it: the cell ends here)"
+        ) from None
 
 
 def _median(values: Any) -> float:
