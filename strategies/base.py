@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
 from bench.config import CUDA_GRAPH_MODES
+from bench.harness.env import oversubscribed
 from bench.harness.probes import (
     PHASES,
     SPARSE_EVERY_S,
@@ -289,7 +290,9 @@ class Strategy:
                     else ""
                 )
             )
-        if cls.multiprocess and device == "cpu" and world_size > n_devices and not oversubscribe:
+        # on a CPU, n_devices is its cores: env.oversubscribed's rule, one rank a core at most
+        cpu = cls.multiprocess and device == "cpu"
+        if cpu and oversubscribed(world_size, n_devices) and not oversubscribe:
             return (
                 f"one CPU core per rank at least: world size {world_size} needs {world_size} "
                 f"cores, found {n_devices} (--oversubscribe runs it anyway, for correctness)"
