@@ -1468,7 +1468,7 @@ def _within_noise(mine: pd.DataFrame, theirs: pd.DataFrame, col: str) -> bool:
     """Whether two cells' `col` over their counted repeats are not told apart, by the rule
     the summary's ranking uses (stats.tied), either way round: the paired ratio's 95 %
     interval reaching 1 where they share 3 rounds, else their 95 % intervals overlapping;
-    False where neither has an interval (fewer than 3 repeats: the point estimates stand)."""
+    False where either has no interval (fewer than 3 repeats: the point estimates stand)."""
     a, b = (pd.to_numeric(g[col], errors="coerce") for g in (mine, theirs))
     rounds = (_by_round(mine, col), _by_round(theirs, col))
     return bool(stats.tied(rounds, (stats.t_interval(a), stats.t_interval(b)))[0])

@@ -1295,7 +1295,8 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
 
 
 def check_new_run(cfg: RunConfig) -> None:
-    """ConfigError if the run id `cfg` names already holds a run (no id: a new one)."""
+    """ConfigError if the run id `cfg` names already holds a run, or was submitted as a job
+    this process is not (no id: a new one)."""
     out = Path(cfg.out_dir)
     # the nearest folder that exists must be one this process can write in: said before
     # the estimate times anything, not after

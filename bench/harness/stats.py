@@ -168,7 +168,7 @@ def tied(
     """Whether cell a is not told apart from cell b, from each one's values per round and
     interval over repeats (in that order, a's first): where they share MIN_REPEATS rounds,
     the paired interval of a/b reaching 1 (paired_ratio_interval), else their intervals
-    overlapping; None where neither has an interval. And whether the pairs told it. Given
+    overlapping; None where either has no interval. And whether the pairs told it. Given
     `higher_is_better`, a is ranked behind b on it (leaders), and only pairs that show a
     behind part them: pairs that show it ahead of the cell ranked first do not put it back."""
     _, low, high = paired_ratio_interval(*rounds)
