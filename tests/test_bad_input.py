@@ -218,7 +218,7 @@ CASES = [
     ),
     case(
         RUN,
-        ["--model", "{examples}/own_model.py:build", "--model-arg", "widths={8: 16}"],
+        ["--model", "{examples}/own_model.py:build", "--model-arg", "widths={{8: 16}}"],
         "--model-arg: widths={8: 16}: a dict whose keys are not strings cannot be passed",
         id="model-arg-int-keys",
     ),
