@@ -64,6 +64,32 @@ def test_ranks_sharing_a_gpu_count_it_once_per_device():
     assert results.measure(_record(), 2, "cuda")["samples_per_s_per_device"] == pytest.approx(1000)
 
 
+def test_ranks_bound_to_a_gpu_each_count_every_gpu(monkeypatch):
+    """SLURM's --gpus-per-task binds one GPU to each rank, which sees it as cuda:0: two ranks
+    of one node on two GPUs were counted as one GPU (twice the per-device throughput);
+    their GPUs' UUIDs tell them apart, and two ranks sharing one GPU still count it once."""
+    import types
+
+    import torch
+
+    from bench.harness.worker import device_names
+
+    def row(uuid: str) -> dict:
+        # the GPU this rank's launcher bound to it, cuda:0 in its own numbering
+        props = types.SimpleNamespace(name="H100", uuid=uuid)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+        devices = device_names([torch.device("cuda:0")])
+        return {"host": "a", "devices": devices, "samples": 64, "timed_s": 0.064}
+
+    bound = [row("GPU-aaa"), row("GPU-bbb")]
+    per = results.measure(_record(ranks=bound), 2, "cuda")["samples_per_s_per_device"]
+    assert per == pytest.approx(1000)
+    shared = [row("GPU-aaa"), row("GPU-aaa")]
+    per = results.measure(_record(ranks=shared), 2, "cuda")["samples_per_s_per_device"]
+    assert per == pytest.approx(2000)
+    assert device_names([torch.device("cpu")]) == ["cpu"]
+
+
 def test_csv_tables_are_readable_as_the_umask_allows(tmp_path):
     """runs.csv and the other tables were 0600 (mkstemp's), unlike config.json beside them:
     a colleague (or a report run as another user) could not read a shared results folder."""

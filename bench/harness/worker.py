@@ -274,7 +274,7 @@ def _train(
             {
                 "rank": ctx.rank,
                 "host": _host(),
-                "devices": [str(d) for d in strategy.devices()],
+                "devices": device_names(strategy.devices()),
                 "samples": stats.samples,
                 "timed_s": stats.timed_s,
                 "step_ms_p50": _median(stats.step_times_ms[stats.warmup_steps :]),
@@ -476,6 +476,19 @@ def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def device_names(devices: list[torch.device]) -> list[str]:
+    """The devices a rank drove, as its row counts them (results.measure: ranks on one
+    device count it once). A GPU is named with its UUID beside its index: where the
+    launcher binds one GPU to each task (SLURM's --gpus-per-task), every rank of a node sees
+    its own as cuda:0, and by that name alone four ranks on four GPUs were counted as one
+    GPU, their per-device throughput (and MFU) four times what each GPU did."""
+    names = []
+    for d in devices:
+        uuid = getattr(torch.cuda.get_device_properties(d), "uuid", "") if d.type == "cuda" else ""
+        names.append(f"{d} {uuid}" if uuid else str(d))
+    return names
 
 
 def _host() -> str:
