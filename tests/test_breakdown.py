@@ -976,3 +976,39 @@ def test_predict_says_what_its_efficiency_is_over(probed_run, capsys) -> None:
     assert row.split()[9] == f"{r['efficiency']:.2f}", row
     assert predict.EFFICIENCY_KEY in out.splitlines()
     assert "the case's own one-process samples/s" in predict.EFFICIENCY_KEY
+
+
+def test_predict_efficiency_past_the_cores_is_over_the_curve_it_predicts_from(
+    probed_run, tmp_path
+) -> None:
+    """On a busy CPU, fsdp [bf16]'s timed steps took 143 ms at the whole batch and its compute
+    curve, moments later, 30: predict's what-if put 8 ranks at 1.91 efficiency, the curve's
+    rank over the timed steps' one process. Past the cores the efficiency is over the curve's
+    own whole batch now: one-process timed steps five times slower leave it as it was."""
+    from bench.harness.probes import PHASES
+
+    run, _ = probed_run
+    slow = Path(shutil.copytree(run, tmp_path / "slow"))
+    runs = pd.read_csv(slow / "runs.csv", dtype=str, keep_default_na=False)
+    one = runs["world_size"] == "1"
+    for col in [f"{p}_ms" for p in PHASES]:
+        runs.loc[one, col] = (runs.loc[one, col].astype(float) * 5).astype(str)
+    runs.loc[one, "samples_per_s"] = (runs.loc[one, "samples_per_s"].astype(float) / 5).astype(str)
+    runs.to_csv(slow / "runs.csv", index=False)
+    (before,) = predict.predict_run(run, [16], link="nvlink-h100")  # past the cores: the curve
+    (after,) = predict.predict_run(slow, [16], link="nvlink-h100")
+    assert after["samples_per_s"] == pytest.approx(before["samples_per_s"])
+    for key in ("efficiency", "efficiency_low", "efficiency_high"):
+        assert after[key] == pytest.approx(before[key]), key
+    # and it is the curve's: its whole batch's step, data wait included
+    rows = pd.read_csv(run / "runs.csv")
+    cfg = json.loads((run / "config.json").read_text())
+    batch = cfg["global_batch"]
+    (r1,) = rows[rows.world_size == 1].to_dict("records")
+    from bench.harness.runner import cell_dirname
+
+    cell = run / "cells" / cell_dirname("ddp_spawn", 1, r1["setting"], int(r1["repeat"]))
+    curve = json.loads((cell / "epochs.jsonl").read_text().splitlines()[-1])["probe"]
+    whole = predict.compute_at(curve["compute_curve"], batch)[0]
+    own1 = batch / (r1["data_wait_ms_mean"] + whole) * 1e3
+    assert before["efficiency"] == pytest.approx(before["samples_per_s"] / (16 * own1))

@@ -20,6 +20,9 @@ The model, per strategy and run option, from its one-process (world size 1) cell
   all-reduce, ZeRO-1's parameter broadcast, FSDP's all-gathers and reduce-scatter, Horovod's
   fused all-reduce), each timed with the run's measured latency-bandwidth fit (bench.harness.collectives,
   ring model extrapolated to N), or with a named link's stated bandwidth and latency.
+- efficiency: over N times the one-process samples/s from the same source as compute(N):
+  the timed steps where ranks share the cores, else the curves at the whole batch (the timed
+  steps ran moments apart from the curve, and on a busy machine the two differed fivefold).
 - f: the exposed share of communication, exposed / total as the probe measured it at another
   world size of the same strategy, pooled likewise (never the one predicted); without one, 1
   (no overlap, the band's top), as on a CPU, where gloo's threads and the compute share the
@@ -74,8 +77,10 @@ EXPOSED_KEY = (
 
 #: what the table's `eff` column is over, in one sentence: not the summary's base (single)
 EFFICIENCY_KEY = (
-    "eff: predicted samples/s over N times the case's own one-process samples/s as measured "
-    "(not the report's scaling efficiency, which is over `single`)."
+    "eff: predicted samples/s over N times the case's own one-process samples/s (not the "
+    "report's scaling efficiency, which is over `single`): as measured where ranks share its "
+    "cores, from its compute curve's whole batch where each rank is a device of its own, "
+    "as the prediction's compute is."
 )
 
 
@@ -399,6 +404,7 @@ def predict_run(
         measured1 = one["samples_per_s"].median()
         cores = _cores(first["threads_per_rank"], run.environment)
         compute1 = float(sum(ones[f"{p}_ms"].median() for p in PHASES))
+        data1 = float(ones["data_wait_ms_mean"].median())
         for n in world_sizes:
             traffic = spec.cls.traffic(options, n, shape, _text(first["precision"]))
             if isinstance(traffic, str):
@@ -420,6 +426,7 @@ def predict_run(
                     f"{k} micro-batches (--accumulate): a cell the run would skip",
                 )
                 continue
+            own1 = measured1  # what the efficiency is over: the one process as measured
             if cpu and not oversubscribed(n, cores):
                 # N ranks on cores/N threads each share this machine's cores, as the runner
                 # shares them: together they do the one-process cell's work on the same
@@ -443,12 +450,17 @@ def predict_run(
                     continue
                 compute, basis = float(np.median(times)), next(b for t, b in at if t == t)
                 basis += "; each rank a device like the one-process cell's"
+                # the efficiency's one process from the same curves, at the whole batch: the
+                # timed steps ran moments apart from them, and on a busy CPU they were 143 ms
+                # against the curve's 30, which read as fsdp scaling 1.91 at 8 ranks
+                whole = [t for t, _ in (compute_at(c, cfg.global_batch) for c in curves) if t == t]
+                own1 = cfg.global_batch / (data1 + float(np.median(whole))) * 1e3 if whole else own1
             if pooled:
                 basis += f"; pooled with {', '.join(pooled)}'s (the same steps, launched apart)"
             # the repeats' spread: their compute differs more than a strategy's does
             spread = [float(t) for t in times if t == t] or [compute]
             compute_range = (min(spread), max(spread))
-            data_ms = float(ones["data_wait_ms_mean"].median()) / n
+            data_ms = data1 / n
             comm = (
                 comm_ms(traffic, fits, n, busbw_GBps=busbw_GBps, alpha_us=alpha) if n > 1 else 0.0
             )
@@ -468,8 +480,7 @@ def predict_run(
             sps_high = pred.samples_per_s(cfg.global_batch, pred.low_ms)
             # over N times the strategy's own one-process samples/s
             eff, eff_low, eff_high = (
-                x / (n * measured1) if measured1 > 0 else float("nan")
-                for x in (sps, sps_low, sps_high)
+                x / (n * own1) if own1 > 0 else float("nan") for x in (sps, sps_low, sps_high)
             )
             out.append(
                 {

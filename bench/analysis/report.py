@@ -1807,7 +1807,8 @@ def scaling_markdown(run: Run) -> str:
             "\n\nWhat if: larger world sizes on named links, assumed (not measured): "
             f"{links}. Past this machine's devices each rank is assumed a device like the "
             "one-process cell's; efficiency is predicted samples/s over N times the same "
-            "strategy's one-process samples/s.\n\n"
+            "strategy's one-process samples/s, there from the whole batch's point of the "
+            "compute curve the prediction reads, not from its timed steps.\n\n"
             + md_table(
                 ["strategy", "ws", "link", "samples/s (band)", "efficiency (band)"],
                 [
