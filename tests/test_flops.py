@@ -302,3 +302,32 @@ def test_a_gpu_older_than_ampere_notes_no_tf32(monkeypatch):
         assert asked == [gpu, gpu]
     finally:
         cudnn.allow_tf32, cublas.allow_tf32 = saved
+
+
+def test_a_cpu_runs_one_thread_peak_is_one_figure(tmp_path, data_root, monkeypatch):
+    """A busy 2-core machine: the one-process cells' 2-thread peak fell back on one thread's
+    product (0.105 TFLOP/s), then the 2-rank cells' one thread was timed again (0.053), and
+    ddp_spawn at 2 ranks read 35 % MFU against 10 % at one, half of it the two timings. One
+    thread's peak is timed once for the run and both rest on it."""
+    import json
+
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    timed: list[int] = []
+
+    def busy(threads, dtype=torch.float32, **_):
+        timed.append(threads)
+        if threads > 1:
+            return 0.00022  # under one thread's: a busy machine
+        return 0.105 if timed.count(1) == 1 else 0.053  # each timing of one thread its own
+
+    monkeypatch.setattr(flops, "measured_cpu_peak", busy)
+    monkeypatch.setattr(runner, "rank_threads", lambda cfg, cell: 2 // cell.world_size)
+    cfg = small_config(tmp_path, data_root, strategies=("ddp_spawn",), world_sizes=(1, 2))
+    cfg = cfg.replace(scaling_model=True)
+    (tmp_path / "r").mkdir()
+    runner.measure_flops(cfg, runner.plan(cfg), tmp_path / "r", echo=lambda m: None)
+    peaks = json.loads((tmp_path / "r" / "model.json").read_text())["peaks"]
+    assert peaks["fp32/1t"][0] == peaks["fp32/2t"][0] == 0.105
+    assert timed.count(1) == 1

@@ -1587,7 +1587,14 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
             # a CPU without bf16/fp16 units computes them through fp32: fp32's peak is theirs
             native = precision == "fp32" or flops.cpu_has_units(precision)
             measured = precision if native else "fp32"
-            peak = flops.measured_cpu_peak(threads, DTYPES[measured])
+            if threads == 1 and measured in one_thread:
+                # one thread's figure once for the run: measured again, a busy machine gave
+                # half the 2-thread cells' floor, and its ranks at 2 read twice the MFU
+                peak = one_thread[measured]
+            else:
+                peak = flops.measured_cpu_peak(threads, DTYPES[measured])
+            if threads == 1:
+                one_thread[measured] = peak
             how = f"on {threads} thread(s)"
             if threads > 1:
                 # t threads can always do what one does: on a machine where another process
