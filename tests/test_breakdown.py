@@ -1012,3 +1012,36 @@ def test_predict_efficiency_past_the_cores_is_over_the_curve_it_predicts_from(
     whole = predict.compute_at(curve["compute_curve"], batch)[0]
     own1 = batch / (r1["data_wait_ms_mean"] + whole) * 1e3
     assert before["efficiency"] == pytest.approx(before["samples_per_s"] / (16 * own1))
+
+
+def test_a_check_missed_on_a_busy_machine_says_so(probed_run, tmp_path, capsys) -> None:
+    """On a busy 2-core machine every one-process cell's two threads waited on each other,
+    and 2 ranks of one thread each ran 3 to 7 times faster than the one-process cell's time
+    predicts: predict flagged each strategy doubtful, "the model misses part of what its
+    steps do", where the run's own start had timed its 2-thread matrix product under one
+    thread's. The check says that is the machine's now, where model.json shows it."""
+    from bench.cli import main
+    from bench.harness.probes import PHASES
+
+    run, _ = probed_run
+    slow = Path(shutil.copytree(run, tmp_path / "slow"))
+    runs = pd.read_csv(slow / "runs.csv", dtype=str, keep_default_na=False)
+    one = runs["world_size"] == "1"
+    for col in [f"{p}_ms" for p in PHASES]:  # the one-process cell's threads slowed fourfold
+        runs.loc[one, col] = (runs.loc[one, col].astype(float) * 4).astype(str)
+    runs.to_csv(slow / "runs.csv", index=False)
+
+    def said(source: str) -> list[str]:
+        model = json.loads((slow / "model.json").read_text())
+        model["peaks"] = {"fp32/2t": [0.1, f"measured: fp32 matmul {source}"]}
+        (slow / "model.json").write_text(json.dumps(model))
+        assert main(["predict", str(slow), "--world-sizes", "2"]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    (doubt,) = [ln for ln in said("on 2 thread(s)") if ln.startswith("doubtful: ddp_spawn")]
+    assert "the model misses part of what its steps do" in doubt  # an idle machine's run
+    lines = said("on 1 thread (on 2 it measured less: a busy machine)")
+    (doubt,) = [ln for ln in lines if ln.startswith("doubtful: ddp_spawn")]
+    assert "slowed by a busy machine" in doubt and "the model misses" not in doubt, doubt
+    (busy,) = [ln for ln in lines if ln.startswith("Busy machine: ddp_spawn at 2 ran faster")]
+    assert "fp32/2t in model.json" in busy

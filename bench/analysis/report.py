@@ -1778,14 +1778,17 @@ def scaling_markdown(run: Run) -> str:
         rough = predict.rough_fits(run.path, run)
         if rough:
             text += f"\n\n{rough}"
+        busy, busy_cases = predict.busy_line(run.path, checked)
         if doubtful:
             text += "\n\nDoubtful: " + "; ".join(
-                predict.doubtful_line(c, w) for c, w in doubtful.items()
+                predict.doubtful_line(c, w, busy_cases) for c, w in doubtful.items()
             )
             text += (
                 f" ({'the what-if ones included; ' if what_if else ''}compare the case's parts "
                 'at that world size with its one-process cell\'s under "Where the time goes").'
             )
+        if busy:
+            text += f"\n\n{busy}"
     else:
         # an oversubscribed cell finished, but its ranks share what the model gives each
         aside = (

@@ -1453,6 +1453,11 @@ def measure_collectives(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: 
             )
 
 
+#: what a CPU peak's source says where several threads timed under one thread's figure
+#: (predict reads it: a run whose multi-thread cells were slowed by the machine)
+BUSY_PEAK = "measured less: a busy machine"
+
+
 def peak_key(device: str, threads: Any, precision: Any) -> str:
     """model.json's key of a device peak: per precision, and per thread count on a CPU."""
     return f"{precision}" if device == "cuda" else f"{precision}/{threads}t"
@@ -1605,7 +1610,7 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
                 one = one_thread[measured]
                 if one > peak:
                     peak = one
-                    how = f"on 1 thread (on {threads} it measured less: a busy machine)"
+                    how = f"on 1 thread (on {threads} it {BUSY_PEAK})"
             why = "" if native else f" (no {precision} units in this CPU: its fp32 peak)"
             info["peaks"][key] = (peak, f"measured: {measured} matmul {how}{why}")
     # whole or not at all: a model.json cut short (the disk filled up) would not be
