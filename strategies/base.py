@@ -181,6 +181,10 @@ class Strategy:
     #: whether a step under sync_off() has local gradients for its optimizer step; FSDP's
     #: stay on the unsharded parameters, so its ablation compares forward and backward only
     sync_off_steps_optimizer: ClassVar[bool] = True
+    #: the collectives sync_off() leaves running, in words (empty: none): the ablation's
+    #: exposed time then leaves them out while the profiler's total holds them, so their
+    #: ratio is no share of all the communication, and predict assumes none of it hidden
+    ablation_keeps: ClassVar[str] = ""
     #: under --channels-last, why the parameters stay contiguous (NCHW) and only the inputs
     #: are NHWC (a convolution runs NHWC when either is); empty: both are converted
     contiguous_params: ClassVar[str] = ""

@@ -251,6 +251,7 @@ class FSDP2(TorchDistributed):
 
     #: without sync the gradients stay on the unsharded parameters: nothing to step with
     sync_off_steps_optimizer = False
+    ablation_keeps = "FSDP's parameter all-gathers"
 
     def sync_off(self) -> contextlib.AbstractContextManager:
         # the gradients' reduce-scatter stops; the parameters' all-gathers cannot (they are

@@ -27,6 +27,8 @@ class ZeRO1(DistributedDataParallel):
         ),
     }
 
+    ablation_keeps = "ZeRO-1's parameter broadcast after the optimizer step"
+
     @classmethod
     def traffic(cls, options, world_size, shape, precision):
         # DDP's all-reduce, then each rank broadcasts the parameters it owns, one tensor at

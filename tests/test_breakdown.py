@@ -1045,3 +1045,26 @@ def test_a_check_missed_on_a_busy_machine_says_so(probed_run, tmp_path, capsys) 
     assert "slowed by a busy machine" in doubt and "the model misses" not in doubt, doubt
     (busy,) = [ln for ln in lines if ln.startswith("Busy machine: ddp_spawn at 2 ran faster")]
     assert "fp32/2t in model.json" in busy
+
+
+def test_predict_takes_no_exposed_share_from_an_ablation_that_leaves_collectives_on(
+    probed_run, tmp_path
+) -> None:
+    """zero1 at 2 ranks read 0 ms exposed of a 72 ms total: its ablation switches DDP's
+    all-reduce off but not the broadcast after the optimizer step, which ran in both halves
+    of it, so predict took all of zero1's communication as hidden (exposed 0.00) and its
+    step as max(compute, comm). Such a strategy's share is not measured: none hidden."""
+    run, _ = probed_run
+    zero = tmp_path / "zero"
+    shutil.copytree(run, zero)
+    runs = pd.read_csv(zero / "runs.csv", dtype=str, keep_default_na=False)
+    runs["strategy"] = runs["strategy"].str.replace("ddp_spawn", "zero1")
+    runs.loc[runs["world_size"] == "2", "comm_exposed_ms"] = "0.0"  # as zero1's ablation read
+    runs.to_csv(zero / "runs.csv", index=False)
+    for cell in (zero / "cells").iterdir():
+        cell.rename(cell.with_name(cell.name.replace("ddp_spawn", "zero1")))
+    (r,) = predict.predict_run(zero, [8], link="eth-25g")
+    assert r["strategy"] == "zero1" and r["comm_ms"] > 0
+    assert r["exposed_fraction"] == 1.0
+    assert r["step_ms"] == pytest.approx(r["data_ms"] + r["compute_ms"] + r["comm_ms"])
+    assert "leaves ZeRO-1's parameter broadcast after the optimizer step running" in r["basis"]

@@ -24,8 +24,9 @@ The model, per strategy and run option, from its one-process (world size 1) cell
   the timed steps where ranks share the cores, else the curves at the whole batch (the timed
   steps ran moments apart from the curve, and on a busy machine the two differed fivefold).
 - f: the exposed share of communication, exposed / total as the probe measured it at another
-  world size of the same strategy, pooled likewise (never the one predicted); without one, 1
-  (no overlap, the band's top), as on a CPU, where gloo's threads and the compute share the
+  world size of the same strategy, pooled likewise (never the one predicted); without one, or
+  where the ablation leaves some collectives running (`Strategy.ablation_keeps`), 1 (no
+  overlap, the band's top), as on a CPU, where gloo's threads and the compute share the
   same cores.
 """
 
@@ -72,7 +73,8 @@ EXPOSED_KEY = (
     "exposed: the share of the step's communication that the step waits for (not hidden "
     "behind compute), the probes' exposed over total at the strategy's other world sizes "
     "(and those of a case that differs only by its launcher); 1.00 where none was measured "
-    "(none hidden assumed)."
+    "or the ablation cannot switch all of it off (ZeRO-1's broadcast, FSDP's all-gathers): "
+    "none hidden assumed."
 )
 
 #: what the table's `eff` column is over, in one sentence: not the summary's base (single)
@@ -469,6 +471,15 @@ def predict_run(
                 [np.inf, -np.inf], np.nan
             )
             f = float(shares.clip(0, 1).median()) if shares.notna().any() else None
+            if spec.cls.ablation_keeps and n > 1:
+                # exposed over total is no share of all its communication: the ablation left
+                # some of it running (zero1 read 0 exposed of a 72 ms total, its broadcast
+                # taken as hidden, where nothing overlaps it), so none hidden is assumed
+                f = None
+                basis += (
+                    f"; none of its communication taken as hidden: the probes' ablation leaves "
+                    f"{spec.cls.ablation_keeps} running, so their exposed share is not its"
+                )
             pred = predict_step(compute, data_ms, comm, f, compute_range)
             busbw, collectives = bandwidths(traffic, fits, busbw_GBps)
             # an oversubscribed cell's ranks share cores (or GPUs) that the model gives each
