@@ -510,6 +510,8 @@ class Strategy:
                 phases = PHASES if self.sync_off_steps_optimizer else ("forward", "backward")
                 out |= breakdown.ablation(on, off, phases)
                 out["comm_method"] = "ablation"
+                if self.ablation_keeps:  # in the profiler's total, not in the exposed part
+                    out["ablation_keeps"] = self.ablation_keeps
             elif pairs:
                 out["ablation_skipped"] = why
             if profile_steps:

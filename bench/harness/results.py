@@ -459,7 +459,9 @@ def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) ->
                 "profiled_step_ms",
             )
         },
-        "comm_hidden_ms": hidden(total, exposed),
+        # total less exposed is no hidden part where the ablation left collectives running:
+        # zero1's 72 ms of broadcast read as hidden under compute, which nothing overlaps
+        "comm_hidden_ms": nan if probe.get("ablation_keeps") else hidden(total, exposed),
         **{f"part_{k}_ms": v for k, v in parts.items()},
         "rank_step_ms_min": fast,
         "rank_step_ms_max": slow,
@@ -472,12 +474,15 @@ def comm_method(probe: Mapping[str, Any]) -> str:
     """How a row's communication was measured (the probe's `comm_method`), or why the probe
     failed; and why the ablation did not run where it was skipped (fp16 loss scaling,
     nothing to switch off): without it, such a row's empty exposed communication beside
-    another precision's figure reads as none exposed."""
+    another precision's figure reads as none exposed; and what collectives it left running
+    (`Strategy.ablation_keeps`), where the row has no hidden part."""
     method = probe.get("comm_method") or (
         f"none: the probe failed ({probe['error']})" if probe.get("error") else ""
     )
     why = probe.get("ablation_skipped")
-    return "; ".join(m for m in (method, why and f"no ablation ({why})") if m)
+    keeps = probe.get("ablation_keeps")
+    keeps = keeps and f"the ablation leaves {keeps} on: no hidden part"
+    return "; ".join(m for m in (method, why and f"no ablation ({why})", keeps) if m)
 
 
 def step_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[str, Any]]:
