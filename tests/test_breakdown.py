@@ -1102,3 +1102,43 @@ def test_a_row_whose_ablation_leaves_collectives_on_claims_none_hidden() -> None
     )
     del rec["probe"]["ablation_keeps"]  # DDP's: total less exposed is hidden
     assert results.measure(rec, 2, "cpu")["comm_hidden_ms"] == 72.0
+
+
+def test_predict_says_what_an_efficiency_above_one_rests_on(probed_run, tmp_path, capsys) -> None:
+    """Past the cores both sides of the efficiency come from the compute curve, so above 1
+    it says the curve timed a rank's batch under its share of the whole batch's time: real
+    for caches, noise for a machine busier at one point than another; predict said nothing
+    and printed the figure."""
+    from bench.cli import main
+    from bench.harness.runner import cell_dirname
+
+    run, _ = probed_run
+    fast = Path(shutil.copytree(run, tmp_path / "fast"))
+    runs = pd.read_csv(fast / "runs.csv", dtype=str, keep_default_na=False)
+    (one,) = runs[runs["world_size"] == "1"].to_dict("records")
+    path = fast / "cells" / cell_dirname("ddp_spawn", 1, one["setting"], int(one["repeat"]))
+    path /= "epochs.jsonl"
+    record = json.loads(path.read_text().splitlines()[-1])
+    curve = record["probe"]["compute_curve"]
+    whole = max(p["batch"] for p in curve)
+    # the smaller batches timed in a quiet moment: a hundredth of their share each
+    record["probe"]["compute_curve"] = [
+        p if p["batch"] == whole else {**p, "ms": p["ms"] / 100} for p in curve
+    ]
+    path.write_text(json.dumps(record) + "\n")
+    assert main(["predict", str(fast), "--world-sizes", "16", "--link", "nvlink-h100"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    (r,) = predict.predict_run(fast, [16], link="nvlink-h100")
+    assert r["efficiency"] > 1
+    said = "Efficiency above 1: ddp_spawn at 16 on nvlink-h100: its compute curve timed"
+    assert any(ln.startswith(said) for ln in out), out
+    from bench.analysis import report
+
+    md = report.scaling_markdown(report.load_run(fast))  # the what-if table's, at 8 and 64
+    assert "\n\nEfficiency above 1: ddp_spawn at " in md, md
+    # a curve with a fixed cost per step: a rank's batch costs more than its share, no line
+    record["probe"]["compute_curve"] = [{**p, "ms": 5.0 + p["batch"]} for p in curve]
+    path.write_text(json.dumps(record) + "\n")
+    assert main(["predict", str(fast), "--world-sizes", "16", "--link", "nvlink-h100"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert not any(ln.startswith("Efficiency above 1") for ln in out), out

@@ -548,6 +548,28 @@ def check_run(run_dir: Path, *, why: list[str] | None = None, run: Any = None) -
     return [r for r in rows if r["measured_samples_per_s"] == r["measured_samples_per_s"]]
 
 
+def above_linear(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A line naming the predictions of efficiency above 1, and what it rests on, or "":
+    the compute curve's time at a rank's batch under 1/N of its time at the whole batch,
+    since both sides of the efficiency come from that curve (ranks sharing the cores cannot
+    reach 1). The curve's points are timed moments apart: a busy machine between them
+    reads as a smaller batch being faster per sample, as can caches."""
+    over = [
+        f"{r['case']} at {r['world_size']}"
+        + (f" on {r['link']}" if r["link"] != "measured" else "")
+        for r in rows
+        if r["efficiency"] > 1
+    ]
+    if not over:
+        return ""
+    return (
+        f"Efficiency above 1: {', '.join(dict.fromkeys(over))}: its compute curve timed a "
+        "rank's batch in less than its share of the whole batch's time; real where a smaller "
+        "batch runs faster per sample (caches), noise where the machine was busier for one "
+        "point of the curve than another (cells/*/epochs.jsonl holds it)."
+    )
+
+
 def is_doubtful(error_pct: float) -> bool:
     """Whether a check's error (%, predicted against measured) is past DOUBTFUL_PCT."""
     return abs(error_pct) > DOUBTFUL_PCT  # (nan: not past)
@@ -853,6 +875,9 @@ def cmd_predict(a: argparse.Namespace) -> int:
     print(table(rows))
     print(EXPOSED_KEY)
     print(EFFICIENCY_KEY)
+    above = above_linear(rows)
+    if above:
+        print(above)
     # a named link's figures replace the fits' (--busbw keeps their latencies)
     rough = rough_fits(run_dir, run) if a.link is None else ""
     if rough:

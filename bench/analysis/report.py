@@ -1828,6 +1828,9 @@ def scaling_markdown(run: Run) -> str:
                 ],
             )
         )
+        above = predict.above_linear(what_if)
+        if above:
+            text += f"\n\n{above}"
     if why:  # a strategy measured here but in neither table, or a world size, says why
         text += f"\n\nLeft out of the tables: {_why_none(why)}."
     return text
