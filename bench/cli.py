@@ -577,18 +577,43 @@ def _given(
     only: Sequence[str] | None = None,
     but: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """The options of `a`'s command given other than their defaults, but those in `keep`
-    (of those in `only`, where given; and not given the value `but` names for them)."""
+    """The options of `a`'s command given on its command line (as its argv says; where it
+    has none, those other than their defaults), but those in `keep` (of those in `only`,
+    where given; and not given the value `but` names for them)."""
     but = but or {}
+    outright = _outright(a)
     return [
         action.option_strings[0]
         for action in a.parser._actions
         if action.option_strings
         and action.dest not in (*keep, "help")
         and (only is None or action.dest in only)
-        and getattr(a, action.dest, action.default) != action.default
+        and (
+            action.dest in outright
+            if outright is not None
+            else getattr(a, action.dest, action.default) != action.default
+        )
         and (action.dest not in but or getattr(a, action.dest) != but[action.dest])
     ]
+
+
+def _outright(a: argparse.Namespace) -> set[str] | None:
+    """The dests of the options `a`'s argv gave, whatever their values: one given its
+    default (`--resume RUN --repeats 1` of a run of 3 repeats) is given all the same, and
+    would be ignored as any other value. None where `a` has no argv (made in code)."""
+    argv = getattr(a, "argv", None)
+    if argv is None or a.command not in argv:
+        return None
+    actions = [action for action in a.parser._actions if action.option_strings]
+    defaults = [action.default for action in actions]
+    try:  # parsed again with no defaults: only what the command line set is there
+        for action in actions:
+            action.default = argparse.SUPPRESS
+        seen = a.parser.parse_args(argv[argv.index(a.command) + 1 :])
+    finally:
+        for action, default in zip(actions, defaults, strict=True):
+            action.default = default
+    return {action.dest for action in actions if hasattr(seen, action.dest)}
 
 
 def _pairs(flag: str, pairs: list[tuple[str, Any]], hint: str = "give it once") -> dict[str, Any]:

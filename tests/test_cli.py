@@ -477,6 +477,29 @@ def test_a_run_still_going_is_not_resumed_beside_it(tmp_path, capsys, data_root)
     resumed.unlock()
 
 
+def test_resume_refuses_an_option_given_its_default(tmp_path, capsys, data_root, monkeypatch):
+    """`--resume RUN --repeats 1` of a run of 2 repeats (to finish it sooner): 1 is the
+    default, so the option passed for not given, and the run went on with 2 repeats, the
+    option ignored without a word. Given is given, whatever its value: refused."""
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    _, begun, _ = runner.open_run(cfg.replace(run_id="two", repeats=2), None)
+    begun.unlock()
+
+    def ran(cfg, **kw):
+        pytest.fail("the resumed run started, its option ignored")
+
+    monkeypatch.setattr(runner, "run_matrix", ran)
+    for given in (["--repeats", "1"], ["--rep=1"], ["--device", "auto"], ["--epochs", "1"]):
+        assert main(["run", "--resume", str(begun.path), "--no-report", *given]) == 2
+        err = capsys.readouterr().err
+        flag = "--repeats" if given[0].startswith("--rep") else given[0]
+        assert f"{flag} would be ignored: leave them out" in err, given
+        assert err.count("\n") == 1, err
+
+
 def test_a_lock_on_the_file_an_ending_run_removed_is_taken_anew(tmp_path, monkeypatch):
     """A harness that opened `.lock` just as the run holding it ended (which removes it)
     gets the lock on a file with no name: a third could then lock a new `.lock` too and
