@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -63,6 +64,31 @@ def unknown_device(device: str) -> str:
 #: --timeout's most: a week per cell (torch's process groups take it as a timedelta and
 #: a C int of milliseconds)
 MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
+#: the plain types of RunConfig's fields, as a saved config's values must be (an int for a
+#: float too, as JSON writes 900.0 as 900 where it was given so); the rest are not checked
+_TYPE_WORDS = {
+    "int": "a whole number",
+    "int | None": "a whole number or null",
+    "float": "a number",
+    "float | None": "a number or null",
+    "str": "a string",
+    "bool": "true or false",
+}
+
+
+def _of_type(value: Any, kind: str) -> bool:
+    """Whether `value` read from JSON is of `kind`, one of RunConfig's field types."""
+    if kind not in _TYPE_WORDS or (value is None and kind.endswith("| None")):
+        return True
+    if kind.startswith(("int", "float")) and isinstance(value, bool):  # True is 1 to Python
+        return False
+    if kind.startswith("int"):
+        return isinstance(value, int)
+    if kind.startswith("float"):
+        return isinstance(value, int | float)
+    return isinstance(value, str if kind == "str" else bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -449,6 +475,12 @@ class RunConfig:
         for key in ("compile", "accumulate", "sync_bn", "channels_last"):
             if key in d:
                 d[key] = tuple(d[key]) if isinstance(d[key], list | tuple) else (d[key],)
+        for f in dataclasses.fields(cls):
+            if f.name in d and not _of_type(d[f.name], str(f.type)):
+                # a config.json edited by hand ("repeats": 2.5, "2"): said here, where the
+                # checks below would compare a string with a number, or plan a traceback
+                said = json.dumps(d[f.name])
+                raise ConfigError(f"{f.name} is {said}, not {_TYPE_WORDS[str(f.type)]}")
         return cls(**d)
 
     def replace(self, **changes: Any) -> RunConfig:

@@ -409,6 +409,35 @@ def test_resume_with_a_corrupt_config(tmp_path, capsys):
     assert "config.json is unreadable" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("repeats", 2.5, "repeats is 2.5, not a whole number"),
+        ("repeats", "2", 'repeats is "2", not a whole number'),
+        ("timeout_s", "900", 'timeout_s is "900", not a number'),
+        ("global_batch", None, "global_batch is null, not a whole number"),
+        ("download", 1, "download is 1, not true or false"),
+    ],
+)
+def test_resume_of_a_config_edited_to_a_value_of_another_type(
+    tmp_path, capsys, data_root, key, value, said
+):
+    """A config.json edited by hand: "repeats": 2.5 was a TypeError traceback from the plan
+    (range() of a float), "2" a line about '>=' between str and int. One line saying which
+    value is wrong, and how, exit 2."""
+    from tests.conftest import small_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    (run / "config.json").write_text(json.dumps(saved.to_dict() | {key: value}))
+    assert main(["run", "--resume", str(run), "--no-report"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"parabench: error: --resume {run}: config.json is unreadable ({said})\n"
+    # as saved (a float as JSON writes a whole one, no lr), it is read
+    assert RunConfig.from_dict(saved.to_dict() | {"timeout_s": 900, "lr": None}).timeout_s == 900
+
+
 def _not_raised(run, *args: str) -> tuple[int, str, str]:
     try:
         return run(*args)
