@@ -549,6 +549,13 @@ def cmd_run(a: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 130
+        except ConfigError as exc:  # its folder cannot take it (a disk that filled up)
+            # the run is whole: said as such, its table shown, not a line of bad input
+            print(
+                f"parabench: no report: {exc}; every row is in {run_dir}: "
+                f"`parabench report {run_dir}` writes it",
+                file=sys.stderr,
+            )
     print(summary.table(rows))
     print(f"results: {run_dir}")
     if rendered:
@@ -556,8 +563,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     broken = [r for r in rows if r["status"] in results.BROKEN]
     if broken:
         print(f"{len(broken)} cell(s) failed, ran out of memory, timed out or diverged (see above)")
-        return 1
-    return 0
+    return 1 if broken or not (rendered or a.no_report) else 0
 
 
 def _compile_warmed(cfg: RunConfig) -> None:

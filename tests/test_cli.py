@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import build_parser, main
-from bench.config import RunConfig
+from bench.config import ConfigError, RunConfig
 
 
 @pytest.fixture
@@ -476,6 +476,30 @@ def test_ctrl_c_in_the_report_after_the_run_says_the_rows_are_kept(run, tmp_path
         f"interrupted while writing the report: every row is in {done}; "
         f"`parabench report {done}` writes it"
     )
+
+
+def test_a_report_the_disk_has_no_room_for_is_not_bad_input(run, tmp_path, monkeypatch):
+    """A run whose every cell ended, on a disk that filled up as its plots were written:
+    "error: cannot write the report there", exit 2 (bad input), no table and no word of the
+    rows; now the rows are said to be kept, how to write the report, the table, exit 1."""
+    from bench.analysis import report
+    from bench.harness import runner
+
+    done = tmp_path / "out" / "done"
+    monkeypatch.setattr(runner, "run_matrix", lambda cfg, **kw: (done, []))
+
+    def full(run_dir):
+        path = Path(run_dir)
+        raise ConfigError(f"{path}: cannot write the report there (No space left on device)")
+
+    monkeypatch.setattr(report, "render", full)
+    code, out, err = _not_raised(run, "--strategies", "single", "--world-sizes", "1")
+    assert code == 1 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == (
+        f"parabench: no report: {done}: cannot write the report there (No space left on "
+        f"device); every row is in {done}: `parabench report {done}` writes it"
+    )
+    assert f"results: {done}" in out and "report:" not in out
 
 
 def test_a_run_still_going_is_not_resumed_beside_it(tmp_path, capsys, data_root):
