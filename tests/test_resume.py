@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from bench.harness import proc
 from bench.harness.runner import RunDir
 from tests.conftest import ROOT, small_config
 from tests.test_failures import leftover_processes
@@ -559,3 +561,41 @@ def test_a_resumed_cell_is_in_a_round_after_those_already_run(tmp_path, data_roo
     assert after.loc[1, "round"] == 1  # as it was
     assert after.loc[0, "round"] == 2, after[["round", "status"]]
     assert len(rd.runs.read()) == 2
+
+
+#: armed by the test below: a SIGTERM to this process from inside a fork's hooks
+_TERM_IN_FORK: list[bool] = []
+
+
+def _term_in_fork() -> None:
+    if _TERM_IN_FORK:
+        _TERM_IN_FORK.clear()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_stop_while_a_cell_forks_stops_the_run(tmp_path):
+    """SIGTERM (or Ctrl-C) as a cell's process forked ran the handler inside the fork's
+    own hooks, which drop what it raises ("Exception ignored in _releaseLock"): the stop was
+    lost and the run went on to its end, exit 0. It is heard once the process has started,
+    which is killed."""
+    os.register_at_fork(after_in_parent=_term_in_fork)  # no way to remove it: disarmed after
+    old = signal.signal(signal.SIGTERM, proc.raise_interrupt)  # as run_matrix
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    try:
+        _TERM_IN_FORK.append(True)
+        with pytest.raises(KeyboardInterrupt):
+            proc.CellProcess(argv, dict(os.environ), tmp_path / "log.txt", "stopped")
+        assert not _TERM_IN_FORK  # the signal was sent as it forked
+        assert [
+            p.info for p in psutil.process_iter(["pid", "cmdline"]) if p.info["cmdline"] == argv
+        ] == []
+        assert signal.getsignal(signal.SIGTERM) is proc.raise_interrupt  # its own again
+        # started without a stop, it runs
+        cell = proc.CellProcess(argv, dict(os.environ), tmp_path / "log.txt", "started")
+        try:
+            assert cell.popen.poll() is None
+        finally:
+            cell.kill()
+    finally:
+        _TERM_IN_FORK.clear()
+        signal.signal(signal.SIGTERM, old)

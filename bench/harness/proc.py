@@ -18,6 +18,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -58,6 +59,25 @@ def dies_with_this() -> Callable[[], None]:
     """For a child about to start (a Popen's preexec_fn, a pool's initializer): it dies with
     this process, named by pid, so a death between the fork and the child's request shows."""
     return functools.partial(die_with_parent, os.getpid())
+
+
+@contextlib.contextmanager
+def _stops_after_fork() -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM noted while a process forks (a Popen with a preexec_fn): their
+    handlers, run there, ran inside the fork's own hooks (logging's lock), which drop what
+    they raise, and the run went on as if never stopped. The caller raises those noted once
+    the process is there to kill. (Handlers are the main thread's alone to set.)"""
+    heard: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield heard
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: heard.append(signum)) for s in sigs}
+    try:
+        yield heard
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def descends_from(pid: int) -> bool:
@@ -253,7 +273,7 @@ class CellProcess:
     def __init__(self, argv: list[str], env: dict[str, str], log: Path, marker: str) -> None:
         self.marker = marker  # PARABENCH_CELL value: finds reparented orphans
         self._seen: dict[int, psutil.Process] = {}
-        with open(log, "ab") as out:
+        with _stops_after_fork() as heard, open(log, "ab") as out:
             self.popen = subprocess.Popen(
                 argv,
                 env=env,
@@ -263,6 +283,12 @@ class CellProcess:
                 start_new_session=True,
                 preexec_fn=dies_with_this(),
             )
+        try:
+            for signum in heard:  # as it forked: heard now, by their own handlers
+                signal.raise_signal(signum)
+        except BaseException:  # the run stops: none of the cell runs on
+            self.kill()
+            raise
 
     def _track(self) -> None:
         with contextlib.suppress(psutil.Error):
