@@ -599,3 +599,24 @@ def test_a_stop_while_a_cell_forks_stops_the_run(tmp_path):
     finally:
         _TERM_IN_FORK.clear()
         signal.signal(signal.SIGTERM, old)
+
+
+def test_a_resume_keeps_the_environment_the_run_began_in(tmp_path, data_root):
+    """`--resume` of a run (done already, or from another machine) rewrote its
+    environment.json as this checkout's: a committed reference run resumed to see whether
+    it was whole came out with this machine's platform and commit. The run's own is kept;
+    one stopped before it was written gets it."""
+    import json
+
+    from bench.harness.runner import run_matrix
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    run_dir, _ = run_matrix(cfg, echo=lambda m: None)
+    path = run_dir / "environment.json"
+    elsewhere = json.loads(path.read_text()) | {"host": "elsewhere", "git_commit": "abc123"}
+    path.write_text(json.dumps(elsewhere))
+    run_matrix(cfg, resume=run_dir, echo=lambda m: None)
+    assert json.loads(path.read_text()) == elsewhere
+    path.unlink()
+    run_matrix(cfg, resume=run_dir, echo=lambda m: None)
+    assert json.loads(path.read_text())["host"] not in ("", "elsewhere")

@@ -1358,10 +1358,13 @@ def run_matrix(
     runner: Runner | None = None
     old = signal.signal(signal.SIGTERM, proc.raise_interrupt)  # (as parabench's main does)
     try:  # the measurements too: a run stopped in them resumes, and says so
-        results.write_whole(
-            run_dir.path / "environment.json",
-            json.dumps(provenance(resolve_device(cfg.device)), indent=1),
-        )
+        env_json = run_dir.path / "environment.json"
+        # the run's as it began: a --resume (of a run done, one from another machine) left
+        # its commit and platform as this checkout's; each row names its own
+        if not env_json.exists():
+            results.write_whole(
+                env_json, json.dumps(provenance(resolve_device(cfg.device)), indent=1)
+            )
         measure_collectives(cfg, cells, run_dir.path, echo)
         measure_flops(cfg, cells, run_dir.path, echo)
         runner = Runner(cfg, run_dir, echo)  # after measure_flops: it reads model.json
