@@ -673,6 +673,12 @@ def cmd_list(a: argparse.Namespace) -> int:
     )
     for name, value in plugins.registered(plugins.MODEL_GROUP).items():
         print(f"  {name:<16} registered by a package: {value}")
+    for group, kind in ((plugins.DATASET_GROUP, "data set"), (plugins.MODEL_GROUP, "model")):
+        for name, value in plugins.shadowed(group).items():
+            print(
+                f"  {name:<16} registered by a package: {value}, not used: the name is "
+                f"parabench's own {kind}'s (register it under another)"
+            )
     sizes = []
     for size in LM_SIZES:
         with torch.device("meta"):

@@ -711,6 +711,30 @@ def test_models_registered_under_the_entry_point_group_are_listed_and_built(monk
         plugins.registered.cache_clear()  # read the real entry points again
 
 
+def test_an_entry_point_named_as_a_built_in_is_not_used_and_list_says_so(
+    monkeypatch, capsys, tmp_path
+):
+    eps = {
+        plugins.DATASET_GROUP: [EntryPoint("mnist", DATASET, plugins.DATASET_GROUP)],
+        plugins.MODEL_GROUP: [EntryPoint("mnist_cnn", "examples.own_model:build", "")],
+    }
+    monkeypatch.setattr(plugins, "entry_points", lambda group: eps[group])
+    assert set(plugins.BUILT_IN[plugins.MODEL_GROUP]) == set(models.OWN_MODELS)
+    plugins.registered.cache_clear()
+    try:
+        # the built-in MNIST loads: a --dataset-arg for the package's would be lost
+        code, err = _cli(capsys, tmp_path, "--dataset", "mnist", "--dataset-arg", "n=64")
+        assert code == 2 and "mnist is built in and takes none" in err
+        assert models.model_names().count("mnist_cnn") == 1
+        assert main(["list", "--device", "cpu"]) == 0
+        out = capsys.readouterr().out
+        assert "datasets: mnist, imagenet-subset, synthetic, python-source, or" in out
+        assert "mnist_cnn        registered by a package: examples.own_model:build, not used" in out
+        assert "parabench's own data set's" in out
+    finally:
+        plugins.registered.cache_clear()  # read the real entry points again
+
+
 def test_a_users_tensors_and_dataset_become_bundles_with_their_classes():
     cfg = RunConfig(model=MODEL, dataset=DATASET, device="cpu", eval_samples=100)
     bundle = data.load(cfg)

@@ -33,16 +33,28 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from bench.config import ConfigError, one_line
+from bench.config import DATASETS, ConfigError, one_line
 
 MODEL_GROUP = "parabench.models"
 DATASET_GROUP = "parabench.datasets"
+#: the names parabench's own data sets and models keep (bench.workload.models.OWN_MODELS),
+#: as the built-in strategies keep theirs: a package's entry point under one of them is
+#: never used (`parabench list` says so), so that it cannot take --dataset-arg for a data
+#: set that then loads without it
+BUILT_IN = {DATASET_GROUP: DATASETS, MODEL_GROUP: ("mnist_cnn", "transformer", "lm")}
 
 
 @functools.cache
 def registered(group: str) -> dict[str, str]:
-    """Entry points of `group`: name -> "package.module:factory" (read once per process)."""
-    return {ep.name: ep.value for ep in entry_points(group=group)}
+    """Entry points of `group` that parabench uses, those not named as a built-in: name ->
+    "package.module:factory" (read once per process)."""
+    return {ep.name: ep.value for ep in entry_points(group=group) if ep.name not in BUILT_IN[group]}
+
+
+def shadowed(group: str) -> dict[str, str]:
+    """Entry points of `group` named as a built-in, which are not used (for `parabench
+    list`)."""
+    return {ep.name: ep.value for ep in entry_points(group=group) if ep.name in BUILT_IN[group]}
 
 
 def is_factory_spec(name: str) -> bool:
