@@ -882,6 +882,33 @@ def test_a_strategy_not_modelled_says_so_even_without_a_one_process_cell(
     assert "ddp_torchrun: no world-size-1 cell finished ok to predict from" in why
 
 
+def test_a_strategy_whose_traffic_raises_is_left_out_with_what_it_raised(
+    probed_run, tmp_path
+) -> None:
+    """A plug-in strategy whose `traffic` raised ended its run in a traceback as the report
+    was written (no report.md), and `parabench predict` with it: its bug costs its own
+    predictions only, said as the reason, with or without a world-size-1 cell."""
+    from bench.analysis import report
+
+    run, _ = probed_run
+    odd = Path(shutil.copytree(run, tmp_path / "odd"))
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    mine = runs.assign(strategy="test_traffic_fails", strategy_name="test_traffic_fails")
+    ws2 = "test_traffic_fails_ws2"
+    half = mine[mine["world_size"] == "2"].assign(strategy=ws2, strategy_name=ws2)
+    pd.concat([runs, mine, half]).to_csv(odd / "runs.csv", index=False)
+    with faulty_strategies():
+        why: list[str] = []
+        rows = predict.predict_run(odd, [2, 4], holdout=True, why=why)
+        for name in ("test_traffic_fails", ws2):
+            said = f"{name}: TrafficFails.traffic() raised RuntimeError: traffic broke"
+            assert any(w.startswith(said) for w in why), why
+        assert {r["strategy"] for r in rows} == {"ddp_spawn"}
+        text = report.scaling_markdown(report.load_run(odd))
+    last = text.rsplit("\n\n", 1)[1]
+    assert "raised RuntimeError: traffic broke on purpose (test_traffic_fails, " in last
+
+
 def test_predict_leaves_out_a_world_size_the_cases_micro_batches_cannot_run_at(
     probed_run, tmp_path, capsys
 ) -> None:

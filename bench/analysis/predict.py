@@ -382,9 +382,7 @@ def predict_run(
         if one.empty:  # where the strategy is not modelled at all (pipelines), that first
             row = group.iloc[0]
             options = json.loads(_text(row["options"]) or "{}")
-            traffic = spec.cls.traffic(
-                options, int(row["world_size"]), shape, _text(row["precision"])
-            )
+            traffic = _traffic(spec.cls, options, int(row["world_size"]), shape, row["precision"])
             missing = "no world-size-1 cell finished ok to predict from"
             _say(why, f"{case}: {traffic if isinstance(traffic, str) else missing}")
             continue
@@ -408,7 +406,7 @@ def predict_run(
         compute1 = float(sum(ones[f"{p}_ms"].median() for p in PHASES))
         data1 = float(ones["data_wait_ms_mean"].median())
         for n in world_sizes:
-            traffic = spec.cls.traffic(options, n, shape, _text(first["precision"]))
+            traffic = _traffic(spec.cls, options, n, shape, first["precision"])
             if isinstance(traffic, str):
                 _say(why, f"{case}: {traffic}")
                 continue
@@ -628,6 +626,17 @@ def busy_line(run_dir: Path, checked: Sequence[Mapping[str, Any]]) -> tuple[str,
         "one-process cells' threads waited on each other, and their steps understate what the "
         "cores do: these misses are the machine's, not the model's (an idle machine checks it)."
     ), list(dict.fromkeys(r["case"] for r in slow))
+
+
+def _traffic(cls: type, options: Mapping[str, Any], n: int, shape: Any, precision: Any) -> Any:
+    """The class's `traffic` at world size `n`, or what it raised as the reason it is not
+    modelled: a plug-in's bug costs its own predictions, not the report of its run."""
+    import strategies
+
+    try:
+        return cls.traffic(options, n, shape, _text(precision))
+    except Exception as exc:
+        return strategies.raised(cls.traffic, exc)
 
 
 def _same_steps(counted: Any, cls: type, options: Mapping[str, Any], setting: str) -> Any:

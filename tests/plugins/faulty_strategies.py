@@ -197,6 +197,21 @@ class ProbeFails(DistributedDataParallel):
         raise RuntimeError("sync_off broke on purpose")
 
 
+class TrafficFails(DistributedDataParallel):
+    """Trains like DDP, but its class method `traffic` (what `parabench predict` and the
+    report's scaling section model) raises: its predictions must say so, not stop the
+    report of the run it ran in."""
+
+    variants = {
+        "test_traffic_fails": Variant("spawn", "DDP whose traffic() raises"),
+        "test_traffic_fails_ws2": Variant("spawn", "the same, its rows at world size 2 only"),
+    }
+
+    @classmethod
+    def traffic(cls, options, world_size, shape, precision):
+        raise RuntimeError("traffic broke on purpose")
+
+
 class NotesFail(Strategy):
     """Trains like single, but its run_notes (asked after the timed steps) raises: the
     row must keep what was measured, the notes saying what it raised."""
