@@ -176,19 +176,30 @@ class StrategySpec:
 
 def _reason(hook: Any, *args: Any) -> str | None:
     """A strategy class's check (`unavailable`, `cannot_run`, ...) called with `args`: its
-    answer, or what it raised as a reason, so a plug-in's bug costs its own cells only."""
+    answer, or what it raised as a reason, so a plug-in's bug costs its own cells only. An
+    answer that is not a sentence (`return world_size > 2`) is read as yes or no: where it
+    says no, the reason names the check and its answer, not "True"."""
     try:
-        return hook(*args)
+        why = hook(*args)
     except Exception as exc:
         return raised(hook, exc)
+    if why is None or isinstance(why, str):
+        return why
+    if not why:
+        return None
+    return f"{_name(hook)}() answered {why!r}, not a sentence saying why (or None: it can)"
 
 
 def raised(hook: Any, exc: Exception) -> str:
     """What a strategy's hook raised, in one line naming it (`Class.hook() raised ...`)."""
+    return f"{_name(hook)}() raised {one_line(exc)}"
+
+
+def _name(hook: Any) -> str:
+    """A strategy's hook as `Class.hook`."""
     owner = getattr(hook, "__self__", None)  # the class of a class method, else the object
     cls = owner if isinstance(owner, type) else type(owner) if owner is not None else None
-    name = f"{cls.__name__}.{hook.__name__}" if cls is not None else hook.__name__
-    return f"{name}() raised {one_line(exc)}"
+    return f"{cls.__name__}.{hook.__name__}" if cls is not None else hook.__name__
 
 
 def _module_names() -> list[str]:

@@ -195,6 +195,19 @@ def test_a_plugins_mistakes_cost_its_own_cells_only(plugin, data_root, capsys):
             @classmethod
             def batch_shares(cls, world_size, options):
                 return 0
+        class Yes(Strategy):
+            variants = {"yes": Variant("inprocess", "a check that answers True")}
+            @classmethod
+            def cannot_run(cls, world_size, device, n_devices, oversubscribe=False):
+                return world_size >= 1
+        class No(Strategy):
+            variants = {"no": Variant("inprocess", "checks that answer False")}
+            @classmethod
+            def unavailable(cls, device):
+                return False
+            @classmethod
+            def unsuitable(cls, cfg, world_size, options):
+                return 0
     """,
     )
     assert "launcher 'torchrunn'; launchers: inprocess, spawn" in strategies.get(
@@ -216,6 +229,11 @@ def test_a_plugins_mistakes_cost_its_own_cells_only(plugin, data_root, capsys):
     assert reasons["no_precision"].startswith("NoPrecision.default_precision() raised")
     assert reasons["no_shares"] == "NoShares.batch_shares() raised KeyError: 'shares'"
     assert reasons["zero_shares"] == "ZeroShares.batch_shares() answered 0, not a positive int"
+    # a yes or no where a sentence belongs: "True" was the reason its rows gave
+    assert reasons["yes"] == (
+        "Yes.cannot_run() answered True, not a sentence saying why (or None: it can)"
+    )
+    assert strategies.get("no").unavailable("cpu") is None and not reasons["no"]
     assert "single" in reasons and not reasons["single"]  # the others plan as before
     with pytest.raises(ConfigError, match="raises cannot run at world size 1: Raises.unsuitable"):
         runner.plan(
