@@ -666,11 +666,32 @@ def test_a_factory_that_requires_num_classes_is_given_it(tmp_path):
         data.check(cfg)  # no input_shape stated: fed images, and a Linear(6) cannot take them
 
 
+def test_a_users_token_data_says_its_vocabulary_not_a_count_of_tokens(tmp_path):
+    """A user's token data was described as "(16,) token ids < 32, 32 tokens", which reads
+    as each sample's length."""
+    path = tmp_path / "user_tokens.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            def seqs():
+                x = torch.randint(0, 32, (200, 17), generator=torch.Generator().manual_seed(0))
+                return x[:, :-1].contiguous(), x[:, 1:].contiguous(), 32
+            """
+        )
+    )
+    cfg = RunConfig(model="lm", dataset=f"{path}:seqs", device="cpu", global_batch=8)
+    desc = data.load(cfg).description
+    assert desc.endswith(
+        ": 200 samples of (16,) token ids < 32, a vocabulary of 32: train 180 / held-out 20"
+    )
+
+
 def test_the_language_model_is_checked_against_its_data(capsys, tmp_path):
     code, err = _cli(
         capsys, tmp_path, "--dataset", "python-source", "--model-arg", "vocab_size=100"
     )
-    assert code == 2 and "the data has 256 tokens" in err, err
+    assert code == 2 and "the data has a vocabulary of 256, so 256 scores per token" in err, err
     code, err = _cli(capsys, tmp_path, "--dataset", "python-source", "--model-arg", "seq_len=64")
     assert code == 2 and "--seq-len" in err, err
 

@@ -859,7 +859,8 @@ def _plugin(cfg: RunConfig) -> DataBundle:
     n_eval = min(cfg.eval_samples, n // 10)
     train = _limit(Subset(ds, range(n - n_eval)), cfg.limit, name, n_eval)
     held = Subset(ds, range(n - n_eval, n))
-    kind = f"{classes} tokens" if tokens else f"{classes} classes"
+    # a token model's classes are its vocabulary ("32 tokens" read as each sample's length)
+    kind = f"a vocabulary of {classes}" if tokens else f"{classes} classes"
     desc = (
         f"{name}: {n} samples of {spec.describe()}, {kind}: train {len(train)} / held-out {n_eval}"
     )

@@ -566,7 +566,8 @@ def check_forward(cfg: RunConfig, spec: InputSpec, num_classes: int) -> None:
         what = "per token" if spec.vocab else "per sample"
         raise ConfigError(
             f"{cfg.model}: output of shape {tuple(out.shape)} on a batch of 2 x {spec.describe()}; "
-            f"the data has {num_classes} {'tokens' if spec.vocab else 'classes'}, so "
+            f"the data has {'a vocabulary of ' if spec.vocab else ''}{num_classes}"
+            f"{'' if spec.vocab else ' classes'}, so "
             f"{num_classes} scores {what} were expected: {want}"
         )
 
