@@ -483,6 +483,31 @@ def test_a_cell_from_other_weights_fails_and_says_why(tmp_path, data_root):
     assert f"ddp_spawn ws=1: {cell.reason}" in table([cell])
 
 
+def test_weights_under_a_strategys_own_wrapper_say_unwrap_is_missing():
+    """A strategy that wraps the model in a module of its own and does not take it off in
+    unwrap() trains the baseline's model, but its weights are named under the wrapper:
+    verify said it "trained another model", sending the user to look for a layer."""
+    import torch
+
+    def weights(prefix: str) -> verify_mod._Baseline:
+        w = {f"{prefix}{k}": torch.zeros(2) for k in ("fc.bias", "fc.weight", "head.bias")}
+        return verify_mod._Baseline("x", [1.0], w, w, {})
+
+    said = verify_mod.other_model(weights("inner."), weights(""))
+    assert said == (
+        "its weights are the baseline's, named under 'inner.': the strategy wraps the model "
+        "in a module of its own, which its unwrap(model) must take off"
+    )
+    assert verify_mod.other_model(weights("a.b."), weights("")).startswith(
+        "its weights are the baseline's, named under 'a.b.'"
+    )
+    # a wrapper with weights of its own, or other names, is another model
+    other = weights("inner.")
+    other.params["inner.extra"] = torch.zeros(1)
+    assert "trained another model" in verify_mod.other_model(other, weights(""))
+    assert verify_mod.other_model(weights(""), weights("")) == ""
+
+
 def test_a_strategy_that_trains_another_model_fails_and_says_why(tmp_path, data_root):
     """A strategy whose model is not the baseline's (a layer more, so other names) is a
     FAIL row naming the difference, beside the other cells' verdicts, not a traceback that

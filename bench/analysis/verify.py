@@ -544,6 +544,18 @@ class _Gaps:
         )
 
 
+def _wrapped_under(missing: list[str], extra: list[str]) -> str:
+    """The prefix (`inner.`) that, put before each name the cell lacks, gives the names it
+    has instead, or "" where there is none."""
+    if not missing or len(missing) != len(extra):
+        return ""
+    for name in missing:
+        prefix = extra[0][: -len(name)]
+        if extra[0].endswith(name) and prefix.endswith("."):
+            return prefix if {prefix + m for m in missing} == set(extra) else ""
+    return ""
+
+
 def other_model(mine: _Baseline, base: _Baseline) -> str:
     """Why a cell's weights are not the baseline model's (names or shapes), or "": it trained
     another model (a plug-in that builds its own, a layer added or left out), which no gap
@@ -555,6 +567,12 @@ def other_model(mine: _Baseline, base: _Baseline) -> str:
     def some(names: list[str]) -> str:
         return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
+    prefix = _wrapped_under(missing, extra)
+    if prefix and not shapes:  # the same model, its names under a wrapper the strategy kept
+        return (
+            f"its weights are the baseline's, named under {prefix!r}: the strategy wraps the "
+            "model in a module of its own, which its unwrap(model) must take off"
+        )
     parts = [f"lacks {some(missing)}"] if missing else []
     parts += [f"has {some(extra)}, which the baseline has not"] if extra else []
     parts += [f"holds {some(shapes)} in another shape"] if shapes else []
