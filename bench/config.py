@@ -75,6 +75,7 @@ _TYPE_WORDS = {
     "float | None": "a number or null",
     "str": "a string",
     "bool": "true or false",
+    "tuple[bool, ...]": "a list of true or false",
 }
 
 
@@ -84,6 +85,8 @@ def _of_type(value: Any, kind: str) -> bool:
         return True
     if kind.startswith(("int", "float")) and isinstance(value, bool):  # True is 1 to Python
         return False
+    if kind == "tuple[bool, ...]":  # a matrix axis (compile, sync_bn): [1] ran as true
+        return all(isinstance(v, bool) for v in value)
     if kind.startswith("int"):
         return isinstance(value, int)
     if kind.startswith("float"):

@@ -417,6 +417,9 @@ def test_resume_with_a_corrupt_config(tmp_path, capsys):
         ("timeout_s", "900", 'timeout_s is "900", not a number'),
         ("global_batch", None, "global_batch is null, not a whole number"),
         ("download", 1, "download is 1, not true or false"),
+        # a matrix axis of true/false: [1] and "true" ran as true
+        ("compile", [1], "compile is [1], not a list of true or false"),
+        ("sync_bn", "true", 'sync_bn is ["true"], not a list of true or false'),
     ],
 )
 def test_resume_of_a_config_edited_to_a_value_of_another_type(
