@@ -1169,3 +1169,28 @@ def test_predict_says_what_an_efficiency_above_one_rests_on(probed_run, tmp_path
     assert main(["predict", str(fast), "--world-sizes", "16", "--link", "nvlink-h100"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert not any(ln.startswith("Efficiency above 1") for ln in out), out
+
+
+def test_a_run_measured_before_ablation_keeps_shows_no_hidden_part_for_them() -> None:
+    """The committed reference was measured before the probe left ZeRO-1's and FSDP's
+    hidden figure out: its runs.csv holds zero1's total less exposed (its broadcast ran in
+    both halves of the ablation) as hidden. The report reads the strategy's class and shows
+    none, saying why; DDP's, whose ablation switches all of it off, keeps its figure."""
+    from bench.analysis import report
+
+    ref = Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist-20261126"
+    if not (ref / "runs.csv").exists():
+        pytest.skip(f"{ref} is not in this checkout")
+    counted = report.counted_rows(report.load_run(ref).runs)
+    zero1 = counted[(counted["strategy"] == "zero1") & (counted["world_size"] == 2)]
+    assert pd.to_numeric(zero1["comm_hidden_ms"], errors="coerce").gt(0).all()  # as measured
+    lines = report.breakdown_markdown(counted).splitlines()
+
+    def cells(case: str) -> list[str]:
+        row = next(ln for ln in lines if ln.startswith(f"| {case} | 2 |"))
+        return [c.strip() for c in row.strip("|").split("|")]
+
+    for case in ("zero1", "fsdp"):
+        assert cells(case)[9] == "–", cells(case)
+        assert cells(case)[13].endswith("on: no hidden part"), cells(case)
+    assert cells("ddp_spawn")[9] == "0.00" and cells("ddp_spawn")[13] == "ablation+profiler"

@@ -1593,6 +1593,17 @@ def _lapped_step(grp: pd.DataFrame) -> float:
     return step if step == step else _median_of(grp, "step_time_ms_mean")
 
 
+def _ablation_keeps(grp: pd.DataFrame) -> str:
+    """What the case's strategy's ablation leaves running (Strategy.ablation_keeps), read
+    from its class: a run measured before its rows said so (the committed references) holds
+    total less exposed as hidden for ZeRO-1's broadcast and FSDP's all-gathers."""
+    import strategies
+
+    name = grp["strategy_name"].iloc[0] if "strategy_name" in grp else grp["strategy"].iloc[0]
+    spec = strategies.registry().get(str(name))
+    return getattr(spec.cls, "ablation_keeps", "") if spec is not None else ""
+
+
 def breakdown_markdown(counted: pd.DataFrame) -> str:
     """Where the time goes, per cell (medians over its repeats): the stacked parts of a mean
     step, communication in all and hidden, rank skew, MFU and the trace; "" for a run from
@@ -1610,6 +1621,9 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         }
         step = _lapped_step(grp)
         method = next((v for v in grp.get("comm_method", []) if isinstance(v, str) and v), "")
+        keeps = _ablation_keeps(grp) if "ablation" in method else ""
+        if keeps and results.no_hidden_part(keeps) not in method:  # a row measured before
+            method += "; " + results.no_hidden_part(keeps)
         trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
         # a pipeline's schedule runs forward and backward in one call, lapped as backward:
         # its forward is not 0 but not measured apart
@@ -1628,7 +1642,7 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
                 _num(m["part_optimizer_ms"], 2),
                 _spread_text(grp, "part_comm_exposed_ms", 2),
                 _comm_total(m["comm_total_ms"], step, m.get("profiled_step_ms", float("nan"))),
-                _num(m["comm_hidden_ms"], 2),
+                _num(float("nan") if keeps else m["comm_hidden_ms"], 2),
                 _num(100 * m["part_other_ms"] / step if step > 0 else float("nan"), 1),
                 _num(m["rank_skew_pct"], 1),
                 _num(m.get("mfu_pct", float("nan")), 1),

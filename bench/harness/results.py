@@ -481,8 +481,14 @@ def comm_method(probe: Mapping[str, Any]) -> str:
     )
     why = probe.get("ablation_skipped")
     keeps = probe.get("ablation_keeps")
-    keeps = keeps and f"the ablation leaves {keeps} on: no hidden part"
+    keeps = keeps and no_hidden_part(keeps)
     return "; ".join(m for m in (method, why and f"no ablation ({why})", keeps) if m)
+
+
+def no_hidden_part(keeps: str) -> str:
+    """What a row's method says where the ablation left collectives running
+    (Strategy.ablation_keeps): its total less exposed is not what compute hid."""
+    return f"the ablation leaves {keeps} on: no hidden part"
 
 
 def step_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[str, Any]]:
