@@ -601,6 +601,28 @@ def test_a_stop_while_a_cell_forks_stops_the_run(tmp_path):
         signal.signal(signal.SIGTERM, old)
 
 
+def test_a_stop_while_a_node_command_forks_stops_every_node(tmp_path):
+    """fan_out (a multi-node cell's node commands) had the same window as a cell's start:
+    SIGTERM as a node's command forked was dropped with its handler's exit, and the nodes
+    after it started. It is heard once that command has started, and every node stops."""
+    from bench.harness import nodes
+
+    os.register_at_fork(after_in_parent=_term_in_fork)  # no way to remove it: disarmed after
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path)]
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _TERM_IN_FORK.append(True)
+        with pytest.raises(SystemExit) as stopped:
+            nodes.fan_out([argv, argv])
+        assert stopped.value.code == 128 + signal.SIGTERM and not _TERM_IN_FORK
+        left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == argv]
+        assert left == []  # the node started, and none after it
+    finally:
+        _TERM_IN_FORK.clear()
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def test_a_resume_keeps_the_environment_the_run_began_in(tmp_path, data_root):
     """`--resume` of a run (done already, or from another machine) rewrote its
     environment.json as this checkout's: a committed reference run resumed to see whether

@@ -184,19 +184,22 @@ def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:
     # before the first node starts: a signal from here on reaches every node started
     signal.signal(signal.SIGTERM, stop_all)
     signal.signal(signal.SIGINT, stop_all)
-    from bench.harness.proc import dies_with_this
+    from bench.harness.proc import dies_with_this, stops_after_fork
 
     for c in commands:
         # each dies with this process, as this one does with the harness: a harness killed
         # outright left every node's agent and ranks running (a remote shell's command ends
         # at the cell's deadline itself, _on_node)
-        procs.append(
-            subprocess.Popen(
-                list(c),
-                start_new_session=True,
-                preexec_fn=dies_with_this(),
+        with stops_after_fork() as heard:
+            procs.append(
+                subprocess.Popen(
+                    list(c),
+                    start_new_session=True,
+                    preexec_fn=dies_with_this(),
+                )
             )
-        )
+        for signum in heard:  # heard as it forked, where stop_all's exit was dropped
+            signal.raise_signal(signum)
     first: int | None = None
     failed_at = 0.0
     while True:

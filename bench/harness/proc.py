@@ -62,7 +62,7 @@ def dies_with_this() -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def _stops_after_fork() -> Iterator[list[int]]:
+def stops_after_fork() -> Iterator[list[int]]:
     """Ctrl-C and SIGTERM noted while a process forks (a Popen with a preexec_fn): their
     handlers, run there, ran inside the fork's own hooks (logging's lock), which drop what
     they raise, and the run went on as if never stopped. The caller raises those noted once
@@ -273,7 +273,7 @@ class CellProcess:
     def __init__(self, argv: list[str], env: dict[str, str], log: Path, marker: str) -> None:
         self.marker = marker  # PARABENCH_CELL value: finds reparented orphans
         self._seen: dict[int, psutil.Process] = {}
-        with _stops_after_fork() as heard, open(log, "ab") as out:
+        with stops_after_fork() as heard, open(log, "ab") as out:
             self.popen = subprocess.Popen(
                 argv,
                 env=env,
