@@ -495,12 +495,16 @@ def test_weights_under_a_strategys_own_wrapper_say_unwrap_is_missing():
 
     said = verify_mod.other_model(weights("inner."), weights(""))
     assert said == (
-        "its weights are the baseline's, named under 'inner.': the strategy wraps the model "
-        "in a module of its own, which its unwrap(model) must take off"
+        "its weights have the baseline's names and shapes under 'inner.': the strategy wraps "
+        "the model in a module of its own, which its unwrap(model) must take off"
     )
     assert verify_mod.other_model(weights("a.b."), weights("")).startswith(
-        "its weights are the baseline's, named under 'a.b.'"
+        "its weights have the baseline's names and shapes under 'a.b.'"
     )
+    # the baseline's names under the wrapper, but a weight of another shape: another model
+    reshaped = weights("inner.")
+    reshaped.params["inner.fc.weight"] = torch.zeros(3)
+    assert "trained another model" in verify_mod.other_model(reshaped, weights(""))
     # a wrapper with weights of its own, or other names, is another model
     other = weights("inner.")
     other.params["inner.extra"] = torch.zeros(1)

@@ -549,10 +549,11 @@ def _wrapped_under(missing: list[str], extra: list[str]) -> str:
     has instead, or "" where there is none."""
     if not missing or len(missing) != len(extra):
         return ""
-    for name in missing:
+    for name in missing:  # the name extra[0] ends with ('fc.weight' ends 'conv.fc.weight' too)
         prefix = extra[0][: -len(name)]
-        if extra[0].endswith(name) and prefix.endswith("."):
-            return prefix if {prefix + m for m in missing} == set(extra) else ""
+        wrapped = {prefix + m for m in missing} == set(extra)
+        if extra[0].endswith(name) and prefix.endswith(".") and wrapped:
+            return prefix
     return ""
 
 
@@ -568,10 +569,11 @@ def other_model(mine: _Baseline, base: _Baseline) -> str:
         return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
     prefix = _wrapped_under(missing, extra)
-    if prefix and not shapes:  # the same model, its names under a wrapper the strategy kept
+    if prefix and all(a[prefix + k].shape == b[k].shape for k in missing):
+        # the same model, its names under a wrapper the strategy kept
         return (
-            f"its weights are the baseline's, named under {prefix!r}: the strategy wraps the "
-            "model in a module of its own, which its unwrap(model) must take off"
+            f"its weights have the baseline's names and shapes under {prefix!r}: the strategy "
+            "wraps the model in a module of its own, which its unwrap(model) must take off"
         )
     parts = [f"lacks {some(missing)}"] if missing else []
     parts += [f"has {some(extra)}, which the baseline has not"] if extra else []
