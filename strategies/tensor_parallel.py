@@ -183,6 +183,9 @@ class FSDPTensorParallel(TensorParallelMixin, FSDP2):
         )
     }
     accepts = {"tp": int, "reshard_after_forward": bool}
+    #: FSDP's ablation stops the gradients' reduce-scatter only: the all-gathers and the
+    #: tensor-parallel all-reduces of every block run in both halves
+    ablation_keeps = "FSDP's parameter all-gathers and tensor parallelism's all-reduces"
 
     @classmethod
     def tp_of(cls, world_size: int, options: Mapping[str, str]) -> int:
