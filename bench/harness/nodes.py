@@ -190,7 +190,7 @@ def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:
         # each dies with this process, as this one does with the harness: a harness killed
         # outright left every node's agent and ranks running (a remote shell's command ends
         # at the cell's deadline itself, _on_node)
-        with stops_after_fork() as heard:
+        with stops_after_fork():  # heard as it forked: stop_all, this node with the rest
             procs.append(
                 subprocess.Popen(
                     list(c),
@@ -198,8 +198,6 @@ def fan_out(commands: Sequence[Sequence[str]], grace_s: float = GRACE_S) -> int:
                     preexec_fn=dies_with_this(),
                 )
             )
-        for signum in heard:  # heard as it forked, where stop_all's exit was dropped
-            signal.raise_signal(signum)
     first: int | None = None
     failed_at = 0.0
     while True:

@@ -62,22 +62,25 @@ def dies_with_this() -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def stops_after_fork() -> Iterator[list[int]]:
+def stops_after_fork() -> Iterator[None]:
     """Ctrl-C and SIGTERM noted while a process forks (a Popen with a preexec_fn): their
     handlers, run there, ran inside the fork's own hooks (logging's lock), which drop what
-    they raise, and the run went on as if never stopped. The caller raises those noted once
-    the process is there to kill. (Handlers are the main thread's alone to set.)"""
-    heard: list[int] = []
+    they raise, and the run went on as if never stopped. Those noted are raised as the block
+    ends, by their own handlers, once the process is there to kill (the caller's, or the
+    handler's, to do). (Handlers are the main thread's alone to set.)"""
     if threading.current_thread() is not threading.main_thread():
-        yield heard
+        yield
         return
+    heard: list[int] = []
     sigs = (signal.SIGINT, signal.SIGTERM)
     old = {s: signal.signal(s, lambda signum, frame: heard.append(signum)) for s in sigs}
     try:
-        yield heard
+        yield
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+        for signum in heard:
+            signal.raise_signal(signum)
 
 
 def descends_from(pid: int) -> bool:
@@ -273,21 +276,22 @@ class CellProcess:
     def __init__(self, argv: list[str], env: dict[str, str], log: Path, marker: str) -> None:
         self.marker = marker  # PARABENCH_CELL value: finds reparented orphans
         self._seen: dict[int, psutil.Process] = {}
-        with stops_after_fork() as heard, open(log, "ab") as out:
-            self.popen = subprocess.Popen(
-                argv,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=dies_with_this(),
-            )
+        started = False
         try:
-            for signum in heard:  # as it forked: heard now, by their own handlers
-                signal.raise_signal(signum)
-        except BaseException:  # the run stops: none of the cell runs on
-            self.kill()
+            with stops_after_fork(), open(log, "ab") as out:
+                self.popen = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=dies_with_this(),
+                )
+                started = True
+        except BaseException:  # a stop heard as it forked: none of the cell runs on
+            if started:
+                self.kill()
             raise
 
     def _track(self) -> None:
