@@ -179,15 +179,21 @@ def _reason(hook: Any, *args: Any) -> str | None:
     answer, or what it raised as a reason, so a plug-in's bug costs its own cells only. An
     answer that is not a sentence (`return world_size > 2`) is read as yes or no: where it
     says no, the reason names the check and its answer, not "True"."""
-    try:
-        why = hook(*args)
-    except Exception as exc:
-        return raised(hook, exc)
+    why = answer(hook, *args)
     if why is None or isinstance(why, str):
         return why
     if not why:
         return None
     return f"{_name(hook)}() answered {why!r}, not a sentence saying why (or None: it can)"
+
+
+def answer(hook: Any, *args: Any) -> Any:
+    """A strategy class's hook called with `args`: what it returns, or what it raised, in
+    one line (raised), so a plug-in's bug costs only what asked it."""
+    try:
+        return hook(*args)
+    except Exception as exc:
+        return raised(hook, exc)
 
 
 def raised(hook: Any, exc: Exception) -> str:

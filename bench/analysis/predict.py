@@ -633,10 +633,7 @@ def _traffic(cls: type, options: Mapping[str, Any], n: int, shape: Any, precisio
     modelled: a plug-in's bug costs its own predictions, not the report of its run."""
     import strategies
 
-    try:
-        return cls.traffic(options, n, shape, _text(precision))
-    except Exception as exc:
-        return strategies.raised(cls.traffic, exc)
+    return strategies.answer(cls.traffic, options, n, shape, _text(precision))
 
 
 def _same_steps(counted: Any, cls: type, options: Mapping[str, Any], setting: str) -> Any:
