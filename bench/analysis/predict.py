@@ -611,12 +611,14 @@ def busy_line(run_dir: Path, checked: Sequence[Mapping[str, Any]]) -> tuple[str,
         for r in checked
         if is_doubtful(r["error_pct"]) and r["error_pct"] < 0 and "share its cores" in r["basis"]
     ]
+    if not slow:  # nothing to explain: model.json unread
+        return "", []
     try:
         peaks = json.loads((run_dir / "model.json").read_text()).get("peaks", {})
         busy = sorted(k for k, v in peaks.items() if BUSY_PEAK in str(v[1]))
     except (OSError, ValueError, AttributeError, TypeError, IndexError, KeyError):
         return "", []
-    if not slow or not busy:
+    if not busy:
         return "", []
     cases = ", ".join(dict.fromkeys(f"{r['case']} at {r['world_size']}" for r in slow))
     return (
