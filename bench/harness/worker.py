@@ -339,7 +339,7 @@ def _cell_metrics(strategy: Strategy, warmup_steps: int) -> tuple[dict[str, Any]
     it raised ("" where nothing): a cell_metrics that raises (a plug-in's bug, or a
     private torch API that moved) fails the row, with its reason, and the measured steps
     are kept; where it raised on some ranks only, before a collective of its own, the cell
-    ends at once instead (_peers_past_metrics)."""
+    ends within PEERS_PAST_S instead (_peers_past_metrics)."""
     try:
         return strategy.cell_metrics(warmup_steps), ""
     except Exception as exc:
