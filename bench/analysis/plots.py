@@ -241,8 +241,8 @@ def _grouped_bars(
     A group holds only the strategies that have a result at that world size, so strategies
     that cannot run there leave no hole. Error bars: `_error_bars`. A cell whose metric was
     not measured (no value in runs.csv: a run edited by hand, one from before the column, or
-    an infinite figure the report reads as not measured) has
-    no bar and is named under the axis, not drawn as a hole or a legend entry with no bar.
+    an infinite figure the report reads as not measured) has no bar and is named under the
+    axis, not drawn as a hole or a legend entry with no bar.
     """
     measured = summary[f"{metric}_median"].notna()
     unmeasured = [f"{name} ws={ws}" for name, ws in _cells(summary[~measured])]
