@@ -404,6 +404,19 @@ def test_a_failing_probe_loses_only_itself(tmp_path, data_root) -> None:
     assert float(row["samples_per_s"]) > 0
 
 
+def _one_step(step_ms: float, probe: dict) -> dict:
+    """A cell's record of one timed step on 2 ranks, with this probe."""
+    return {
+        "steps": 1,
+        "warmup_steps": 0,
+        "step_times_ms": [step_ms],
+        "data_wait_ms": [0.0],
+        "losses": [1.0],
+        "ranks": [{"rank": r, "samples": 32, "timed_s": 0.1} for r in range(2)],
+        "probe": probe,
+    }
+
+
 def test_a_skipped_ablation_says_why_in_the_rows_method() -> None:
     """fp16 loss scaling skips the ablation (a rank-local overflow would skip one rank's
     step): the row's empty exposed communication, beside fp32's figure, says so rather than
@@ -411,15 +424,9 @@ def test_a_skipped_ablation_says_why_in_the_rows_method() -> None:
     from bench.harness import results
 
     why = "loss scaling: a rank-local overflow would skip one rank's step"
-    rec = {
-        "steps": 1,
-        "warmup_steps": 0,
-        "step_times_ms": [100.0],
-        "data_wait_ms": [0.0],
-        "losses": [1.0],
-        "ranks": [{"rank": r, "samples": 32, "timed_s": 0.1} for r in range(2)],
-        "probe": {"comm_method": "profiler", "ablation_skipped": why, "comm_total_ms": 5.0},
-    }
+    rec = _one_step(
+        100.0, {"comm_method": "profiler", "ablation_skipped": why, "comm_total_ms": 5.0}
+    )
     row = results.measure(rec, 2, "cpu")
     assert row["comm_method"] == f"profiler; no ablation ({why})"
     assert math.isnan(row["comm_exposed_ms"])
@@ -1107,20 +1114,15 @@ def test_a_row_whose_ablation_leaves_collectives_on_claims_none_hidden() -> None
     from bench.harness import results
 
     keeps = "ZeRO-1's parameter broadcast after the optimizer step"
-    rec = {
-        "steps": 1,
-        "warmup_steps": 0,
-        "step_times_ms": [89.0],
-        "data_wait_ms": [0.0],
-        "losses": [1.0],
-        "ranks": [{"rank": r, "samples": 32, "timed_s": 0.1} for r in range(2)],
-        "probe": {
+    rec = _one_step(
+        89.0,
+        {
             "comm_method": "ablation+profiler",
             "comm_exposed_ms": 0.0,
             "comm_total_ms": 72.0,
             "ablation_keeps": keeps,
         },
-    }
+    )
     row = results.measure(rec, 2, "cpu")
     assert math.isnan(row["comm_hidden_ms"])
     assert row["comm_exposed_ms"] == 0.0 and row["comm_total_ms"] == 72.0  # both kept
