@@ -1644,3 +1644,28 @@ def test_status_follows_a_job_resubmitted_before_it_starts(tmp_path, monkeypatch
     out = _status_with(run, "7", tmp_path, monkeypatch, capsys)
     assert out.startswith("job 9 (resubmitted after job 7): pending (Priority); 0 rows"), out
     assert asked == ["9"]
+
+
+def test_the_mnist_make_bench_downloads_into_data_is_git_ignored(tmp_path) -> None:
+    """Where neither $PARABENCH_DATA_ROOT nor ../shared/data is there, `make bench` (and the
+    CLI's default --data-root) downloads MNIST into ./data: git must not offer it for a
+    commit, as it offered its raw files to `git add -A`."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    shutil.copy(ROOT / ".gitignore", tmp_path / ".gitignore")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=60)
+    raw = tmp_path / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "train-images-idx3-ubyte.gz").write_bytes(b"images")
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert status.splitlines() == ["?? .gitignore"], status
