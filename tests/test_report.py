@@ -516,6 +516,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> report.Run:
     return report.load_run(copy)
 
 
+def test_every_reference_run_has_its_row_in_the_results_readme() -> None:
+    """results/README.md's table is where a user looks up what each committed reference is
+    (its hardware, what ran): a folder missing there (as cpu-2core-transformer-20261127,
+    which README.md's "Which to choose" cites) is a run nobody can place."""
+    folders = sorted(p.name for p in REFERENCE.parent.iterdir() if p.is_dir())
+    table = (REFERENCE.parent.parent / "README.md").read_text()
+    assert folders and [f for f in folders if f"| `reference/{f}` |" not in table] == []
+
+
 def test_an_infinite_figure_is_not_plotted_and_its_row_is_named(tmp_path) -> None:
     """samples/s `inf` in runs.csv (a hand edit, or timed steps that took no time) made the
     throughput plot's axis limits inf, and the report stopped with a traceback: it is read as
