@@ -10,6 +10,11 @@
 # project itself, from the working tree. NVIDIA apex is not gathered: see README.md.
 #   scripts/gpu_carry.sh [PYTHON]        then name .data and .whl in the carry list
 set -euo pipefail
+# the one argument is a Python: an option here (--help) was run as one, after MNIST's copy
+case "${1:-}" in
+    -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -*) echo "usage: $0 [PYTHON]   (gpu-carry: no option '$1')" >&2; exit 2 ;;
+esac
 # a relative $PARABENCH_DATA_ROOT is the caller's, and ~ its home, as every parabench
 # command reads it: made whole before the cd to the checkout below
 SRC=${PARABENCH_DATA_ROOT:-}
@@ -22,6 +27,12 @@ cd "$(dirname "$0")/.."
 SRC=${SRC:-../shared/data}
 PY=${1:-${PYTHON:-.venv/bin/python}}
 HVD_VERSION=0.28.1
+# said before MNIST's copy, where it was a "command not found" after it
+if [ ! -f ".whl/horovod-$HVD_VERSION.tar.gz" ] && ! "$PY" -m pip --version >/dev/null 2>&1; then
+    echo "gpu-carry: '$PY' cannot run pip, which fetches Horovod's sdist: pass a Python" \
+         "that can (scripts/gpu_carry.sh PYTHON)" >&2
+    exit 2
+fi
 
 if [ ! -d "$SRC/mnist" ]; then
     echo "gpu-carry: no MNIST under $SRC (set PARABENCH_DATA_ROOT to the folder holding mnist/)" >&2

@@ -298,6 +298,37 @@ def test_gpu_carry_reads_a_relative_data_root_from_where_it_is_run(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("args", "code", "said"),
+    [
+        (["--help"], 0, "scripts/gpu_carry.sh [PYTHON]"),
+        (["-h"], 0, "scripts/gpu_carry.sh [PYTHON]"),
+        (["--python=x"], 2, "gpu-carry: no option '--python=x'"),
+        (["/nowhere/python"], 2, "gpu-carry: '/nowhere/python' cannot run pip"),
+    ],
+)
+def test_gpu_carry_says_what_is_wrong_with_its_argument_before_it_copies(
+    tmp_path, args, code, said
+):
+    """The one argument is a Python: `--help` was run as one, after MNIST had been copied
+    into .data ("--help: command not found", exit 127); so was a Python that is not there."""
+    tree, _ = _carry_tree(tmp_path)
+    (tree / ".whl" / "horovod-0.28.1.tar.gz").unlink()  # pip would fetch it: the Python runs
+    env = {k: v for k, v in os.environ.items() if k != "PARABENCH_DATA_ROOT"}
+    done = subprocess.run(
+        ["bash", str(tree / "scripts" / "gpu_carry.sh"), *args],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == code, done.stderr
+    assert said in (done.stdout if code == 0 else done.stderr)
+    assert done.stderr.count("\n") == (code != 0), done.stderr
+    assert not (tree / ".data").exists()
+
+
+@pytest.mark.parametrize(
     ("variable", "value", "said"),
     [
         ("GPU_CHECK_REPEATS", "0", "GPU_CHECK_REPEATS must be a whole number of at least 1"),
