@@ -48,6 +48,9 @@ if [ "$(cd .data && pwd -P)" = "$(cd "$SRC" && pwd -P)" ]; then
 else
     rm -rf .data/mnist
     cp -r "$SRC/mnist" .data/mnist
+    # a read-only source (a shared data folder) gives read-only folders, which the next
+    # run's rm above could not empty, as anyone but root
+    chmod -R u+w .data/mnist
 fi
 
 if [ ! -f ".whl/horovod-$HVD_VERSION.tar.gz" ]; then

@@ -297,6 +297,27 @@ def test_gpu_carry_reads_a_relative_data_root_from_where_it_is_run(tmp_path):
     assert copied.read_bytes() == b"at home"
 
 
+def test_gpu_carry_copies_a_read_only_data_root_into_folders_it_can_remove(tmp_path):
+    """A shared data folder is often read-only; `cp -r` kept its folders so, and the next
+    run's `rm -rf .data/mnist` could not empty them (as anyone but root: set -e, exit 1)."""
+    import stat
+
+    tree, source = _carry_tree(tmp_path)
+    (source / "MNIST" / "raw").mkdir(parents=True)
+    for folder in (source / "MNIST" / "raw", source / "MNIST", source):
+        folder.chmod(0o555)
+    try:
+        done = _gpu_carry(tree, tree)
+    finally:
+        for folder in (source, source / "MNIST", source / "MNIST" / "raw"):
+            folder.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    copied = tree / ".data" / "mnist"
+    folders = [copied, *(p for p in copied.rglob("*") if p.is_dir())]
+    assert len(folders) == 3
+    assert [p for p in folders if not p.stat().st_mode & stat.S_IWUSR] == []
+
+
 @pytest.mark.parametrize(
     ("args", "code", "said"),
     [
