@@ -1,7 +1,7 @@
 """What the harness adds to a cell's start-up and teardown, over the bare launcher.
 
-    python benchmarks/startup.py [--world-size 2] [--repeats 3] [--out results/startup]
-                                 [--timeout 300]
+    .venv/bin/python benchmarks/startup.py [--world-size 2] [--repeats 3]
+                                           [--out results/startup] [--timeout 300]
 
 For each launcher (in-process, mp.spawn, torchrun, horovodrun where built) it times, on
 the wall clock, a bare script that only imports torch, joins a gloo process group and

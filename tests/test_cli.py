@@ -1669,3 +1669,13 @@ def test_the_mnist_make_bench_downloads_into_data_is_git_ignored(tmp_path) -> No
         timeout=60,
     ).stdout
     assert status.splitlines() == ["?? .gitignore"], status
+
+
+def test_the_readme_runs_python_commands_with_the_venvs_python() -> None:
+    """`make` installs parabench and its packages into .venv only: a README command with a
+    bare `python` (as `python benchmarks/startup.py` was) runs the machine's own, which
+    lacks them (ModuleNotFoundError: pandas)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    assert re.findall(r"(?:`|^\s*)(python3? [^`\n]*)", readme, re.M) == []

@@ -11,7 +11,8 @@ size or another link with the ring model (see its docstring). "bytes" is always 
 buffer n, as in nccl-tests: the reduced buffer for all_reduce, the gathered output for
 all_gather and the input of reduce_scatter; each rank's chunk is n / p.
 
-    python -m bench.harness.collectives --world-size 2 --backend gloo --out collectives.json
+    .venv/bin/python -m bench.harness.collectives --world-size 2 --backend gloo \
+        --out collectives.json
 """
 
 from __future__ import annotations
