@@ -285,6 +285,40 @@ def test_runs_of_other_work_are_refused_unless_unlike(run_a: Path, tmp_path: Pat
     assert "0.50" in out  # the ratios are still shown
 
 
+def test_a_file_model_from_another_checkout_is_the_same_work(
+    run_a: Path, tmp_path: Path, capsys
+) -> None:
+    """README's own model example run from two checkouts: the file's absolute path is
+    recorded, so compare refused the two as other work. Same file name and factory: judged,
+    the folders named; another file name, or another factory, is still other work."""
+
+    def model(spec):
+        def edit(runs):
+            runs["model"] = spec
+            return runs
+
+        return edit
+
+    _edit(run_a, model("/a/parabench/examples/own_model.py:build"))
+    run_b = _edit(
+        scaled_copy(run_a, tmp_path / "b", speed=0.5),
+        model("/b/parabench/examples/own_model.py:build"),
+    )
+    assert main(["compare", "--no-stats", str(run_a), str(run_b)]) == 1
+    out = capsys.readouterr().out
+    assert "SLOW-DOWN" in out and "UNLIKE" not in out
+    assert "measured otherwise: model file's folder /a/parabench/examples/own_model.py:build" in out
+    for other in (
+        "/b/parabench/examples/other.py:build",
+        "/b/parabench/examples/own_model.py:tiny",
+    ):
+        _edit(run_b, model(other))
+        assert main(["compare", str(run_a), str(run_b)]) == 2
+        assert (
+            f"model /a/parabench/examples/own_model.py:build -> {other}" in capsys.readouterr().err
+        )
+
+
 def test_other_machines_are_named_and_still_judged(run_a: Path, tmp_path: Path, capsys) -> None:
     def elsewhere(runs):
         runs["cpu_model"] = "a faster CPU"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -273,7 +274,33 @@ def conditions(a: report.Run, b: report.Run) -> dict[str, list[tuple[str, str, s
             if va and vb and va != vb:
                 found.append((what, va, vb))
         out[kind] = found
+    out["how"] += _moved_files(out["work"])
     return out
+
+
+def _moved_files(work: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """A `file.py:factory` model or data set is recorded by its absolute path (ranks may
+    start elsewhere), so the same example run from two checkouts, or on two machines, read
+    as other work. One of the same file name and factory in another folder is taken as the
+    same work, and moved from `work` to how it was measured, named there (whether the two
+    files hold the same code, nothing recorded says)."""
+    moved = []
+    for diff in list(work):
+        what, va, vb = diff
+        if (
+            what in ("model", "data set")
+            and _by_name(va) is not None
+            and _by_name(va) == _by_name(vb)
+        ):
+            work.remove(diff)
+            moved.append((f"{what} file's folder", va, vb))
+    return moved
+
+
+def _by_name(spec: str) -> str | None:
+    """`name.py:factory` of a file factory's recorded spec; None for any other."""
+    where, sep, attr = spec.rpartition(":")
+    return f"{Path(where).name}:{attr}" if sep and where.endswith(".py") else None
 
 
 def _said(diffs: list[tuple[str, str, str]]) -> str:
