@@ -42,6 +42,10 @@ from strategies import precision as prec
 WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
 
 
+#: what the communication ablation leaves running under --sync-bn (Strategy.kept_by_ablation)
+SYNC_BN_KEPT = "SyncBatchNorm's batch-statistics collectives"
+
+
 @dataclass(frozen=True)
 class Variant:
     """One registered name of a strategy class: how it is launched, with which options."""
@@ -510,14 +514,26 @@ class Strategy:
                 phases = PHASES if self.sync_off_steps_optimizer else ("forward", "backward")
                 out |= breakdown.ablation(on, off, phases)
                 out["comm_method"] = "ablation"
-                if self.ablation_keeps:  # in the profiler's total, not in the exposed part
-                    out["ablation_keeps"] = self.ablation_keeps
+                keeps = self.kept_by_ablation()
+                if keeps:  # in the profiler's total, not in the exposed part
+                    out["ablation_keeps"] = keeps
             elif pairs:
                 out["ablation_skipped"] = why
             if profile_steps:
                 out |= self._profiled(x, y, profile_steps, trace)
                 out["comm_method"] = "+".join(m for m in (out.get("comm_method"), "profiler") if m)
         return out
+
+    def kept_by_ablation(self) -> str:
+        """The collectives this cell's sync_off() leaves running, in words ("": none): the
+        strategy's own (`ablation_keeps`), and under --sync-bn SyncBatchNorm's exchange of
+        each layer's batch statistics, in the forward and backward of every step, synced or
+        not: left out, the profiler's total less the exposed part read them as hidden."""
+        assert self.model is not None
+        keeps = [self.ablation_keeps] if self.ablation_keeps else []
+        if any(isinstance(m, nn.SyncBatchNorm) for m in self.model.modules()):
+            keeps.append(SYNC_BN_KEPT)
+        return " and ".join(keeps)
 
     def no_ablation(self) -> str | None:
         """Why the communication ablation cannot run here, or None."""

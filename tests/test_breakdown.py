@@ -1133,6 +1133,66 @@ def test_a_row_whose_ablation_leaves_collectives_on_claims_none_hidden() -> None
     assert results.measure(rec, 2, "cpu")["comm_hidden_ms"] == 72.0
 
 
+def test_a_sync_bn_rows_ablation_says_syncbn_collectives_ran_and_claims_none_hidden() -> None:
+    """Under --sync-bn the ablation switches DDP's gradient all-reduce off, but every
+    SyncBatchNorm layer still exchanges its batch statistics in each step's forward and
+    backward: they ran in both halves, so the profiler's total less the exposed part read
+    them as hidden under compute. The probe names them, and the row claims no hidden part.
+    (SyncBatchNorm refuses a CPU rank in a process group; alone, as here, it runs plain.)"""
+    import contextlib
+
+    from bench.harness import results
+    from strategies.base import RankContext, Setting
+    from strategies.single import Single
+
+    class Synced(Single):  # a gradient sync to switch off, as DDP's no_sync
+        def sync_off(self):
+            return contextlib.nullcontext()
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3),
+        torch.nn.BatchNorm2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(18, 3),
+    )
+    strategy = Synced(ctx, {}, Setting(sync_bn=True))
+    strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    strategy.last_batch = (torch.randn(4, 1, 5, 5), torch.tensor([0, 1, 2, 0]))
+    probe = strategy.probe(2, 0, None)
+    assert probe["comm_method"] == "ablation"
+    assert probe["ablation_keeps"] == "SyncBatchNorm's batch-statistics collectives"
+    row = results.measure(_one_step(50.0, probe | {"comm_total_ms": 9.0}), 2, "cpu")
+    assert math.isnan(row["comm_hidden_ms"])
+    assert row["comm_method"].endswith(
+        "the ablation leaves SyncBatchNorm's batch-statistics collectives on: no hidden part"
+    )
+    # a model without BatchNorm has nothing of SyncBatchNorm's running
+    plain = Synced(ctx, {}, Setting(sync_bn=True))
+    linear = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(25, 3))
+    plain.attach(linear, torch.optim.SGD(linear.parameters(), lr=0.1))
+    plain.last_batch = strategy.last_batch
+    assert "ablation_keeps" not in plain.probe(2, 0, None)
+
+
+def test_a_sync_bn_case_measured_before_shows_no_hidden_part() -> None:
+    """A --sync-bn row measured before the probe named SyncBatchNorm's collectives holds
+    total less exposed as hidden: the report reads the row's sync_bn (and its notes, where
+    the model had no BatchNorm to sync) and shows none, and predict takes none as hidden."""
+    from bench.analysis import report
+
+    grp = pd.DataFrame(
+        [{"strategy": "ddp_spawn", "strategy_name": "ddp_spawn", "sync_bn": 1, "notes": ""}]
+    )
+    assert report.ablation_keeps(grp) == "SyncBatchNorm's batch-statistics collectives"
+    fsdp = grp.assign(strategy="fsdp", strategy_name="fsdp")
+    assert report.ablation_keeps(fsdp) == (
+        "FSDP's parameter all-gathers and SyncBatchNorm's batch-statistics collectives"
+    )
+    assert report.ablation_keeps(grp.assign(notes="no BatchNorm layers to sync")) == ""
+    assert report.ablation_keeps(grp.assign(sync_bn=0)) == ""
+
+
 def test_predict_says_what_an_efficiency_above_one_rests_on(probed_run, tmp_path, capsys) -> None:
     """Past the cores both sides of the efficiency come from the compute curve, so above 1
     it says the curve timed a rank's batch under its share of the whole batch's time: real

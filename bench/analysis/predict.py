@@ -25,7 +25,7 @@ The model, per strategy and run option, from its one-process (world size 1) cell
   steps ran moments apart from the curve, and on a busy machine the two differed fivefold).
 - f: the exposed share of communication, exposed / total as the probe measured it at another
   world size of the same strategy, pooled likewise (never the one predicted); without one, or
-  where the ablation leaves some collectives running (`Strategy.ablation_keeps`), 1 (no
+  where the ablation leaves some collectives running (`Strategy.kept_by_ablation`), 1 (no
   overlap, the band's top), as on a CPU, where gloo's threads and the compute share the
   same cores.
 """
@@ -469,14 +469,15 @@ def predict_run(
                 [np.inf, -np.inf], np.nan
             )
             f = float(shares.clip(0, 1).median()) if shares.notna().any() else None
-            if spec.cls.ablation_keeps and n > 1:
+            keeps = report.ablation_keeps(group)
+            if keeps and n > 1:
                 # exposed over total is no share of all its communication: the ablation left
                 # some of it running (zero1 read 0 exposed of a 72 ms total, its broadcast
                 # taken as hidden, where nothing overlaps it), so none hidden is assumed
                 f = None
                 basis += (
                     f"; none of its communication taken as hidden: the probes' ablation leaves "
-                    f"{spec.cls.ablation_keeps} running, so their exposed share is not its"
+                    f"{keeps} running, so their exposed share is not its"
                 )
             pred = predict_step(compute, data_ms, comm, f, compute_range)
             busbw, collectives = bandwidths(traffic, fits, busbw_GBps)

@@ -1593,15 +1593,22 @@ def _lapped_step(grp: pd.DataFrame) -> float:
     return step if step == step else _median_of(grp, "step_time_ms_mean")
 
 
-def _ablation_keeps(grp: pd.DataFrame) -> str:
-    """What the case's strategy's ablation leaves running (Strategy.ablation_keeps), read
-    from its class: a run measured before its rows said so (the committed references) holds
-    total less exposed as hidden for ZeRO-1's broadcast and FSDP's all-gathers."""
+def ablation_keeps(grp: pd.DataFrame) -> str:
+    """What the case's ablation leaves running (Strategy.kept_by_ablation), read from its
+    strategy's class and its --sync-bn: a run measured before its rows said so (the
+    committed references) holds total less exposed as hidden for ZeRO-1's broadcast, FSDP's
+    all-gathers and SyncBatchNorm's collectives."""
     import strategies
+    from strategies.base import SYNC_BN_KEPT
 
     name = grp["strategy_name"].iloc[0] if "strategy_name" in grp else grp["strategy"].iloc[0]
     spec = strategies.registry().get(str(name))
-    return getattr(spec.cls, "ablation_keeps", "") if spec is not None else ""
+    keeps = [getattr(spec.cls, "ablation_keeps", "") if spec is not None else ""]
+    sync_bn = pd.to_numeric(grp.get("sync_bn", pd.Series(dtype=float)), errors="coerce")
+    notes = " ".join(str(v) for v in grp.get("notes", ()))
+    if sync_bn.eq(1).any() and "no BatchNorm layers to sync" not in notes:
+        keeps.append(SYNC_BN_KEPT)
+    return " and ".join(k for k in keeps if k)
 
 
 def breakdown_markdown(counted: pd.DataFrame) -> str:
@@ -1621,7 +1628,7 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         }
         step = _lapped_step(grp)
         method = next((v for v in grp.get("comm_method", []) if isinstance(v, str) and v), "")
-        keeps = _ablation_keeps(grp) if "ablation" in method else ""
+        keeps = ablation_keeps(grp) if "ablation" in method else ""
         if keeps and results.no_hidden_part(keeps) not in method:  # a row measured before
             method += "; " + results.no_hidden_part(keeps)
         trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
@@ -1670,7 +1677,8 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         "optimizer step); *profiler* reads the collectives in a torch.profiler window: "
         "communication in flight in all (waiting for the slower rank included), of which "
         "*hidden* ran under compute (none given where the ablation left some of it running, "
-        "as FSDP's and ZeRO-1's: the total holds it, the exposed part not). Comm exposed is a "
+        "as FSDP's, ZeRO-1's and, under --sync-bn, SyncBatchNorm's: the total holds it, the "
+        "exposed part not). Comm exposed is a "
         "difference of two noisy step times: "
         "in brackets its range over repeats; where it reads more than the profiler's total, "
         "hidden is 0. Comm total is per profiled step, which the profiler's own cost makes "
