@@ -404,6 +404,33 @@ def test_a_failing_probe_loses_only_itself(tmp_path, data_root) -> None:
     assert float(row["samples_per_s"]) > 0
 
 
+def test_a_traffic_model_that_raises_is_no_failed_probe(tmp_path, data_root) -> None:
+    """A plug-in strategy whose traffic() raises, at world size 1: the worker asks it
+    whether to time the compute curve, and what it raised read as the one-process row's
+    probe failing ("none: the probe failed (ZeroDivisionError ...)"), a probe such a row
+    does not run. It models no communication: no curve, and the probe says nothing."""
+    from bench.harness import results, worker
+    from strategies.base import RankContext, Setting
+    from strategies.single import Single
+
+    class Unmodelled(Single):
+        multiprocess = True
+
+        @classmethod
+        def traffic(cls, options, world_size, shape, precision):
+            return 1 / 0
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    strategy = Unmodelled(ctx, {}, Setting())
+    model = torch.nn.Linear(4, 2)
+    strategy.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    strategy.last_batch = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    cfg = small_config(tmp_path, data_root, scaling_model=True)
+    probe = worker._probe(strategy, cfg, tmp_path)
+    assert probe == {}
+    assert results.comm_method(probe) == ""
+
+
 def _one_step(step_ms: float, probe: dict) -> dict:
     """A cell's record of one timed step on 2 ranks, with this probe."""
     return {

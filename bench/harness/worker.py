@@ -421,12 +421,12 @@ def _probe(strategy: Strategy, cfg: RunConfig, cell_dir: Path) -> dict[str, Any]
 
 
 def _modelled(strategy: Strategy) -> bool:
-    """Whether the scaling predictor models this strategy's communication."""
+    """Whether the scaling predictor models this strategy's communication. A traffic() that
+    raises (a plug-in's bug) models none, as predict then says: raised here, it read as the
+    one-process row's probe failing, a probe such a row does not run."""
     shape = ModelShape(param_bytes=1, tensors=1, units=1)
-    return (
-        not isinstance(strategy.traffic(strategy.options, 2, shape, strategy.precision), str)
-        and type(strategy).multiprocess
-    )
+    traffic = strategies.answer(strategy.traffic, strategy.options, 2, shape, strategy.precision)
+    return not isinstance(traffic, str) and type(strategy).multiprocess
 
 
 def _save_params(strategy: Strategy, path: Path) -> None:
