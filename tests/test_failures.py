@@ -437,6 +437,28 @@ def test_memory_that_grows_step_after_step_is_named_in_the_report(tmp_path, data
     assert "| test_leaky | 1 | 0 |" in section and "| single |" not in section
 
 
+def test_memory_that_grows_on_another_rank_than_0_is_named_too(tmp_path, data_root, faulty):
+    """The growth was read from rank 0's memory alone: a leak on rank 1 went unseen (the row
+    said about 0 MiB). The row takes the rank that grew most, ranks.csv gives each rank's
+    growth, and the report names the cell."""
+    import pandas as pd
+
+    from bench.analysis import report
+
+    cfg = small_config(
+        tmp_path, data_root, strategies=("test_leaky_rank1",), world_sizes=(2,), max_steps=14
+    )
+    run_dir, rows = run_matrix(cfg, echo=lambda m: None)
+    (row,) = rows
+    assert row["status"] == "ok", row["reason"]
+    assert float(row["held_growth_mib"]) > 150, row  # about 9 steps of 24 MiB, on rank 1
+    ranks = pd.read_csv(run_dir / "ranks.csv").set_index("rank")["held_growth_mib"]
+    assert ranks[1] > 150 and abs(ranks[0]) < 64, ranks
+    text = report.render(run_dir).read_text()
+    section = text.split("## Memory that grew step after step")[1].split("## ")[0]
+    assert "| test_leaky_rank1 | 2 | 0 |" in section, section
+
+
 def test_model_state_counts_the_optimizer_state_after_a_skipped_first_step(
     tmp_path, data_root, faulty
 ):

@@ -1389,9 +1389,10 @@ def growth_markdown(counted: pd.DataFrame) -> str:
     from bench.harness.probes import SPARSE_EVERY_S  # how often a GPU's loop reads it
 
     return (
-        "What rank 0 held at the end of each step (steps.csv `held_mib`: the allocator's "
-        "allocated memory on a GPU, the resident set on a CPU) grew over the timed steps of "
-        f"these cells, by more than {results.GROWTH_MIB:.0f} MiB and "
+        "What a rank held at the end of each step (the allocator's allocated memory on a "
+        "GPU, the resident set on a CPU; each rank's growth in ranks.csv, rank 0's "
+        "readings in steps.csv `held_mib`) grew over the timed steps of these cells (the "
+        f"rank that grew most), by more than {results.GROWTH_MIB:.0f} MiB and "
         f"{results.GROWTH_SHARE:.0%} of their peak (the median of the readings in the last "
         "quarter of the timed steps less the first quarter's; on a GPU a step is read at "
         f"most every {SPARSE_EVERY_S['cuda'] * 1e3:g} ms). Steady training holds the same at "

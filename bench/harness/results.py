@@ -250,6 +250,7 @@ RANK_COLUMNS = ID + [
     "peak_rss_mib",
     "peak_alloc_mib",
     "peak_reserved_mib",
+    "held_growth_mib",  # how much more it held at the end of its timed steps (held_growth)
     "param_mib",
     "grad_mib",
     "optim_mib",
@@ -383,7 +384,7 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "eval_accuracy": record.get("eval_accuracy", float("nan")),
         "peak_mem_mib": peak["peak_alloc_mib"] if cuda else peak["peak_rss_mib"],
         "mem_source": "cuda_allocator" if cuda else "host_rss",
-        "held_growth_mib": held_growth(record.get("held_mib") or (), warm),
+        "held_growth_mib": _most_growth(record, warm),
         **peak,
         **state,
     }
@@ -397,7 +398,7 @@ GROWTH_MIB, GROWTH_SHARE = 64.0, 0.10
 
 
 def held_growth(held: Sequence[float], warmup: int) -> float:
-    """How much more rank 0 held at the end of its last timed steps than of its first: the
+    """How much more a rank held at the end of its last timed steps than of its first: the
     median of the readings in the last quarter of them less the first quarter's (so one
     step's wobble is not growth; on CUDA a step is read at most every 20 ms, NaN between,
     probes.HeldReads); NaN with fewer than 4 timed steps or a quarter with no reading (a
@@ -410,6 +411,16 @@ def held_growth(held: Sequence[float], warmup: int) -> float:
     if np.isnan(first).all() or np.isnan(last).all():
         return float("nan")
     return float(np.nanmedian(last) - np.nanmedian(first))
+
+
+def _most_growth(record: Mapping[str, Any], warmup: int) -> float:
+    """The most any rank's held memory grew (held_growth, each rank's from its own
+    readings): a leak on another rank than 0 went unseen where rank 0's alone was read. A
+    record from before the ranks said theirs: rank 0's readings."""
+    each = [r["held_growth_mib"] for r in record["ranks"] if "held_growth_mib" in r]
+    if not each:
+        return held_growth(record.get("held_mib") or (), warmup)
+    return max((g for g in each if g == g), default=float("nan"))
 
 
 def grew(growth: float, peak: float) -> bool:
@@ -527,6 +538,7 @@ def rank_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[
                 "peak_rss_mib": r.get("peak_rss_mib"),
                 "peak_alloc_mib": r.get("peak_alloc_mib"),
                 "peak_reserved_mib": r.get("peak_reserved_mib"),
+                "held_growth_mib": r.get("held_growth_mib"),
                 **{k: r.get(k) for k in MODEL_STATE},
             }
         )

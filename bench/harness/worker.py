@@ -280,6 +280,8 @@ def _train(
                 "step_ms_p50": _median(stats.step_times_ms[stats.warmup_steps :]),
                 **stats.memory,
                 **stats.model_state,
+                # every rank's: a leak on one rank alone (its own buffers) is one too
+                "held_growth_mib": results.held_growth(stats.held_mib, stats.warmup_steps),
                 "metrics_error": extra_error,
             }
         )

@@ -294,6 +294,22 @@ class Leaky(Strategy):
         self.kept.append(torch.ones(6 * 2**20, device=self.ctx.device))  # 24 MiB of fp32
 
 
+class LeakyRankOne(DistributedDataParallel):
+    """DDP whose rank 1 alone keeps 24 MiB more after every optimizer step: a leak that
+    rank 0's memory does not show, which the memory-growth check must name all the same."""
+
+    variants = {"test_leaky_rank1": Variant("spawn", "ddp whose rank 1 keeps 24 MiB per step")}
+    kept: list[torch.Tensor]
+
+    def optimizer_step(self, optimizer):
+        super().optimizer_step(optimizer)
+        if self.ctx.rank != 1:
+            return
+        if not hasattr(self, "kept"):
+            self.kept = []
+        self.kept.append(torch.ones(6 * 2**20, device=self.ctx.device))  # 24 MiB of fp32
+
+
 class SkipsFirstStep(Strategy):
     """single in fp16 whose first backward overflows, as a first step's scaled gradients
     often do on a GPU (the scaler starts at 65536): its GradScaler skips that optimizer
