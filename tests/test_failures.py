@@ -79,6 +79,25 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
     assert leftover_processes(run_dir) == []
 
 
+def test_a_failed_row_says_where_it_ran(tmp_path, data_root, faulty):
+    """A cell that failed wrote no epoch, and its row's `hosts` was empty, where an ok row
+    names its ranks' hosts: a failure on one node of several said nothing of where. It
+    names the hosts the cell was started on: this machine, or --hosts across nodes."""
+    import socket
+
+    from bench.config import RunConfig
+
+    cfg = small_config(tmp_path, data_root, world_sizes=(2,), strategies=("test_crash",))
+    run_dir, (row,) = run_matrix(cfg, echo=lambda m: None)
+    assert row["status"] == "failed", row
+    assert row["hosts"] == socket.gethostname()
+    assert leftover_processes(run_dir) == []
+    from bench.harness.runner import launched_on
+
+    across = RunConfig(nodes=2, procs_per_node=1, hosts=("a", "b"), rdzv="static", ifname="lo")
+    assert launched_on(across) == "a,b"
+
+
 def test_a_rank_killed_by_a_signal_is_named_in_its_row(tmp_path, data_root, faulty):
     """A rank the kernel kills leaves no error file: the row names it from its launcher's
     summary (torchrun's used to read `exit code 1: =====...`, its last line)."""

@@ -20,6 +20,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -285,6 +286,15 @@ def per_host(cfg: RunConfig, cell: Cell) -> int:
         return cfg.procs_per_node * (cfg.nodes if here else 1)
     spec = strategies.get(cell.strategy)
     return spec.cls.processes(cell.world_size) if spec.cls else 1
+
+
+def launched_on(cfg: RunConfig) -> str:
+    """The hosts a cell's ranks are started on, as a row's `hosts` names them (each rank
+    says its own, bench.harness.worker._host): --hosts (or the SLURM allocation's nodes)
+    across nodes, else this machine."""
+    if cfg.multi_host and cfg.hosts:
+        return ",".join(cfg.hosts[: cfg.nodes])
+    return socket.gethostname()
 
 
 def cpu_share(cfg: RunConfig, cell: Cell) -> tuple[int, int]:
@@ -959,15 +969,15 @@ class Runner:
                 runs[-1]["trace"] = str(cell_dir.relative_to(self.dir.path) / runs[-1]["trace"])
             steps += results.step_rows(ident, rec)
             ranks += results.rank_rows(ident, rec)
+        # where it ran, for a row that failed too: its ranks' hosts as an epoch's record says
+        # them, else the hosts it was started on (the row said none)
+        where = {"hosts": runs[-1]["hosts"] if runs else launched_on(self.cfg)}
         if timed_out:
-            runs.append(
-                self._status_row(
-                    cell, results.TIMEOUT, self._timeout_reason(cell, cell_dir, quiet), wall
-                )
-            )
+            reason = self._timeout_reason(cell, cell_dir, quiet)
+            runs.append(self._status_row(cell, results.TIMEOUT, reason, wall) | where)
         elif rc != 0 or len(records) < self.cfg.epochs:
             status, reason = _failure(cell_dir, rc, oom)
-            runs.append(self._status_row(cell, status, reason, wall))
+            runs.append(self._status_row(cell, status, reason, wall) | where)
         return runs, steps, ranks
 
     def _timeout_reason(self, cell: Cell, cell_dir: Path, quiet: float = math.nan) -> str:
