@@ -189,6 +189,10 @@ class Strategy:
     #: exposed time then leaves them out while the profiler's total holds them, so their
     #: ratio is no share of all the communication, and predict assumes none of it hidden
     ablation_keeps: ClassVar[str] = ""
+    #: the ops of `traffic` issued for every micro-batch, not once an optimizer step: under
+    #: --accumulate K the gradients are reduced at the last micro-batch alone, but what each
+    #: forward and backward needs runs K times (FSDP gathers its parameters again for each)
+    per_micro_batch: ClassVar[tuple[str, ...]] = ()
     #: under --channels-last, why the parameters stay contiguous (NCHW) and only the inputs
     #: are NHWC (a convolution runs NHWC when either is); empty: both are converted
     contiguous_params: ClassVar[str] = ""
@@ -242,8 +246,9 @@ class Strategy:
     def traffic(
         cls, options: Mapping[str, str], world_size: int, shape: ModelShape, precision: str
     ) -> Traffic | str:
-        """The collectives one optimizer step issues on each rank at `world_size`, for the
-        scaling predictor (bench.analysis.predict); or why they are not modelled."""
+        """The collectives one optimizer step of one micro-batch issues on each rank at
+        `world_size`, for the scaling predictor (bench.analysis.predict), which repeats the
+        `per_micro_batch` ops under --accumulate; or why they are not modelled."""
         if not cls.multiprocess:
             return "one process: no collectives between ranks"
         return f"{cls.__name__}'s communication is not modelled"

@@ -252,6 +252,9 @@ class FSDP2(TorchDistributed):
     #: without sync the gradients stay on the unsharded parameters: nothing to step with
     sync_off_steps_optimizer = False
     ablation_keeps = "FSDP's parameter all-gathers"
+    #: each micro-batch gathers the parameters anew (resharded after its backward); only
+    #: the reduce-scatter waits for the last one
+    per_micro_batch = ("all_gather",)
 
     def sync_off(self) -> contextlib.AbstractContextManager:
         # the gradients' reduce-scatter stops; the parameters' all-gathers cannot (they are

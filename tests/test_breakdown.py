@@ -1283,3 +1283,44 @@ def test_a_run_measured_before_ablation_keeps_shows_no_hidden_part_for_them() ->
         assert cells(case)[9] == "–", cells(case)
         assert cells(case)[13].endswith("on: no hidden part"), cells(case)
     assert cells("ddp_spawn")[9] == "0.00" and cells("ddp_spawn")[13] == "ablation+profiler"
+
+
+def test_predict_counts_fsdps_all_gathers_once_a_micro_batch(probed_run, tmp_path) -> None:
+    """Under --accumulate K, FSDP gathers each unit's parameters again for every
+    micro-batch's forward and backward; only the gradients' reduce-scatter waits for the
+    last (on the MNIST CNN at 2 ranks the profiler counted 18 collectives a step at K=4,
+    6 at K=1). predict gave FSDP [acc4] the communication of one micro-batch, FSDP [acc1]'s.
+    DDP's all-reduce, held back by no_sync() until the last micro-batch, stays once a step."""
+    from bench.harness.runner import cell_dirname
+    from strategies import registry
+
+    run, _ = probed_run
+    acc = Path(shutil.copytree(run, tmp_path / "acc"))
+    runs = pd.read_csv(acc / "runs.csv", dtype=str, keep_default_na=False)
+    cases = []
+    for name in ("ddp_spawn", "fsdp"):
+        for setting, k in (("fp32", "1"), ("fp32,acc4", "4")):
+            case = runs.assign(strategy=name, strategy_name=name, setting=setting, accumulate=k)
+            for _, r in runs.iterrows():
+                ws, rep = int(r["world_size"]), int(r["repeat"])
+                src = acc / "cells" / cell_dirname(r["strategy"], ws, r["setting"], rep)
+                dst = acc / "cells" / cell_dirname(name, ws, setting, rep)
+                if not dst.exists():
+                    shutil.copytree(src, dst)
+            cases.append(case)
+    pd.concat(cases).to_csv(acc / "runs.csv", index=False)
+    busbw, alpha = predict.LINKS["ib-200g"]
+    rows = predict.predict_run(acc, [2], link="ib-200g")
+    comm = {r["case"]: r["comm_ms"] for r in rows}
+    assert comm["ddp_spawn [acc4]"] == pytest.approx(comm["ddp_spawn [acc1]"])
+    shape = predict._shape(acc)
+    one = registry()["fsdp"].cls.traffic({}, 2, shape, "fp32")
+    four = [(op, b * 4, c * 4) if op == "all_gather" else (op, b, c) for op, b, c in one]
+    fits = {op: {"op": op, "world_size": 2} for op, _, _ in one}
+
+    def expected(traffic) -> float:
+        return predict.comm_ms(traffic, fits, 2, busbw_GBps=busbw, alpha_us=alpha)
+
+    assert comm["fsdp [acc1]"] == pytest.approx(expected(one))
+    assert comm["fsdp [acc4]"] == pytest.approx(expected(four))
+    assert comm["fsdp [acc4]"] > 2 * comm["fsdp [acc1]"]

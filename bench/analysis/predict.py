@@ -17,9 +17,10 @@ The model, per strategy and run option, from its one-process (world size 1) cell
   its time per sample).
 - data(N): the one-process cell's data wait (pooled likewise), split N ways.
 - comm(N): the collectives the strategy issues per step (`Strategy.traffic`: DDP's bucketed
-  all-reduce, ZeRO-1's parameter broadcast, FSDP's all-gathers and reduce-scatter, Horovod's
-  fused all-reduce), each timed with the run's measured latency-bandwidth fit (bench.harness.collectives,
-  ring model extrapolated to N), or with a named link's stated bandwidth and latency.
+  all-reduce, ZeRO-1's parameter broadcast, FSDP's all-gathers, once a micro-batch under
+  --accumulate, and reduce-scatter, Horovod's fused all-reduce), each timed with the run's
+  measured latency-bandwidth fit (bench.harness.collectives, ring model extrapolated to N),
+  or with a named link's stated bandwidth and latency.
 - efficiency: over N times the one-process samples/s from the same source as compute(N):
   the timed steps where ranks share the cores, else the curves at the whole batch (the timed
   steps ran moments apart from the curve, and on a busy machine the two differed fivefold).
@@ -406,7 +407,7 @@ def predict_run(
         compute1 = float(sum(ones[f"{p}_ms"].median() for p in PHASES))
         data1 = float(ones["data_wait_ms_mean"].median())
         for n in world_sizes:
-            traffic = _traffic(spec.cls, options, n, shape, first["precision"])
+            traffic = _traffic(spec.cls, options, n, shape, first["precision"], k)
             if isinstance(traffic, str):
                 _say(why, f"{case}: {traffic}")
                 continue
@@ -631,12 +632,20 @@ def busy_line(run_dir: Path, checked: Sequence[Mapping[str, Any]]) -> tuple[str,
     ), list(dict.fromkeys(r["case"] for r in slow))
 
 
-def _traffic(cls: type, options: Mapping[str, Any], n: int, shape: Any, precision: Any) -> Any:
-    """The class's `traffic` at world size `n`, or what it raised as the reason it is not
-    modelled: a plug-in's bug costs its own predictions, not the report of its run."""
+def _traffic(
+    cls: type, options: Mapping[str, Any], n: int, shape: Any, precision: Any, accumulate: int = 1
+) -> Any:
+    """The class's `traffic` at world size `n` for an optimizer step of `accumulate`
+    micro-batches (its `per_micro_batch` ops once each: FSDP's all-gathers at --accumulate 4
+    are four times one micro-batch's), or what it raised as the reason it is not modelled: a
+    plug-in's bug costs its own predictions, not the report of its run."""
     import strategies
 
-    return strategies.answer(cls.traffic, options, n, shape, _text(precision))
+    traffic = strategies.answer(cls.traffic, options, n, shape, _text(precision))
+    if isinstance(traffic, str):
+        return traffic
+    k, again = accumulate, cls.per_micro_batch
+    return [(op, b * k, c * k) if op in again else (op, b, c) for op, b, c in traffic]
 
 
 def _same_steps(counted: Any, cls: type, options: Mapping[str, Any], setting: str) -> Any:
