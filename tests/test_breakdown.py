@@ -1324,3 +1324,28 @@ def test_predict_counts_fsdps_all_gathers_once_a_micro_batch(probed_run, tmp_pat
     assert comm["fsdp [acc1]"] == pytest.approx(expected(one))
     assert comm["fsdp [acc4]"] == pytest.approx(expected(four))
     assert comm["fsdp [acc4]"] > 2 * comm["fsdp [acc1]"]
+
+
+def test_a_row_whose_ablation_was_skipped_says_nothing_it_left_on() -> None:
+    """fp16's loss scaling skips the ablation (a rank-local overflow would skip one rank's
+    step), and the report's method for fsdp [fp16] and zero1 [fp16] read "profiler; no
+    ablation (loss scaling: ...); the ablation leaves FSDP's parameter all-gathers on: no
+    hidden part": an ablation that never ran said to leave collectives running."""
+    from bench.analysis import report
+
+    ref = Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist-20261126"
+    if not (ref / "runs.csv").exists():
+        pytest.skip(f"{ref} is not in this checkout")
+    counted = report.counted_rows(report.load_run(ref).runs)
+    skipped = (
+        "profiler; no ablation (loss scaling: a rank-local overflow would skip one rank's step)"
+    )
+    counted.loc[counted["strategy"].isin(["zero1", "fsdp"]), "comm_method"] = skipped
+    lines = report.breakdown_markdown(counted).splitlines()
+
+    def method(case: str) -> str:
+        row = next(ln for ln in lines if ln.startswith(f"| {case} | 2 |"))
+        return [c.strip() for c in row.strip("|").split("|")][13]
+
+    assert method("zero1") == method("fsdp") == skipped
+    assert method("ddp_spawn") == "ablation+profiler"

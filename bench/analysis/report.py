@@ -1629,7 +1629,9 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         }
         step = _lapped_step(grp)
         method = next((v for v in grp.get("comm_method", []) if isinstance(v, str) and v), "")
-        keeps = ablation_keeps(grp) if "ablation" in method else ""
+        # only where the ablation ran: "no ablation (loss scaling ...)" left nothing on
+        ran = "ablation" in method.split(";")[0].split("+")
+        keeps = ablation_keeps(grp) if ran else ""
         if keeps and results.no_hidden_part(keeps) not in method:  # a row measured before
             method += "; " + results.no_hidden_part(keeps)
         trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
