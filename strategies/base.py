@@ -169,6 +169,8 @@ class Strategy:
     accepts: ClassVar[dict[str, tuple[str, ...] | type]] = {}
     #: values of the precision axis it can train in
     precisions: ClassVar[tuple[str, ...]] = prec.PRECISIONS
+    #: why it trains in those alone (said after them when another is asked for); empty: nothing
+    precisions_why: ClassVar[str] = ""
     #: why it cannot run with --compile / --accumulate K / --sync-bn; empty: it can
     no_compile: ClassVar[str] = ""
     no_accumulate: ClassVar[str] = ""
@@ -268,7 +270,8 @@ class Strategy:
     def unsupported(cls, setting: Setting, device: str) -> str | None:
         """Why this strategy cannot run with these run options, or None."""
         if setting.precision not in cls.precisions:
-            return f"trains in {' | '.join(cls.precisions)} only, not {setting.precision}"
+            why = f": {cls.precisions_why}" if cls.precisions_why else ""
+            return f"trains in {' | '.join(cls.precisions)} only, not {setting.precision}{why}"
         if setting.compile and cls.no_compile:
             return cls.no_compile
         if setting.accumulate > 1 and cls.no_accumulate:

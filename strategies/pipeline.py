@@ -166,8 +166,8 @@ class Pipeline(TorchDistributed):
         ),
     }
     accepts = {"microbatches": int, "schedule": SCHEDULES}
-    # fp16 would need the GradScaler inside the schedule's loss; bf16 needs none
     precisions = ("fp32", "bf16")
+    precisions_why = "fp16 would need loss scaling inside the schedule's loss; bf16 needs none"
     no_compile = "pipeline stages are not compiled here (torch.compile per stage is not wired)"
     no_accumulate = (
         "a pipeline already accumulates over its micro-batches: use --set microbatches=M"

@@ -151,6 +151,11 @@ class TensorParallel(TensorParallelMixin, TorchDistributed):
         )
     }
     precisions = ("fp32", "bf16")
+    # checked: GradScaler's overflow check got the sharded weights' gradients (DTensors)
+    # beside the unsplit ones' plain tensors, which DTensor refuses (fsdp_tp's are all DTensors)
+    precisions_why = (
+        "fp16's loss scaling cannot check its split and unsplit weights' gradients together"
+    )
     no_sync_bn = "tensor-parallel ranks share one batch: there are no data-parallel ranks"
     collective_eval = True  # every rank's shard takes part in each forward
 
