@@ -831,7 +831,7 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.harness.proc import sigterm_as_interrupt
+    from bench.harness.proc import Interrupted, sigterm_as_interrupt
 
     try:
         # SIGTERM as Ctrl-C in every command, in all its phases (the parser's imports, torch's
@@ -854,8 +854,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunStopped as exc:
         print(f"parabench: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C where no run is under way (a run says more itself)
-        print("parabench: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C where no run is under way; a run (run's, or one of verify's) said its own
+        # line, what it kept and how to go on, and a second one here read as another stop
+        if not isinstance(exc, Interrupted):
+            print("parabench: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         from bench.harness.proc import stdout_gone

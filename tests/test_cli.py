@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -1354,27 +1355,30 @@ def test_verify_reads_the_data_once_for_its_cap(tmp_path, capsys, data_root, mon
     assert limits == [None, 4096]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_verify_stopped_part_way_says_to_run_verify_again(
-    tmp_path, capsys, data_root, monkeypatch
+    tmp_path, capsys, data_root, monkeypatch, sig
 ):
-    """Ctrl-C in verify's run: that run's `parabench run --resume` would finish it and give
-    no verdict (no baselines, no comparison), so verify says to run verify again; its run
-    id, stopped before a row, is then refused without advice to --resume it either."""
+    """Ctrl-C or SIGTERM in verify's run: that run's `parabench run --resume` would finish it
+    and give no verdict (no baselines, no comparison), so verify says to run verify again,
+    in one line and exit 130 (README), where `parabench: interrupted` followed it as if it
+    were a second stop; its run id, stopped before a row, is then refused without advice to
+    --resume it either."""
     from bench.harness import runner
 
     def interrupted(self, cells):
-        raise KeyboardInterrupt
+        os.kill(os.getpid(), sig)
+        raise AssertionError("the signal did not stop the run")
 
     monkeypatch.setattr(runner.Runner, "run", interrupted)
     args = ["verify", "--strategies", "dp", "--world-sizes", "1", "--steps", "2"]
     args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--run-id", "v"]
     assert main([*args, "--device", "cpu"]) == 130
     out = capsys.readouterr().err
-    assert f"interrupted: no row yet for {tmp_path / 'v' / 'runs.csv'};" in out, out
     said = (
         "verify has no --resume; for its verdict, run the same verify again under another --run-id"
     )
-    assert said in out and "parabench run --resume" not in out
+    assert out == f"interrupted: no row yet for {tmp_path / 'v' / 'runs.csv'}; {said}\n", out
     assert main([*args, "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'v'} already holds a run; use another --run-id" in err

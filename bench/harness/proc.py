@@ -98,6 +98,11 @@ def raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM that stopped a run which has said, in its own line, what it kept
+    and how to go on: the command ends with exit 130 and no second line of its own."""
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (kill, a job cancelled) raises KeyboardInterrupt inside, as Ctrl-C does: the

@@ -1398,6 +1398,7 @@ def run_matrix(
             ) from None
         if isinstance(stop, KeyboardInterrupt):  # on stderr: seen where the output goes to a file
             print(f"interrupted: {line}", file=sys.stderr, flush=True)
+            raise proc.Interrupted from None  # said: the CLI adds no line of its own
         elif proc.stdout_gone():  # `| head` left: say it where it is read
             print(f"parabench: stdout closed, the run stopped: {line}", file=sys.stderr)
         else:  # another pipe: the CLI shows its traceback
