@@ -136,6 +136,17 @@ class Unreadable(Samples):
         raise OSError(f"record {i} is on a disk that is gone")
 def unreadable():
     return Unreadable(None)
+class Stream(torch.utils.data.IterableDataset):
+    num_classes = 4
+    def __iter__(self):
+        return iter([(torch.zeros(1, 32, 32), 1)] * 10)
+class SizedStream(Stream):
+    def __len__(self):
+        return 10
+def stream():
+    return Stream()
+def sized_stream():
+    return SizedStream()
 """
 BAD_DATA = {
     "missing module": ("no_such_pkg.data:load", "cannot import no_such_pkg.data"),
@@ -158,6 +169,19 @@ BAD_DATA = {
     ),
     "labels past the classes": ("FILE:labels_out_of_range", "targets from 0 to 4, out of range"),
     "exits": ("FILE:exits", "exits (SystemExit(3)): a plug-in must not exit"),
+    # a stream, not indexed: said as such, where it read as any other return (and one with
+    # len() as a __getitem__ to mend)
+    **{
+        f"an IterableDataset{extra}": (
+            f"FILE:{factory}",
+            f"returned an IterableDataset ({cls}); every strategy gives each rank its own "
+            "indices of one sample order (its sampler), which needs a map-style Dataset",
+        )
+        for extra, factory, cls in (
+            ("", "stream", "Stream"),
+            (" with len()", "sized_stream", "SizedStream"),
+        )
+    },
 }
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler, Subset, TensorDataset
+from torch.utils.data import Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
 from bench.config import CPU_SYNTHETIC_IMAGE_SIZE, ConfigError, RunConfig, one_line
 from bench.workload import models, plugins
@@ -793,6 +793,15 @@ def _plugin(cfg: RunConfig) -> DataBundle:
             raise ConfigError(f"{name}: {len(x)} inputs but {len(y)} targets")
         classes = got[2] if len(got) == 3 else None
         ds: Dataset = TensorDataset(x, y)
+    elif isinstance(got, IterableDataset):
+        # a stream has no sample i to hand a rank: said as such, where one without len()
+        # read as any other return and one with len() as a __getitem__ to mend
+        raise ConfigError(
+            f"{name} returned an IterableDataset ({type(got).__name__}); every strategy gives "
+            "each rank its own indices of one sample order (its sampler), which needs a "
+            "map-style Dataset with len() and dataset[i]: return one, or (inputs, targets) "
+            "tensors"
+        )
     elif isinstance(got, Dataset) and hasattr(got, "__len__"):
         ds = got
         classes = getattr(got, "vocab_size", None) or getattr(got, "num_classes", None)
