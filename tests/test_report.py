@@ -1249,3 +1249,26 @@ def test_a_sweep_whose_setting_column_is_gone_is_refused_not_merged(
     assert main(["report", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{run_dir / table}: " in err and "column setting" in err, err
+
+
+def test_a_repeat_measured_by_a_resume_is_named_in_the_summary(reference) -> None:
+    """A repeat that a --resume ran (one stopped part-way, or whose row was removed to run
+    it again) read in runs.csv and the report as any other, though it ran after the stop,
+    apart in time from its cell's other repeats: the summary names it, by its round past
+    its repeat (Runner.run), and nothing for a run whose rounds are its repeats, or a
+    runs.csv from before rounds."""
+
+    def summary(runs: pd.DataFrame) -> str:
+        run = dataclasses.replace(reference, runs=runs)
+        return _section(report.report_markdown(run, report.summarise(runs), []), "Summary")
+
+    assert "--resume" not in summary(reference.runs)
+    assert "--resume" not in summary(reference.runs.drop(columns="round"))
+    runs = reference.runs.copy()
+    hit = (runs["strategy"] == "ddp_spawn") & (runs["world_size"] == 2) & (runs["repeat"] == 1)
+    assert hit.sum() == 1
+    runs.loc[hit, "round"] = 1 + runs["round"].max()
+    stamp = runs.loc[hit, "timestamp"].iloc[0]
+    said = summary(runs)
+    assert "Repeats measured by a `--resume`, after the run had stopped" in said, said
+    assert f": ddp_spawn ws=2 repeat 1 (round {runs['round'].max()}, {stamp})." in said, said

@@ -808,6 +808,29 @@ def precision_markdown(runs: pd.DataFrame) -> str:
     )
 
 
+def resumed_markdown(counted: pd.DataFrame) -> str:
+    """The counted repeats that a --resume measured, after the run had stopped: a run's rounds
+    are its repeats, and a resume's come after every round already run (Runner.run), so a
+    round past its repeat is one. Their rows read as any other, where they ran minutes or
+    days apart from the cell's repeats before the stop; nothing for a run from before rounds."""
+    if counted.empty or "round" not in counted:
+        return ""
+    rounds = pd.to_numeric(counted["round"], errors="coerce")
+    later = counted[rounds > pd.to_numeric(counted["repeat"], errors="coerce")]
+    if later.empty:
+        return ""
+    names = ", ".join(
+        f"{cell_name(r)} ws={r['world_size']} repeat {r['repeat']} (round {_plain(r['round'])}"
+        f"{'' if pd.isna(r.get('timestamp')) else ', ' + str(r['timestamp'])})"
+        for _, r in later.sort_values(["strategy", "world_size", "repeat"]).iterrows()
+    )
+    return (
+        "Repeats measured by a `--resume`, after the run had stopped: apart in time from "
+        "their cells' repeats before the stop (whatever changed on the machine in between is "
+        f"in the spread over repeats), and never paired round by round with them: {names}."
+    )
+
+
 def per_round(runs: pd.DataFrame | None) -> dict[tuple[str, int], dict[int, float]]:
     """Each cell's samples/s by round, from the counted rows: what pairs two cells of an
     interleaved run round by round; none for a run from before rounds (no `round`)."""
@@ -1955,6 +1978,7 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
             else []
         ),
         *([chosen] if (chosen := precision_markdown(run.runs)) else []),
+        *([resumed] if (resumed := resumed_markdown(counted)) else []),
         *(["## Model parallelism", model_parallel] if model_parallel else []),
         *(["## Where the time goes", where] if where else []),
         *(["## Scaling: predicted and measured", scaling] if scaling else []),
