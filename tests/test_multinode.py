@@ -540,3 +540,51 @@ def test_the_hosts_script_without_an_action_and_a_name_is_its_usage_and_exit_2(a
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"usage: {SCRIPT} up|down|ssh NAME"]
+
+
+@pytest.mark.slow
+def test_a_rendezvous_port_another_run_holds_is_named_in_the_row(two_hosts, data_root, tmp_path):
+    """Another run's rendezvous store on the first host, on the port this run's cell takes
+    (runs at once whose --rdzv-port values are closer than 200): the first host's agent
+    cannot listen there, and the row said only `node(s) 1 still running 20 s after another
+    failed: killed`, as if the nodes were at fault. It names the port and the cause first."""
+    holder = subprocess.Popen(
+        [
+            *("ip", "netns", "exec", f"{two_hosts}0", sys.executable, "-c"),
+            "import time, torch.distributed as d\n"
+            f"s = d.TCPStore('{HOSTS[0]}', 29710, is_master=True, wait_for_workers=False)\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        argv = _args(
+            two_hosts,
+            data_root,
+            tmp_path,
+            strategies="ddp_torchrun",
+            global_batch=16,
+            max_steps=8,
+            warmup_steps=2,
+            limit=512,
+            run_id="held",
+            rdzv_port=29710,
+            timeout=120,
+        )
+        assert main([*argv, "--no-report"]) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    row = _rows(tmp_path / "held").iloc[0]
+    assert row["status"] == "failed"
+    assert row["reason"].startswith(
+        f"port 29710 on {HOSTS[0]}, where the cell's rendezvous listens, was in use (another "
+        "run's? two at once whose first host is the same need --rdzv-port values 200 apart); "
+        "then "
+    ), row["reason"]
+    for ns in (f"{two_hosts}0", f"{two_hosts}1"):
+        assert _pids(ns) == [], f"processes left in {ns}"

@@ -977,6 +977,15 @@ class Runner:
             runs.append(self._status_row(cell, results.TIMEOUT, reason, wall) | where)
         elif rc != 0 or len(records) < self.cfg.epochs:
             status, reason = _failure(cell_dir, rc, oom)
+            port = nodes.cell_port(self.cfg.rdzv_port, self.order.get(cell.key, 0))
+            if self.cfg.nodes > 1 and not self.cfg.launcher and _port_taken(cell_dir, port):
+                # the cause first: what the row said alone (a node killed, still waiting
+                # after the first host's agent failed) read as a fault of the nodes
+                reason = (
+                    f"port {port} on {self.cfg.hosts[0]}, where the cell's rendezvous listens, "
+                    "was in use (another run's? two at once whose first host is the same need "
+                    f"--rdzv-port values {nodes.PORTS} apart); then {reason}"
+                )
             runs.append(self._status_row(cell, status, reason, wall) | where)
         return runs, steps, ranks
 
@@ -1171,6 +1180,17 @@ def _lost_node(log: Path) -> tuple[int, str] | None:
     if code not in {int(s) for s in signal.Signals}:
         return None
     return int(found[1]), signal.Signals(code).name
+
+
+def _port_taken(cell_dir: Path, port: int) -> bool:
+    """Whether the cell's log says `port` was in use where it was to listen: torch's
+    EADDRINUSE for the store that the first host's agent (--rdzv c10d) or rank 0 (static)
+    serves the rendezvous from."""
+    try:
+        text = (cell_dir / "log.txt").read_text(errors="replace")
+    except OSError:
+        return False
+    return str(port) in re.findall(r"port: (\d+),[^\n]*EADDRINUSE", text)
 
 
 def _first_failed_rank(log: Path) -> tuple[int, int] | None:
