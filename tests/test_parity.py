@@ -642,3 +642,24 @@ def test_a_verify_stopped_leaves_no_conditioning_folder(tmp_path, data_root, mon
     with pytest.raises(KeyboardInterrupt):
         verify(cfg, steps=2, echo=lambda m: None, condition=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_verify_stopped_in_its_conditioning_names_no_rows_it_removed(
+    tmp_path, data_root, monkeypatch, capsys
+):
+    """Ctrl-C in a conditioning run said "N finished rows kept in
+    <out>/.conditioning-<pid>/conditioning/runs.csv", a folder verify removes as it stops:
+    its line says only how to go on."""
+    from bench.harness import runner
+
+    def stopped(self, cells):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner.Runner, "run", stopped)
+    cfg = small_config(tmp_path, data_root, strategies=("ddp_spawn",), world_sizes=(2,))
+    with pytest.raises(KeyboardInterrupt):
+        verify(cfg, steps=2, echo=lambda m: None, condition=True)
+    assert capsys.readouterr().err == (
+        "interrupted: verify has no --resume; for its verdict, run the same verify again\n"
+    )
+    assert list(tmp_path.iterdir()) == []

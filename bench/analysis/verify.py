@@ -1307,6 +1307,7 @@ def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Condi
         ),
         echo=echo,
         again=again(cfg),
+        kept=False,  # verify removes its folder when stopped: no rows there to point to
     )
     bad = [r for r in rows if r["status"] != results.OK]
     if bad:

@@ -1379,10 +1379,13 @@ def run_matrix(
     echo: Echo = print,
     progress: bool = False,
     again: str | None = None,
+    kept: bool = True,
 ) -> tuple[Path, list[dict]]:
     """Plan, then run every cell not yet done. `progress`: show the running cell's steps,
     speed and the ETAs (bench.harness.progress) on stderr. `again`: how to go on, said where
-    the run stops (default: its --resume; a run of verify's is one step of verify's own)."""
+    the run stops (default: its --resume; a run of verify's is one step of verify's own).
+    `kept`: whether the run's folder outlives a stop (verify's conditioning runs' does not),
+    so that the line says where its rows are kept."""
     cfg, run_dir, cells = open_run(cfg, resume)
     proc.become_subreaper()
     runner: Runner | None = None
@@ -1410,8 +1413,8 @@ def run_matrix(
             runner.interrupt()
         n = len(run_dir.runs.read())
         again = again or f"continue with: {results.resume_command(cfg.launcher, run_dir.path)}"
-        kept = f"{n} finished row{'' if n == 1 else 's'} kept in" if n else "no row yet for"
-        line = f"{kept} {run_dir.runs.path}; {again}"
+        rows_in = f"{n} finished row{'' if n == 1 else 's'} kept in" if n else "no row yet for"
+        line = f"{rows_in} {run_dir.runs.path}; {again}" if kept else again
         if full:  # a long run filled its disk: the rows written are whole (CsvTable)
             raise RunStopped(
                 f"{stop.strerror} in {run_dir.path}, the run stopped: {line} once there is room"
