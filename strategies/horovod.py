@@ -92,7 +92,11 @@ class Horovod(Strategy):
         import horovod.torch as hvd
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        # No hvd.broadcast_optimizer_state: the optimizer is new on every rank, with no state
+        # to share, and Horovod fills an empty state by one optimizer step on zero gradients,
+        # which AdamW's weight decay makes a real update (every weight shrunk by lr x decay
+        # before the first batch, as no other strategy's was); DistributedOptimizer below
+        # builds an optimizer of its own, which drops that state anyway.
         compression = (
             hvd.Compression.fp16 if self.compresses(self.options) else hvd.Compression.none
         )

@@ -86,3 +86,35 @@ def test_an_nccl_build_without_nvcc_says_so_before_building(tmp_path: Path) -> N
             "CUDA toolkit or set CUDA_HOME to it"
         )
     ), proc.stderr
+
+
+ADAMW = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    import strategies
+    from strategies.base import RankContext, Setting
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    s = strategies.get("horovod").create(ctx, {}, Setting())
+    s.setup_distributed()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    s.attach(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    print("moved", max((p - b).abs().max().item() for p, b in zip(model.parameters(), before)))
+    """
+)
+
+
+def test_horovod_leaves_the_initial_weights_as_they_are_under_adamw() -> None:
+    """Every strategy starts from the same weights: Horovod's broadcast_optimizer_state
+    filled the new optimizer's empty state by a step on zero gradients, which AdamW's weight
+    decay turned into an update of every weight before the first batch."""
+    need_horovod()
+    proc = subprocess.run(
+        [sys.executable, "-c", ADAMW], capture_output=True, text=True, timeout=180, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "moved 0.0" in proc.stdout.splitlines(), proc.stdout
