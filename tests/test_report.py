@@ -467,6 +467,42 @@ def test_plots_a_render_no_longer_draws_are_removed(small_run, tmp_path) -> None
     assert not [p.name for p in run_dir.glob("*.png")]
 
 
+def test_a_render_stopped_part_way_leaves_the_earlier_one_whole(tmp_path, monkeypatch) -> None:
+    """Ctrl-C or SIGTERM as the report is written (`parabench report`, or a run's own at its
+    end): the files are those of the render before, none cut short and no temporary one left
+    (a plot half written, or the earlier report.md beside this render's summary and plots,
+    read as whole)."""
+    run_dir = tmp_path / "stopped"
+    run_dir.mkdir()
+    shutil.copy(REFERENCE / "runs.csv", run_dir / "runs.csv")
+    report.render(run_dir)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    runs = pd.read_csv(run_dir / "runs.csv", dtype=str, keep_default_na=False)
+    runs.iloc[1:].to_csv(run_dir / "runs.csv", index=False)  # a row fewer: another summary
+    before["runs.csv"] = (run_dir / "runs.csv").read_bytes()
+    drawn: list[str] = []
+    real = plots.fit_titles
+
+    def half(target, **kw):  # stopped as it is written, half of it there
+        if isinstance(target, Path | str):
+            Path(target).write_bytes(b"\x89PNG half")
+        else:
+            target.write(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    def stopped(fig):  # the third plot's
+        if len(drawn) == 2:
+            fig.savefig = half
+        drawn.append(fig)
+        return real(fig)
+
+    monkeypatch.setattr(plots, "fit_titles", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        report.render(run_dir)
+    assert len(drawn) == 3
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
 # ---------------------------------------------------------------- CLI
 
 

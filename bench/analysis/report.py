@@ -13,6 +13,7 @@ end-of-training values. Step-level plots use the same epochs, warm-up steps excl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
 import json
@@ -2062,21 +2063,36 @@ def render(run_dir: str | Path) -> Path:
     summary = summarise(run.runs)
     out = run.path / "report.md"
     try:
-        summary.to_csv(run.path / "summary.csv", index=False, float_format="%.6g")
-        images: list[tuple[str, str]] = []
-        if len(summary):
-            from bench.analysis import plots
+        # each file written whole, and all put in place together once the last one is (the
+        # report last, after the plots it names): a stop part-way (Ctrl-C, SIGTERM) left a
+        # plot cut short, or the earlier render's report.md beside this one's summary.csv
+        # and some of its plots, each read as whole
+        with contextlib.ExitStack() as files:
 
-            for name, fig in figures(run, summary).items():
-                # titles wrapped to the figure, and nothing drawn outside it cut off
-                plots.fit_titles(fig).savefig(run.path / name, dpi=110, bbox_inches="tight")
-                title = " ".join(fig.axes[0].get_title().split())  # (unwrapped)
-                images.append((name, title or name))
+            def whole(name: str, **how: Any) -> Any:
+                return files.enter_context(results.written_whole(run.path / name, **how))
+
+            text = whole("report.md")
+            summary.to_csv(whole("summary.csv", newline=""), index=False, float_format="%.6g")
+            images: list[tuple[str, str]] = []
+            if len(summary):
+                from bench.analysis import plots
+
+                for name, fig in figures(run, summary).items():
+                    # titles wrapped to the figure, and nothing drawn outside it cut off
+                    plots.fit_titles(fig).savefig(
+                        whole(name, binary=True),
+                        format=Path(name).suffix[1:],
+                        dpi=110,
+                        bbox_inches="tight",
+                    )
+                    title = " ".join(fig.axes[0].get_title().split())  # (unwrapped)
+                    images.append((name, title or name))
+            text.write(report_markdown(run, summary, images))
         drawn = {name for name, _ in images}
         for name in (*PLOTS, *OPTIONAL_PLOTS):  # an earlier render's, this one has not drawn
             if name not in drawn:
                 (run.path / name).unlink(missing_ok=True)
-        out.write_text(report_markdown(run, summary, images))
     except OSError as exc:  # read-only, no permission, disk full
         raise ConfigError(
             f"{run.path}: cannot write the report there ({exc.strerror or exc})"

@@ -590,10 +590,13 @@ class CsvTable:
 
 
 @contextlib.contextmanager
-def written_whole(path: Path, newline: str | None = None) -> Iterator[IO[str]]:
-    """A text file to write `path` through: it replaces `path` once written whole, and is
-    gone if the writing stops (a full disk, Ctrl-C), which leaves `path` as it was. A file
-    written plainly would be left cut short or empty, and read as damaged ever after."""
+def written_whole(
+    path: Path, newline: str | None = None, binary: bool = False
+) -> Iterator[IO[Any]]:
+    """A text file (`binary`: a bytes one, a plot's) to write `path` through: it replaces
+    `path` once written whole, and is gone if the writing stops (a full disk, Ctrl-C), which
+    leaves `path` as it was. A file written plainly would be left cut short or empty, and
+    read as damaged ever after."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         # mkstemp's file is the owner's alone (0600): the file gets the mode a file
@@ -601,7 +604,7 @@ def written_whole(path: Path, newline: str | None = None) -> Iterator[IO[str]]:
         mask = os.umask(0o022)
         os.umask(mask)
         os.fchmod(fd, 0o666 & ~mask)
-        with os.fdopen(fd, "w", newline=newline) as f:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline=newline) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
