@@ -1421,6 +1421,33 @@ def test_verify_csv_names_a_basis_only_for_a_tolerance_it_has(tmp_path):
     assert basis == {"ddp_spawn": "recipe", "mine": "", "dp": ""}
 
 
+def test_verify_csv_stopped_as_it_is_written_is_not_left_cut_short(tmp_path, monkeypatch):
+    """Ctrl-C, SIGTERM or a full disk as verify.csv is written: no file with the rows before
+    the stop, which read as a verdict on every cell."""
+    from bench.analysis import verify as verify_mod
+
+    real = verify_mod.csv.writer
+
+    class Stopped:  # the second cell's row stops the writing
+        def __init__(self, f):
+            self.w, self.rows = real(f), 0
+
+        def writerow(self, row):
+            self.rows += 1
+            if self.rows == 3:
+                raise KeyboardInterrupt
+            self.w.writerow(row)
+
+    rows = [
+        verify_mod.Parity(n, 2, "fp32", "exact", 0.0, 0.0, 0.0, verify_mod.RECIPES["exact"], "pass")
+        for n in ("ddp_spawn", "fsdp")
+    ]
+    monkeypatch.setattr(verify_mod.csv, "writer", Stopped)
+    with pytest.raises(KeyboardInterrupt):
+        verify_mod.write_csv(rows, tmp_path / "verify.csv")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_verify_closes_with_what_passed_and_why_the_rest_did_not():
     """verify's closing lines count each kind of row apart: a cell that crashed or has no
     tolerance fails verify but is not said to mismatch, nor a precision reference counted

@@ -951,7 +951,9 @@ def table(parity: list[Parity], steps: int | None = None) -> str:
 
 
 def write_csv(parity: list[Parity], path: Path) -> None:
-    with open(path, "w", newline="") as f:
+    # whole or not at all: a stop or a full disk mid-write left the rows before it, a
+    # verdict on fewer cells that read as the whole of it
+    with results.written_whole(path, newline="") as f:
         w = csv.writer(f)
         w.writerow(
             [
