@@ -1385,6 +1385,36 @@ def test_a_verify_stopped_part_way_says_to_run_verify_again(
     assert "--resume" not in err
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_verify_stopped_between_its_runs_says_to_run_verify_again(
+    tmp_path, capsys, data_root, monkeypatch, sig
+):
+    """Ctrl-C or SIGTERM once verify's runs are done, as it compares them (or between them):
+    its one line said only `parabench: interrupted`, not that verify has no --resume and its
+    verdict is to be had by running it again, as a stop in a run says."""
+    from bench.analysis import verify as verify_mod
+
+    def ran(cfg, **kw):
+        (tmp_path / "v").mkdir()
+        return tmp_path / "v", []
+
+    def compared(run_dir):
+        os.kill(os.getpid(), sig)
+        raise AssertionError("the signal did not stop verify")
+
+    monkeypatch.setattr(verify_mod, "run_matrix", ran)
+    monkeypatch.setattr(verify_mod, "run_share_baselines", lambda *a, **kw: None)
+    monkeypatch.setattr(verify_mod, "compare", compared)
+    args = ["verify", "--strategies", "dp", "--world-sizes", "1", "--steps", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--run-id", "v"]
+    assert main([*args, "--device", "cpu"]) == 130
+    said = (
+        "verify has no --resume; for its verdict, run the same verify again under another --run-id"
+    )
+    assert capsys.readouterr().err == f"interrupted: {said}\n"
+    assert not (tmp_path / "v" / "verify.csv").exists()
+
+
 def test_verify_plans_its_matrix_once_before_it_runs(tmp_path, data_root, monkeypatch):
     """`parabench verify` planned the parity matrix for its own checks, then verify()
     planned it again (its cells and data checked twice) before the run planned it."""

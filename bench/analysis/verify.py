@@ -27,6 +27,7 @@ precision with and without its gradients rounded (bench.analysis.verify.uncompre
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -34,6 +35,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,7 +45,7 @@ from typing import Any
 import torch
 
 from bench.config import ConfigError, RunConfig
-from bench.harness import results
+from bench.harness import proc, results
 from bench.harness.env import device_count
 from bench.harness.runner import (
     RunDir,
@@ -1346,6 +1348,27 @@ def verify(
     cfg = parity_config(base, steps)
     if not planned:
         plan(cfg)  # bad input: one line before anything runs
+    with stops_said(cfg):
+        return _verify(cfg, base, steps, echo, condition)
+
+
+@contextlib.contextmanager
+def stops_said(cfg: RunConfig) -> Iterator[None]:
+    """Ctrl-C or SIGTERM between verify's runs (its comparison, the steps from one run to the
+    next) says how to go on, as a stop in one of its runs does, where it was `parabench:
+    interrupted` alone."""
+    try:
+        yield
+    except proc.Interrupted:  # in a run, which said it
+        raise
+    except KeyboardInterrupt:
+        print(f"interrupted: {again(cfg)}", file=sys.stderr, flush=True)
+        raise proc.Interrupted from None
+
+
+def _verify(
+    cfg: RunConfig, base: RunConfig, steps: int, echo: Any, condition: bool | None
+) -> tuple[Path, list[Parity]]:
     cond = None
     scratch = Path(cfg.out_dir) / f".conditioning-{os.getpid()}"
     try:
