@@ -996,7 +996,8 @@ class Runner:
         one whose rank 0 was seen stepping shortly before the deadline (`quiet`: seconds
         from its step count's last move to the deadline, on the harness's clock) was still
         training: the reason says how far it got; one whose rank 0 had run every step was
-        killed after them, which the reason says too."""
+        killed after them, which the reason says too, and one whose rank 0 had ended no step
+        may still have been starting."""
         state = read_progress(cell_dir) or {}
         done, total, step_ms = _steps(state) or (0, 0, math.nan)
         why = "hang?"
@@ -1005,6 +1006,12 @@ class Runner:
                 "its first step had not ended, and that step holds torch.compile's "
                 "compilation (a minute or more cold on a CPU): a --timeout that leaves room "
                 "for it, or a hang"
+            )
+        # no step ended on rank 0: horovodrun alone takes 7-12 s to start its ranks here
+        elif not state:
+            why = (
+                "hang? rank 0 had ended no step: still starting (the launcher, the ranks' "
+                "rendezvous, the data, the first step) for the --timeout, or hung there"
             )
         # still stepping: its step count seen to move at most three steps or 5 s before the
         # deadline (rank 0 rewrites the progress file at most twice a second, the harness
