@@ -44,6 +44,8 @@ WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
 
 #: what the communication ablation leaves running under --sync-bn (Strategy.kept_by_ablation)
 SYNC_BN_KEPT = "SyncBatchNorm's batch-statistics collectives"
+#: a --sync-bn cell's note where the model has no BatchNorm layer: SyncBatchNorm kept nothing
+NO_BN_TO_SYNC = "no BatchNorm layers to sync"
 
 
 @dataclass(frozen=True)
@@ -674,7 +676,7 @@ class Strategy:
         if self.setting.sync_bn:
             n = len(norm_layers(model))
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-            self.notes.append(f"SyncBatchNorm: {n} layers" if n else "no BatchNorm layers to sync")
+            self.notes.append(f"SyncBatchNorm: {n} layers" if n else NO_BN_TO_SYNC)
         model, optimizer = self.setup(model, optimizer)
         if self.setting.compile:
             mode = self.setting.compile_mode

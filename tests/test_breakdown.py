@@ -1349,3 +1349,6 @@ def test_a_row_whose_ablation_was_skipped_says_nothing_it_left_on() -> None:
 
     assert method("zero1") == method("fsdp") == skipped
     assert method("ddp_spawn") == "ablation+profiler"
+    # predict reads the same: its basis said the skipped ablation left them running
+    for name in ("zero1", "fsdp"):
+        assert report.ablation_keeps(counted[counted["strategy"] == name]) == ""

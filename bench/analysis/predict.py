@@ -26,7 +26,7 @@ The model, per strategy and run option, from its one-process (world size 1) cell
   steps ran moments apart from the curve, and on a busy machine the two differed fivefold).
 - f: the exposed share of communication, exposed / total as the probe measured it at another
   world size of the same strategy, pooled likewise (never the one predicted); without one, or
-  where the ablation leaves some collectives running (`Strategy.kept_by_ablation`), 1 (no
+  where the ablation leaves some collectives running (`report.ablation_keeps`), 1 (no
   overlap, the band's top), as on a CPU, where gloo's threads and the compute share the
   same cores.
 """

@@ -1622,16 +1622,20 @@ def ablation_keeps(grp: pd.DataFrame) -> str:
     """What the case's ablation leaves running (Strategy.kept_by_ablation), read from its
     strategy's class and its --sync-bn: a run measured before its rows said so (the
     committed references) holds total less exposed as hidden for ZeRO-1's broadcast, FSDP's
-    all-gathers and SyncBatchNorm's collectives."""
+    all-gathers and SyncBatchNorm's collectives. "" where no row says its ablation ran ("no
+    ablation (loss scaling ...)", or one process's): it left nothing on."""
     import strategies
-    from strategies.base import SYNC_BN_KEPT
+    from strategies.base import NO_BN_TO_SYNC, SYNC_BN_KEPT
 
+    methods = [v for v in grp.get("comm_method", []) if isinstance(v, str) and v]
+    if methods and not any("ablation" in m.split(";")[0].split("+") for m in methods):
+        return ""
     name = grp["strategy_name"].iloc[0] if "strategy_name" in grp else grp["strategy"].iloc[0]
     spec = strategies.registry().get(str(name))
     keeps = [getattr(spec.cls, "ablation_keeps", "") if spec is not None else ""]
     sync_bn = pd.to_numeric(grp.get("sync_bn", pd.Series(dtype=float)), errors="coerce")
     notes = " ".join(str(v) for v in grp.get("notes", ()))
-    if sync_bn.eq(1).any() and "no BatchNorm layers to sync" not in notes:
+    if sync_bn.eq(1).any() and NO_BN_TO_SYNC not in notes:
         keeps.append(SYNC_BN_KEPT)
     return " and ".join(k for k in keeps if k)
 
@@ -1653,9 +1657,7 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         }
         step = _lapped_step(grp)
         method = next((v for v in grp.get("comm_method", []) if isinstance(v, str) and v), "")
-        # only where the ablation ran: "no ablation (loss scaling ...)" left nothing on
-        ran = "ablation" in method.split(";")[0].split("+")
-        keeps = ablation_keeps(grp) if ran else ""
+        keeps = ablation_keeps(grp)
         if keeps and results.no_hidden_part(keeps) not in method:  # a row measured before
             method += "; " + results.no_hidden_part(keeps)
         trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
