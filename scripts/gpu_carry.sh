@@ -15,6 +15,15 @@ case "${1:-}" in
     -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
     -*) echo "usage: $0 [PYTHON]   (gpu-carry: no option '$1')" >&2; exit 2 ;;
 esac
+if [ $# -gt 1 ]; then
+    echo "usage: $0 [PYTHON]   (gpu-carry: one argument, not $#)" >&2
+    exit 2
+fi
+# a Python given by a relative path is the caller's, as $PARABENCH_DATA_ROOT below
+PY=${1:-${PYTHON:-}}
+case "$PY" in
+    */*) [[ "$PY" = /* ]] || PY="$PWD/$PY" ;;
+esac
 # a relative $PARABENCH_DATA_ROOT is the caller's, and ~ its home, as every parabench
 # command reads it: made whole before the cd to the checkout below
 SRC=${PARABENCH_DATA_ROOT:-}
@@ -25,7 +34,7 @@ case "$SRC" in
 esac
 cd "$(dirname "$0")/.."
 SRC=${SRC:-../shared/data}
-PY=${1:-${PYTHON:-.venv/bin/python}}
+PY=${PY:-.venv/bin/python}
 HVD_VERSION=0.28.1
 # said before MNIST's copy, where it was a "command not found" after it
 if [ ! -f ".whl/horovod-$HVD_VERSION.tar.gz" ] && ! "$PY" -m pip --version >/dev/null 2>&1; then
@@ -46,6 +55,8 @@ if [ "$(cd .data && pwd -P)" = "$(cd "$SRC" && pwd -P)" ]; then
     echo "gpu-carry: .data/mnist is $SRC/mnist itself; left as it is (a carry that copies" \
          "a link as a link takes no MNIST: remove the link .data and run this again)" >&2
 else
+    # a copy an earlier run left read-only (before the chmod below) could not be emptied
+    if [ -d .data/mnist ] && [ ! -L .data/mnist ]; then chmod -R u+w .data/mnist; fi
     rm -rf .data/mnist
     cp -r "$SRC/mnist" .data/mnist
     # a read-only source (a shared data folder) gives read-only folders, which the next

@@ -325,6 +325,8 @@ def test_gpu_carry_copies_a_read_only_data_root_into_folders_it_can_remove(tmp_p
         (["-h"], 0, "scripts/gpu_carry.sh [PYTHON]"),
         (["--python=x"], 2, "gpu-carry: no option '--python=x'"),
         (["/nowhere/python"], 2, "gpu-carry: '/nowhere/python' cannot run pip"),
+        # a second argument was dropped without a word, after the copy
+        ([sys.executable, "--help"], 2, "gpu-carry: one argument, not 2"),
     ],
 )
 def test_gpu_carry_says_what_is_wrong_with_its_argument_before_it_copies(
@@ -347,6 +349,37 @@ def test_gpu_carry_says_what_is_wrong_with_its_argument_before_it_copies(
     assert said in (done.stdout if code == 0 else done.stderr)
     assert done.stderr.count("\n") == (code != 0), done.stderr
     assert not (tree / ".data").exists()
+
+
+def test_gpu_carry_reads_a_relative_python_from_where_it_is_run(tmp_path):
+    """`scripts/gpu_carry.sh ./py` names a Python from the caller's directory, as its
+    relative data root is; the script looked for it in the checkout it moves to first:
+    "cannot run pip"."""
+    tree, _ = _carry_tree(tmp_path)
+    (tree / ".whl" / "horovod-0.28.1.tar.gz").unlink()  # pip fetches it: the Python runs
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    # a stand-in for pip: `-m pip --version`, and `-m pip download ... -d DIR` writing the sdist
+    fake = elsewhere / "py"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        '[ "$3" = download ] || exit 0\n'
+        'while [ "$1" != -d ]; do shift; done\n'
+        'tmp=$(mktemp -d); mkdir "$tmp/horovod-0.28.1"; echo x > "$tmp/horovod-0.28.1/PKG-INFO"\n'
+        'tar -czf "$2/horovod-0.28.1.tar.gz" -C "$tmp" horovod-0.28.1\n'
+    )
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PARABENCH_DATA_ROOT"}
+    done = subprocess.run(
+        ["bash", str(tree / "scripts" / "gpu_carry.sh"), "./py"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tree / ".whl" / "horovod-0.28.1.tar.gz").exists()
 
 
 @pytest.mark.parametrize(
