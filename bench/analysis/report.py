@@ -1478,7 +1478,7 @@ def startup_markdown(counted: pd.DataFrame, runs: pd.DataFrame | None = None) ->
         "Seconds per cell, median over its cells: launch (the launcher, the interpreter and "
         "imports, to the worker's entry on rank 0), rendezvous (joining the process group), "
         "setup (data, model, wrapping), their sum to the first step, and teardown (from the "
-        "last record to the cell's end). `python benchmarks/startup.py` measures each launcher "
+        "last record to the cell's end). `.venv/bin/python benchmarks/startup.py` measures each launcher "
         "bare, for what the harness adds.\n\n"
         + md_table(
             ["launcher", "cells", "launch", "rendezvous", "setup", "to first step", "teardown"],

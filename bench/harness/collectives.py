@@ -438,7 +438,7 @@ def _check_args(cli: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(
-        prog="python -m bench.harness.collectives",
+        prog=".venv/bin/python -m bench.harness.collectives",
         description="time collectives on fresh ranks and fit latency + bus bandwidth",
     )
     cli.add_argument("--world-size", type=int, default=2)
