@@ -1308,3 +1308,9 @@ def test_a_repeat_measured_by_a_resume_is_named_in_the_summary(reference) -> Non
     said = summary(runs)
     assert "Repeats measured by a `--resume`, after the run had stopped" in said, said
     assert f": ddp_spawn ws=2 repeat 1 (round {runs['round'].max()}, {stamp})." in said, said
+    # a cell whose repeats all ran in one resume (stopped before its round 0) is apart from
+    # none of its own: the line said they were apart from "their repeats before the stop"
+    runs = reference.runs.copy()
+    cell = (runs["strategy"] == "ddp_spawn") & (runs["world_size"] == 2)
+    runs.loc[cell, "round"] = runs.loc[cell, "repeat"] + 1 + runs["round"].max()
+    assert "--resume" not in summary(runs)

@@ -813,15 +813,21 @@ def resumed_markdown(counted: pd.DataFrame) -> str:
     """The counted repeats that a --resume measured, after the run had stopped: a run's rounds
     are its repeats, and a resume's come after every round already run (Runner.run), so a
     round past its repeat is one. Their rows read as any other, where they ran minutes or
-    days apart from the cell's repeats before the stop; nothing for a run from before rounds."""
+    days apart from the cell's repeats before the stop; named where the cell has repeats
+    from before it (its rounds past its repeats by other amounts: a cell whose repeats all
+    ran in one resume is apart from none of its own); nothing for a run from before rounds."""
     if counted.empty or "round" not in counted:
         return ""
-    rounds = pd.to_numeric(counted["round"], errors="coerce")
-    later = counted[rounds > pd.to_numeric(counted["repeat"], errors="coerce")]
+    offset = pd.to_numeric(counted["round"], errors="coerce") - pd.to_numeric(
+        counted["repeat"], errors="coerce"
+    )
+    first = offset.groupby([counted[k] for k in KEY]).transform("min")
+    later = counted[offset > first]
     if later.empty:
         return ""
     names = ", ".join(
-        f"{cell_name(r)} ws={r['world_size']} repeat {r['repeat']} (round {_plain(r['round'])}"
+        f"{cell_name(r)} ws={_plain(r['world_size'])} repeat {_plain(r['repeat'])} "
+        f"(round {_plain(r['round'])}"
         f"{'' if pd.isna(r.get('timestamp')) else ', ' + str(r['timestamp'])})"
         for _, r in later.sort_values(["strategy", "world_size", "repeat"]).iterrows()
     )
