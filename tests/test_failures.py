@@ -98,6 +98,44 @@ def test_a_failed_row_says_where_it_ran(tmp_path, data_root, faulty):
     assert launched_on(across) == "a,b"
 
 
+def test_a_slurm_cell_whose_port_was_in_use_names_it(tmp_path, data_root):
+    """Jobs sharing a node whose ids are a multiple of 100 apart take the same ports
+    (slurm.cell_port), and the second's cell failed with EADDRINUSE in its log alone: the
+    row named the port in use for a run across nodes without SLURM only, and worked out its
+    port a second time. The port the cell listened on is kept, and named by launcher."""
+    import dataclasses
+
+    from bench.harness.runner import Cell, RunDir, Runner
+    from strategies.base import Setting
+
+    cfg = small_config(tmp_path, data_root)
+    cell = Cell("ddp_torchrun", 2, 0, Setting())
+    cell_dir = tmp_path / "cells" / cell.dirname
+    cell_dir.mkdir(parents=True)
+    (cell_dir / "log.txt").write_text(
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+        "local network address. port: 29712, useIpv6: false, code: -98, name: EADDRINUSE, "
+        "message: address already in use\n"
+    )
+
+    def reason(runner: Runner) -> str:
+        (row,) = runner._collect(cell, cell_dir, 1, False, 3.0)[0]
+        assert row["status"] == "failed"
+        return row["reason"]
+
+    in_job = dict(launcher="slurm", master_addr="n7", hosts=("n7",), procs_per_node=2)
+    slurm = Runner(dataclasses.replace(cfg, world_sizes=(2,), **in_job), RunDir(tmp_path))
+    assert not reason(slurm).startswith("port")  # the harness chose no port for it
+    slurm.ports[cell.key] = 29712
+    assert reason(slurm).startswith(
+        "port 29712 on n7, where the cell's rendezvous listens, was in use (another job's on "
+        "the same node? jobs whose ids are a multiple of 100 apart take the same ports: give "
+        "one another --rdzv-port); then "
+    )
+    slurm.ports[cell.key] = 29713  # another port in use: not this cell's
+    assert not reason(slurm).startswith("port")
+
+
 def test_a_rank_killed_by_a_signal_is_named_in_its_row(tmp_path, data_root, faulty):
     """A rank the kernel kills leaves no error file: the row names it from its launcher's
     summary (torchrun's used to read `exit code 1: =====...`, its last line)."""

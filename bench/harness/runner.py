@@ -707,6 +707,9 @@ class Runner:
         self.progress: Display | None = None
         #: the cell's place in the run (1-based) and the machine's state as it started
         self.order: dict[tuple, int] = {}
+        #: the port a cell's rendezvous listened on, where the harness chose it (across
+        #: nodes, or by SLURM): its failed row names it when the log says it was in use
+        self.ports: dict[tuple, int] = {}
         self.state: dict[tuple, dict[str, float]] = {}
         #: added to a cell's repeat for its row's round: past the rounds already run (resumed)
         self.round_offset = 0
@@ -848,6 +851,7 @@ class Runner:
                 port = slurm.cell_port(self.cfg.rdzv_port, order)  # apart from other jobs'
                 env |= {"MASTER_ADDR": self.cfg.master_addr, "MASTER_PORT": str(port)}
                 argv = slurm.step_argv(self.cfg, spec_path, step)
+                self.ports[cell.key] = port
             elif self.cfg.nodes > 1 and spec.launcher == "horovodrun":  # -H every node
                 commands = [nodes.horovod_command(self.cfg, spec_path, env)]
                 argv = nodes.launch_argv(commands, cell_dir / "nodes.json")
@@ -855,6 +859,7 @@ class Runner:
                 rdzv_id = f"{self.dir.path.name}-{cell.dirname}"
                 commands = nodes.node_commands(self.cfg, spec_path, rdzv_id, env, port)
                 argv = nodes.launch_argv(commands, cell_dir / "nodes.json")
+                self.ports[cell.key] = port
             else:
                 argv = LAUNCHERS[spec.launcher](spec_path, cell.world_size, self.device)
         except RuntimeError as exc:
@@ -977,17 +982,33 @@ class Runner:
             runs.append(self._status_row(cell, results.TIMEOUT, reason, wall) | where)
         elif rc != 0 or len(records) < self.cfg.epochs:
             status, reason = _failure(cell_dir, rc, oom)
-            port = nodes.cell_port(self.cfg.rdzv_port, self.order.get(cell.key, 0))
-            if self.cfg.nodes > 1 and not self.cfg.launcher and _port_taken(cell_dir, port):
+            port = self.ports.get(cell.key)
+            if port is not None and _port_taken(cell_dir, port):
                 # the cause first: what the row said alone (a node killed, still waiting
                 # after the first host's agent failed) read as a fault of the nodes
-                reason = (
-                    f"port {port} on {self.cfg.hosts[0]}, where the cell's rendezvous listens, "
-                    "was in use (another run's? two at once whose first host is the same need "
-                    f"--rdzv-port values {nodes.PORTS} apart); then {reason}"
-                )
+                reason = f"{self._port_in_use(port)}; then {reason}"
             runs.append(self._status_row(cell, status, reason, wall) | where)
         return runs, steps, ranks
+
+    def _port_in_use(self, port: int) -> str:
+        """What to do about the cell's rendezvous port found in use on its first host."""
+        if self.cfg.launcher == "slurm":  # slurm.cell_port: the job id picks the ports
+            where, why = (
+                self.cfg.master_addr,
+                (
+                    f"another job's on the same node? jobs whose ids are a multiple of "
+                    f"{nodes.PORTS // 2} apart take the same ports: give one another --rdzv-port"
+                ),
+            )
+        else:
+            where, why = (
+                self.cfg.hosts[0],
+                (
+                    "another run's? two at once whose first host is the same need --rdzv-port "
+                    f"values {nodes.PORTS} apart"
+                ),
+            )
+        return f"port {port} on {where}, where the cell's rendezvous listens, was in use ({why})"
 
     def _timeout_reason(self, cell: Cell, cell_dir: Path, quiet: float = math.nan) -> str:
         """Why a cell was killed at its deadline: a hang, as far as the harness can tell, but
