@@ -663,3 +663,37 @@ def test_a_verify_stopped_in_its_conditioning_names_no_rows_it_removed(
         "interrupted: verify has no --resume; for its verdict, run the same verify again\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_conditioning_run_that_failed_keeps_the_logs_its_line_names(tmp_path, data_root):
+    """A BatchNorm model whose conditioning baseline failed said "...; see
+    <out>/.conditioning-<pid>/conditioning", a folder verify removes as it ends: the logs of
+    the run that failed were gone. They are moved out of it, to the folder the line names."""
+    from bench.config import ConfigError
+
+    model = tmp_path / "broken_bn.py"
+    model.write_text(
+        "import torch\n"
+        "from torch import nn\n\n\n"
+        "class Broken(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc, self.bn = nn.Linear(784, 10), nn.BatchNorm1d(10)\n\n"
+        "    def forward(self, x):\n"
+        "        if self.training and torch.is_grad_enabled():\n"
+        "            raise RuntimeError('deliberate failure in training')\n"
+        "        return self.bn(self.fc(x.flatten(1)))\n\n\n"
+        "def build(num_classes=10):\n"
+        "    return Broken()\n"
+    )
+    out = tmp_path / "out"
+    cfg = small_config(out, data_root, strategies=("ddp_spawn",), world_sizes=(2,))
+    cfg = dataclasses.replace(cfg, model=f"{model}:build")
+    with pytest.raises(ConfigError, match="could not measure the model's conditioning") as err:
+        verify(cfg, steps=2, echo=lambda m: None)
+    kept = Path(str(err.value).rsplit("its logs: ", 1)[1])
+    assert kept.parent == out and kept.is_dir()
+    assert "deliberate failure in training" in "".join(
+        p.read_text(errors="replace") for p in kept.rglob("log.txt")
+    )
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []

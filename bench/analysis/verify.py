@@ -36,6 +36,7 @@ import math
 import os
 import shutil
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -1315,9 +1316,12 @@ def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Condi
     )
     bad = [r for r in rows if r["status"] != results.OK]
     if bad:
+        # out of the hidden folder verify removes as it ends, which the line pointed to
+        kept = Path(cfg.out_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-conditioning-{os.getpid()}"
+        shutil.move(str(run_dir), str(kept))
         raise ConfigError(
             f"verify could not measure the model's conditioning: the baseline or a twin "
-            f"ended {bad[0]['status']} ({bad[0].get('reason', '')}); see {run_dir}"
+            f"ended {bad[0]['status']} ({bad[0].get('reason', '')}); its logs: {kept}"
         )
     # the baseline (perturb=0) first, then its twins
     cases = sorted(_losses(RunDir(run_dir)).items(), key=lambda kv: "perturb=0" not in kv[0][2])
