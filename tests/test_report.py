@@ -725,6 +725,21 @@ def test_efficiency_on_a_cpu_says_the_ranks_shared_the_cores_single_had(referenc
     assert report.shared_cores_markdown(counted.assign(device="cuda")) == ""
 
 
+def test_the_summary_says_what_each_columns_brackets_hold(reference) -> None:
+    """The summary said its brackets hold the minimum and maximum over repeats, but the
+    speed-up's hold its 95 % interval (wider: 1.27–1.65 for amp_ddp, whose repeats ran
+    1.35–1.53x single) and the model state's its parts; 95% CI and CV % were not explained."""
+    summary = report.summarise(reference.runs)
+    text = _section(report.report_markdown(reference, summary, []), "Summary")
+    spawn = summary.set_index(["strategy", "world_size"]).loc[("ddp_spawn", 2)]
+    interval = f"{spawn['speedup_ci_low']:.2f}–{spawn['speedup_ci_high']:.2f}"
+    assert f"x ({interval}) |" in text  # the speed-up's brackets are its interval...
+    assert "except under speed-up (its 95 % interval)" in text  # ...and the text says so
+    assert "model state (parameters / gradients / optimizer state)" in text
+    assert "95% CI: the 95 % interval of the mean samples/s over repeats" in text
+    assert "CV %: how much samples/s varies over repeats" in text and "above 5 %" in text
+
+
 def test_the_conditions_say_how_batches_were_fed(reference) -> None:
     # MNIST indexed on the device has no DataLoader: its "0 loader workers" says so beside it
     conditions = report.fairness_markdown(reference, reference.runs)

@@ -1939,7 +1939,14 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
     # the summary table and how to read it; where no cell finished ok, only that
     summarised = (
         [
-            f"Median over repeats (up to {n_ok}); in brackets the minimum and maximum over repeats. "
+            f"Median over repeats (up to {n_ok}); in brackets the minimum and maximum over repeats, "
+            # the speed-up's and the model state's brackets hold other things: said here, a
+            # reader took the speed-up's 95 % interval for its range over repeats
+            "except under speed-up (its 95 % interval) and model state (parameters / gradients "
+            "/ optimizer state). 95% CI: "
+            "the 95 % interval of the mean samples/s over repeats (– with fewer than 3); CV %: "
+            "how much samples/s varies over repeats (its coefficient of variation), marked "
+            f"unstable above {stats.UNSTABLE_CV_PCT:g} %. "
             "Each repeat contributes its last epoch; warm-up steps are not timed (timed epoch: the "
             "wall time of the steps after warm-up, slowest rank). Speed-up is the "
             f"median samples/s over that of `single` at world size 1{base}; efficiency is the "
