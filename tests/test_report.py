@@ -972,6 +972,22 @@ def test_which_to_pick_names_the_lightest_state_and_the_departing_losses(referen
     assert "ddp_spawn" not in loss and "zero1" not in loss
 
 
+def test_which_to_pick_gives_the_range_of_the_lightest_states_it_names_together(
+    reference,
+) -> None:
+    """The transformer reference named fsdp (6.14 MiB) and the pipelines (6.18) together as
+    the lightest, "(6.1 MiB, ...)", beside a summary that shows the pipelines at 6.2."""
+    runs = reference.runs.copy()
+    for name, mib in (("fsdp", 6.14), ("fsdp_zero2", 6.18)):
+        runs.loc[(runs["strategy"] == name) & (runs["world_size"] == 2), "model_state_mib"] = mib
+    state = next(
+        t for t in _pick(dataclasses.replace(reference, runs=runs)).splitlines() if "lightest" in t
+    )
+    assert "fsdp, fsdp_zero2 (6.1–6.2 MiB, against up to 13.7)" in state
+    # where they round alike, one figure, as before
+    assert "fsdp, fsdp_zero2 (6.9 MiB, against up to 13.7)" in _pick(reference)
+
+
 def test_which_to_pick_holds_with_one_cell_one_world_size_and_no_single(reference) -> None:
     runs = reference.runs
     only_single = _pick(dataclasses.replace(reference, runs=runs[runs["strategy"] == "single"]))

@@ -1045,10 +1045,14 @@ def _state_line(ws: int, rows: pd.DataFrame) -> str:
         return ""
     most, least = mib.max(), mib.min()
     light = state[mib <= 1.01 * least]
+    # cells within 1 % of the least are named together; where they round apart (6.1 and
+    # 6.2), the figure is their range, as the summary shows each, not the least alone
+    top = _num(light["model_state_mib_median"].max(), 1)
+    held = _num(least, 1) if top == _num(least, 1) else f"{_num(least, 1)}–{top}"
     line = (
         f"world size {ws}, lightest model state on the heaviest rank: "
         f"{', '.join(cell_name(r) for _, r in light.iterrows())} "
-        f"({_num(least, 1)} MiB, against up to {_num(most, 1)})"
+        f"({held} MiB, against up to {_num(most, 1)})"
     )
     lop = state[(mib >= 0.99 * most) & (state["model_state_mib_lightest_median"] < 0.99 * most)]
     if len(lop):
