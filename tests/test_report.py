@@ -725,6 +725,23 @@ def test_efficiency_on_a_cpu_says_the_ranks_shared_the_cores_single_had(referenc
     assert report.shared_cores_markdown(counted.assign(device="cuda")) == ""
 
 
+def test_a_row_whose_collectives_the_profiler_cannot_see_says_why_its_total_is_empty(
+    reference,
+) -> None:
+    """Horovod's collectives run on its own thread, out of torch.profiler's sight: its row
+    read `ablation+profiler` beside a comm total of –, as if the profiler had run and found
+    nothing, and nowhere said why (Horovod.comm_unseen was written but never shown)."""
+    where = report.breakdown_markdown(report.counted_rows(reference.runs))
+    rows = {tuple(line.split(" | ")[:2]): line for line in where.splitlines()}
+    horovod = rows[("| horovod", "2")]
+    assert horovod.split(" | ")[8] == "–"  # comm total
+    assert "ablation+profiler; no comm total (nor hidden): Horovod runs its collectives" in (
+        horovod
+    )
+    assert "no comm total" not in rows[("| ddp_spawn", "2")]  # gloo's are seen
+    assert "no comm total" not in rows[("| horovod", "1")]  # one rank: no profiler ran
+
+
 def test_the_summary_says_what_each_columns_brackets_hold(reference) -> None:
     """The summary said its brackets hold the minimum and maximum over repeats, but the
     speed-up's hold its 95 % interval (wider: 1.27–1.65 for amp_ddp, whose repeats ran

@@ -1650,6 +1650,17 @@ def ablation_keeps(grp: pd.DataFrame) -> str:
     return " and ".join(k for k in keeps if k)
 
 
+def comm_unseen(grp: pd.DataFrame) -> str:
+    """Why the profiler saw none of the case's collectives (Strategy.comm_unseen), read from
+    its strategy's class: Horovod's row read `ablation+profiler` beside a comm total of –,
+    with nothing to say the profiler cannot see them."""
+    import strategies
+
+    name = grp["strategy_name"].iloc[0] if "strategy_name" in grp else grp["strategy"].iloc[0]
+    spec = strategies.registry().get(str(name))
+    return getattr(spec.cls, "comm_unseen", "") if spec is not None else ""
+
+
 def breakdown_markdown(counted: pd.DataFrame) -> str:
     """Where the time goes, per cell (medians over its repeats): the stacked parts of a mean
     step, communication in all and hidden, rank skew, MFU and the trace; "" for a run from
@@ -1670,6 +1681,9 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         keeps = ablation_keeps(grp)
         if keeps and results.no_hidden_part(keeps) not in method:  # a row measured before
             method += "; " + results.no_hidden_part(keeps)
+        unseen = comm_unseen(grp) if "profiler" in method.split(";")[0].split("+") else ""
+        if unseen:  # its total is – for that reason, not for want of a measurement
+            method += f"; no comm total (nor hidden): {unseen}"
         trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
         # a pipeline's schedule runs forward and backward in one call, lapped as backward:
         # its forward is not 0 but not measured apart
