@@ -290,7 +290,8 @@ def test_a_file_model_from_another_checkout_is_the_same_work(
 ) -> None:
     """README's own model example run from two checkouts: the file's absolute path is
     recorded, so compare refused the two as other work. Same file name and factory: judged,
-    the folders named; another file name, or another factory, is still other work."""
+    the folders named; another file name, another factory, or a model.json that records other
+    parameters is still other work."""
 
     def model(spec):
         def edit(runs):
@@ -317,6 +318,18 @@ def test_a_file_model_from_another_checkout_is_the_same_work(
         assert (
             f"model /a/parabench/examples/own_model.py:build -> {other}" in capsys.readouterr().err
         )
+    # the same file name and factory, but the runs' model.json record other parameters
+    import json
+
+    _edit(run_b, model("/b/parabench/examples/own_model.py:build"))
+    for run, params in ((run_a, 4000), (run_b, 8000)):
+        shape = {"param_bytes": params, "tensors": 4}
+        (run / "model.json").write_text(json.dumps({"shape": shape}))
+    assert main(["compare", str(run_a), str(run_b)]) == 2
+    err = capsys.readouterr().err
+    assert "another model: 4000 bytes of parameters in 4 tensors -> 8000 bytes" in err, err
+    (run_b / "model.json").write_text((run_a / "model.json").read_text())  # the same: judged
+    assert main(["compare", "--no-stats", str(run_a), str(run_b)]) == 1
 
 
 def test_other_machines_are_named_and_still_judged(run_a: Path, tmp_path: Path, capsys) -> None:
