@@ -923,6 +923,23 @@ def test_a_cell_without_an_interval_is_not_ranked_outside_noise(reference) -> No
     assert pick.endswith("; slowest model_split, 0.50x single")
 
 
+def test_which_to_pick_says_a_cell_it_names_is_unstable() -> None:
+    """ddp_spawn, the fastest at world size 1 of the committed MNIST reference, varies 9.8 %
+    over its repeats, which the summary marks unstable: named as the leader without a word of
+    it, it read as a steady one."""
+    ref = REFERENCE.parent / "cpu-2core-mnist-20261126"
+    if not (ref / "runs.csv").exists():
+        pytest.skip(f"{ref} is not in this checkout")
+    lines = _lines(report.load_run(ref))
+    assert (
+        "fastest ddp_spawn, 1.00x single (0.77–1.19), unstable (samples/s CV 9.8 % over "
+        in (lines["- world size 1, with single's numerics (`exact`)"])
+    )
+    steady = lines["- world size 2, with single's numerics (`exact`)"]
+    assert "slowest model_split, 0.48x single (0.44–0.53)" in steady
+    assert "model_split, 0.48x single (0.44–0.53), unstable" not in steady
+
+
 def test_which_to_pick_ranks_singles_numerics_apart_from_the_fastest_of_all(reference) -> None:
     """A cell with compressed gradients (fp16) made fastest of all is named as such, with its
     recipe and its accuracy beside single's, while the fastest with single's exact fp32

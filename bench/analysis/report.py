@@ -936,11 +936,17 @@ def cell_numerics(counted: pd.DataFrame) -> dict[tuple[str, int], str]:
 
 
 def _pace(r: Mapping[str, Any]) -> str:
-    """A cell's speed-up over single with its interval, or its samples/s where it has none."""
+    """A cell's speed-up over single with its interval, or its samples/s where it has none;
+    and whether the summary marks it unstable (a leader named without it read as steady)."""
+    shaky = (
+        f", unstable (samples/s CV {_num(r['samples_per_s_cv_pct'], 1)} % over repeats)"
+        if r.get("unstable") == 1
+        else ""
+    )
     if r["speedup_vs_single"] != r["speedup_vs_single"]:
-        return f"{_num(r['samples_per_s_median'], 1)} samples/s"
+        return f"{_num(r['samples_per_s_median'], 1)} samples/s{shaky}"
     ci = _interval(r, "speedup", 2)
-    return f"{_num(r['speedup_vs_single'], 2)}x single" + ("" if ci == "–" else f" ({ci})")
+    return f"{_num(r['speedup_vs_single'], 2)}x single" + ("" if ci == "–" else f" ({ci})") + shaky
 
 
 def _beside(r: Mapping[str, Any], base: Mapping[str, Any] | None, metric: str, what: str) -> str:
