@@ -503,6 +503,24 @@ def test_the_work_includes_the_model_and_data_arguments(run_a: Path, tmp_path: P
     assert [(what, b) for what, _, b in cmp.unlike] == [("model arguments", "width=2")]
 
 
+def test_python_source_at_another_sequence_length_is_other_work_whatever_the_model() -> None:
+    """python-source's samples are --seq-len bytes for a user's token model as for the lm: a
+    sample at 128 tokens is not one at 64."""
+
+    def run(seq_len: int) -> report.Run:
+        rows = pd.DataFrame(
+            {"status": ["ok"], "dataset": ["python-source"], "model": ["/x/my_lm.py:build"]}
+        )
+        empty = pd.DataFrame()
+        cfg = {"seq_len": seq_len, "image_size": 224}
+        return report.Run(path=Path("r"), runs=rows, steps=empty, ranks=empty, config=cfg)
+
+    differ = compare.conditions(run(64), run(128))
+    assert differ["work"] == [("sequence length", "64", "128")]
+    with pytest.raises(ConfigError, match=r"same work \(sequence length 64 -> 128\)"):
+        compare.compare(run(64), run(128), use_stats=False)
+
+
 def test_a_limit_on_the_training_samples_is_a_condition_named(run_a: Path, tmp_path: Path) -> None:
     """--limit changes the steps an epoch has, not what a step is: named, still judged."""
     import json

@@ -260,7 +260,9 @@ def conditions(a: report.Run, b: report.Run) -> dict[str, list[tuple[str, str, s
     out: dict[str, list[tuple[str, str, str]]] = {}
     both = {_values(r, c, r.config) for r in (a, b) for c in ("dataset", "model")}
     ignored = set()
-    if "lm" not in both:
+    # python-source cuts its text into --seq-len bytes whatever the model (a user's token
+    # model too); the lm takes --seq-len on synthetic data as well
+    if not both & {"lm", "python-source"}:
         ignored.add("seq_len")  # a built-in image model's runs: --seq-len is not read
     if "mnist" in both or both & {"lm", "mnist_cnn"}:
         ignored.add("image_size")  # MNIST's images are 28 px whatever it says
