@@ -399,7 +399,7 @@ def test_a_run_with_no_rows_yet_states_its_conditions_from_its_config(small_run,
     (run_dir / "runs.csv").write_text(header + "\n")
     text = report.render(run_dir).read_text()
     cfg = json.loads((small_run / "config.json").read_text())
-    assert f"- model: mnist_cnn; device: {cfg['device']}" in text
+    assert f"- model: mnist_cnn with dropout=0.0; device: {cfg['device']}" in text
     assert (
         f"global batch (the same for every strategy at a world size): {cfg['global_batch']}" in text
     )

@@ -404,6 +404,25 @@ def test_a_token_models_report_says_a_sample_is_a_sequence() -> None:
     assert report.token_note(old) == ""
 
 
+def test_the_conditions_name_the_model_and_data_arguments() -> None:
+    """`lm` is any of four sizes: the report says which was given (config.json's
+    --model-arg), or a tiny and a base run read the same."""
+    rows = [_row("single", 1, tokens_per_s=6400.0)]
+    runs = _runs(rows).assign(model="lm", dataset="python-source")
+    run = report.Run(
+        path=Path("hand"),
+        runs=runs,
+        steps=pd.DataFrame(),
+        ranks=pd.DataFrame(),
+        config={"model_kwargs": {"size": "tiny", "depth": 3}, "dataset_kwargs": {}},
+    )
+    lines = report.fairness_markdown(run, report.counted_rows(runs)).splitlines()
+    assert lines[1].startswith("- model: lm with depth=3, size=tiny; device: ")
+    assert lines[0].startswith("- data set: python-source (")
+    bare = report.fairness_markdown(_hand_run(runs), report.counted_rows(runs))
+    assert "- model: lm; device: " in bare  # none given: nothing added
+
+
 def test_throughput_plot_leaves_out_oversubscribed_cells() -> None:
     table = report.summarise(_mixed())
     ax = plots.throughput(table).axes[0]

@@ -1350,9 +1350,18 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
             return got
         return _plain(cfg[col])
 
+    def args(key: str) -> str:
+        """--model-arg / --dataset-arg as given (config.json): what the name alone does not
+        say, as the lm's size (tiny and base are both `lm`)."""
+        given = cfg.get(key) or {}
+        if not isinstance(given, dict) or not given:
+            return ""
+        return " with " + ", ".join(f"{k}={v}" for k, v in sorted(given.items()))
+
     lines = [
-        f"- data set: {said('dataset') or '–'} ({_distinct(counted, 'data') or 'no description'})",
-        f"- model: {said('model')}; device: {said('device')}",
+        f"- data set: {said('dataset') or '–'}{args('dataset_kwargs')} "
+        f"({_distinct(counted, 'data') or 'no description'})",
+        f"- model: {said('model')}{args('model_kwargs')}; device: {said('device')}",
         f"- global batch (the same for every strategy at a world size): {said('global_batch')}",
         f"- warm-up steps excluded from timing, per epoch: {said('warmup_steps')}",
         f"- seed: {said('seed')}; learning rate: {said('lr')}; "
