@@ -125,6 +125,15 @@ def test_synthetic_matches_the_model_input():
     assert b.train[3][0].shape == (3, 32, 32) and len(b.train) == 16
 
 
+def test_python_source_says_how_much_text_it_read_in_kib_below_a_mib():
+    """A --limit of a few hundred sequences reads some KiB of source: "0.0 MiB" said none."""
+    small = data.load(RunConfig(dataset="python-source", seq_len=32, limit=64, eval_samples=8))
+    read = int(small.description.split(" standard library (")[1].split(" KiB,")[0])
+    assert 64 * 33 <= read * 1024 and "0.0 MiB" not in small.description
+    default = data.load(RunConfig(dataset="python-source", seq_len=32, eval_samples=8))
+    assert "MiB, bytes as tokens" in default.description  # about 2 MiB read
+
+
 def test_a_model_that_computes_its_shape_with_tensors_is_built_on_the_meta_device():
     """RegNet reads its block widths back from tensors, which a meta tensor cannot give: it
     is built with that arithmetic on the CPU and its weights on the meta device, so the

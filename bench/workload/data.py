@@ -742,9 +742,11 @@ def _python_source(cfg: RunConfig) -> DataBundle:
     train = _limit(train, cfg.limit, f"python-source (sequences of {t})")
     spec = InputSpec((t,), torch.long, models.BYTE_VOCAB)
     ver = ".".join(map(str, sys.version_info[:2]))
+    # a --limit of a few hundred sequences reads tens of KiB: "0.0 MiB" would say none
+    read = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
     desc = (
         f"python-source: {used} files of the Python {ver} standard library "
-        f"({size / 2**20:.1f} MiB, bytes as tokens), sequences of {t}: "
+        f"({read}, bytes as tokens), sequences of {t}: "
         f"train {len(train)} / held-out {held_n}"
     )
     return DataBundle(train, held, models.BYTE_VOCAB, desc, spec)
