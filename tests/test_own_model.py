@@ -892,6 +892,12 @@ def test_a_config_error_names_the_bad_model_arg_for_the_language_model():
         models.check_model_args(RunConfig(dataset="python-source", model_kwargs={"size": "huge"}))
 
 
+def test_a_value_the_language_model_refuses_is_not_called_an_argument_it_does_not_take():
+    cfg = RunConfig(dataset="python-source", model_kwargs={"size": "tiny", "dropout": 2})
+    with pytest.raises(ConfigError, match="dropout=2: lm refuses a value given \\(dropout prob"):
+        models.check_model_args(cfg)
+
+
 def test_the_share_baseline_normalises_each_share_apart_and_keeps_rank_0s_statistics():
     from torch import nn
 

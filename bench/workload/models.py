@@ -543,7 +543,9 @@ def check_model_args(cfg: RunConfig) -> None:
         raise
     except (TypeError, ValueError) as exc:
         given = ", ".join(f"{k}={v!r}" for k, v in cfg.model_kwargs.items())
-        raise ConfigError(f"--model-arg {given}: {cfg.model} does not take it ({exc})") from None
+        # a ValueError is a value the constructor refuses (lm's dropout=2), not a name
+        said = "does not take it" if isinstance(exc, TypeError) else "refuses a value given"
+        raise ConfigError(f"--model-arg {given}: {cfg.model} {said} ({exc})") from None
 
 
 def check_forward(cfg: RunConfig, spec: InputSpec, num_classes: int) -> None:
