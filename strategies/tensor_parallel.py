@@ -188,6 +188,14 @@ class FSDPTensorParallel(TensorParallelMixin, FSDP2):
         )
     }
     accepts = {"tp": int, "reshard_after_forward": bool}
+    # SyncBatchNorm converts over the default group: every rank, each tensor-parallel peer's
+    # copy of its share counted again (its running variance's count doubled, its traffic
+    # over all ranks, not the data-parallel groups alone)
+    no_sync_bn = (
+        "SyncBatchNorm would synchronise over every rank, and tensor-parallel ranks share "
+        "one batch (each share counted tp times); syncing over the data-parallel groups "
+        "alone is not wired"
+    )
     #: FSDP's ablation stops the gradients' reduce-scatter only: the all-gathers and the
     #: tensor-parallel all-reduces of every block run in both halves
     ablation_keeps = "FSDP's parameter all-gathers and tensor parallelism's all-reduces"

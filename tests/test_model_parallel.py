@@ -521,3 +521,13 @@ def test_fsdp_tp_at_tp_1_says_tp_is_what_is_wrong(world_size) -> None:
 
     why = strategies.get("fsdp_tp").cls.unsuitable(None, world_size, {"tp": "1"})
     assert why == "tp=1 splits nothing (that is `fsdp`): fsdp_tp takes tp=2 or more"
+
+
+@pytest.mark.parametrize("name", ["tp", "fsdp_tp", "pipeline_gpipe", "model_split"])
+def test_sync_bn_is_refused_where_ranks_share_one_batch(name) -> None:
+    """SyncBatchNorm over the default group would count each tensor-parallel peer's copy
+    of its share again (fsdp_tp's data-parallel groups have ranks to sync, but not all)."""
+    cls = strategies.get(name).cls
+    why = cls.unsupported(Setting(sync_bn=True), "cuda")
+    assert why and "share one batch" in why
+    assert cls.unsupported(Setting(), "cuda") is None
