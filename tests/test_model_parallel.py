@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -531,3 +532,34 @@ def test_sync_bn_is_refused_where_ranks_share_one_batch(name) -> None:
     why = cls.unsupported(Setting(sync_bn=True), "cuda")
     assert why and "share one batch" in why
     assert cls.unsupported(Setting(), "cuda") is None
+
+
+@pytest.mark.slow
+def test_model_split_of_a_batchnorm_cnn_is_checked_on_its_ranks_threads(tmp_path, data_root):
+    """A model_split cell normalises the whole batch at once, as the run's single does, but
+    each rank computes with fewer threads: a convolution's gradient on a CPU depends on how
+    many reduce it (the worked example: 1.5e-4 of an update apart after 6 steps, past the
+    exact tolerance; 0 on the same threads). verify runs the plain baseline apart on them."""
+    if not SPLIT_RUNS:
+        pytest.skip(NO_SPLIT)
+    if cpu_cores() < 2:
+        pytest.skip("one core: single and the ranks both compute on one thread")
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        model=f"{examples}/own_model.py:build",
+        dataset=f"{examples}/own_data.py:shapes",
+        strategies=("model_split",),
+        world_sizes=(1, 2),
+    )
+    lines: list[str] = []
+    run_dir, parity = verify(cfg, steps=6, echo=lines.append)
+    p = next(p for p in parity if (p.strategy, p.world_size) == ("model_split", 2))
+    assert p.status == "pass", p
+    assert p.param_rel <= RECIPES["exact"].param_rel
+    cell = next(r for r in RunDir(run_dir).runs.read() if r["strategy"] == "model_split")
+    n = cell["threads_per_rank"]
+    assert f"baseline: single at world size 1, fp32, with {n} thread(s) as its cells had" in lines
+    (row,) = RunDir(run_dir / "baselines" / "shares1-acc1").runs.read()
+    assert row["threads_per_rank"] == n
