@@ -1185,13 +1185,17 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
     the same harness, under run_dir/baselines/; the plain baseline there too where the
     run's own cells could not hold it (across nodes, or no cell at world size 1); and the
     precision references (the same in bf16/fp16) the run's own cells do not hold."""
+    threads = _layout_threads(run_dir)
     # apart where the run could not hold it; a single that failed in the run is not re-run
     if _apart(_single_row(RunDir(run_dir))):
         echo("baseline: single at world size 1, fp32, on this machine")
-        one = baseline_config(cfg, baselines_dir(run_dir), _layout_id((1, 1)), options={})
+        # on the threads of the cells that normalise the whole batch at once (_plain_threads)
+        n = threads.get((1, 1), 0) if batch_norms(cfg) else 0
+        one = baseline_config(
+            cfg, baselines_dir(run_dir), _layout_id((1, 1)), options={}, threads_per_rank=n
+        )
         run_matrix(one, echo=echo, again=again(cfg))
     runs = [(layout, "fp32") for layout in share_layouts(run_dir)]
-    threads = _layout_threads(run_dir)
     if _plain_threads(run_dir, threads):
         # model_split on the worked example at 2 ranks (a thread each) was 1.5e-4 of an
         # update from the run's single at 2 threads, past the exact tolerance; 0 at 1
