@@ -1352,3 +1352,12 @@ def test_a_row_whose_ablation_was_skipped_says_nothing_it_left_on() -> None:
     # predict reads the same: its basis said the skipped ablation left them running
     for name in ("zero1", "fsdp"):
         assert report.ablation_keeps(counted[counted["strategy"] == name]) == ""
+    # nor a one-process row, whose method is empty: no ablation ran there either
+    one = next(
+        ln
+        for ln in report.breakdown_markdown(
+            report.counted_rows(report.load_run(ref).runs)
+        ).splitlines()
+        if ln.startswith("| fsdp | 1 |")
+    )
+    assert [c.strip() for c in one.strip("|").split("|")][13] == "–", one

@@ -1648,13 +1648,13 @@ def ablation_keeps(grp: pd.DataFrame) -> str:
     strategy's class and its --sync-bn: a run measured before its rows said so (the
     committed references) holds total less exposed as hidden for ZeRO-1's broadcast, FSDP's
     all-gathers and SyncBatchNorm's collectives. "" where no row says its ablation ran ("no
-    ablation (loss scaling ...)", or one process's): it left nothing on."""
+    ablation (loss scaling ...)", or a one-process row's empty method): it left nothing on."""
     import strategies
     from strategies.base import NO_BN_TO_SYNC, SYNC_BN_KEPT
 
     methods = [v for v in grp.get("comm_method", []) if isinstance(v, str) and v]
-    if methods and not any("ablation" in m.split(";")[0].split("+") for m in methods):
-        return ""
+    if not any("ablation" in m.split(";")[0].split("+") for m in methods):
+        return ""  # none ran: one process's row, or loss scaling's "no ablation (...)"
     name = grp["strategy_name"].iloc[0] if "strategy_name" in grp else grp["strategy"].iloc[0]
     spec = strategies.registry().get(str(name))
     keeps = [getattr(spec.cls, "ablation_keeps", "") if spec is not None else ""]
