@@ -768,10 +768,10 @@ def compare(run_dir: Path) -> list[Parity]:
     # a cell on the run's single's threads is held to it, where the plain baseline also ran
     # apart on model_split's fewer: ddp_spawn at world size 1 (2 threads) read 1.5e-4 of an
     # update from that one (1 thread) on the worked example, and FAILed
-    mine = (_single_row(rd) or {}).get("threads_per_rank") or ""
+    single_threads = (_single_row(rd) or {}).get("threads_per_rank") or ""
 
     out = []
-    if baseline((1, 1)) is None:
+    if baseline((1, 1)) is None and baseline((1, 1), own=True) is None:
         # the cells ran, and nothing can be compared: a row of its own says how it ended and
         # why (its row run apart, or the run's own), and fails verify; each cell on its
         # layout is not comparable, saying so
@@ -815,7 +815,11 @@ def compare(run_dir: Path) -> list[Parity]:
             continue
         layout = batch_norm_layout(r, norms)
         why = batch_norm_reason(r, norms)
-        own = bool(mine) and layout == (1, 1) and r.get("threads_per_rank") == mine
+        own = (
+            bool(single_threads)
+            and layout == (1, 1)
+            and r.get("threads_per_rank") == single_threads
+        )
         base = None if why else baseline(layout, own=own)
         if base is None:
             why = why or f"its baseline ({baseline_label(layout)}) did not run"
