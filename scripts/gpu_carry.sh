@@ -11,14 +11,14 @@
 #   scripts/gpu_carry.sh [PYTHON]        then name .data and .whl in the carry list
 set -euo pipefail
 # the one argument is a Python: an option here (--help) was run as one, after MNIST's copy
-case "${1:-}" in
-    -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
-    -*) echo "usage: $0 [PYTHON]   (gpu-carry: no option '$1')" >&2; exit 2 ;;
-esac
 if [ $# -gt 1 ]; then
     echo "usage: $0 [PYTHON]   (gpu-carry: one argument, not $#)" >&2
     exit 2
 fi
+case "${1:-}" in
+    -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -*) echo "usage: $0 [PYTHON]   (gpu-carry: no option '$1')" >&2; exit 2 ;;
+esac
 # a Python given by a relative path is the caller's, as $PARABENCH_DATA_ROOT below
 PY=${1:-${PYTHON:-}}
 case "$PY" in

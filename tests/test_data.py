@@ -128,7 +128,7 @@ def test_synthetic_matches_the_model_input():
 def test_python_source_says_how_much_text_it_read_in_kib_below_a_mib():
     """A --limit of a few hundred sequences reads some KiB of source: "0.0 MiB" said none."""
     small = data.load(RunConfig(dataset="python-source", seq_len=32, limit=64, eval_samples=8))
-    read = int(small.description.split(" standard library (")[1].split(" KiB,")[0])
+    read = float(small.description.split(" standard library (")[1].split(" KiB,")[0])
     assert 64 * 33 <= read * 1024 and "0.0 MiB" not in small.description
     default = data.load(RunConfig(dataset="python-source", seq_len=32, eval_samples=8))
     assert "MiB, bytes as tokens" in default.description  # about 2 MiB read

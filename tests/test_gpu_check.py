@@ -327,6 +327,7 @@ def test_gpu_carry_copies_a_read_only_data_root_into_folders_it_can_remove(tmp_p
         (["/nowhere/python"], 2, "gpu-carry: '/nowhere/python' cannot run pip"),
         # a second argument was dropped without a word, after the copy
         ([sys.executable, "--help"], 2, "gpu-carry: one argument, not 2"),
+        (["-h", "extra"], 2, "gpu-carry: one argument, not 2"),
     ],
 )
 def test_gpu_carry_says_what_is_wrong_with_its_argument_before_it_copies(

@@ -1355,7 +1355,10 @@ def conditioning(cfg: RunConfig, steps: int, out_dir: Path, echo=print) -> Condi
     if bad:
         # out of the hidden folder verify removes as it ends, which the line pointed to
         kept = Path(cfg.out_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-conditioning-{os.getpid()}"
-        shutil.move(str(run_dir), str(kept))
+        try:
+            shutil.move(str(run_dir), str(kept))
+        except OSError as exc:  # the line still says why the run failed, and where it went
+            kept = Path(f"{run_dir} (removed as verify ends: it could not be kept, {exc})")
         raise ConfigError(
             f"verify could not measure the model's conditioning: the baseline or a twin "
             f"ended {bad[0]['status']} ({bad[0].get('reason', '')}); its logs: {kept}"

@@ -1029,7 +1029,8 @@ class Runner:
                 "for it, or a hang"
             )
         # no step ended on rank 0: horovodrun alone takes 7-12 s to start its ranks here
-        elif not state:
+        # (across nodes rank 0 may write its progress on another host: nothing seen here)
+        elif not state and self.cfg.nodes == 1:
             why = (
                 "hang? rank 0 had ended no step: still starting (the launcher, the ranks' "
                 "rendezvous, the data, the first step) for the --timeout, or hung there"

@@ -743,7 +743,7 @@ def _python_source(cfg: RunConfig) -> DataBundle:
     spec = InputSpec((t,), torch.long, models.BYTE_VOCAB)
     ver = ".".join(map(str, sys.version_info[:2]))
     # a --limit of a few hundred sequences reads tens of KiB: "0.0 MiB" would say none
-    read = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
+    read = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
     desc = (
         f"python-source: {used} files of the Python {ver} standard library "
         f"({read}, bytes as tokens), sequences of {t}: "

@@ -230,7 +230,7 @@ class TokenHead(nn.Module):
 #: 128 positions, counted by `parabench list`
 LM_SIZES = {
     "tiny": (128, 2, 4),  # 0.5 M: tests
-    "small": (384, 6, 6),  # 10.8 M
+    "small": (384, 6, 6),  # 10.9 M
     "base": (768, 12, 12),  # 85 M (GPT-2 small's blocks)
     "medium": (1024, 24, 16),  # 303 M (GPT-2 medium's blocks)
 }
