@@ -291,7 +291,7 @@ def test_a_file_model_from_another_checkout_is_the_same_work(
     """README's own model example run from two checkouts: the file's absolute path is
     recorded, so compare refused the two as other work. Same file name and factory: judged,
     the folders named; another file name, another factory, or a model.json that records other
-    parameters is still other work."""
+    parameters (the file edited, at the same path too) is still other work."""
 
     def model(spec):
         def edit(runs):
@@ -327,9 +327,15 @@ def test_a_file_model_from_another_checkout_is_the_same_work(
         (run / "model.json").write_text(json.dumps({"shape": shape}))
     assert main(["compare", str(run_a), str(run_b)]) == 2
     err = capsys.readouterr().err
-    assert "another model: 4000 bytes of parameters in 4 tensors -> 8000 bytes" in err, err
+    said = "model's parameters (its model.json) 4000 bytes in 4 tensors -> 8000 bytes in 4"
+    assert said in err, err
     (run_b / "model.json").write_text((run_a / "model.json").read_text())  # the same: judged
     assert main(["compare", "--no-stats", str(run_a), str(run_b)]) == 1
+    # the same path, the file edited between the runs: another model too
+    _edit(run_b, model("/a/parabench/examples/own_model.py:build"))
+    (run_b / "model.json").write_text(json.dumps({"shape": {"param_bytes": 8000, "tensors": 4}}))
+    assert main(["compare", str(run_a), str(run_b)]) == 2
+    assert said in capsys.readouterr().err
 
 
 def test_other_machines_are_named_and_still_judged(run_a: Path, tmp_path: Path, capsys) -> None:

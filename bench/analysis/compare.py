@@ -276,33 +276,32 @@ def conditions(a: report.Run, b: report.Run) -> dict[str, list[tuple[str, str, s
             if va and vb and va != vb:
                 found.append((what, va, vb))
         out[kind] = found
-    out["how"] += _moved_files(out["work"], _model_shape(a), _model_shape(b))
+    out["how"] += _moved_files(out["work"])
+    # a model file edited between the runs (the same path), or one of the same name in
+    # another folder: what its parameters were, where both runs' model.json say
+    shape_a, shape_b = _model_shape(a), _model_shape(b)
+    said = {what for what, _, _ in out["work"]}
+    if shape_a and shape_b and shape_a != shape_b and not said & {"model", "model arguments"}:
+        out["work"].append(("model's parameters (its model.json)", shape_a, shape_b))
     return out
 
 
-def _moved_files(
-    work: list[tuple[str, str, str]], shape_a: str, shape_b: str
-) -> list[tuple[str, str, str]]:
+def _moved_files(work: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
     """A `file.py:factory` model or data set is recorded by its absolute path (ranks may
     start elsewhere), so the same example run from two checkouts, or on two machines, read
     as other work. One of the same file name and factory in another folder is taken as the
-    same work, and moved from `work` to how it was measured, named there; a model whose
-    parameters the runs' model.json record otherwise (`shape_a`, `shape_b`: "" unknown) is
-    another model, kept in `work` with them."""
+    same work, and moved from `work` to how it was measured, named there (the model's
+    parameters are compared apart: `conditions`)."""
     kept, moved = [], []
     for what, va, vb in work:
         if (
-            what not in ("model", "data set")
-            or _by_name(va) is None
-            or _by_name(va) != _by_name(vb)
+            what in ("model", "data set")
+            and _by_name(va) is not None
+            and _by_name(va) == _by_name(vb)
         ):
-            kept.append((what, va, vb))
-        elif what == "model" and shape_a and shape_b and shape_a != shape_b:
-            kept.append(
-                (f"model (the same file name, another model: {shape_a} -> {shape_b})", va, vb)
-            )
-        else:
             moved.append((f"{what} file's folder", va, vb))
+        else:
+            kept.append((what, va, vb))
     work[:] = kept
     return moved
 
@@ -312,7 +311,7 @@ def _model_shape(run: report.Run) -> str:
     shape = report._read_json(run.path / "model.json").get("shape") or {}
     if not isinstance(shape, dict) or "param_bytes" not in shape:
         return ""
-    return f"{shape['param_bytes']} bytes of parameters in {shape.get('tensors', '?')} tensors"
+    return f"{shape['param_bytes']} bytes in {shape.get('tensors', '?')} tensors"
 
 
 def _by_name(spec: str) -> str | None:
