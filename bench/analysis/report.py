@@ -2111,10 +2111,11 @@ def render(run_dir: str | Path) -> Path:
     summary = summarise(run.runs)
     out = run.path / "report.md"
     try:
-        # each file written whole, and all put in place together once the last one is (the
-        # report last, after the plots it names): a stop part-way (Ctrl-C, SIGTERM) left a
-        # plot cut short, or the earlier render's report.md beside this one's summary.csv
-        # and some of its plots, each read as whole
+        # each file written whole, and put in place only once the last one is written, one
+        # after another (each synced first: a stop within those moments can still leave
+        # some), the report last, after the plots it names: a stop part-way (Ctrl-C,
+        # SIGTERM) left a plot cut short, or the earlier render's report.md beside this
+        # one's summary.csv and some of its plots, each read as whole
         with contextlib.ExitStack() as files:
 
             def whole(name: str, **how: Any) -> Any:
