@@ -1649,15 +1649,12 @@ def ablation_keeps(grp: pd.DataFrame) -> str:
     committed references) holds total less exposed as hidden for ZeRO-1's broadcast, FSDP's
     all-gathers and SyncBatchNorm's collectives. "" where no row says its ablation ran ("no
     ablation (loss scaling ...)", or a one-process row's empty method): it left nothing on."""
-    import strategies
     from strategies.base import NO_BN_TO_SYNC, SYNC_BN_KEPT
 
     methods = [v for v in grp.get("comm_method", []) if isinstance(v, str) and v]
-    if not any("ablation" in m.split(";")[0].split("+") for m in methods):
+    if not any(_measured_by(m, "ablation") for m in methods):
         return ""  # none ran: one process's row, or loss scaling's "no ablation (...)"
-    name = grp["strategy_name"].iloc[0] if "strategy_name" in grp else grp["strategy"].iloc[0]
-    spec = strategies.registry().get(str(name))
-    keeps = [getattr(spec.cls, "ablation_keeps", "") if spec is not None else ""]
+    keeps = [_class_says(grp, "ablation_keeps")]
     sync_bn = pd.to_numeric(grp.get("sync_bn", pd.Series(dtype=float)), errors="coerce")
     notes = " ".join(str(v) for v in grp.get("notes", ()))
     if sync_bn.eq(1).any() and NO_BN_TO_SYNC not in notes:
@@ -1669,11 +1666,21 @@ def comm_unseen(grp: pd.DataFrame) -> str:
     """Why the profiler saw none of the case's collectives (Strategy.comm_unseen), read from
     its strategy's class: Horovod's row read `ablation+profiler` beside a comm total of –,
     with nothing to say the profiler cannot see them."""
+    return _class_says(grp, "comm_unseen")
+
+
+def _class_says(grp: pd.DataFrame, attr: str) -> str:
+    """A class attribute of the case's strategy (its words); "" where it is not registered."""
     import strategies
 
     name = grp["strategy_name"].iloc[0] if "strategy_name" in grp else grp["strategy"].iloc[0]
     spec = strategies.registry().get(str(name))
-    return getattr(spec.cls, "comm_unseen", "") if spec is not None else ""
+    return getattr(spec.cls, attr, "") if spec is not None else ""
+
+
+def _measured_by(method: str, how: str) -> bool:
+    """Whether a row's comm_method ("ablation+profiler; ...") says `how` measured it."""
+    return how in method.split(";")[0].split("+")
 
 
 def breakdown_markdown(counted: pd.DataFrame) -> str:
@@ -1696,7 +1703,7 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         keeps = ablation_keeps(grp)
         if keeps and results.no_hidden_part(keeps) not in method:  # a row measured before
             method += "; " + results.no_hidden_part(keeps)
-        unseen = comm_unseen(grp) if "profiler" in method.split(";")[0].split("+") else ""
+        unseen = comm_unseen(grp) if _measured_by(method, "profiler") else ""
         if unseen:  # its total is – for that reason, not for want of a measurement
             method += f"; no comm total (nor hidden): {unseen}"
         trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
