@@ -5,6 +5,7 @@ workload; and parity of a BatchNorm model against the baseline cut into the same
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -896,6 +897,14 @@ def test_a_value_the_language_model_refuses_is_not_called_an_argument_it_does_no
     cfg = RunConfig(dataset="python-source", model_kwargs={"size": "tiny", "dropout": 2})
     with pytest.raises(ConfigError, match="dropout=2: lm refuses a value given \\(dropout prob"):
         models.check_model_args(cfg)
+    # a value of a type it cannot compute with is a TypeError, but still a value refused;
+    # a name it has no parameter for is the one it does not take
+    for kw, said in (
+        ({"replace_stride_with_dilation": 5}, "resnet18 refuses a value given (object of type"),
+        ({"foo": 1}, "resnet18 does not take it (ResNet.__init__() got an unexpected keyword"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            models.check_model_args(RunConfig(model="resnet18", model_kwargs=kw))
 
 
 def test_the_share_baseline_normalises_each_share_apart_and_keeps_rank_0s_statistics():

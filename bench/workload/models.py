@@ -543,8 +543,11 @@ def check_model_args(cfg: RunConfig) -> None:
         raise
     except (TypeError, ValueError) as exc:
         given = ", ".join(f"{k}={v!r}" for k, v in cfg.model_kwargs.items())
-        # a ValueError is a value the constructor refuses (lm's dropout=2), not a name
-        said = "does not take it" if isinstance(exc, TypeError) else "refuses a value given"
+        # a name it has no parameter for is Python's "unexpected keyword argument"; anything
+        # else a value it refuses (lm's dropout=2, a ValueError; a str where it computes, a
+        # TypeError)
+        unknown = isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc)
+        said = "does not take it" if unknown else "refuses a value given"
         raise ConfigError(f"--model-arg {given}: {cfg.model} {said} ({exc})") from None
 
 
