@@ -658,8 +658,8 @@ class Strategy:
             path = trace or Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
             seen = breakdown.trace_comm(path, steps, self.processes(self.ctx.world_size))
-        if self.comm_unseen:
-            seen = dict.fromkeys(seen, float("nan"))
+        if self.comm_unseen:  # its row's method says why (results.comm_method)
+            seen = dict.fromkeys(seen, float("nan")) | {"comm_unseen": self.comm_unseen}
         return {**seen, "profiled_steps": steps, "profiled_step_ms": step_ms}
 
     # ---- the loop, written once ----

@@ -740,6 +740,18 @@ def test_a_row_whose_collectives_the_profiler_cannot_see_says_why_its_total_is_e
     )
     assert "no comm total" not in rows[("| ddp_spawn", "2")]  # gloo's are seen
     assert "no comm total" not in rows[("| horovod", "1")]  # one rank: no profiler ran
+    # a row measured now says it in runs.csv's comm_method too (for compare, for the CSV's
+    # readers), and the report does not say it twice
+    from bench.harness import results
+
+    unseen = report.comm_unseen(reference.runs[reference.runs["strategy"] == "horovod"])
+    said = results.comm_method({"comm_method": "ablation+profiler", "comm_unseen": unseen})
+    assert said == f"ablation+profiler; no comm total (nor hidden): {unseen}"
+    runs = reference.runs.copy()
+    runs.loc[runs["strategy"] == "horovod", "comm_method"] = said
+    again = report.breakdown_markdown(report.counted_rows(runs))
+    line = next(ln for ln in again.splitlines() if ln.startswith("| horovod | 2 |"))
+    assert line.count("no comm total") == 1, line
 
 
 def test_the_summary_says_what_each_columns_brackets_hold(reference) -> None:

@@ -1704,8 +1704,8 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         if keeps and results.no_hidden_part(keeps) not in method:  # a row measured before
             method += "; " + results.no_hidden_part(keeps)
         unseen = comm_unseen(grp) if _measured_by(method, "profiler") else ""
-        if unseen:  # its total is – for that reason, not for want of a measurement
-            method += f"; no comm total (nor hidden): {unseen}"
+        if unseen and results.no_total(unseen) not in method:  # a row measured before
+            method += "; " + results.no_total(unseen)
         trace = next((v for v in grp.get("trace", []) if isinstance(v, str) and v), "")
         # a pipeline's schedule runs forward and backward in one call, lapped as backward:
         # its forward is not 0 but not measured apart

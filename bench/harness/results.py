@@ -493,7 +493,15 @@ def comm_method(probe: Mapping[str, Any]) -> str:
     why = probe.get("ablation_skipped")
     keeps = probe.get("ablation_keeps")
     keeps = keeps and no_hidden_part(keeps)
-    return "; ".join(m for m in (method, why and f"no ablation ({why})", keeps) if m)
+    unseen = probe.get("comm_unseen")
+    unseen = unseen and no_total(unseen)
+    return "; ".join(m for m in (method, why and f"no ablation ({why})", keeps, unseen) if m)
+
+
+def no_total(unseen: str) -> str:
+    """What a row's method says where torch.profiler cannot see the strategy's collectives
+    (Strategy.comm_unseen): its comm total is empty for that reason, not for want of one."""
+    return f"no comm total (nor hidden): {unseen}"
 
 
 def no_hidden_part(keeps: str) -> str:
