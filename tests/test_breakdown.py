@@ -1209,9 +1209,18 @@ def test_a_sync_bn_case_measured_before_shows_no_hidden_part() -> None:
     from bench.analysis import report
 
     grp = pd.DataFrame(
-        [{"strategy": "ddp_spawn", "strategy_name": "ddp_spawn", "sync_bn": 1, "notes": ""}]
+        [
+            {
+                "strategy": "ddp_spawn",
+                "strategy_name": "ddp_spawn",
+                "sync_bn": 1,
+                "notes": "",
+                "comm_method": "ablation+profiler",  # (none ran: nothing left on, below)
+            }
+        ]
     )
     assert report.ablation_keeps(grp) == "SyncBatchNorm's batch-statistics collectives"
+    assert report.ablation_keeps(grp.assign(comm_method="")) == ""
     fsdp = grp.assign(strategy="fsdp", strategy_name="fsdp")
     assert report.ablation_keeps(fsdp) == (
         "FSDP's parameter all-gathers and SyncBatchNorm's batch-statistics collectives"
