@@ -993,20 +993,16 @@ class Runner:
     def _port_in_use(self, port: int) -> str:
         """What to do about the cell's rendezvous port found in use on its first host."""
         if self.cfg.launcher == "slurm":  # slurm.cell_port: the job id picks the ports
-            where, why = (
-                self.cfg.master_addr,
-                (
-                    f"another job's on the same node? jobs whose ids are a multiple of "
-                    f"{nodes.PORTS // 2} apart take the same ports: give one another --rdzv-port"
-                ),
+            where = self.cfg.master_addr
+            why = (
+                f"another job's on the same node? jobs whose ids are a multiple of "
+                f"{nodes.PORTS // 2} apart take the same ports: give one another --rdzv-port"
             )
         else:
-            where, why = (
-                self.cfg.hosts[0],
-                (
-                    "another run's? two at once whose first host is the same need --rdzv-port "
-                    f"values {nodes.PORTS} apart"
-                ),
+            where = self.cfg.hosts[0]
+            why = (
+                "another run's? two at once whose first host is the same need --rdzv-port "
+                f"values {nodes.PORTS} apart"
             )
         return f"port {port} on {where}, where the cell's rendezvous listens, was in use ({why})"
 
