@@ -250,7 +250,7 @@ def _values(run: report.Run, col: str, source: dict[str, Any]) -> str:
         return found
     value = source[col]  # said, and None: not set (--max-steps: every step), not unknown
     if isinstance(value, dict):  # --model-arg, --dataset-arg
-        value = ", ".join(f"{k}={v}" for k, v in sorted(value.items())) or None
+        value = report.factory_args(value) or None
     return "none" if value is None else report._plain(value)
 
 

@@ -838,6 +838,12 @@ def resumed_markdown(counted: pd.DataFrame) -> str:
     )
 
 
+def factory_args(given: Mapping[str, Any]) -> str:
+    """A run's --model-arg / --dataset-arg (config.json) as `k=v, ...`, sorted: the report's
+    conditions and compare say them alike."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(given.items()))
+
+
 def per_round(runs: pd.DataFrame | None) -> dict[tuple[str, int], dict[int, float]]:
     """Each cell's samples/s by round, from the counted rows: what pairs two cells of an
     interleaved run round by round; none for a run from before rounds (no `round`)."""
@@ -946,7 +952,8 @@ def _pace(r: Mapping[str, Any]) -> str:
     if r["speedup_vs_single"] != r["speedup_vs_single"]:
         return f"{_num(r['samples_per_s_median'], 1)} samples/s{shaky}"
     ci = _interval(r, "speedup", 2)
-    return f"{_num(r['speedup_vs_single'], 2)}x single" + ("" if ci == "–" else f" ({ci})") + shaky
+    pace = f"{_num(r['speedup_vs_single'], 2)}x single"
+    return pace + ("" if ci == "–" else f" ({ci})") + shaky
 
 
 def _beside(r: Mapping[str, Any], base: Mapping[str, Any] | None, metric: str, what: str) -> str:
@@ -1356,7 +1363,7 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
         given = cfg.get(key) or {}
         if not isinstance(given, dict) or not given:
             return ""
-        return " with " + ", ".join(f"{k}={v}" for k, v in sorted(given.items()))
+        return " with " + factory_args(given)
 
     lines = [
         f"- data set: {said('dataset') or '–'}{args('dataset_kwargs')} "
@@ -1503,8 +1510,8 @@ def startup_markdown(counted: pd.DataFrame, runs: pd.DataFrame | None = None) ->
         "Seconds per cell, median over its cells: launch (the launcher, the interpreter and "
         "imports, to the worker's entry on rank 0), rendezvous (joining the process group), "
         "setup (data, model, wrapping), their sum to the first step, and teardown (from the "
-        "last record to the cell's end). `.venv/bin/python benchmarks/startup.py` measures each launcher "
-        "bare, for what the harness adds.\n\n"
+        "last record to the cell's end). `.venv/bin/python benchmarks/startup.py` measures "
+        "each launcher bare, for what the harness adds.\n\n"
         + md_table(
             ["launcher", "cells", "launch", "rendezvous", "setup", "to first step", "teardown"],
             rows,
@@ -1979,11 +1986,11 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
     # the summary table and how to read it; where no cell finished ok, only that
     summarised = (
         [
-            f"Median over repeats (up to {n_ok}); in brackets the minimum and maximum over repeats, "
+            f"Median over repeats (up to {n_ok}); in brackets the minimum and maximum over "
             # the speed-up's and the model state's brackets hold other things: said here, a
             # reader took the speed-up's 95 % interval for its range over repeats
-            "except under speed-up (its 95 % interval) and model state (parameters / gradients "
-            "/ optimizer state). 95% CI: "
+            "repeats, except under speed-up (its 95 % interval) and model state (parameters / "
+            "gradients / optimizer state). 95% CI: "
             "the 95 % interval of the mean samples/s over repeats (– with fewer than 3); CV %: "
             "how much samples/s varies over repeats (its coefficient of variation), marked "
             f"unstable above {stats.UNSTABLE_CV_PCT:g} %. "
