@@ -396,3 +396,43 @@ def test_a_later_epoch_diverges_against_the_runs_first_step_not_its_own():
         None,
         "loss 30 at step 1 is over 10 x the first step's (2)",
     ]
+
+
+def test_events_timing_leaves_out_what_runs_after_a_read_before_the_next_step(monkeypatch):
+    """Under --step-timing events a step ends where the next starts. --target-precision reads
+    the steps at a block's end (one synchronisation) and the ranks then agree through a
+    collective before the next step starts: that block's last step was timed to the next
+    one's start, so it carried the wait for the device, the collective and the idle stream
+    until the host queued again, which the README says is outside the steps' timing. A step
+    a read has closed ends at the read's mark. A fake CUDA: an event's time is the fake
+    stream clock's when it is recorded."""
+    now = [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            self.t = now[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: "s0")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    timer = StepTimer(torch.device("cuda:0"), "events")
+
+    def step() -> None:
+        timer.start()
+        now[0] += 1.0  # the batch
+        timer.data_ready()
+        now[0] += 4.0  # forward, backward, optimizer
+        timer.stop(8)
+
+    step()
+    step()
+    assert [r.total_ms for r in timer.records()] == [5.0, 5.0]  # a block's end: read
+    now[0] += 30.0  # the ranks' agreement (a collective), the stream idle meanwhile
+    step()
+    assert [(r.total_ms, r.data_ms) for r in timer.records()] == [(5.0, 1.0)] * 3

@@ -166,10 +166,10 @@ class StepTimer:
     its device work. "events", on CUDA: events recorded on the stream at a step's start and
     when its batch is on the device, and no synchronisation inside the loop, so the host
     queues work ahead of the GPU as a plain training loop does; a step's time is the
-    stream's, from its start to the next step's start (the last one's, to an event recorded
-    when `records()` first reads it: each step so carries the loop's work after it), and its
-    data wait the stream's from its start to its batch. `records()` reads them (one
-    synchronisation). On a CPU both are the host clock: the work is done when the call
+    stream's, from its start to the next step's start (the last one's so far, to an event
+    recorded when `records()` reads it, which stays its end: each step so carries the loop's
+    work after it, not what follows a read), and its data wait the stream's from its start
+    to its batch. `records()` reads them (one synchronisation). On a CPU both are the host clock: the work is done when the call
     returns."""
 
     def __init__(self, device: torch.device, mode: str = "sync") -> None:
@@ -220,7 +220,10 @@ class StepTimer:
         torch.cuda.synchronize(self._device)
         out = []
         for k, (a, b, c, n) in enumerate(self._marks):
-            end = self._marks[k + 1][0] if k + 1 < len(self._marks) else c
+            # a step a read closed (--target-precision's, at a block's end) ends at its mark:
+            # the ranks' agreement after the read, and the stream idle until the host queues
+            # the next step, are no part of it
+            end = c if c is not None else self._marks[k + 1][0]
             out.append(StepRecord(a.elapsed_time(end), a.elapsed_time(b), n))
         return out
 
