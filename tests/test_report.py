@@ -1391,3 +1391,31 @@ def test_a_repeat_measured_by_a_resume_is_named_in_the_summary(reference) -> Non
     cell = (runs["strategy"] == "ddp_spawn") & (runs["world_size"] == 2)
     runs.loc[cell, "round"] = runs.loc[cell, "repeat"] + 1 + runs["round"].max()
     assert "--resume" not in summary(runs)
+
+
+def test_cells_measured_while_other_processes_took_the_cpus_are_named(reference) -> None:
+    """Every row records the share of the CPUs other processes used while its cell ran, but
+    the report named it only beside a cell unstable over its repeats: cells that all ran
+    while neighbours took most of a CPU machine (one repeat, or a steady load) ranked each
+    other by what those left them, and the report's pick and ranking read as the
+    strategies'. On a CPU, a cell measured so is named, with what the others took."""
+    quiet = report.report_markdown(reference, report.summarise(reference.runs), [])
+    assert "other processes used" not in quiet  # the reference's cells: under 7 %
+    runs = reference.runs.copy()
+    ddp = (runs["strategy"] == "ddp_spawn") & (runs["world_size"] == 2)
+    runs.loc[ddp, "other_cpu_pct"] = [12.0, 68.5, 40.0]
+    busy = dataclasses.replace(reference, runs=runs)
+    summary = report.summarise(runs)
+    line = (
+        "measured while other processes used 20 % of the CPUs or more: ddp_spawn ws=2 "
+        "(at most 68.5 %)"
+    )
+    assert f"\n- {line}" in report.ranking_markdown(summary, runs)
+    assert f"\n- {line}" in _pick(busy)
+    loaded = runs.assign(other_cpu_pct=55.0)
+    assert "20 % of the CPUs or more: every cell (at most 55.0 %)" in report.ranking_markdown(
+        report.summarise(loaded), loaded
+    )
+    # on a GPU the steps compute on the device: the host's neighbours are not named
+    gpu = runs.assign(device="cuda")
+    assert "other processes used" not in report.ranking_markdown(summary, gpu)

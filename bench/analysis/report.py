@@ -922,7 +922,46 @@ def ranking_markdown(summary: pd.DataFrame, runs: pd.DataFrame | None = None) ->
             f"- unstable (samples/s varies more than {stats.UNSTABLE_CV_PCT:g} % over repeats): "
             f"{names}. More repeats (--repeats) or a quieter machine would narrow them."
         )
+    if busy := busy_line(summary, runs):
+        lines.append(f"- {busy}")
     return "\n".join(lines)
+
+
+def busy_line(summary: pd.DataFrame, runs: pd.DataFrame | None) -> str:
+    """The cells on a CPU that ran while other processes used BUSY_PCT % of the CPUs or more
+    (a repeat's other_cpu_pct): their steps ran on what those left them, so beside cells
+    measured quieter they compare the load, not the strategies; a steady load leaves the
+    repeats steady, and an unstable mark alone did not say it. "" where none did (on a GPU
+    the steps compute on the device)."""
+    from bench.harness.env import BUSY_PCT
+
+    if runs is None or not {"device", "other_cpu_pct"} <= set(runs.columns):
+        return ""
+    cpu = runs[runs["device"] == "cpu"]
+    on_cpu = {(str(s), int(ws)) for s, ws in zip(cpu["strategy"], cpu["world_size"], strict=True)}
+    took = pd.to_numeric(summary.get("other_cpu_pct_max"), errors="coerce")
+    busy = summary[
+        [
+            (str(r["strategy"]), int(r["world_size"])) in on_cpu and t >= BUSY_PCT
+            for (_, r), t in zip(summary.iterrows(), took, strict=True)
+        ]
+    ]
+    if busy.empty:
+        return ""
+    names = (
+        f"every cell (at most {took.max():.1f} %)"
+        if len(busy) == len(summary) > 1
+        else ", ".join(
+            f"{cell_name(r)} ws={r['world_size']} (at most {r['other_cpu_pct_max']:.1f} %)"
+            for _, r in busy.iterrows()
+        )
+    )
+    return (
+        f"measured while other processes used {BUSY_PCT:g} % of the CPUs or more: "
+        f"{names}. Their steps ran on what those processes left them, so beside cells "
+        "measured on a quieter machine they compare the load, not the strategies: rerun them "
+        "on a quiet one."
+    )
 
 
 def cell_numerics(counted: pd.DataFrame) -> dict[tuple[str, int], str]:
@@ -1113,6 +1152,7 @@ def pick_markdown(run: Run, summary: pd.DataFrame) -> str:
             lines.append(_no_gain_line(ws, same, threads, shares))
         lines.append(_state_line(ws, rows))
     lines.append(_loss_line(run, base))
+    lines.append(busy_line(summary, run.runs))
     if recipes and ("numerics" not in counted or counted["numerics"].isna().all()):
         lines.append(
             "this run predates the `numerics` column: cells are told apart by precision "

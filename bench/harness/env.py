@@ -146,6 +146,11 @@ def machine_state() -> dict[str, float]:
     return {"load_avg_1m": load, "cpu_mhz": mhz}
 
 
+#: other processes' share of the CPUs (CpuShare's other_cpu_pct) from which the pre-run
+#: estimate and the report say so: steps timed then ran on what those processes left
+BUSY_PCT = 20.0
+
+
 class CpuShare:
     """Who else used the CPUs while a cell ran, from the kernel's counters (/proc/stat) and
     this process's and its reaped descendants' CPU time (getrusage): `other_cpu_pct`, the

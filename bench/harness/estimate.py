@@ -29,7 +29,7 @@ from torch.utils.data import default_collate
 import strategies
 from bench.config import ConfigError, RunConfig
 from bench.harness import proc
-from bench.harness.env import CpuShare, cpu_cores, device_count, resolve_device
+from bench.harness.env import BUSY_PCT, CpuShare, cpu_cores, device_count, resolve_device
 from bench.harness.worker import EVAL_BATCH
 from bench.workload import data, models
 from strategies import precision as prec
@@ -52,9 +52,6 @@ LONG_S = 30 * 60
 TIMED_BATCH = 8
 #: timing the steps for longer than this says so, on stderr
 SLOW_S = 15.0
-#: other processes' share of the CPUs while the steps were timed past which the estimate
-#: says so: its steps ran on what they left, and so will the cells' while they go on
-BUSY_PCT = 20.0
 
 
 @dataclass(frozen=True)
