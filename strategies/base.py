@@ -384,6 +384,15 @@ class Strategy:
         return ""
 
     @classmethod
+    def compressed_divide(cls, options: Mapping[str, str]) -> str:
+        """Where the compressed all-reduce of these options divides by the ranks:
+        "before_sum", each rank's rounded gradient divided, then summed in the 16-bit dtype
+        (torch's fp16/bf16 comm hooks), or "after_sum", the sum divided (Horovod's Average).
+        In fp16 the two differ where a gradient is subnormal (under 6.1e-5), and under Adam
+        such components move weights by whole steps; verify's reference follows the cell's."""
+        return "before_sum"
+
+    @classmethod
     def gradient_wire_bytes(cls, options: Mapping[str, str], shape: ModelShape) -> float:
         """Bytes of gradients one step all-reduces in full: half where these options compress
         them to a 16-bit dtype (`compresses`), as DDP's fp16/bf16 hooks and Horovod's fp16

@@ -84,6 +84,11 @@ class Horovod(Strategy):
     def compresses(cls, options) -> str:
         return "fp16" if options.get("compression", "none") == "fp16" else ""
 
+    @classmethod
+    def compressed_divide(cls, options) -> str:
+        # op=Average: the ranks' fp16 gradients summed, then scaled by 1/size (postscale)
+        return "after_sum"
+
     def numerics(self) -> tuple[str, ...]:
         extra = ("grad_fp16",) if self.compresses(self.options) else ()
         return (*super().numerics(), *extra)

@@ -15,9 +15,12 @@ by rounding, which `parabench verify` uses to measure how far rounding alone car
 model within its steps (see bench.analysis.verify.conditioning).
 
 `--set compress=fp16|bf16` rounds each step's gradients to that dtype before the optimizer
-step: what compressing a one-rank all-reduce does (a DDP fp16/bf16 comm hook at world size
-1), the least rounding any compressed all-reduce does. `parabench verify` runs it as the
-reference of the cells whose gradients are compressed.
+step, as a compressed all-reduce does: at one share, the whole gradient once (a DDP fp16/bf16
+comm hook at world size 1); with `shares=R`, as the hooks do at R ranks, each share's
+gradient (of its mean loss) rounded to the dtype, divided by R there and the R summed in the
+dtype. `parabench verify` runs it as the reference of the cells whose gradients are
+compressed, at their world size; `--set compress_divide=after_sum` divides the sum instead, as
+Horovod does (Strategy.compressed_divide).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Single(Strategy):
         "shares": int,
         "perturb": ("0", "1", "2", "3", "4"),
         "compress": ("none", "fp16", "bf16"),
+        "compress_divide": ("before_sum", "after_sum"),
     }
 
     @classmethod
@@ -71,7 +75,7 @@ class Single(Strategy):
         return (*super().numerics(), *extra)
 
     def optimizer_step(self, optimizer) -> None:
-        if self.compress != "none":
+        if self.compress != "none" and self.shares == 1:  # (else rounded share by share)
             dtype = DTYPES[self.compress]
             with torch.no_grad():
                 for group in optimizer.param_groups:
@@ -99,15 +103,40 @@ class Single(Strategy):
         assert self.model is not None
         k = self.setting.accumulate
         total = torch.zeros((), device=x.device)
+        # compressed: each share's gradient apart, as a rank's own before its all-reduce
+        rounded = self.compress != "none"
+        summed: dict[nn.Parameter, torch.Tensor] = {}
         for share in range(r):
             with buffers_kept(self.model) if share else contextlib.nullcontext():
                 for xm, ym in zip(x[share::r].chunk(k), y[share::r].chunk(k), strict=True):
                     loss = self.forward_loss(xm, ym)
                     self.clock.lap("forward")
-                    self.backward(loss / (r * k))  # the mean over ranks of each rank's mean
+                    # the mean over ranks of each rank's mean (compressed: the rank's mean,
+                    # divided by the ranks once rounded)
+                    self.backward(loss / (k if rounded else r * k))
                     self.clock.lap("backward")
                     total += loss.detach().float()
+            if rounded:
+                self._fold_share(summed, r)
+        after = self.options.get("compress_divide") == "after_sum"
+        for p, g in summed.items():
+            p.grad = (g.mul_(1 / r) if after else g).to(p.dtype)  # (Horovod's postscale)
         return total / (r * k)
+
+    def _fold_share(self, summed: dict[nn.Parameter, torch.Tensor], r: int) -> None:
+        """Add one share's gradient to `summed` as a 16-bit compressed all-reduce does (torch's
+        fp16/bf16 comm hooks): rounded to the dtype, divided by the ranks there (or, with
+        compress_divide=after_sum, the sum, by forward_backward), summed there; the
+        parameters' gradients are cleared for the next share."""
+        assert self.model is not None
+        dtype = DTYPES[self.compress]
+        after = self.options.get("compress_divide") == "after_sum"
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    share = p.grad.to(dtype) if after else p.grad.to(dtype).div_(r)
+                    summed[p] = summed[p].add_(share) if p in summed else share
+                    p.grad = None
 
     def run_notes(self) -> list[str]:
         notes = super().run_notes()
@@ -115,5 +144,10 @@ class Single(Strategy):
             notes.append(
                 f"baseline of {self.shares} ranks' shares: each share's forward on its own, "
                 "gradients averaged; running statistics from the first share only (rank 0's)"
+                + (
+                    f"; each share's gradient rounded to {self.compress} before the sum"
+                    if self.compress != "none"
+                    else ""
+                )
             )
         return notes

@@ -129,11 +129,12 @@ INCONCLUSIVE = "inconclusive"
 #: precision alone does to the baseline, on the same layout (bench.analysis.verify.compare)
 REDUCED = ("bf16", "fp16")
 #: gradient compressions (numerics parts) whose fp32 cells get a reference of their own, in
-#: the precision references' place: `single --set compress=...`, its gradients rounded once
-#: before each step. That is what a compressed all-reduce does at one rank, and the least it
-#: does at any: at 2 ranks each rank's share is rounded before the sum, so a correct hook is
-#: at least about as far from fp32 as the reference, and one that never compresses is as
-#: close as fp32 itself (bench.analysis.verify.unrounded)
+#: the precision references' place: `single --set compress=...` cut into the cell's ranks'
+#: shares (compression_layout), each share's gradient rounded, divided by the ranks and summed
+#: in the dtype, as the hooks do. One rounding of the whole gradient, the least a compressed
+#: all-reduce does, read 3.43e-3 of an update under AdamW on MNIST (8 steps) where the correct
+#: hooks at 2 ranks were 1.06e-2 and 2.10e-2, and FAILed. A hook that never compresses is as
+#: close to fp32 as fp32 itself (bench.analysis.verify.unrounded)
 COMPRESSED = {"grad_fp16": "fp16", "grad_bf16": "bf16"}
 
 
@@ -148,13 +149,39 @@ def rounding(precision: str, numerics: str) -> str:
     return precision if precision in REDUCED else compressed(numerics)
 
 
-def compression_key(precision: str, numerics: str) -> str:
+#: the part of a compression reference's key that says the cell's all-reduce divides the
+#: sum by the ranks, not each rank's rounded gradient (Strategy.compressed_divide: Horovod).
+#: In fp16 the two orders differ where a gradient is subnormal: under AdamW on MNIST (8 steps,
+#: 2 ranks) ddp_fp16_hook and horovod_fp16 read 1.06e-2 and 2.10e-2 of an update from fp32,
+#: and `single` rounding its shares each way reproduced each bit for bit
+AFTER_SUM = "after_sum"
+
+
+def divides_after_sum(row: dict[str, str]) -> bool:
+    """Whether a cell's compressed all-reduce divides the ranks' sum (Strategy.compressed_divide),
+    from its row's strategy and options; False for a name this install does not register
+    (the hooks' way)."""
+    import strategies as registry
+
+    try:
+        spec = registry.get(row.get("strategy") or "")
+        options = json.loads(row.get("options") or "{}")
+    except (registry.UnknownStrategy, json.JSONDecodeError):
+        return False
+    return spec.cls is not None and spec.cls.compressed_divide(options) == AFTER_SUM
+
+
+def compression_key(precision: str, numerics: str, row: dict[str, str] | None = None) -> str:
     """The reference a cell in a REDUCED precision that compresses its gradients is told
     from an uncompressed one by (bench.analysis.verify.uncompressed): `single` in that
-    precision with its gradients rounded alike, keyed as `bf16+grad_fp16`; '' for any other
-    cell (its `rounding` reference tells all)."""
+    precision with its gradients rounded alike, keyed as `bf16+grad_fp16` (and `+after_sum`
+    where `row`'s all-reduce divides the sum of several ranks); '' for any other cell (its
+    `rounding` reference tells all)."""
     squeeze = compressed(numerics)
-    return f"{precision}+{squeeze}" if precision in REDUCED and squeeze else ""
+    if precision not in REDUCED or not squeeze:
+        return ""
+    after = row is not None and rounding_layout(row)[0] > 1 and divides_after_sum(row)
+    return f"{precision}+{squeeze}" + (f"+{AFTER_SUM}" if after else "")
 
 
 #: where a precision reference is past its recipe (AMPLIFIED), a cell in that precision is
@@ -230,6 +257,33 @@ def rounding_layout(row: dict[str, str]) -> Layout:
     bf16, 8 steps: DDP at 2 ranks is 9.7e-3 of an update from single in bf16, 1.2e-6 from
     `single --set shares=2` in bf16)."""
     return batch_norm_layout({**row, "sync_bn": "0"}, norms=1)
+
+
+def compression_layout(row: dict[str, str], norms: int) -> Layout:
+    """Where the reference of a cell in fp32 whose gradients are compressed runs: cut into
+    its data ranks' shares, as each rank rounds its own gradient before the sum, and each
+    share into the micro-batches its BatchNorm baseline has (none without BatchNorm: the
+    layout of its gradients alone). Under SyncBatchNorm the ranks' shares are normalised
+    together, which no single run cut into shares computes: there the cell's own layout,
+    its gradient rounded once (the least a compressed all-reduce rounds)."""
+    if norms and row.get("sync_bn") == "1":
+        return batch_norm_layout(row, norms)
+    r, k = rounding_layout(row)
+    return (r, k if norms else 1)
+
+
+def rounding_reference(row: dict[str, str], norms: int) -> tuple[Layout, str]:
+    """The `rounding` reference a cell is held against, as (the layout it runs on, its key):
+    in a REDUCED precision, its baseline's layout and the precision; where it compresses its
+    gradients in fp32, `compression_layout` and the compression (`+after_sum` where its
+    all-reduce divides the sum of several ranks); '' as the key where it rounds neither."""
+    precision, numerics = row.get("precision") or "", row.get("numerics") or ""
+    rounds = rounding(precision, numerics)
+    if not rounds or precision in REDUCED:
+        return batch_norm_layout(row, norms), rounds
+    layout = compression_layout(row, norms)
+    after = layout[0] > 1 and divides_after_sum(row)
+    return layout, rounds + (f"+{AFTER_SUM}" if after else "")
 
 
 def baseline_label(layout: Layout) -> str:
@@ -684,6 +738,7 @@ def _reference(
     did, it FAILs. A reference run apart that did not end ok is
     a row with its status and reason; its cells keep their recipe's tolerance. `ref`: that
     run of single, loaded (`_baseline`)."""
+    said = precision.replace(f"+{AFTER_SUM}", "")  # (the order of a sum: in the row's setting)
     if ref is None:
         row = _apart_row(rd, layout, precision)
         if row is None:  # not run apart: the run's own row of it (not ok) is in the table
@@ -691,7 +746,7 @@ def _reference(
         why = row.get("reason") or ""
         why = (
             f"the precision reference did not run ({row['status']}{': ' + why if why else ''}); "
-            f"cells in {precision} on this layout keep their recipe's tolerance"
+            f"cells in {said} on this layout keep their recipe's tolerance"
         )
         case = ("single", 1, row.get("setting") or precision)
         numerics = row.get("numerics") or ""
@@ -709,17 +764,17 @@ def _reference(
     past += [f"the loss by {g.loss_abs:.3g}"] if g.loss_abs > tol.loss_abs else []
     if g.buffers_off(tol):
         past += [f"the running statistics {g.buffer_rel:.3g} of their update"]
-    moves = f"{precision} alone moves {' and '.join(past)} from fp32, past {tol.describe()}"
+    moves = f"{said} alone moves {' and '.join(past)} from fp32, past {tol.describe()}"
     reason = ""
     if g.within(tol):
         status = "pass"
-    elif unlike := g.unlike(tol, f"single in {precision}", len(ref.losses), len(base.losses)):
+    elif unlike := g.unlike(tol, f"single in {said}", len(ref.losses), len(base.losses)):
         status = "FAIL"
         reason = unlike
     elif not g.param_rel <= REFERENCE_LIMIT:
         status = "FAIL"
         reason = (
-            f"{precision} alone moves the weights {g.param_rel:.3g} of an update from fp32: more "
+            f"{said} alone moves the weights {g.param_rel:.3g} of an update from fp32: more "
             "than the update itself, so no cell in it can be told from rounding"
         )
     elif not amplifies and not g.within(unshown):
@@ -737,7 +792,7 @@ def _reference(
             "MNIST: this optimizer or step count carries rounding a little further"
         )
         reason = (
-            f"{moves}: {why}; cells in {precision} on this layout are held to "
+            f"{moves}: {why}; cells in {said} on this layout are held to "
             f"{REFERENCE_FACTOR:g}x this gap"
         )
     measured = (g.loss_abs, g.param_abs, g.param_rel, tol, status)
@@ -781,15 +836,18 @@ def compare(run_dir: Path) -> list[Parity]:
         why += ": no cell it is the baseline of can be compared"
         status = row["status"] if row.get("status", results.OK) != results.OK else "not run"
         out.append(_unmeasured(BASELINE, row.get("numerics") or "", UNKNOWN, status, reason=why))
-    refs: dict[tuple[Layout, str], Parity | None] = {}
+    refs: dict[tuple[Layout, str, Layout], Parity | None] = {}
 
-    def reference(layout: Layout, precision: str) -> Parity | None:
-        if (layout, precision) not in refs:
+    def reference(layout: Layout, precision: str, at: Layout | None = None) -> Parity | None:
+        """single in `precision` run on `at` (the reference_layout; `layout` where None)
+        against the fp32 baseline on `layout`, the cell's"""
+        at = at or layout
+        if (layout, precision, at) not in refs:
             base = baseline(layout)
-            refs[(layout, precision)] = base and _reference(
-                rd, layout, precision, baseline(layout, precision), base, norms
+            refs[(layout, precision, at)] = base and _reference(
+                rd, at, precision, baseline(at, precision), base, norms
             )
-        return refs[(layout, precision)]
+        return refs[(layout, precision, at)]
 
     unfit = not_compared(
         [(r["strategy"], int(r["world_size"]), r.get("precision", ""), r["status"]) for r in rows]
@@ -832,7 +890,8 @@ def compare(run_dir: Path) -> list[Parity]:
             out.append(_unmeasured(case, numerics, UNKNOWN, "no tolerance", baseline=base.label))
             continue
         rounds = rounding(precision, numerics)
-        ref = reference(layout, rounds) if rounds else None
+        at, key = rounding_reference(r, norms)
+        ref = reference(layout, key, at) if rounds else None
         if ref is not None and not tol.approximate and not math.isnan(ref.param_rel):
             if not ref.param_rel <= REFERENCE_LIMIT:
                 why = f"its precision reference, {ref.label}: {ref.reason}"
@@ -876,7 +935,7 @@ def compare(run_dir: Path) -> list[Parity]:
                     "uncompressed all-reduce's)"
                 )
             )
-        key = compression_key(precision, numerics)
+        key = compression_key(precision, numerics, r)
         if status == "pass" and key:
             parts = rounding_layout(r)
             plain, squeeze = baseline(parts, precision), baseline(parts, key)
@@ -947,8 +1006,9 @@ def table(parity: list[Parity], steps: int | None = None) -> str:
     if any(p.reference for p in parity):
         lines.append(
             "precision reference: single in bf16/fp16, or in fp32 with its gradients rounded "
-            "to fp16/bf16 (compress=), against single at fp32 on the same layout, what that "
-            "rounding alone moves (not a strategy's cell); "
+            "to fp16/bf16 (compress=; with shares=N, each of N ranks' shares rounded before "
+            "the sum, as the hooks do), against single at fp32 on the cell's layout, what "
+            "that rounding alone moves (not a strategy's cell); "
             f"'{AMPLIFIED}': past its recipe's tolerance (rounding carried further than the "
             "recipes' calibration, SGD on MNIST), and the cells in that precision are then held "
             f"to {REFERENCE_FACTOR:g}x its gap ('{REFERENCE_FACTOR:g}x ref') where that is wider"
@@ -1154,22 +1214,22 @@ def baseline_config(cfg: RunConfig, out_dir: Path, run_id: str, **changes) -> Ru
 def reference_layouts(run_dir: Path) -> list[tuple[Layout, str]]:
     """The precision references a run's cells need and its own cells do not hold: per
     layout and reduced precision a comparable cell ran in, `single` in that precision; per
-    layout and gradient compression of a cell in fp32, `single --set compress=...`; per
+    compression_layout and gradient compression of a cell in fp32, `single --set
+    compress=...`; per
     rounding layout of a compressing cell in a reduced precision, single in that precision
     with and without `--set compress=...` (in that order: the first's threads are the
     second's)."""
     rd = RunDir(run_dir)
+    norms = batch_norms(rd.config())
     wanted = {
-        (layout, rounds)
-        for r, layout in _baselined(rd)
-        if (rounds := rounding(r.get("precision") or "", r.get("numerics") or ""))
+        reference for r, _ in _baselined(rd) if (reference := rounding_reference(r, norms))[1]
     }
     # a compressing cell in a reduced precision: single in it, plain and with its gradients
     # rounded alike, on the cell's rounding layout (bench.analysis.verify.uncompressed)
     wanted |= {
         (rounding_layout(r), p)
         for r, _ in _baselined(rd)
-        if (key := compression_key(r.get("precision") or "", r.get("numerics") or ""))
+        if (key := compression_key(r.get("precision") or "", r.get("numerics") or "", r))
         for p in (r["precision"], key)
     }
     return sorted(
@@ -1224,6 +1284,8 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
         elif squeeze := compressed(precision):
             echo(f"precision reference: {baseline_label(layout)}, {precision} (gradients rounded)")
             options["compress"] = COMPRESSED[squeeze]
+            if AFTER_SUM in precision.split("+"):
+                options["compress_divide"] = AFTER_SUM
             # in a reduced precision: run as single in it on this layout ran, which it is
             # compared with (bench.analysis.verify.uncompressed)
             plain = _apart_row(RunDir(run_dir), layout, trains) or (
@@ -1265,13 +1327,20 @@ def _layout_threads(run_dir: Path) -> dict[Layout, int]:
     threads reduce it (1 vs 2 threads: 8e-5 apart on the worked example's first layer,
     past the exact tolerance within a few steps)."""
     out: dict[Layout, int] = {}
-    for r, layout in _baselined(RunDir(run_dir)):
+    rd = RunDir(run_dir)
+    norms = batch_norms(rd.config())
+    for r, layout in _baselined(rd):
         n = r.get("threads_per_rank") or ""
         if r.get("device") != "cuda" and n.isdigit():
+            # and the layout its rounding reference runs on (a compressing cell's in fp32),
             # and the rounding layout of a compressing cell in a reduced precision, whose
             # references run on it (bench.analysis.verify.reference_layouts)
             squeezes = compression_key(r.get("precision") or "", r.get("numerics") or "")
-            for each in {layout, *([rounding_layout(r)] if squeezes else [])}:
+            for each in {
+                layout,
+                rounding_reference(r, norms)[0],
+                *([rounding_layout(r)] if squeezes else []),
+            }:
                 out[each] = min(out.get(each, int(n)), int(n))
     return out
 
