@@ -781,7 +781,8 @@ def _reference(
         status = "FAIL"
         reason = (
             f"{moves}, and past {UNSHOWN_FACTOR:g}x it on a model whose conditioning does not "
-            "show it amplifying rounding: the precision itself is suspect"
+            "show it amplifying rounding: the precision itself is suspect, or this optimizer "
+            "carries rounding much further than the recipes' calibration (SGD on MNIST)"
         )
     else:
         status = AMPLIFIED
