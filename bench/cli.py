@@ -530,12 +530,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     # reader that leaves (`| head`) stops the run then, not at its end
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
-    try:
-        run_dir, rows = runner.run_matrix(
-            cfg, resume=Path(a.resume) if a.resume else None, progress=True
-        )
-    except KeyboardInterrupt:
-        return 130
+    # a stop: the run says its own line (proc.Interrupted), or main says one where the run
+    # could not (exit 130 both); swallowed here, a stop it could not say went unsaid
+    run_dir, rows = runner.run_matrix(
+        cfg, resume=Path(a.resume) if a.resume else None, progress=True
+    )
     rendered = None
     if not a.no_report:  # before the table, so a reader gone by then does not lose it
         from bench.analysis import report

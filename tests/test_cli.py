@@ -487,6 +487,27 @@ def test_ctrl_c_in_the_report_after_the_run_says_the_rows_are_kept(run, tmp_path
     )
 
 
+def test_a_stop_the_run_could_not_say_is_said_once(run, tmp_path, monkeypatch):
+    """Ctrl-C that left the run before it could say what it kept (as it opened its folder):
+    `run` ended with exit 130 and not a word; now main's line. A stop the run did say
+    (proc.Interrupted) gets no second one."""
+    from bench.harness import proc, runner
+
+    def stopped(cfg, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_matrix", stopped)
+    code, out, err = _not_raised(run, "--strategies", "single", "--world-sizes", "1")
+    assert (code, err) == (130, "parabench: interrupted\n")
+
+    def said(cfg, **kw):
+        raise proc.Interrupted
+
+    monkeypatch.setattr(runner, "run_matrix", said)
+    code, out, err = _not_raised(run, "--strategies", "single", "--world-sizes", "1")
+    assert (code, err) == (130, "")
+
+
 def test_a_report_the_disk_has_no_room_for_is_not_bad_input(run, tmp_path, monkeypatch):
     """A run whose every cell ended, on a disk that filled up as its plots were written:
     "error: cannot write the report there", exit 2 (bad input), no table and no word of the

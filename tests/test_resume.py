@@ -267,6 +267,49 @@ def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root, capsy
     assert f"B is incomplete: {4 - n} of 4 planned cells have no row" in said, said
 
 
+def test_ctrl_c_again_while_the_run_stops_still_says_how_to_resume(
+    tmp_path, data_root, monkeypatch, capsys
+):
+    """A user who presses Ctrl-C again (and again) while the harness stops the cell's ranks
+    (seconds: SIGTERM, a grace, SIGKILL) cut that clean-up short: the line with the
+    `--resume` command was never said, only "parabench: interrupted", and the kill was left
+    half done. Now the stop goes on to its end, whatever else is pressed: its one line, exit
+    130, no rank left."""
+    from bench.cli import main
+
+    wait, kill = proc.CellProcess.wait, proc.CellProcess.kill
+    kills = []
+
+    def stopped(self, *args, **kwargs):  # the first Ctrl-C, once the cell's tree is there
+        self._track()
+        os.kill(os.getpid(), signal.SIGINT)
+        return wait(self, *args, **kwargs)
+
+    def impatient(self, *args, **kwargs):  # another Ctrl-C as each kill begins
+        kills.append(self.popen.pid)
+        os.kill(os.getpid(), signal.SIGINT)
+        kill(self, *args, **kwargs)
+
+    monkeypatch.setattr(proc.CellProcess, "wait", stopped)
+    monkeypatch.setattr(proc.CellProcess, "kill", impatient)
+    argv = _cli(tmp_path, data_root, "--run-id", "cc", *CELLS_ONLY, matrix=[])[3:]
+    argv += ["--strategies", "single", "--world-sizes", "1"]
+    try:
+        code = main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("a second Ctrl-C left parabench as a traceback")
+    run_dir = tmp_path / "cc"
+    err = capsys.readouterr().err
+    assert code == 130
+    assert kills, "the cell was not stopped"
+    assert err.splitlines()[-1] == (
+        f"interrupted: no row yet for {run_dir}/runs.csv; "
+        f"continue with: parabench run --resume {run_dir}"
+    ), err
+    assert "parabench: interrupted" not in err
+    assert leftover_processes(run_dir) == []
+
+
 def test_a_reader_that_leaves_mid_run_stops_it_saying_how_to_resume(tmp_path, data_root):
     """`parabench run ... | head`: once head has its lines the run stops as if interrupted
     (its rows kept, no rank left) and says on stderr how to go on, then exits 141."""

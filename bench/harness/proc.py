@@ -83,6 +83,24 @@ def stops_after_fork() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
+@contextlib.contextmanager
+def stops_ignored() -> Iterator[None]:
+    """Ctrl-C and SIGTERM heard while a stop already under way kills its processes and says
+    how to go on: a second Ctrl-C there cut that short (ranks left to their grace, the line
+    with the `--resume` command never said). The stop is what they ask for; it goes on to
+    its end. (Handlers are the main thread's alone to set.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: None) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def descends_from(pid: int) -> bool:
     """Whether `pid` is this process's parent, or its parent's, and so on up to init (the
     harness itself where it is pid 1, a container's entry point). Where the system cannot

@@ -888,12 +888,13 @@ class Runner:
             deadline = time.monotonic() + self.cfg.timeout_s
             rc, timed_out = self.current.wait(self.cfg.timeout_s, on_poll=poll)
         except BaseException:  # Ctrl-C / SIGTERM while the cell runs
-            self.current.kill()
-            self.current = None
-            if watch is not None:
-                watch.close()
-            if self.cfg.launcher == "slurm":
-                slurm.cancel_step(step)
+            with proc.stops_ignored():
+                self.current.kill()
+                self.current = None
+                if watch is not None:
+                    watch.close()
+                if self.cfg.launcher == "slurm":
+                    slurm.cancel_step(step)
             raise
         finally:
             if shown is not None:
@@ -1434,18 +1435,20 @@ def run_matrix(
         full = isinstance(stop, OSError) and stop.errno in (errno.ENOSPC, errno.EDQUOT)
         if isinstance(stop, OSError) and not (full or isinstance(stop, BrokenPipeError)):
             raise
-        if runner is not None:
-            runner.interrupt()
-        n = len(run_dir.runs.read())
-        again = again or f"continue with: {results.resume_command(cfg.launcher, run_dir.path)}"
-        rows_in = f"{n} finished row{'' if n == 1 else 's'} kept in" if n else "no row yet for"
-        line = f"{rows_in} {run_dir.runs.path}; {again}" if kept else again
+        with proc.stops_ignored():  # another Ctrl-C: the ranks still die, the line is said
+            if runner is not None:
+                runner.interrupt()
+            n = len(run_dir.runs.read())
+            again = again or f"continue with: {results.resume_command(cfg.launcher, run_dir.path)}"
+            rows_in = f"{n} finished row{'' if n == 1 else 's'} kept in" if n else "no row yet for"
+            line = f"{rows_in} {run_dir.runs.path}; {again}" if kept else again
+            if isinstance(stop, KeyboardInterrupt):  # on stderr: seen where output goes to a file
+                print(f"interrupted: {line}", file=sys.stderr, flush=True)
         if full:  # a long run filled its disk: the rows written are whole (CsvTable)
             raise RunStopped(
                 f"{stop.strerror} in {run_dir.path}, the run stopped: {line} once there is room"
             ) from None
-        if isinstance(stop, KeyboardInterrupt):  # on stderr: seen where the output goes to a file
-            print(f"interrupted: {line}", file=sys.stderr, flush=True)
+        if isinstance(stop, KeyboardInterrupt):
             raise proc.Interrupted from None  # said: the CLI adds no line of its own
         elif proc.stdout_gone():  # `| head` left: say it where it is read
             print(f"parabench: stdout closed, the run stopped: {line}", file=sys.stderr)
