@@ -467,3 +467,38 @@ def test_an_interrupt_stops_the_timing_child_at_once(mnist, tmp_path, monkeypatc
     children = psutil.Process(os.getpid()).children(recursive=True)
     # (the spawn context's resource tracker stays for the life of this process, as it does)
     assert [p for p in children if "spawn_main" in " ".join(p.cmdline())] == []
+
+
+def test_steps_a_cpu_would_take_hours_on_are_not_timed(tmp_path, monkeypatch) -> None:
+    """An lm at --seq-len 500000: the estimate timed its step in this process, one torch
+    op after another for hours that no Ctrl-C stopped, filling tens of GiB, and said nothing
+    past "still timing". Its FLOPs (counted on the meta device, in a second) bound the step
+    first: past TIMING_BOUND_S even at CPU_CORE_CEILING, it is not timed, and the estimate
+    says why with the figures. A step of the usual length is timed as before."""
+    from bench.harness import runner
+
+    cfg = RunConfig(
+        model="lm",
+        dataset="synthetic",
+        seq_len=500_000,
+        limit=16,
+        eval_samples=8,
+        global_batch=8,
+        warmup_steps=1,
+        strategies=("single",),
+        world_sizes=(1,),
+        device="cpu",
+        out_dir=str(tmp_path),
+    )
+    timings = []
+    monkeypatch.setattr(estimate, "per_sample_ms", lambda *a, **k: timings.append(a) or 1.0)
+    est = estimate.estimate(cfg, runner.plan(cfg))
+    assert timings == [] and est.per_sample_ms is None
+    line = est.line()
+    assert "the steps, which could not be timed here: a step of lm at batch 8 and the " in line
+    assert "evaluation's forward are 7.41e+16 FLOPs, at least " in line, line
+    assert " min on this machine's " in line and "even at 250 GFLOP/s each" in line, line
+
+    short = dataclasses.replace(cfg, seq_len=128)
+    est = estimate.estimate(short, runner.plan(short))
+    assert len(timings) == 2 and est.per_sample_ms == 1.0  # a training step, a forward

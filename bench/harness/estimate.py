@@ -31,7 +31,7 @@ from bench.config import ConfigError, RunConfig
 from bench.harness import proc
 from bench.harness.env import BUSY_PCT, CpuShare, cpu_cores, device_count, resolve_device
 from bench.harness.worker import EVAL_BATCH
-from bench.workload import data, models
+from bench.workload import data, flops, models
 from strategies import precision as prec
 
 #: start-up to the first step plus teardown, seconds per cell, by launcher: medians over
@@ -52,6 +52,12 @@ LONG_S = 30 * 60
 TIMED_BATCH = 8
 #: timing the steps for longer than this says so, on stderr
 SLOW_S = 15.0
+#: a CPU core's fp32 matrix-product speed no CPU core reaches (FLOP/s): AVX-512's two FMA
+#: units at 3.5 GHz give 224 G
+CPU_CORE_CEILING = 250e9
+#: steps that would take longer than this to time on a CPU, even at CPU_CORE_CEILING, are
+#: not timed
+TIMING_BOUND_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -240,8 +246,12 @@ def estimate(cfg: RunConfig, cells: list) -> Estimate:
     slow = threading.Timer(SLOW_S, _still_timing, (cfg, precisions))
     slow.daemon = True
     slow.start()
+    isolate = resolve_device(cfg.device) == "cuda"
     try:
-        ms = timed(cfg, bundle, precisions, isolate=resolve_device(cfg.device) == "cuda")
+        beyond = "" if isolate else beyond_timing(cfg, bundle)
+        if beyond:
+            return _estimate(cfg, cells, bundle, None, beyond)
+        ms = timed(cfg, bundle, precisions, isolate=isolate)
     except ConfigError:
         raise
     except BrokenProcessPool as exc:  # the child ended abruptly: killed, or crashed
@@ -275,6 +285,33 @@ def timed_batch(cfg: RunConfig) -> int:
     """The batch of the training steps the estimate times: TIMED_BATCH, or the global batch
     where smaller (per_sample_ms's own cap)."""
     return min(TIMED_BATCH, cfg.global_batch)
+
+
+def beyond_timing(cfg: RunConfig, bundle: data.DataBundle) -> str:
+    """Why the steps are not timed on this CPU: by their FLOPs (a training step at the batch
+    timed, the evaluation's forward at its own) a timed step would take longer than
+    TIMING_BOUND_S even at CPU_CORE_CEILING on every core. Such a step is one torch op after
+    another that no Ctrl-C stops before it ends: an lm at --seq-len 500000 held the harness
+    for hours with nothing said, filling tens of GiB. '' where the steps are timed (or their
+    FLOPs cannot be counted)."""
+    fed = bundle.spec or models.spec(cfg)
+    per = flops.train_flops_per_sample(cfg, bundle.num_classes, fed)
+    if not per:
+        return ""
+    batch = max(1, min(timed_batch(cfg), len(bundle.train)))  # type: ignore[arg-type]
+    work = per * batch
+    if cfg.eval_samples and len(bundle.held_out):  # type: ignore[arg-type]
+        # a forward is about a third of a training step's FLOPs (the backward twice it)
+        work += per / 3 * min(EVAL_TIMED_BATCH, len(bundle.held_out))  # type: ignore[arg-type]
+    cores = cpu_cores()
+    least_s = work / (cores * CPU_CORE_CEILING)
+    if least_s <= TIMING_BOUND_S:
+        return ""
+    return (
+        f"a step of {cfg.model} at batch {batch} and the evaluation's forward are "
+        f"{work:.3g} FLOPs, at least {minutes(least_s)} on this machine's {cores} core(s) "
+        f"even at {CPU_CORE_CEILING / 1e9:g} GFLOP/s each (a cell's steps are as slow)"
+    )
 
 
 def _still_timing(cfg: RunConfig, precisions: list[str]) -> None:
