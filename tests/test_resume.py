@@ -310,6 +310,37 @@ def test_ctrl_c_again_while_the_run_stops_still_says_how_to_resume(
     assert leftover_processes(run_dir) == []
 
 
+def test_ctrl_c_as_a_cells_rows_are_written_waits_for_the_last_table(tmp_path):
+    """A cell's steps, ranks and runs rows are written with Ctrl-C held off, so a stop never
+    leaves a cell's steps without its row. The hold was a signal mask, the main thread's
+    alone: in a harness that had run a torch op (the estimate times steps in it), torch's
+    threads took the signal and it was raised inside the write all the same, after
+    steps.csv, before runs.csv: the finished cell lost. Now it waits for the row."""
+    import torch
+
+    from bench.harness import results
+
+    torch.randn(256, 256) @ torch.randn(256, 256)  # torch's threads, as in the harness
+    rd = RunDir(tmp_path)
+    append, written = results.CsvTable.append, []
+
+    def stopped(self, rows):
+        append(self, rows)
+        written.append(self.path.name)
+        if len(written) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    row = {"strategy": "single", "world_size": 1, "repeat": 0, "status": "ok"}
+    try:
+        results.CsvTable.append = stopped
+        with pytest.raises(KeyboardInterrupt):
+            rd.write([row], [dict(row, step=1)], [dict(row, rank=0)])
+    finally:
+        results.CsvTable.append = append
+    assert written == ["steps.csv", "ranks.csv", "runs.csv"]
+    assert [r["status"] for r in rd.runs.read()] == ["ok"]
+
+
 def test_a_reader_that_leaves_mid_run_stops_it_saying_how_to_resume(tmp_path, data_root):
     """`parabench run ... | head`: once head has its lines the run stops as if interrupted
     (its rows kept, no rank left) and says on stderr how to go on, then exits 141."""

@@ -68,6 +68,18 @@ def stops_after_fork() -> Iterator[None]:
     they raise, and the run went on as if never stopped. Those noted are raised as the block
     ends, by their own handlers, once the process is there to kill (the caller's, or the
     handler's, to do). (Handlers are the main thread's alone to set.)"""
+    with stops_held():
+        yield
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM heard inside wait until the block ends (a cell's rows written, the
+    report's files put in place), then stop as they would have, by their own handlers. Noted
+    by handlers, not masked: a signal mask is one thread's, and torch's worker threads (any
+    process that ran a torch op has them) took the signal unmasked, so the interpreter
+    raised it in the main thread inside the block all the same. (Handlers are the main
+    thread's alone to set.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

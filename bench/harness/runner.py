@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -539,17 +539,6 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Ctrl-C / SIGTERM wait until a CSV write is complete."""
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -682,7 +671,7 @@ class RunDir:
         self.ranks.keep(finished)
 
     def write(self, runs: list[dict], steps: list[dict], ranks: list[dict]) -> None:
-        with _signals_held():
+        with proc.stops_held():
             # steps and ranks first: a row in runs.csv means the cell is complete.
             self.steps.append(steps)
             self.ranks.append(ranks)
@@ -900,7 +889,7 @@ class Runner:
             if shown is not None:
                 shown.end(ran=True)
         # The cell is over: an interrupt now waits until its rows are on disk.
-        with _signals_held():
+        with proc.stops_held():
             self.current.reap()
             oom = watch.stop(self.current.pids) if watch is not None else None
             self.current = None
