@@ -503,6 +503,38 @@ def test_a_render_stopped_part_way_leaves_the_earlier_one_whole(tmp_path, monkey
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
 
 
+def test_a_stop_as_the_files_are_put_in_place_waits_until_all_are(tmp_path, monkeypatch) -> None:
+    """Every file written whole, they are put in place one after another: Ctrl-C there
+    left this render's last plots beside the earlier render's report.md and summary.csv,
+    each read as whole. The stop now waits for the last of them (moments), then stops."""
+    import os
+    import signal
+
+    from bench.harness import results
+
+    run_dir = tmp_path / "swap"
+    run_dir.mkdir()
+    shutil.copy(REFERENCE / "runs.csv", run_dir / "runs.csv")
+    report.render(run_dir)
+    before = {name: (run_dir / name).read_bytes() for name in ("report.md", "summary.csv")}
+    runs = pd.read_csv(run_dir / "runs.csv", dtype=str, keep_default_na=False)
+    runs.iloc[1:].to_csv(run_dir / "runs.csv", index=False)  # a row fewer: another summary
+    real, placed = os.replace, []
+
+    def replace(src, dst):
+        real(src, dst)
+        placed.append(Path(dst).name)
+        if len(placed) == 1:  # Ctrl-C once the first file is in place
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(results.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        report.render(run_dir)
+    assert placed[-1] == "report.md" and "summary.csv" in placed, placed
+    for name, old in before.items():
+        assert (run_dir / name).read_bytes() != old, f"{name} is the earlier render's"
+
+
 # ---------------------------------------------------------------- CLI
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from bench.config import ConfigError, first_line, run_dir_named
-from bench.harness import breakdown, results, stats
+from bench.harness import breakdown, proc, results, stats
 
 #: the per-repeat measurements that summary.csv gives a median and spread for
 SUMMARY_METRICS = (
@@ -2166,36 +2166,39 @@ def render(run_dir: str | Path) -> Path:
     out = run.path / "report.md"
     try:
         # each file written whole, and put in place only once the last one is written, one
-        # after another (each synced first: a stop within those moments can still leave
-        # some), the report last, after the plots it names: a stop part-way (Ctrl-C,
-        # SIGTERM) left a plot cut short, or the earlier render's report.md beside this
-        # one's summary.csv and some of its plots, each read as whole
-        with contextlib.ExitStack() as files:
+        # after another (each synced first), the report last, after the plots it names: a
+        # stop part-way (Ctrl-C, SIGTERM) left a plot cut short, or the earlier render's
+        # report.md beside this one's summary.csv and some of its plots, each read as whole
+        with contextlib.ExitStack() as held:
+            with contextlib.ExitStack() as files:
 
-            def whole(name: str, **how: Any) -> Any:
-                return files.enter_context(results.written_whole(run.path / name, **how))
+                def whole(name: str, **how: Any) -> Any:
+                    return files.enter_context(results.written_whole(run.path / name, **how))
 
-            text = whole("report.md")
-            summary.to_csv(whole("summary.csv", newline=""), index=False, float_format="%.6g")
-            images: list[tuple[str, str]] = []
-            if len(summary):
-                from bench.analysis import plots
+                text = whole("report.md")
+                summary.to_csv(whole("summary.csv", newline=""), index=False, float_format="%.6g")
+                images: list[tuple[str, str]] = []
+                if len(summary):
+                    from bench.analysis import plots
 
-                for name, fig in figures(run, summary).items():
-                    # titles wrapped to the figure, and nothing drawn outside it cut off
-                    plots.fit_titles(fig).savefig(
-                        whole(name, binary=True),
-                        format=Path(name).suffix[1:],
-                        dpi=110,
-                        bbox_inches="tight",
-                    )
-                    title = " ".join(fig.axes[0].get_title().split())  # (unwrapped)
-                    images.append((name, title or name))
-            text.write(report_markdown(run, summary, images))
-        drawn = {name for name, _ in images}
-        for name in (*PLOTS, *OPTIONAL_PLOTS):  # an earlier render's, this one has not drawn
-            if name not in drawn:
-                (run.path / name).unlink(missing_ok=True)
+                    for name, fig in figures(run, summary).items():
+                        # titles wrapped to the figure, and nothing drawn outside it cut off
+                        plots.fit_titles(fig).savefig(
+                            whole(name, binary=True),
+                            format=Path(name).suffix[1:],
+                            dpi=110,
+                            bbox_inches="tight",
+                        )
+                        title = " ".join(fig.axes[0].get_title().split())  # (unwrapped)
+                        images.append((name, title or name))
+                text.write(report_markdown(run, summary, images))
+                # all written: a stop now waits until the last is in place (moments), where it
+                # left some of this render's files beside the earlier one's
+                held.enter_context(proc.stops_held())
+            drawn = {name for name, _ in images}
+            for name in (*PLOTS, *OPTIONAL_PLOTS):  # an earlier render's, this one has not drawn
+                if name not in drawn:
+                    (run.path / name).unlink(missing_ok=True)
     except OSError as exc:  # read-only, no permission, disk full
         raise ConfigError(
             f"{run.path}: cannot write the report there ({exc.strerror or exc})"
