@@ -151,10 +151,42 @@ class ModelShape:
     low_root_bytes: int = 0
     norm_bytes: int = 0
     norm_layers: int = 0
+    #: every BatchNorm layer (--sync-bn makes each a SyncBatchNorm, which synchronises its
+    #: statistics in every forward and backward) and their channels together; None: not
+    #: recorded (a model.json written before predict modelled --sync-bn)
+    batch_norms: int | None = None
+    batch_norm_channels: int | None = None
 
 
 #: one step's collectives per rank: (op, bytes of the whole buffer, calls it is split into)
 Traffic = list[tuple[str, float, int]]
+
+#: bytes of one of SyncBatchNorm's statistics: torch computes them in float32 (the
+#: accumulation type) under bf16 and fp16 too
+SYNC_BN_STAT_BYTES = 4
+
+
+def sync_bn_traffic(world_size: int, shape: ModelShape) -> Traffic | str:
+    """The collectives SyncBatchNorm issues on each rank for one micro-batch, besides the
+    strategy's own (torch/nn/modules/_functions.py): each BatchNorm layer's forward
+    all-gathers every rank's mean, inverse deviation and count (2C + 1 numbers of C
+    channels; the gathered buffer is world_size times that) and its backward all-reduces
+    two sums per channel (2C). Both are blocking and small (latency-bound). Or why they are
+    not modelled: a model.json that does not count the BatchNorm layers."""
+    if shape.batch_norms is None or shape.batch_norm_channels is None:
+        return (
+            "--sync-bn's statistics collectives are not modelled: model.json does not count "
+            "the model's BatchNorm layers (written before predict modelled them; a new run "
+            "records them)"
+        )
+    layers, channels = shape.batch_norms, shape.batch_norm_channels
+    if not layers:  # no BatchNorm: SyncBatchNorm converted nothing
+        return []
+    size = SYNC_BN_STAT_BYTES
+    return [
+        ("all_gather", world_size * (2 * channels + layers) * size, layers),
+        ("all_reduce", 2 * channels * size, layers),
+    ]
 
 
 class Strategy:

@@ -243,6 +243,25 @@ def test_traffic_of_each_strategy_family() -> None:
     assert isinstance(reg["single"].cls.traffic({}, 1, shape, "fp32"), str)
 
 
+def test_model_json_counts_the_batch_norms_sync_bn_synchronises() -> None:
+    """resnet18's 20 BatchNorm layers, 4800 channels: each forward all-gathers 2C + 1
+    statistics a rank, each backward all-reduces 2C sums (torch's SyncBatchNorm)."""
+    from bench.config import RunConfig
+    from bench.harness.shape import model_shape
+    from strategies.base import sync_bn_traffic
+
+    cfg = RunConfig(model="resnet18", dataset="synthetic", image_size=32, device="cpu")
+    shape = model_shape(cfg, 10)
+    assert (shape.batch_norms, shape.batch_norm_channels) == (20, 4800)
+    assert sync_bn_traffic(4, shape) == [
+        ("all_gather", 4 * (2 * 4800 + 20) * 4, 20),
+        ("all_reduce", 2 * 4800 * 4, 20),
+    ]
+    assert sync_bn_traffic(4, dataclasses.replace(shape, batch_norms=0)) == []
+    old = ModelShape(param_bytes=1, tensors=1, units=1)  # a model.json from before the count
+    assert "not modelled" in sync_bn_traffic(4, old)
+
+
 # ---------------------------------------------------------------- a real run
 
 
@@ -1333,6 +1352,60 @@ def test_predict_counts_fsdps_all_gathers_once_a_micro_batch(probed_run, tmp_pat
     assert comm["fsdp [acc1]"] == pytest.approx(expected(one))
     assert comm["fsdp [acc4]"] == pytest.approx(expected(four))
     assert comm["fsdp [acc4]"] > 2 * comm["fsdp [acc1]"]
+
+
+def test_predict_counts_sync_bns_statistics_collectives(probed_run, tmp_path) -> None:
+    """Under --sync-bn every BatchNorm layer all-gathers each rank's mean, inverse deviation
+    and count in its forward and all-reduces two sums per channel in its backward, every
+    micro-batch: predict gave a DDP --sync-bn case DDP's all-reduce alone, a step too fast.
+    A model.json that does not count the BatchNorm layers predicts no such case, and says so."""
+    from bench.harness.runner import cell_dirname
+    from strategies import registry
+
+    run, _ = probed_run
+    synced = Path(shutil.copytree(run, tmp_path / "synced"))
+    runs = pd.read_csv(synced / "runs.csv", dtype=str, keep_default_na=False)
+    cases = [runs]
+    for setting, k in (("fp32,syncbn", "1"), ("fp32,acc2,syncbn", "2")):
+        cases.append(runs.assign(setting=setting, sync_bn="1", accumulate=k))
+        for _, r in runs.iterrows():
+            ws, rep = int(r["world_size"]), int(r["repeat"])
+            src = synced / "cells" / cell_dirname(r["strategy"], ws, r["setting"], rep)
+            shutil.copytree(src, synced / "cells" / cell_dirname(r["strategy"], ws, setting, rep))
+    pd.concat(cases).to_csv(synced / "runs.csv", index=False)
+    model = json.loads((synced / "model.json").read_text())
+    model["shape"].update(batch_norms=3, batch_norm_channels=96)  # 32 + 32 + 32 channels
+    (synced / "model.json").write_text(json.dumps(model))
+    busbw, alpha = predict.LINKS["ib-200g"]
+    rows = predict.predict_run(synced, [8], link="ib-200g")
+    comm = {r["case"]: r["comm_ms"] for r in rows}
+    shape = predict._shape(synced)
+    ddp = registry()["ddp_spawn"].cls.traffic({}, 8, shape, "fp32")
+    # each rank's 2 x 96 + 3 statistics gathered from 8 ranks, 2 x 96 sums reduced: 3 calls
+    sync = [("all_gather", 8 * (2 * 96 + 3) * 4, 3), ("all_reduce", 2 * 96 * 4, 3)]
+    fits = {"all_reduce": {"op": "all_reduce", "world_size": 2}}
+
+    def expected(traffic) -> float:
+        return predict.comm_ms(traffic, fits, 8, busbw_GBps=busbw, alpha_us=alpha)
+
+    plain, one, two = (
+        comm[f"ddp_spawn [{s}]"] for s in ("acc1, bn", "acc1, syncbn", "acc2, syncbn")
+    )
+    assert plain == pytest.approx(expected(ddp))
+    assert one == pytest.approx(expected(ddp + sync))
+    # both in every micro-batch's forward and backward; DDP's all-reduce once a step
+    twice = [(op, b * 2, c * 2) for op, b, c in sync]
+    assert two == pytest.approx(expected(ddp + twice)) and two > one > plain
+    (basis,) = [r["basis"] for r in rows if r["case"] == "ddp_spawn [acc1, syncbn]"]
+    assert "SyncBatchNorm's: an all-gather and an all-reduce" in basis
+
+    del model["shape"]["batch_norms"], model["shape"]["batch_norm_channels"]  # an older run
+    (synced / "model.json").write_text(json.dumps(model))
+    why: list[str] = []
+    rows = predict.predict_run(synced, [8], link="ib-200g", why=why)
+    assert {r["case"] for r in rows} == {"ddp_spawn [acc1, bn]"}
+    said = "ddp_spawn [acc1, syncbn]: --sync-bn's statistics collectives are not modelled"
+    assert any(w.startswith(said) for w in why), why
 
 
 def test_a_row_whose_ablation_was_skipped_says_nothing_it_left_on() -> None:

@@ -18,9 +18,10 @@ The model, per strategy and run option, from its one-process (world size 1) cell
 - data(N): the one-process cell's data wait (pooled likewise), split N ways.
 - comm(N): the collectives the strategy issues per step (`Strategy.traffic`: DDP's bucketed
   all-reduce, ZeRO-1's parameter broadcast, FSDP's all-gathers, once a micro-batch under
-  --accumulate, and reduce-scatter, Horovod's fused all-reduce), each timed with the run's
-  measured latency-bandwidth fit (bench.harness.collectives, ring model extrapolated to N),
-  or with a named link's stated bandwidth and latency.
+  --accumulate, and reduce-scatter, Horovod's fused all-reduce; under --sync-bn, plus
+  SyncBatchNorm's statistics collectives, `strategies.base.sync_bn_traffic`), each timed
+  with the run's measured latency-bandwidth fit (bench.harness.collectives, ring model
+  extrapolated to N), or with a named link's stated bandwidth and latency.
 - efficiency: over N times the one-process samples/s from the same source as compute(N):
   the timed steps where ranks share the cores, else the curves at the whole batch (the timed
   steps ran moments apart from the curve, and on a busy machine the two differed fivefold).
@@ -383,7 +384,9 @@ def predict_run(
         if one.empty:  # where the strategy is not modelled at all (pipelines), that first
             row = group.iloc[0]
             options = json.loads(_text(row["options"]) or "{}")
-            traffic = _traffic(spec.cls, options, int(row["world_size"]), shape, row["precision"])
+            traffic = _traffic(
+                spec.cls, options, int(row["world_size"]), shape, row["precision"], 1, _sync_bn(row)
+            )
             missing = "no world-size-1 cell finished ok to predict from"
             _say(why, f"{case}: {traffic if isinstance(traffic, str) else missing}")
             continue
@@ -392,6 +395,9 @@ def predict_run(
         options = json.loads(_text(first["options"]) or "{}")
         # its micro-batches per optimizer step (--accumulate); 1 for a run older than that column
         k = _count(first.get("accumulate"))
+        # SyncBatchNorm's statistics collectives, besides the strategy's own (its one-process
+        # cell synced nothing: one rank has no peers)
+        sync_bn = _sync_bn(first)
         # every case whose steps are this one's, launched differently: their cells measure
         # the same data wait, compute and share of communication exposed
         pool = _same_steps(counted, spec.cls, options, setting)
@@ -407,7 +413,7 @@ def predict_run(
         compute1 = float(sum(ones[f"{p}_ms"].median() for p in PHASES))
         data1 = float(ones["data_wait_ms_mean"].median())
         for n in world_sizes:
-            traffic = _traffic(spec.cls, options, n, shape, first["precision"], k)
+            traffic = _traffic(spec.cls, options, n, shape, first["precision"], k, sync_bn)
             if isinstance(traffic, str):
                 _say(why, f"{case}: {traffic}")
                 continue
@@ -456,6 +462,12 @@ def predict_run(
                 # against the curve's 30, which read as fsdp scaling 1.91 at 8 ranks
                 whole = [t for t, _ in (compute_at(c, cfg.global_batch) for c in curves) if t == t]
                 own1 = cfg.global_batch / (data1 + float(np.median(whole))) * 1e3 if whole else own1
+            if sync_bn and shape.batch_norms:
+                basis += (
+                    f"; its communication holds SyncBatchNorm's: an all-gather and an "
+                    f"all-reduce of statistics for each of {shape.batch_norms} BatchNorm "
+                    "layers a micro-batch"
+                )
             if pooled:
                 basis += f"; pooled with {', '.join(pooled)}'s (the same steps, launched apart)"
             # the repeats' spread: their compute differs more than a strategy's does
@@ -633,19 +645,45 @@ def busy_line(run_dir: Path, checked: Sequence[Mapping[str, Any]]) -> tuple[str,
 
 
 def _traffic(
-    cls: type, options: Mapping[str, Any], n: int, shape: Any, precision: Any, accumulate: int = 1
+    cls: type,
+    options: Mapping[str, Any],
+    n: int,
+    shape: Any,
+    precision: Any,
+    accumulate: int = 1,
+    sync_bn: bool = False,
 ) -> Any:
     """The class's `traffic` at world size `n` for an optimizer step of `accumulate`
     micro-batches (its `per_micro_batch` ops once each: FSDP's all-gathers at --accumulate 4
-    are four times one micro-batch's), or what it raised as the reason it is not modelled: a
-    plug-in's bug costs its own predictions, not the report of its run."""
+    are four times one micro-batch's), with SyncBatchNorm's under `sync_bn` (every forward
+    and backward's, so once a micro-batch too), or what it raised as the reason it is not
+    modelled: a plug-in's bug costs its own predictions, not the report of its run."""
     import strategies
+    from strategies.base import sync_bn_traffic
 
     traffic = strategies.answer(cls.traffic, options, n, shape, _text(precision))
     if isinstance(traffic, str):
         return traffic
     k, again = accumulate, cls.per_micro_batch
-    return [(op, b * k, c * k) if op in again else (op, b, c) for op, b, c in traffic]
+    traffic = [(op, b * k, c * k) if op in again else (op, b, c) for op, b, c in traffic]
+    if not sync_bn:
+        return traffic
+    synced = sync_bn_traffic(n, shape)
+    if isinstance(synced, str):
+        return synced
+    return traffic + [(op, b * k, c * k) for op, b, c in synced]
+
+
+def _sync_bn(row: Mapping[str, Any]) -> bool:
+    """Whether the case's row ran under --sync-bn: its sync_bn column, else (a run older
+    than that column) its setting's label."""
+    try:
+        value = float(row["sync_bn"])
+    except (KeyError, TypeError, ValueError):
+        value = math.nan
+    if value == value:
+        return value == 1
+    return "syncbn" in _text(row.get("setting")).split(",")
 
 
 def _same_steps(counted: Any, cls: type, options: Mapping[str, Any], setting: str) -> Any:

@@ -32,6 +32,8 @@ def model_shape(cfg: Any, num_classes: int | None):
             0 if ungroupable(model, norms) else len(norms),
         )
 
+    # every BatchNorm, parameters or not: --sync-bn converts each (its statistics synced)
+    norms = models.norm_layers(model)
     n, root, _, _ = layout(low=False)
     n_low, root_low, norm_bytes, n_norms = layout(low=True)
     return ModelShape(
@@ -43,4 +45,6 @@ def model_shape(cfg: Any, num_classes: int | None):
         low_root_bytes=root_low,
         norm_bytes=norm_bytes,
         norm_layers=n_norms,
+        batch_norms=len(norms),
+        batch_norm_channels=sum(m.num_features for m in norms),
     )
