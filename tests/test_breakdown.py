@@ -158,6 +158,9 @@ def test_comm_time_of_a_known_traffic() -> None:
         [("all_reduce", 1e6, 1)], {"all_reduce": FIT}, 8, busbw_GBps=10.0, alpha_us=5.0
     )
     assert got == pytest.approx(14 * 5e-3 + 1.75 * 1e6 / 1e10 * 1e3)
+    # the what-if's bandwidth is said as the one it timed at, for an op without a fit too
+    said = predict.bandwidths([("all_gather", 1e6, 1)], {"all_reduce": FIT}, busbw_GBps=10.0)
+    assert said == (10.0, "all_gather 10 GB/s")
 
 
 def test_predicted_step_and_band() -> None:

@@ -118,21 +118,30 @@ def comm_ms(
 
     total = 0.0
     for op, nbytes, calls in traffic:
-        fit = _fit_for(op, fits)
-        if alpha_us is not None:  # a named link: its latency per hop, at any world size
-            fit = {**fit, "alpha_us": alpha_us * collectives.hops(fit["op"], fit["world_size"])}
-        seconds = collectives.predict_seconds(
-            fit, op, nbytes / calls, world_size, busbw_GBps=busbw_GBps
-        )
-        total += calls * seconds * 1e3
+        fit = _fit_for(op, fits, busbw_GBps, alpha_us)
+        total += calls * collectives.predict_seconds(fit, op, nbytes / calls, world_size) * 1e3
     return total
 
 
-def _fit_for(op: str, fits: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The fit `op` is timed with: its own, else all-reduce's, else any (see comm_ms)."""
+def _fit_for(
+    op: str,
+    fits: Mapping[str, Mapping[str, Any]],
+    busbw_GBps: float | None = None,
+    alpha_us: float | None = None,
+) -> Mapping[str, Any]:
+    """The fit `op` is timed with: its own, else all-reduce's, else any (see comm_ms), with
+    a what-if's link in place of the measured one: its bus bandwidth (--busbw or --link)
+    and its latency per hop (--link; --busbw keeps the fit's). The one place a what-if is
+    applied: comm_ms times the collectives with it and `bandwidths` says it."""
+    from bench.harness import collectives
+
     fit = fits.get(op) or fits.get("all_reduce") or next(iter(fits.values()), None)
     if fit is None:
         raise ConfigError(f"no collective fit for {op}: the run measured none")
+    if busbw_GBps is not None:
+        fit = {**fit, "busbw_GBps": busbw_GBps}
+    if alpha_us is not None:  # a named link: its latency per hop, at any world size
+        fit = {**fit, "alpha_us": alpha_us * collectives.hops(fit["op"], fit["world_size"])}
     return fit
 
 
@@ -146,8 +155,8 @@ def bandwidths(
     reduce-scatters each at their own fit's, not at all-reduce's, which they never issue."""
     said, values = [], set()
     for op in dict.fromkeys(op for op, _, _ in traffic):
-        fit = _fit_for(op, fits)
-        value = float(fit["busbw_GBps"] if busbw_GBps is None else busbw_GBps)
+        fit = _fit_for(op, fits, busbw_GBps)
+        value = float(fit["busbw_GBps"])
         whose = "" if busbw_GBps is not None or fit["op"] == op else f" ({fit['op']}'s fit)"
         said.append(f"{op} {value:.3g} GB/s{whose}")
         values.add(value)

@@ -347,8 +347,6 @@ def predict_seconds(
     op: str,
     nbytes: float,
     world_size: int,
-    *,
-    busbw_GBps: float | None = None,
 ) -> float:
     """Time of `op` on an `nbytes` buffer over `world_size` ranks, from a `fit` entry.
 
@@ -361,9 +359,9 @@ def predict_seconds(
 
     a is the latency of one ring step and B the bus bandwidth, both properties of the link
     and so carried over from the fit: a = alpha_fit / h(p_fit), where h is the fitted op's
-    step count (2(p-1) for all_reduce, p-1 for the others), and B is the fitted busbw
-    unless `busbw_GBps` (1e9 bytes/s) overrides it, e.g. for a faster link. `op` may differ
-    from the fitted op. One rank moves nothing: p == 1 gives 0.0.
+    step count (2(p-1) for all_reduce, p-1 for the others), and B is the fitted busbw (a
+    what-if link is a fit with its figures in place: bench.analysis.predict). `op` may
+    differ from the fitted op. One rank moves nothing: p == 1 gives 0.0.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
@@ -373,7 +371,7 @@ def predict_seconds(
     if p_fit < 2:
         raise ValueError("a fit on one rank has no per-step latency to carry over")
     alpha_step = model["alpha_us"] * 1e-6 / hops(model["op"], p_fit)
-    busbw = model["busbw_GBps"] if busbw_GBps is None else busbw_GBps
+    busbw = model["busbw_GBps"]
     transfer = bus_factor(op, world_size) * nbytes / (busbw * 1e9) if busbw != math.inf else 0.0
     return hops(op, world_size) * alpha_step + transfer
 
