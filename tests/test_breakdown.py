@@ -1120,6 +1120,7 @@ def test_a_check_missed_on_a_busy_machine_says_so(probed_run, tmp_path, capsys) 
     def said(source: str) -> list[str]:
         model = json.loads((slow / "model.json").read_text())
         model["peaks"] = {"fp32/2t": [0.1, f"measured: fp32 matmul {source}"]}
+        model["busy_peaks"] = ["fp32/2t"] if "busy" in source else []
         (slow / "model.json").write_text(json.dumps(model))
         assert main(["predict", str(slow), "--world-sizes", "2"]) == 0
         return capsys.readouterr().out.splitlines()
@@ -1131,6 +1132,25 @@ def test_a_check_missed_on_a_busy_machine_says_so(probed_run, tmp_path, capsys) 
     assert "slowed by a busy machine" in doubt and "the model misses" not in doubt, doubt
     (busy,) = [ln for ln in lines if ln.startswith("Busy machine: ddp_spawn at 2 ran faster")]
     assert "fp32/2t in model.json" in busy
+
+
+def test_the_busy_machine_line_reads_fields_not_wording(tmp_path) -> None:
+    """busy_line found the checks it explains by the words "share its cores" in the row's
+    basis, and the busy machine by the words of model.json's peak source: a rewording of
+    either silenced it. It reads the row's shares_cores and model.json's busy_peaks; a
+    model.json written before that list still says it in its peak's source."""
+    row = {"case": "ddp_spawn", "world_size": 2, "error_pct": -60.0, "basis": ""}
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"peaks": {"fp32/2t": [0.1, "timed"]}, "busy_peaks": ["fp32/2t"]}))
+    line, cases = predict.busy_line(tmp_path, [{**row, "shares_cores": True}])
+    assert line.startswith("Busy machine: ddp_spawn at 2 ran faster") and cases == ["ddp_spawn"]
+    assert "(fp32/2t in model.json)" in line
+    assert predict.busy_line(tmp_path, [{**row, "shares_cores": False}]) == ("", [])
+    model.write_text(json.dumps({"peaks": {"fp32/2t": [0.1, "timed"]}, "busy_peaks": []}))
+    assert predict.busy_line(tmp_path, [{**row, "shares_cores": True}]) == ("", [])
+    before = "measured: fp32 matmul on 1 thread (on 2 it measured less: a busy machine)"
+    model.write_text(json.dumps({"peaks": {"fp32/2t": [0.1, before]}}))
+    assert predict.busy_line(tmp_path, [{**row, "shares_cores": True}])[1] == ["ddp_spawn"]
 
 
 def test_predict_takes_no_exposed_share_from_an_ablation_that_leaves_collectives_on(

@@ -328,6 +328,8 @@ def test_a_cpu_runs_one_thread_peak_is_one_figure(tmp_path, data_root, monkeypat
     cfg = cfg.replace(scaling_model=True)
     (tmp_path / "r").mkdir()
     runner.measure_flops(cfg, runner.plan(cfg), tmp_path / "r", echo=lambda m: None)
-    peaks = json.loads((tmp_path / "r" / "model.json").read_text())["peaks"]
+    info = json.loads((tmp_path / "r" / "model.json").read_text())
+    peaks = info["peaks"]
     assert peaks["fp32/1t"][0] == peaks["fp32/2t"][0] == 0.105
     assert timed.count(1) == 1
+    assert info["busy_peaks"] == ["fp32/2t"]  # what predict.busy_line reads

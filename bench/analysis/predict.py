@@ -443,7 +443,8 @@ def predict_run(
                 )
                 continue
             own1 = measured1  # what the efficiency is over: the one process as measured
-            if cpu and not oversubscribed(n, cores):
+            shares_cores = cpu and not oversubscribed(n, cores)
+            if shares_cores:
                 # N ranks on cores/N threads each share this machine's cores, as the runner
                 # shares them: together they do the one-process cell's work on the same
                 # cores, in about its time
@@ -548,6 +549,9 @@ def predict_run(
                     if measured == measured and n > 1
                     else float("nan"),
                     "basis": basis,
+                    # N ranks on this machine's cores, given the one-process cell's compute
+                    # (busy_line reads it)
+                    "shares_cores": shares_cores,
                 }
             )
     return out
@@ -620,25 +624,32 @@ def doubtful_line(case: str, where: str, busy: Collection[str] = ()) -> str:
     )
 
 
+#: what model.json's peak sources said of a busy machine before it listed them in
+#: `busy_peaks` (runner.measure_flops): read only in a model.json without that list
+BUSY_PEAK_BEFORE = "measured less: a busy machine"
+
+
 def busy_line(run_dir: Path, checked: Sequence[Mapping[str, Any]]) -> tuple[str, list[str]]:
     """A line where checks at world sizes whose ranks share the cores came out doubtful and
     faster than predicted on a CPU whose several-thread matrix product timed under one
-    thread's at the run's start (model.json): the one-process cells' threads waited on each
-    other there, and their steps, which such a prediction stands on, are no measure of the
-    cores (2-core runs beside other work: ranks of one thread each 3 to 7 times faster).
-    Also the cases it names; ("", []) where it has nothing to say."""
-    from bench.harness.runner import BUSY_PEAK
-
+    thread's at the run's start (model.json's `busy_peaks`): the one-process cells' threads
+    waited on each other there, and their steps, which such a prediction stands on, are no
+    measure of the cores (2-core runs beside other work: ranks of one thread each 3 to 7
+    times faster). Also the cases it names; ("", []) where it has nothing to say."""
     slow = [
         r
         for r in checked
-        if is_doubtful(r["error_pct"]) and r["error_pct"] < 0 and "share its cores" in r["basis"]
+        if is_doubtful(r["error_pct"]) and r["error_pct"] < 0 and r["shares_cores"]
     ]
     if not slow:  # nothing to explain: model.json unread
         return "", []
     try:
-        peaks = json.loads((run_dir / "model.json").read_text()).get("peaks", {})
-        busy = sorted(k for k, v in peaks.items() if BUSY_PEAK in str(v[1]))
+        info = json.loads((run_dir / "model.json").read_text())
+        if "busy_peaks" in info:
+            busy = sorted(str(k) for k in info["busy_peaks"])
+        else:  # written before the list: its peaks' sources said it
+            peaks = info.get("peaks", {})
+            busy = sorted(k for k, v in peaks.items() if BUSY_PEAK_BEFORE in str(v[1]))
     except (OSError, ValueError, AttributeError, TypeError, IndexError, KeyError):
         return "", []
     if not busy:

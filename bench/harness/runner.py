@@ -1507,8 +1507,9 @@ def measure_collectives(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: 
             )
 
 
-#: what a CPU peak's source says where several threads timed under one thread's figure
-#: (predict reads it: a run whose multi-thread cells were slowed by the machine)
+#: what a CPU peak's source says where several threads timed under one thread's figure (a
+#: run whose multi-thread cells were slowed by the machine; model.json's `busy_peaks` lists
+#: those peaks for predict)
 BUSY_PEAK = "measured less: a busy machine"
 
 
@@ -1605,6 +1606,8 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
         "flops_note": "" if fps else "FLOPs not countable for this model",
         "shape": dataclasses.asdict(model_shape(cfg, bundle.num_classes)),
         "peaks": {},
+        #: the CPU peaks whose several threads timed under one thread (predict.busy_line)
+        "busy_peaks": [],
     }
     names = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -1665,6 +1668,7 @@ def measure_flops(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: Echo) 
                 if one > peak:
                     peak = one
                     how = f"on 1 thread (on {threads} it {BUSY_PEAK})"
+                    info["busy_peaks"].append(key)
             why = "" if native else f" (no {precision} units in this CPU: its fp32 peak)"
             info["peaks"][key] = (peak, f"measured: {measured} matmul {how}{why}")
     # whole or not at all: a model.json cut short (the disk filled up) would not be
