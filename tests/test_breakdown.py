@@ -965,6 +965,36 @@ def test_a_strategy_whose_traffic_raises_is_left_out_with_what_it_raised(
     assert "raised RuntimeError: traffic broke on purpose (test_traffic_fails, " in last
 
 
+def test_a_strategy_whose_traffic_cannot_be_timed_is_left_out_with_why(
+    probed_run, tmp_path, capsys
+) -> None:
+    """A plug-in whose `traffic` named a collective with no ring model (all_to_all) stopped
+    `parabench predict` in a ValueError traceback, and left the report's scaling section
+    "No prediction" for every strategy: it costs its own predictions, with the reason."""
+    from bench.analysis import report
+    from bench.cli import main
+
+    run, _ = probed_run
+    odd = Path(shutil.copytree(run, tmp_path / "odd"))
+    runs = pd.read_csv(odd / "runs.csv", dtype=str, keep_default_na=False)
+    name = "test_traffic_untimed"
+    pd.concat([runs, runs.assign(strategy=name, strategy_name=name)]).to_csv(
+        odd / "runs.csv", index=False
+    )
+    for cell in list((odd / "cells").iterdir()):  # its compute curves: ddp_spawn's
+        shutil.copytree(cell, cell.with_name(cell.name.replace("ddp_spawn", name)))
+    with faulty_strategies():
+        why: list[str] = []
+        rows = predict.predict_run(odd, [2, 4], holdout=True, why=why)
+        assert {r["strategy"] for r in rows} == {"ddp_spawn"}
+        said = f"{name}: TrafficUntimed.traffic() gave ('all_to_all', "
+        assert any(w.startswith(said) and "predict cannot time" in w for w in why), why
+        text = report.scaling_markdown(report.load_run(odd))
+        assert main(["predict", str(odd), "--world-sizes", "2,4"]) == 0
+    assert "No prediction" not in text and "| ddp_spawn |" in text
+    assert "predict cannot time" in capsys.readouterr().err
+
+
 def test_predict_leaves_out_a_world_size_the_cases_micro_batches_cannot_run_at(
     probed_run, tmp_path, capsys
 ) -> None:

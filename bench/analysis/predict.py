@@ -684,6 +684,9 @@ def _traffic(
     traffic = strategies.answer(cls.traffic, options, n, shape, _text(precision))
     if isinstance(traffic, str):
         return traffic
+    untimed = _untimed(cls, traffic)
+    if untimed:
+        return untimed
     k, again = accumulate, cls.per_micro_batch
     traffic = [(op, b * k, c * k) if op in again else (op, b, c) for op, b, c in traffic]
     if not sync_bn:
@@ -692,6 +695,29 @@ def _traffic(
     if isinstance(synced, str):
         return synced
     return traffic + [(op, b * k, c * k) for op, b, c in synced]
+
+
+def _untimed(cls: type, traffic: Any) -> str:
+    """Why `traffic` (a plug-in's) cannot be timed, or "": each entry (op, bytes, calls) of
+    an op the ring model knows. Found here, it costs that strategy's predictions; found as
+    they were timed, it stopped predict in a traceback and left the report's scaling section
+    with no prediction of any strategy."""
+    from bench.harness import collectives
+
+    entries = traffic if isinstance(traffic, list | tuple) else [traffic]
+    for entry in entries:
+        try:
+            op, nbytes, calls = entry
+            ok = op in collectives.RING_HOPS and 0 <= float(nbytes) < math.inf
+            ok = ok and int(calls) == calls >= 1
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            return (
+                f"{cls.__name__}.traffic() gave {entry!r}, which predict cannot time: an "
+                f"entry is (op, bytes, calls), op one of {', '.join(collectives.RING_HOPS)}"
+            )
+    return ""
 
 
 def _sync_bn(row: Mapping[str, Any]) -> bool:

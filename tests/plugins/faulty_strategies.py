@@ -212,6 +212,17 @@ class TrafficFails(DistributedDataParallel):
         raise RuntimeError("traffic broke on purpose")
 
 
+class TrafficUntimed(DistributedDataParallel):
+    """Trains like DDP, but its `traffic` names a collective the ring model has no time for:
+    its predictions must say so, not stop the others'."""
+
+    variants = {"test_traffic_untimed": Variant("spawn", "DDP whose traffic() is all_to_all")}
+
+    @classmethod
+    def traffic(cls, options, world_size, shape, precision):
+        return [("all_to_all", float(shape.param_bytes), 1)]
+
+
 class NotesFail(Strategy):
     """Trains like single, but its run_notes (asked after the timed steps) raises: the
     row must keep what was measured, the notes saying what it raised."""
