@@ -4,6 +4,7 @@ workload; and parity of a BatchNorm model against the baseline cut into the same
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import textwrap
@@ -14,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+from bench.analysis import report
 from bench.analysis.verify import table, verify
 from bench.cli import main
 from bench.config import ConfigError, RunConfig
@@ -886,6 +888,38 @@ def test_the_language_model_reports_tokens_per_second_and_shards_with_fsdp(tmp_p
     assert ok["eval_accuracy"].between(0, 1).all()  # per-token accuracy
     state = ok["model_state_mib"]
     assert state[("fsdp", 2)] < 0.6 * state[("ddp_spawn", 2)]
+
+
+def test_runs_csv_tells_language_models_of_different_sizes_apart(tmp_path):
+    # runs.csv of several runs concatenated: `model` is `lm` in each, whatever its size
+    cfg = RunConfig(
+        model="lm",
+        dataset="synthetic",
+        model_kwargs={"size": "tiny", "depth": 1},
+        seq_len=16,
+        strategies=("single",),
+        world_sizes=(1,),
+        device="cpu",
+        global_batch=4,
+        max_steps=2,
+        warmup_steps=1,
+        limit=64,
+        eval_samples=0,
+        scaling_model=False,
+        out_dir=str(tmp_path),
+    )
+    run_dir, _ = run_matrix(cfg, echo=lambda m: None)
+    row = pd.read_csv(run_dir / "runs.csv").iloc[0]
+    assert row["status"] == "ok", row["reason"]
+    built = models.build_model("lm", 256, (16,), size="tiny", depth=1)
+    assert row["model_params"] == sum(p.numel() for p in built.parameters())
+    assert row["seq_len"] == 16
+    assert json.loads(row["model_args"]) == {"size": "tiny", "depth": 1}
+    assert json.loads(row["dataset_args"]) == {}
+    # a runs.csv from before these columns still reads, with them empty
+    reference = Path(__file__).parents[1] / "results" / "reference"
+    old = report.load_run(reference / "cpu-2core-transformer-20261127")
+    assert old.runs["model_params"].isna().all() and old.runs["seq_len"].isna().all()
 
 
 def test_a_config_error_names_the_bad_model_arg_for_the_language_model():

@@ -109,6 +109,14 @@ PARAMS = [
     "data_path",
     "step_timing",
     "model",
+    # --model-arg and --dataset-arg as given (JSON): what the model's name alone does not say,
+    # as the lm's size (tiny and base are both `lm`); the run's every row says them
+    "model_args",
+    "dataset_args",
+    # what the cell built: the model's parameters (all of it, before any strategy shards or
+    # splits it) and a token model's tokens per sample (--seq-len; empty for images)
+    "model_params",
+    "seq_len",
     "global_batch",
     "per_rank_batch",
     "micro_batch",

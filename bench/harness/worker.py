@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.parameter import is_lazy
 from torch.utils.data import DataLoader
 
 import strategies
@@ -197,6 +198,10 @@ def _train(
     seed_everything(cfg.seed)  # identical initial weights for every strategy and rank
     fed = bundle.spec or models.spec(cfg)  # what one sample of input is
     model = models.build(cfg, bundle.num_classes, fed)
+    # the whole model's, counted before a strategy shards or splits it: its runs.csv column
+    # (none for a model with lazy layers, whose sizes its first batch decides)
+    params = list(model.parameters())
+    n_params = "" if any(is_lazy(p) for p in params) else sum(p.numel() for p in params)
     strategy.loss_fn = models.loss_of(model)
     if cfg.no_dropout:
         without_dropout(model)
@@ -301,6 +306,7 @@ def _train(
                 "ranks": ranks,
                 "per_rank_batch": per_rank,
                 "tokens_per_sample": fed.tokens,
+                "model_params": n_params,
                 "micro_batch": strategy.micro_batch(cfg.global_batch),
                 "data_ranks": strategy.data_ranks()[0],
                 "extra": extra,
