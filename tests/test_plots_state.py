@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from itertools import pairwise
 
 import numpy as np
@@ -487,6 +488,30 @@ def test_a_legend_taller_than_the_figure_makes_the_figure_taller() -> None:
     fig.draw_without_rendering()
     box = fig.axes[0].get_legend().get_window_extent(fig.canvas.get_renderer())
     assert fig.get_figheight() > height
+    assert box.y0 >= 0 and box.y1 <= fig.bbox.height
+
+
+def test_a_legend_of_thirty_strategies_leaves_the_time_split_its_axes() -> None:
+    """32 strategies at two world sizes (make bench's and as many more): the legend beside
+    the time split was taller than the figure, matplotlib warned "constrained_layout not
+    applied" and the axes collapsed to a line under their bars' notes, in report.md's PNG
+    and the notebook alike; growing the figure after that first layout came too late."""
+    parts = {col: 10.0 for col in plots.STEP_PARTS}
+    rows = pd.DataFrame(
+        [
+            {"strategy": f"strategy_{i:02d}", "world_size": ws, "step_time_ms_mean": 60.0} | parts
+            for i in range(32)
+            for ws in (1, 2)
+        ]
+    )
+    fig = plots.time_parts(rows)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        plots.fit_titles(fig)
+    assert not [w for w in said if "constrained_layout" in str(w.message)]
+    ax = fig.axes[0]
+    assert ax.bbox.height > fig.dpi  # an inch at least for the bars
+    box = ax.get_legend().get_window_extent(fig.canvas.get_renderer())
     assert box.y0 >= 0 and box.y1 <= fig.bbox.height
 
 

@@ -87,6 +87,7 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
     legend beside the axes runs past its bottom (the layout had squeezed the axes to a
     strip above a legend cut off in the PNG); `pad`: pixels kept clear of the edge.
     Lays the figure out to measure; returns it."""
+    _legend_room(fig, pad)
     for _ in range(4):  # wrapping makes a title taller, and the layout moves the axes
         fig.draw_without_rendering()
         renderer = fig.canvas.get_renderer()
@@ -123,6 +124,25 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
         if done:
             break
     return fig
+
+
+def _legend_room(fig: Figure, pad: float = 4.0) -> None:
+    """Make the figure as tall as its tallest legend beside the axes, and the title over
+    them, before it is laid out (here, or by _renderer for the notes over bars): a legend
+    taller than the figure left the constrained layout no room for the axes (30 strategies
+    at two world sizes: matplotlib warned "constrained_layout not applied", the time
+    split's axes collapsed to a line and its notes' headroom was measured on that line)."""
+    renderer = fig.canvas.get_renderer()
+    need = 0.0
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        title = ax.title.get_window_extent(renderer).height if ax.title.get_text() else 0.0
+        need = max(need, legend.get_window_extent(renderer).height + title)
+    need += 4 * pad  # the layout's margins
+    if need > fig.bbox.height:  # and room for the axes' x axis below the legend's top
+        fig.set_figheight(need / fig.dpi + 0.5)
 
 
 def _cell_label(name: str, ws: int) -> str:
@@ -536,6 +556,7 @@ def _renderer(ax: Axes) -> Any:
     assert fig is not None
     if not isinstance(fig.canvas, FigureCanvasAgg):  # a bare Figure(): what _figure gives
         FigureCanvasAgg(fig)
+    _legend_room(fig)
     fig.draw_without_rendering()
     return fig.canvas.get_renderer()  # type: ignore[attr-defined]
 
