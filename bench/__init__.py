@@ -13,12 +13,33 @@ the harness wrote, so it works on a run from another machine.
 import importlib
 import importlib.abc
 import importlib.util
+import shlex
+import shutil
 import sys
 import warnings
 from pathlib import Path
 
 #: the folder holding bench/ and strategies/: what a rank's PYTHONPATH starts with
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def program() -> str:
+    """parabench as a command we tell the user to run (`... --resume DIR`): as they called it
+    (README's `.venv/bin/parabench`, or another path), or `parabench` where that name finds
+    the same program (an activated environment, an install on the PATH), or where it was not
+    called by its name (`python -m bench.cli`, or in-process). A hint saying `parabench` to
+    one who had typed .venv/bin/parabench was "command not found" in a fresh shell."""
+    called = sys.argv[0] if sys.argv else ""
+    if Path(called).name != "parabench":
+        return "parabench"
+    found = shutil.which("parabench")
+    try:
+        if found and Path(found).samefile(called):
+            return "parabench"
+    except OSError:  # argv[0] names no file here (changed by the caller)
+        return "parabench"
+    return shlex.quote(called)
+
 
 #: bench's modules before the rooms (they sat at its top), and where each is now
 MOVED = {

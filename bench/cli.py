@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import torch_too_old
+from bench import program, torch_too_old
 from bench.config import (
     DATASETS,
     DEFAULT_LR,
@@ -544,7 +544,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print(
                 f"interrupted while writing the report: every row is in {run_dir}; "
-                f"`parabench report {run_dir}` writes it",
+                f"`{program()} report {run_dir}` writes it",
                 file=sys.stderr,
             )
             return 130
@@ -552,7 +552,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             # the run is whole: said as such, its table shown, not a line of bad input
             print(
                 f"parabench: no report: {exc}; every row is in {run_dir}: "
-                f"`parabench report {run_dir}` writes it",
+                f"`{program()} report {run_dir}` writes it",
                 file=sys.stderr,
             )
     print(summary.table(rows))
@@ -818,7 +818,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
             "that wants another form takes --sbatch-arg=--gres=gpu:N instead"
         )
     print(f"submitted job {job}: {n} node(s) x {per}; results in {run_dir}")
-    print(f"  parabench status {shlex.quote(str(run_dir))}    scancel {job}")  # as it runs
+    print(f"  {program()} status {shlex.quote(str(run_dir))}    scancel {job}")  # as it runs
     return 0
 
 

@@ -1770,3 +1770,34 @@ def test_the_readme_runs_python_commands_with_the_venvs_python() -> None:
     # nor in what every report.md says, or the collectives benchmark's usage line
     for source in ("bench/analysis/report.py", "bench/harness/collectives.py"):
         assert re.findall(bare, (ROOT / source).read_text(), re.M) == [], source
+
+
+def test_a_hint_names_parabench_as_the_user_called_it(tmp_path) -> None:
+    """README has a newcomer type `.venv/bin/parabench` (make installs it there, not on the
+    PATH); the commands its lines said to run next began `parabench`, which that shell did
+    not find. They name the program as it was called, or `parabench` where that finds it."""
+    import subprocess
+
+    script = tmp_path / "venv" / "bin" / "parabench"
+    script.parent.mkdir(parents=True)
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom bench.cli import main\nsys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    run_dir = tmp_path / "begun"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text("{}")  # a run stopped before its first row
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def said(path: str) -> str:
+        args = [path, "predict", str(run_dir), "--world-sizes", "4"]
+        done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        return done.stderr
+
+    env["PATH"] = os.pathsep.join(
+        p for p in env["PATH"].split(os.pathsep) if p != str(script.parent)
+    )
+    assert f"`venv/bin/parabench run --resume {run_dir}`" in said("venv/bin/parabench")
+    env["PATH"] = os.pathsep.join([str(script.parent), env["PATH"]])  # an activated venv
+    assert f"`parabench run --resume {run_dir}`" in said("venv/bin/parabench")

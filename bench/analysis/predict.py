@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import program
 from bench.config import ConfigError, comma_items, run_dir_named
 
 #: what-if links: (all-reduce bus bandwidth GB/s, latency per hop in µs), stated assumptions.
@@ -325,7 +326,7 @@ def _config(run_dir: Path, link: str | None = None) -> Any:
         raise ConfigError(f"{run_dir} is not a run directory (no config.json)")
     if not rd.runs.path.exists():
         raise ConfigError(
-            f"{run_dir}: no cell has finished yet (no runs.csv); `parabench run --resume "
+            f"{run_dir}: no cell has finished yet (no runs.csv); `{program()} run --resume "
             f"{run_dir}` continues the run"
         )
     if link is not None and link not in LINKS:

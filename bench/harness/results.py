@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from bench import program
 from bench.harness import stats
 from bench.harness.breakdown import PARTS, hidden, stacked
 from bench.harness.probes import PHASES
@@ -226,7 +227,7 @@ def resume_command(launcher: str, path: Path) -> str:
     """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
     submitted run's own job script, whose first branch resumes it."""
     # quoted, so that it runs as printed where the path holds a space
-    how = f"parabench run --resume {shlex.quote(str(path))}"
+    how = f"{program()} run --resume {shlex.quote(str(path))}"
     if launcher != "slurm":
         return how
     if (path / "job.sbatch").exists():

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 import strategies
-from bench import ROOT
+from bench import ROOT, program
 from bench.config import ConfigError, RunConfig, RunStopped
 from bench.harness import nodes, proc, results, slurm
 from bench.harness.env import (
@@ -587,7 +587,7 @@ class RunDir:
     def _being_run(self, pid: str) -> str:
         return (
             f"{self.path} is being run by another parabench (pid {pid}); wait for it to "
-            f"end, or stop it and then `parabench run --resume {self.path}`"
+            f"end, or stop it and then `{program()} run --resume {self.path}`"
         )
 
     def check_free(self) -> None:
@@ -640,7 +640,7 @@ class RunDir:
                 raise ConfigError(
                     f"{self.runs.path} was written by a parabench from before run options (no "
                     "setting column): this one cannot tell which of its cells have run; "
-                    "`parabench report` reads it, a new run measures again"
+                    f"`{program()} report` reads it, a new run measures again"
                 )
             try:
                 if None in r or None in r.values():  # fewer or more fields than the header
@@ -1385,7 +1385,7 @@ def check_unsubmitted(path: Path) -> None:
     if job == os.environ.get("SLURM_JOB_ID"):
         return
     raise ConfigError(
-        f"{path} was submitted already, as job {job} (`parabench status "
+        f"{path} was submitted already, as job {job} (`{program()} status "
         f"{shlex.quote(str(path))}`; a job that stopped resumes with `sbatch "
         f"{shlex.quote(str(path / 'job.sbatch'))}`); choose another --run-id"
     )

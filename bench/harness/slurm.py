@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import ROOT
+from bench import ROOT, program
 from bench.config import ConfigError, run_dir_named
 from bench.harness.nodes import PORTS
 
@@ -71,7 +71,7 @@ def describe(nodes: int | None, procs_per_node: int) -> dict[str, Any]:
     if not in_allocation():
         raise ConfigError(
             "--launcher slurm runs inside an allocation (salloc, or a batch job): outside one, "
-            "`parabench submit` writes and submits the batch job"
+            f"`{program()} submit` writes and submits the batch job"
         )
     names, addrs = allocation()
     n = len(names) if nodes is None else nodes
@@ -319,7 +319,7 @@ def status(run_dir: Path) -> str:
     run_dir = run_dir_named(run_dir)
     job_file = run_dir / "job.id"
     if not job_file.exists():
-        raise ConfigError(f"{run_dir} has no job.id: it was not made by `parabench submit`")
+        raise ConfigError(f"{run_dir} has no job.id: it was not made by `{program()} submit`")
     job = job_file.read_text().strip()
     if not re.fullmatch(r"\d+", job):  # what `sbatch --parsable` printed, its cluster cut off
         raise ConfigError(

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench import program
 from bench.config import ConfigError, RunConfig, one_line
 from bench.workload import plugins
 
@@ -323,7 +324,7 @@ def check_model(model: str) -> None:
         raise ConfigError(
             f"unknown model {model!r}; use mnist_cnn, transformer, lm, a torchvision "
             "classification model (e.g. resnet18), or your own as package.module:factory or "
-            "path/to/file.py:factory (`parabench list` shows all)"
+            f"path/to/file.py:factory (`{program()} list` shows all)"
         )
 
 
