@@ -13,6 +13,8 @@ own, and of the MLP's first layer). Embedding, norms and head are replicated.
 The rows carry the bytes handed to collectives per optimizer step (summed over ranks),
 counted on the first step by a dispatch mode that sees every functional and c10d
 collective op (not under --compile: dynamo compiles nothing while a dispatch mode is on).
+The mode slows the step it watches: a run with --warmup-steps 0, which would time it,
+skips these cells with the reason.
 """
 
 from __future__ import annotations
@@ -60,6 +62,19 @@ def tp_problem(cfg: Any, tp: int) -> str | None:
         if heads % tp:
             heads_ = f"{heads} attention head{'s' if heads != 1 else ''}"
             return f"{heads_} cannot be split over {tp} tensor-parallel ranks"
+    return None
+
+
+def counted_untimed(cfg: Any) -> str | None:
+    """Why the step the bytes are counted in would be timed, or None. The counting mode adds
+    Python work to every op of the first step: with no warm-up step to hold it, that step is
+    timed (verify times nothing and has no warm-up: its steps are compared, not timed)."""
+    if not cfg.save_params and cfg.warmup_steps == 0:
+        return (
+            "the bytes of its collectives are counted in its first step, under a mode that "
+            "adds Python work to every op: --warmup-steps 0 would time that step; give "
+            "--warmup-steps 1 or more"
+        )
     return None
 
 
@@ -163,7 +178,7 @@ class TensorParallel(TensorParallelMixin, TorchDistributed):
     def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
         if world_size < 2:
             return "tensor parallelism needs at least 2 ranks (at world size 1 it is `single`)"
-        return tp_problem(cfg, world_size)
+        return tp_problem(cfg, world_size) or counted_untimed(cfg)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         from torch.distributed.device_mesh import init_device_mesh
@@ -219,7 +234,7 @@ class FSDPTensorParallel(TensorParallelMixin, FSDP2):
                 f"2-D needs at least 2 data-parallel groups of tp={tp} ranks: world size "
                 f"must be a multiple of tp={tp} and at least {2 * tp}, got {world_size}"
             )
-        return tp_problem(cfg, tp)
+        return tp_problem(cfg, tp) or counted_untimed(cfg)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         from torch.distributed.device_mesh import init_device_mesh

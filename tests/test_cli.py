@@ -145,6 +145,19 @@ CASES = [
         ["--strategies", "single", "--compile", "--warmup-steps", "0", "--dry-run"],
         "--warmup-steps 0 would time that compilation as a training step",
     ),
+    (  # tp counts its collectives' bytes in its first step, under a mode that slows it
+        [
+            "--strategies",
+            "tp",
+            "--model",
+            "transformer",
+            "--world-sizes",
+            "2",
+            "--warmup-steps",
+            "0",
+        ],
+        "--warmup-steps 0 would time that step; give --warmup-steps 1 or more",
+    ),
     (["--strategies", "amp_ddp", "--precision", "fp32"], "trains in bf16 | fp16 only"),
     # said without its reason, tp's refusal read as caution (fp16 there failed mid-cell)
     (

@@ -241,6 +241,21 @@ def test_model_parallel_cells_that_cannot_run_are_skipped_with_reasons(tmp_path,
     assert why[("pipeline_1f1b", 2)] == ""
 
 
+def test_the_step_tensor_parallelism_counts_its_bytes_in_is_never_timed(tmp_path, data_root):
+    """The bytes of tp's collectives are counted in its first step, under a dispatch mode that
+    adds Python work to every op: with --warmup-steps 0 that step was timed (a 2-rank tp
+    cell's first step 507 ms, the others 80-170 ms). Its cells are skipped rows then, with
+    the reason; verify, which times nothing and has no warm-up, runs them."""
+    cfg = _cfg(tmp_path, data_root, world_sizes=(2, 4), oversubscribe=True, warmup_steps=0)
+    for warmup, verify_, skipped in ((0, False, True), (1, False, False), (0, True, False)):
+        cells = plan(cfg.replace(warmup_steps=warmup, save_params=verify_))
+        why = {(c.strategy, c.world_size): c.reason for c in cells}
+        for key in (("tp", 2), ("tp", 4), ("fsdp_tp", 4)):
+            said = "--warmup-steps 0 would time that step; give --warmup-steps 1" in why[key]
+            assert said == skipped, (warmup, verify_, key, why[key])
+        assert why[("ddp_spawn", 2)] == ""  # a strategy that counts nothing runs
+
+
 @pytest.mark.parametrize(
     "strategy, world_size, kw, message",
     [
