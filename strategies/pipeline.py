@@ -264,13 +264,16 @@ class Pipeline(TorchDistributed):
         self.first = 0 in mine
         self.last = n_stages - 1 in mine
         self.n_stages, self.per_rank = n_stages, v
-        self.busy_s, self.sent_bytes = 0.0, 0
-        #: this step's compute chunks (on CUDA: events on the stream, read after the step)
+        self.sent_bytes = 0
+        #: this step's compute chunks (on CUDA: events on the stream, read after the epoch)
         self.chunk_clock = PhaseClock(self.ctx.device)
         for stage in self.stages:
             self._instrument(stage)
         self.schedule = self._schedule()
-        self.spans: list[tuple[float, float, int]] = []  # (step s, busy s, bytes sent)
+        #: per step: its span, its chunks' clock and the bytes it sent; the clocks are read
+        #: in cell_metrics, after the epoch (on CUDA a read waits for the device: in the loop
+        #: it would synchronise every step, under --step-timing events too)
+        self.spans: list[tuple[Span, PhaseClock, int]] = []
         layout = ", ".join(f"{b - a}" for a, b in cuts)
         self.notes.append(
             f"{type(self.schedule).__name__}: {n_stages} stages over {ws} ranks "
@@ -331,17 +334,16 @@ class Pipeline(TorchDistributed):
         losses: list[torch.Tensor] = []
         args = (x,) if self.first else ()
         kwargs: dict[str, Any] = {"target": y, "losses": losses} if self.last else {}
-        self.sent_bytes = 0  # (busy_s is read from the chunk clock after the step)
+        self.sent_bytes = 0
         # (on CUDA an event's span, as the chunks' compute is: a host clock started here
         # would count the last step's optimizer still queued under --step-timing events)
         span = Span(self.ctx.device)
         span.start()
         with self.autocast():
             self.schedule.step(*args, return_outputs=False, **kwargs)
-        seconds = span.seconds()  # (the device waited for)
-        self.busy_s = sum(sum(ms.values()) for ms in self.chunk_clock.steps()) / 1e3
+        span.stop()  # (marked, not read: the device is not waited for)
+        self.spans.append((span, self.chunk_clock, self.sent_bytes))
         self.chunk_clock = PhaseClock(self.ctx.device)
-        self.spans.append((seconds, self.busy_s, self.sent_bytes))
         if self.last:  # the mean of equal micro-batches' means: the batch mean
             return torch.stack([loss.detach().float() for loss in losses]).mean()
         return torch.zeros((), device=self.ctx.device)
@@ -355,8 +357,9 @@ class Pipeline(TorchDistributed):
         # asked once per epoch: this epoch's steps, cleared for the next epoch's
         timed = self.spans[warmup_steps:] or self.spans
         self.spans = []
-        span = sum(s for s, _, _ in timed)
-        idle = 1.0 - sum(b for _, b, _ in timed) / span if span > 0 else float("nan")
+        span = sum(s.seconds() for s, _, _ in timed)
+        busy = sum(sum(ms.values()) for _, clock, _ in timed for ms in clock.steps()) / 1e3
+        idle = 1.0 - busy / span if span > 0 else float("nan")
         sent = sum(n for _, _, n in timed) / max(len(timed), 1)
         every = self.gather((idle, sent))
         p, v, m = self.ctx.world_size, self.per_rank, self.microbatches

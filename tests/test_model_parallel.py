@@ -187,6 +187,23 @@ def test_shared_batch_samples_are_counted_once():
     assert results.measure(rec, 2, "cpu")["samples"] == 64
 
 
+class _Read:
+    """A step's span or chunk clock as a pipeline keeps it, read as `s` seconds."""
+
+    def __init__(self, s: float) -> None:
+        self.s = s
+
+    def seconds(self) -> float:
+        return self.s
+
+    def steps(self) -> list[dict[str, float]]:
+        return [{"forward": 1e3 * self.s}]
+
+
+def _spans(step_s: float, busy_s: float, sent: int) -> tuple:
+    return (_Read(step_s), _Read(busy_s), sent)
+
+
 def test_a_pipeline_epochs_bubble_and_bytes_are_its_own_timed_steps():
     # cell_metrics is asked once per epoch with that epoch's warm-up: the steps of an epoch
     # before it (and this epoch's warm-up) are not this epoch's figures
@@ -196,10 +213,70 @@ def test_a_pipeline_epochs_bubble_and_bytes_are_its_own_timed_steps():
     pipe.n_stages, pipe.per_rank, pipe.spans = 2, 1, []
     # (step s, busy s, bytes sent): epoch 0 idles half of each step, epoch 1 a quarter
     for epoch, (busy, sent) in enumerate(((0.5, 100), (0.75, 300))):
-        pipe.spans += [(1.0, 0.0, 7)] + [(1.0, busy, sent)] * 3  # one warm-up step, then 3
+        pipe.spans += [_spans(1.0, 0.0, 7)] + [_spans(1.0, busy, sent)] * 3  # 1 warm-up, 3
         got = pipe.cell_metrics(warmup_steps=1)
         assert got["bubble_pct"] == pytest.approx(100 * (1 - busy)), epoch
         assert got["p2p_mib_per_step"] == pytest.approx(sent / 2**20), epoch
+
+
+def test_a_pipeline_reads_its_steps_clocks_after_the_epoch(monkeypatch):
+    """A pipeline's bubble is its step's span less its chunks' event-timed compute. Both
+    were read after every step, each read waiting for the device: under --step-timing
+    events, which the README says adds no synchronisation in the loop, a pipeline's rows
+    synchronised once a step. The events are read in cell_metrics now, after the epoch. A
+    fake CUDA: each event is reached 1 ms after the one recorded before it."""
+    from types import SimpleNamespace
+
+    from bench.harness.probes import PhaseClock
+
+    synced: list = []
+
+    class Event:
+        clock = itertools.count()
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            self.t = float(next(Event.clock))
+
+        def elapsed_time(self, end):
+            assert synced, "read before the device was waited for"
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: "s0")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.append(d))
+    gpu = torch.device("cuda:0")
+    ctx = RankContext(rank=0, local_rank=0, world_size=2, device=gpu, seed=0)
+    pipe = strategies.get("pipeline_gpipe").create(ctx)
+    pipe.gather = lambda obj: [obj]
+    pipe.n_stages, pipe.per_rank, pipe.spans, pipe.first, pipe.last = 2, 1, [], True, True
+    pipe.chunk_clock, pipe.sent_bytes = PhaseClock(gpu), 0
+    stage = SimpleNamespace(  # one forward and one backward chunk a step, 8 bytes sent
+        forward_one_chunk=lambda: None,
+        backward_one_chunk=lambda: None,
+        get_fwd_send_ops=lambda: [SimpleNamespace(tensor=torch.zeros(2))],
+        get_bwd_send_ops=lambda: [],
+    )
+    pipe._instrument(stage)
+
+    def step(*args, target, losses, return_outputs):
+        stage.forward_one_chunk()
+        stage.get_fwd_send_ops()
+        stage.backward_one_chunk()
+        stage.get_bwd_send_ops()
+        losses.append(torch.tensor(1.0))
+
+    pipe.schedule = SimpleNamespace(step=step)
+    for _ in range(3):
+        pipe.forward_backward(torch.zeros(2, 1), torch.zeros(2))
+    assert synced == []  # nothing waited for inside the steps
+    got = pipe.cell_metrics(warmup_steps=1)
+    assert synced
+    # a step: its span 5 ms (6 events), its two chunks 1 ms each: 3 of 5 ms outside them
+    assert got["bubble_pct"] == pytest.approx(60.0)
+    assert got["p2p_mib_per_step"] == pytest.approx(8 / 2**20)
 
 
 @pytest.mark.parametrize(
@@ -221,7 +298,7 @@ def test_the_textbook_bubble_is_the_least_the_schedule_can_idle(name, ws, m, wan
     pipe = strategies.get(name).create(ctx, {"microbatches": str(m)})
     pipe.gather = lambda obj: [obj]
     pipe.per_rank = pipe.stages_per_rank(pipe.options)
-    pipe.n_stages, pipe.spans = ws * pipe.per_rank, [(1.0, 0.5, 0)]
+    pipe.n_stages, pipe.spans = ws * pipe.per_rank, [_spans(1.0, 0.5, 0)]
     assert pipe.cell_metrics(warmup_steps=0)["bubble_theory_pct"] == pytest.approx(want)
 
 

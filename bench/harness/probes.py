@@ -55,23 +55,31 @@ class CudaMarks:
 
 
 class Span:
-    """Wall time from `start()` to `seconds()`. On CUDA both ends are events on the stream
-    (CudaMarks), so the span starts where the stream reaches it, after the work queued
-    before it (the last step's optimizer, a batch's copy), which a host clock started at
-    once would count in: the pipelines' bubble is this span less their chunks' event-timed
-    compute. `seconds()` waits for the device."""
+    """Wall time from `start()` to `stop()` (or, not stopped, to `seconds()`). On CUDA both
+    ends are events on the stream (CudaMarks), so the span starts where the stream reaches
+    it, after the work queued before it (the last step's optimizer, a batch's copy), which a
+    host clock started at once would count in: the pipelines' bubble is this span less their
+    chunks' event-timed compute. `stop()` only marks the end; `seconds()` waits for the
+    device, so a span stopped inside the loop is read after it."""
 
     def __init__(self, device: torch.device) -> None:
         self._cuda = CudaMarks(device) if device.type == "cuda" else None
         self._t0: Any = None
+        self._t1: Any = None
+
+    def _now(self) -> Any:
+        return self._cuda.now() if self._cuda else time.perf_counter()
 
     def start(self) -> None:
-        self._t0 = self._cuda.now() if self._cuda else time.perf_counter()
+        self._t0, self._t1 = self._now(), None
+
+    def stop(self) -> None:
+        self._t1 = self._now()
 
     def seconds(self) -> float:
+        end = self._now() if self._t1 is None else self._t1
         if self._cuda is None:
-            return time.perf_counter() - self._t0
-        end = self._cuda.now()
+            return end - self._t0
         self._cuda.wait()
         return self._t0.elapsed_time(end) / 1e3
 
