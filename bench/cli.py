@@ -535,10 +535,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     run_dir, rows = runner.run_matrix(
         cfg, resume=Path(a.resume) if a.resume else None, progress=True
     )
+    from bench.analysis import report
+
     rendered = None
     if not a.no_report:  # before the table, so a reader gone by then does not lose it
-        from bench.analysis import report
-
         try:
             rendered = report.render(run_dir)
         except KeyboardInterrupt:
@@ -556,6 +556,9 @@ def cmd_run(a: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     print(summary.table(rows))
+    busy = report.run_busy_line(run_dir)
+    if busy:
+        print(busy[0].upper() + busy[1:])
     print(f"results: {run_dir}")
     if rendered:
         print(f"report: {rendered}")

@@ -545,6 +545,46 @@ def test_a_report_the_disk_has_no_room_for_is_not_bad_input(run, tmp_path, monke
     assert f"results: {done}" in out and "report:" not in out
 
 
+def test_the_table_at_a_runs_end_names_cells_measured_on_a_busy_cpu(run, tmp_path, monkeypatch):
+    """The report names the cells measured while other processes took 20 % of a CPU
+    machine or more (report.busy_line), but the table `parabench run` ends with did not:
+    a reader of the terminal alone took their speeds for the strategies'. It says the
+    report's line under the table, with --no-report too."""
+    import csv
+    import shutil
+
+    from bench.harness import runner
+
+    done = tmp_path / "out" / "done"
+    shutil.copytree(ROOT / "results/reference/cpu-2core-mnist-3rounds", done)
+    with open(done / "runs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(done / "runs.csv", "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=list(rows[0]))
+        out.writeheader()
+        for r in rows:
+            if r["strategy"] == "ddp_spawn" and r["world_size"] == "2":
+                r["other_cpu_pct"] = "68.5"
+            out.writerow(r)
+    monkeypatch.setattr(runner, "run_matrix", lambda cfg, **kw: (done, rows))
+    code, out_, err = run("--strategies", "single", "--world-sizes", "1", "--no-report")
+    assert code == 0, err
+    table, _, after = out_.partition(f"results: {done}")
+    assert (
+        "Measured while other processes used 20 % of the CPUs or more: ddp_spawn ws=2 "
+        "(at most 68.5 %)"
+    ) in table.splitlines()[-1]
+    # a quiet run's end says nothing of it
+    for r in rows:
+        r["other_cpu_pct"] = "3.0"
+    with open(done / "runs.csv", "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=list(rows[0]))
+        out.writeheader()
+        out.writerows(rows)
+    code, out_, err = run("--strategies", "single", "--world-sizes", "1", "--no-report")
+    assert code == 0 and "of the CPUs or more" not in out_, err
+
+
 def test_a_run_still_going_is_not_resumed_beside_it(tmp_path, capsys, data_root):
     """`--resume` of a run another parabench is running (a second terminal, a job requeued
     while the first still runs) ran its cells again into the same cell folders, and the two

@@ -964,6 +964,17 @@ def busy_line(summary: pd.DataFrame, runs: pd.DataFrame | None) -> str:
     )
 
 
+def run_busy_line(run_dir: str | Path) -> str:
+    """busy_line of the run in `run_dir`, which `parabench run` prints under its table: a
+    reader of the terminal alone sees the cells the load measured, as the report's reader
+    does. "" where none, or where its rows cannot be read (the table said what ran)."""
+    try:
+        run = load_run(run_dir)
+    except ConfigError:
+        return ""
+    return busy_line(summarise(run.runs), run.runs)
+
+
 def cell_numerics(counted: pd.DataFrame) -> dict[tuple[str, int], str]:
     """Each cell's numeric recipe, its `numerics` (`exact` fp32, `autocast_bf16`, `grad_fp16`,
     `powersgd`, ...); in a run from before that column, `exact` for fp32 and else its
