@@ -628,3 +628,27 @@ def test_a_slow_down_too_few_repeats_to_judge_is_said_last(tmp_path: Path, capsy
     full = scaled_copy(REFERENCE, tmp_path / "full", speed=0.5)
     assert main(["compare", str(REFERENCE), str(full)]) == 1
     assert "not judged" not in capsys.readouterr().out
+
+
+def test_two_runs_begun_with_no_row_yet_compare_to_what_they_lack(
+    tmp_path, data_root, capsys
+) -> None:
+    """Two runs started at once, compared before either had its first row (or after both
+    stopped before it): a pandas ValueError traceback (merge on float64 and str columns),
+    where one run with no row against one with rows compared. Now: nothing in both, and
+    what each lacks."""
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    paths = []
+    for name in ("a", "b"):
+        cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+        _, begun, _ = runner.open_run(cfg.replace(run_id=name), None)
+        begun.unlock()
+        paths.append(str(begun.path))
+    assert main(["compare", *paths, "--no-stats"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and err == "", err
+    assert "(no strategy and world size has an ok result in both runs)" in out
+    assert "A is incomplete: 1 of 1 planned cells have no row yet" in out
+    assert "B is incomplete: 1 of 1 planned cells have no row yet" in out

@@ -169,7 +169,8 @@ def _keyed(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """A run's summary with its cells' settings and keys as `_cells` made them."""
     out = summary.copy()
     by_label = dict(zip(runs["strategy"], runs["setting"], strict=True))
-    out["setting"] = out["strategy"].map(by_label).fillna("")
+    # text even with no row (a run begun that has none yet), as B's are: merged on in compare
+    out["setting"] = out["strategy"].map(by_label).fillna("").astype(str)
     out["key"] = out["setting"].map(results.setting_key)
     return out
 
