@@ -1451,3 +1451,31 @@ def test_cells_measured_while_other_processes_took_the_cpus_are_named(reference)
     # on a GPU the steps compute on the device: the host's neighbours are not named
     gpu = runs.assign(device="cuda")
     assert "other processes used" not in report.ranking_markdown(summary, gpu)
+
+
+def test_a_run_still_going_is_reported_as_going_not_stopped(tmp_path, data_root, capsys) -> None:
+    """`parabench report` (or `compare`) in a second terminal while the run is going said
+    "the run is still going, or it stopped; to finish it, parabench run --resume DIR", and
+    that --resume is refused while the run holds its lock. Where a parabench holds it, the
+    report says the run is going, by its pid, and offers no --resume; once it has let go,
+    the --resume."""
+    import os
+
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    _, going, _ = runner.open_run(cfg.replace(run_id="going"), None)  # held by this process
+    try:
+        text = report.render(going.path).read_text()
+        assert "**Incomplete: 1 of 1 planned cells have no row yet (single ws=1 " in text
+        said = f"the run is still going (parabench pid {os.getpid()} holds it); these are its"
+        assert said in text, text[:600]
+        assert "--resume" not in text and "it stopped" not in text
+        assert main(["compare", str(going.path), str(going.path), "--no-stats"]) == 0
+        out = capsys.readouterr().out
+        assert said in out and "--resume" not in out, out
+    finally:
+        going.unlock()
+    text = report.render(going.path).read_text()
+    assert f"it stopped; to finish it, parabench run --resume {going.path}.**" in text

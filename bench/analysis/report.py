@@ -130,12 +130,18 @@ class Run:
             return ""
         shown = [f"{n} ws={w} {s} repeat {r}" for n, w, s, r in missing[:6]]
         more = f", and {len(missing) - 6} more" if len(missing) > 6 else ""
-        how = results.resume_command(str(self.config.get("launcher") or ""), self.path)
-        return (
+        head = (
             f"incomplete: {len(missing)} of {len(self.planned)} planned cells have no row yet "
-            f"({'; '.join(shown)}{more}): the run is still going, or it stopped; to finish it, "
-            f"{how}"
+            f"({'; '.join(shown)}{more})"
         )
+        pid = results.held_by(self.path)
+        if pid is not None:  # its --resume would be refused: the run is not stopped
+            return (
+                f"{head}: the run is still going (parabench pid {pid} holds it); these are "
+                "its rows so far"
+            )
+        how = results.resume_command(str(self.config.get("launcher") or ""), self.path)
+        return f"{head}: the run is still going, or it stopped; to finish it, {how}"
 
 
 # ---------------------------------------------------------------- loading

@@ -223,6 +223,27 @@ def renamed(columns: Iterable[str]) -> dict[str, str]:
     return {old: new for old, new in RENAMED.items() if old in columns and new not in columns}
 
 
+def held_by(path: Path) -> str | None:
+    """The pid of the parabench running the run at `path` now ("?" where its lock file names
+    none), or None where no process holds the run: it ended, or was killed (the kernel lets
+    go of a dead process's lock), or it ran elsewhere, or the file system has no locks. The
+    harness holds the run's .lock while it runs (bench.harness.runner.RunDir.lock)."""
+    import fcntl
+
+    try:
+        f = open(path / ".lock")  # noqa: SIM115 - closed below
+    except OSError:  # none: no harness has it (one killed outright leaves it unheld)
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f.read().strip() or "?"
+        except OSError:  # no locks on this file system: unknown, as if none held it
+            return None
+    return None
+
+
 def resume_command(launcher: str, path: Path) -> str:
     """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
     submitted run's own job script, whose first branch resumes it."""

@@ -592,19 +592,9 @@ class RunDir:
 
     def check_free(self) -> None:
         """ConfigError if another process holds the run (`lock`), without taking it."""
-        import fcntl
-
-        try:
-            f = open(self.path / ".lock")  # noqa: SIM115 - closed below
-        except OSError:  # none: no harness has it (one killed outright leaves it unheld)
-            return
-        with f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ConfigError(self._being_run(f.read().strip() or "?")) from None
-            except OSError:  # no locks on this file system: unguarded, as `lock`
-                return
+        pid = results.held_by(self.path)
+        if pid is not None:
+            raise ConfigError(self._being_run(pid))
 
     def unlock(self) -> None:
         if self._lock is not None:  # removed while held: no run folder keeps one
