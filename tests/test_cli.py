@@ -605,7 +605,10 @@ def test_a_run_still_going_is_not_resumed_beside_it(tmp_path, capsys, data_root)
         # a new run under its id: said to be going, not "stopped before its first row"
         again = ["run", "--run-id", "busy", "--out-dir", str(going.path.parent), "--no-report"]
         assert main([*again, "--strategies", "single", "--world-sizes", "1"]) == 2
-        assert "is being run by another parabench" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "is being run by another parabench" in err
+        # a new run is told to take another id, not to resume a run it did not mean to join
+        assert "choose another --run-id" in err and "--resume" not in err, err
     finally:
         going.unlock()
     assert not (going.path / ".lock").exists()  # an ended run leaves no lock file

@@ -590,10 +590,17 @@ class RunDir:
             f"end, or stop it and then `{program()} run --resume {self.path}`"
         )
 
-    def check_free(self) -> None:
-        """ConfigError if another process holds the run (`lock`), without taking it."""
+    def check_free(self, new_run: bool = False) -> None:
+        """ConfigError if another process holds the run (`lock`), without taking it. A
+        `new_run` (not resuming this one) is told to take another --run-id: resuming a run
+        it did not mean to join is not its way on."""
         pid = results.held_by(self.path)
         if pid is not None:
+            if new_run:
+                raise ConfigError(
+                    f"{self.path} is being run by another parabench (pid {pid}); choose "
+                    "another --run-id"
+                )
             raise ConfigError(self._being_run(pid))
 
     def unlock(self) -> None:
@@ -1347,7 +1354,7 @@ def check_new_run(cfg: RunConfig) -> None:
     if cfg.run_id and path.exists() and not path.is_dir():  # said before the estimate
         raise ConfigError(f"--run-id {cfg.run_id}: {path} is a file, not a run folder")
     if cfg.run_id:  # a run still going is said as such, not as one that stopped
-        RunDir(path).check_free()
+        RunDir(path).check_free(new_run=True)
     if cfg.run_id:
         check_unsubmitted(path)
     if cfg.run_id and (path / "runs.csv").exists():
