@@ -16,7 +16,7 @@ import torch
 
 import strategies
 from bench import torch_before
-from bench.analysis.verify import RECIPES, verify
+from bench.analysis.verify import RECIPES, compare, verify
 from bench.config import ConfigError
 from bench.harness import results
 from bench.harness.env import cpu_cores
@@ -665,5 +665,64 @@ def test_model_split_of_a_batchnorm_cnn_is_checked_on_its_ranks_threads(
         assert (
             f"baseline: single at world size 1, fp32, with {n} thread(s) as its cells had" in lines
         )
-    (row,) = RunDir(run_dir / "baselines" / "shares1-acc1").runs.read()
+    (row,) = RunDir(run_dir / "baselines" / f"shares1-acc1-t{n}").runs.read()
     assert row["threads_per_rank"] == n
+
+
+@pytest.mark.slow
+def test_cells_on_several_thread_counts_are_each_held_to_a_baseline_on_theirs(
+    tmp_path, data_root, monkeypatch
+):
+    """On 4 cores model_split and pipeline_gpipe compute with 2 threads a rank at world
+    size 2 and 1 at 4. verify ran one baseline per layout on the fewest, and held the cells
+    at 2 ranks to 1 thread: 7.6e-4 (model_split) and 2.5e-3 (the pipeline, 4 micro-batches)
+    of an update from it, FAIL, where each is 0 from a baseline on its own threads. Now
+    one per layout and thread count, and no other (4 cores pretended: on 2 their ranks
+    share them, which leaves what each computes as it is)."""
+    if not SPLIT_RUNS:
+        pytest.skip(NO_SPLIT)
+    import bench.harness.env as env
+    import bench.harness.runner as runner
+
+    monkeypatch.setattr(env, "cpu_cores", lambda: 4)
+    monkeypatch.setattr(runner, "cpu_cores", lambda: 4)
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        model=f"{examples}/own_model.py:build",
+        dataset=f"{examples}/own_data.py:shapes",
+        strategies=("model_split", "pipeline_gpipe"),
+        world_sizes=(2, 4),
+    )
+    run_dir, parity = verify(cfg, steps=6, echo=lambda m: None)
+    threads = {
+        (r["strategy"], int(r["world_size"])): r["threads_per_rank"]
+        for r in RunDir(run_dir).runs.read()
+    }
+    assert threads[("model_split", 2)] == "2" and threads[("model_split", 4)] == "1"
+    for p in parity:
+        assert p.status == "pass" and p.param_rel == 0, p
+    apart = {
+        d.name: row["threads_per_rank"]
+        for d in (run_dir / "baselines").iterdir()
+        for row in RunDir(d).runs.read()
+    }
+    assert apart == {
+        "shares1-acc1-t1": "1",
+        "shares1-acc1-t2": "2",
+        "shares1-acc4-t1": "1",
+        "shares1-acc4-t2": "2",
+    }
+    # one of them that did not run to the end is a failed row of its own, saying which,
+    # and fails verify (its cell is not comparable, which alone would pass)
+    runs = RunDir(run_dir / "baselines" / "shares1-acc1-t2").runs
+    rows = [{**r, "status": "error", "reason": "worker exited with code 1"} for r in runs.read()]
+    runs.path.unlink()
+    runs.append(rows)
+    parity = compare(run_dir)
+    base = parity[0]
+    assert (base.strategy, base.world_size, base.status, base.ok) == ("single", 1, "error", False)
+    assert base.reason.startswith("the fp32 baseline on 2 thread(s) did not run to the end")
+    by = {(p.strategy, p.world_size): p.status for p in parity[1:]}
+    assert by[("model_split", 2)] == "not comparable" and by[("model_split", 4)] == "pass"

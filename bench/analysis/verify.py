@@ -473,6 +473,8 @@ class _Baseline:
     buffers: dict[str, torch.Tensor]
     setting: str = "fp32"
     numerics: str = "exact"
+    #: the threads per rank it computed with, as _cell_threads reads them (0: not matched)
+    threads: int = 0
 
 
 def _single_row(rd: RunDir, precision: str = "fp32") -> dict[str, str] | None:
@@ -491,35 +493,59 @@ def _single_row(rd: RunDir, precision: str = "fp32") -> dict[str, str] | None:
     )
 
 
-def _single_ran(rd: RunDir, precision: str = "fp32") -> bool:
-    row = _single_row(rd, precision)
-    return row is not None and row["status"] == results.OK
+def _baseline_id(layout: Layout, precision: str = "fp32", threads: int = 0) -> str:
+    """Where under baselines/ the run of `single` for a layout and precision goes (an fp32
+    one on `threads` per rank: `-t2`, where its cells' threads are matched)."""
+    on = f"-t{threads}" if threads and precision == "fp32" else ""
+    return _layout_id(layout) + on + ("" if precision == "fp32" else f"-{precision}")
 
 
-def _baseline_id(layout: Layout, precision: str = "fp32") -> str:
-    """Where under baselines/ the run of `single` for a layout and precision goes."""
-    return _layout_id(layout) + ("" if precision == "fp32" else f"-{precision}")
+def _cell_threads(row: dict[str, str], norms: int) -> int:
+    """The threads per rank of the fp32 baseline a cell is held to: its own, on a CPU for a
+    model with BatchNorm, since a convolution's gradient there depends on how many threads
+    reduce it (1 vs 2 threads: 8e-5 apart on the worked example's first layer, past the
+    exact tolerance within a few steps, which that model's conditioning compares); 0 (not
+    matched: the run's own single) on a GPU or without BatchNorm, whose cells are held to
+    the whole batch's baseline whatever their ranks' threads."""
+    n = row.get("threads_per_rank") or ""
+    return int(n) if norms and row.get("device") != "cuda" and n.isdigit() else 0
+
+
+def _baseline_row(
+    rd: RunDir, layout: Layout, precision: str = "fp32", threads: int = 0
+) -> tuple[RunDir, dict[str, str]] | None:
+    """The row of `single` a cell on `layout` in `precision` (fp32: the baseline; bf16/fp16:
+    a precision reference) on `threads` per rank (_cell_threads) is held to, and the run it
+    is in, where it ran to the end: the run's own single on the whole batch where that is
+    on the cell's threads (on any, where `threads` is 0), else the one run apart."""
+    own = _single_row(rd, precision) if layout == (1, 1) else None
+    if own is not None and own["status"] == results.OK and _on(own, precision, threads):
+        return rd, own
+    row = _apart_row(rd, layout, precision, threads)
+    if row is None or row["status"] != results.OK:
+        return None
+    return RunDir(baselines_dir(rd.path) / _baseline_id(layout, precision, threads)), row
+
+
+def _on(single: dict[str, str], precision: str, threads: int) -> bool:
+    """Whether the run's own `single` is on `threads` (any, where 0; a precision reference
+    has one count per layout: _layout_threads)."""
+    return precision != "fp32" or not threads or single.get("threads_per_rank") == str(threads)
 
 
 def _baseline(
-    rd: RunDir, layout: Layout, buffers: set[str], precision: str = "fp32", own: bool = False
+    rd: RunDir, layout: Layout, buffers: set[str], precision: str = "fp32", threads: int = 0
 ) -> _Baseline | None:
-    """`single` on `layout` in `precision` (fp32: the baseline; bf16/fp16: a precision
-    reference), from the run's own cells or from baselines/, read once; None if it did not
-    run. `own`: the run's own single where it ran, for a cell on its threads, though the
-    plain baseline also ran apart on fewer (run_share_baselines)."""
-    brd, case = rd, ("single", 1, precision)
-    # (the plain baseline run apart where the run's own had more threads than its cells)
-    apart = not own and precision == "fp32" and _apart_row(rd, layout, precision) is not None
-    if layout != (1, 1) or not _single_ran(rd, precision) or apart:
-        row = _apart_row(rd, layout, precision)
-        if row is None or row["status"] != results.OK:
-            return None
-        brd = RunDir(baselines_dir(rd.path) / _baseline_id(layout, precision))
-        case = (row["strategy"], int(row["world_size"]), row.get("setting") or "fp32")
-    else:
-        row = _single_row(rd, precision)
-    return _load(brd, case, buffers, baseline_label(layout), row.get("numerics") or "exact")
+    """`single` on `layout` in `precision` on `threads` (_baseline_row), read once; None if
+    it did not run."""
+    found = _baseline_row(rd, layout, precision, threads)
+    if found is None:
+        return None
+    brd, row = found
+    case = (row["strategy"], int(row["world_size"]), row.get("setting") or "fp32")
+    numerics = row.get("numerics") or "exact"
+    base = _load(brd, case, buffers, baseline_label(layout), numerics)
+    return dataclasses.replace(base, threads=_cell_threads(row, batch_norms(rd.config())))
 
 
 def _load(
@@ -706,9 +732,12 @@ def amplifies_rounding(run_dir: Path) -> bool:
     return cond is not None and cond.horizon < cond.steps
 
 
-def _apart_row(rd: RunDir, layout: Layout, precision: str) -> dict[str, str] | None:
-    """The row of `single` run apart under baselines/ for a layout and precision, if it ran."""
-    path = baselines_dir(rd.path) / _baseline_id(layout, precision) / "runs.csv"
+def _apart_row(
+    rd: RunDir, layout: Layout, precision: str, threads: int = 0
+) -> dict[str, str] | None:
+    """The row of `single` run apart under baselines/ for a layout and precision (and
+    threads: _baseline_id), if it ran."""
+    path = baselines_dir(rd.path) / _baseline_id(layout, precision, threads) / "runs.csv"
     if not path.exists():
         return None
     return next((r for r in RunDir(path.parent).runs.read() if r["repeat"] == "0"), None)
@@ -816,23 +845,21 @@ def compare(run_dir: Path) -> list[Parity]:
     first = cond.at_once if cond and cond.horizon < cond.steps else None
 
     @functools.cache
-    def baseline(layout: Layout, precision: str = "fp32", own: bool = False) -> _Baseline | None:
-        """single on `layout` in `precision` (or a compression's key), its weights read once
-        for every cell and reference that is held against it"""
-        return _baseline(rd, layout, buffers, precision, own)
-
-    # a cell on the run's single's threads is held to it, where the plain baseline also ran
-    # apart on model_split's fewer: ddp_spawn at world size 1 (2 threads) read 1.5e-4 of an
-    # update from that one (1 thread) on the worked example, and FAILed
-    single_threads = (_single_row(rd) or {}).get("threads_per_rank") or ""
+    def baseline(layout: Layout, precision: str = "fp32", threads: int = 0) -> _Baseline | None:
+        """single on `layout` in `precision` (or a compression's key) on `threads`, its
+        weights read once for every cell and reference that is held against it"""
+        return _baseline(rd, layout, buffers, precision, threads)
 
     out = []
-    if baseline((1, 1)) is None and baseline((1, 1), own=True) is None:
-        # the cells ran, and nothing can be compared: a row of its own says how it ended and
-        # why (its row run apart, or the run's own), and fails verify; each cell on its
-        # layout is not comparable, saying so
-        row = _apart_row(rd, (1, 1), "fp32") or _single_row(rd) or {}
-        why = "the fp32 baseline did not run to the end"
+    plain = sorted(_baseline_threads(rd)[(1, 1)])
+    if missing := [n for n in plain if baseline((1, 1), threads=n) is None]:
+        # the cells ran, and those on its threads cannot be compared: a row of its own says
+        # how it ended and why (its row run apart, or the run's own), and fails verify; each
+        # cell held to it is not comparable, saying so
+        row = _apart_row(rd, (1, 1), "fp32", missing[0]) or _single_row(rd) or {}
+        n = row.get("threads_per_rank")
+        why = "the fp32 baseline" + (f" on {n} thread(s)" if len(plain) > 1 and n else "")
+        why += " did not run to the end"
         why += f" ({row['reason']})" if row.get("reason") else ""
         why += ": no cell it is the baseline of can be compared"
         status = row["status"] if row.get("status", results.OK) != results.OK else "not run"
@@ -844,9 +871,14 @@ def compare(run_dir: Path) -> list[Parity]:
         against the fp32 baseline on `layout`, the cell's"""
         at = at or layout
         if (layout, precision, at) not in refs:
-            base = baseline(layout)
+            # against fp32 on the threads it ran on: one count per layout (_layout_threads)
+            mine = baseline(at, precision)
+            ran = (
+                mine.threads if mine else _cell_threads(_apart_row(rd, at, precision) or {}, norms)
+            )
+            base = baseline(layout, threads=ran)
             refs[(layout, precision, at)] = base and _reference(
-                rd, at, precision, baseline(at, precision), base, norms
+                rd, at, precision, mine, base, norms
             )
         return refs[(layout, precision, at)]
 
@@ -874,12 +906,7 @@ def compare(run_dir: Path) -> list[Parity]:
             continue
         layout = batch_norm_layout(r, norms)
         why = batch_norm_reason(r, norms)
-        own = (
-            bool(single_threads)
-            and layout == (1, 1)
-            and r.get("threads_per_rank") == single_threads
-        )
-        base = None if why else baseline(layout, own=own)
+        base = None if why else baseline(layout, threads=_cell_threads(r, norms))
         if base is None:
             why = why or f"its baseline ({baseline_label(layout)}) did not run"
             out.append(_unmeasured(case, numerics, UNKNOWN, NOT_COMPARABLE, reason=why))
@@ -1181,17 +1208,11 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
 
 def _baselined(rd: RunDir) -> Iterator[tuple[dict[str, str], Layout]]:
     """The rows verify plans baselines for (ok, repeat 0, comparable at all), each with its
-    layout: what share_layouts, reference_layouts and _layout_threads read alike."""
+    layout: what _baseline_threads, reference_layouts and _layout_threads read alike."""
     norms = batch_norms(rd.config())
     for r in rd.runs.read():
         if r["status"] == results.OK and r["repeat"] == "0" and not batch_norm_reason(r, norms):
             yield r, batch_norm_layout(r, norms)
-
-
-def share_layouts(run_dir: Path) -> list[Layout]:
-    """The share baselines a run's BatchNorm cells need (none for a model without)."""
-    layouts = {layout for _, layout in _baselined(RunDir(run_dir))}
-    return sorted(layouts - {(1, 1)})
 
 
 def baseline_config(cfg: RunConfig, out_dir: Path, run_id: str, **changes) -> RunConfig:
@@ -1252,36 +1273,57 @@ def again(cfg: RunConfig) -> str:
     return f"verify has no --resume; for its verdict, run the same verify again{other}"
 
 
+def baseline_runs(run_dir: Path) -> list[tuple[Layout, int]]:
+    """The fp32 baselines verify runs apart, as (layout, threads per rank): one per layout
+    the cells need and thread count they ran on (_cell_threads), but for the whole batch on
+    the threads of the run's own `single`, which is that baseline (any threads, where they
+    are not matched), or where that single failed in the run (not re-run). model_split on
+    the worked example at 2 ranks (a thread each) was 1.5e-4 of an update from the run's
+    single at 2 threads, past the exact tolerance; 0 from single at 1."""
+    rd = RunDir(run_dir)
+    single = _single_row(rd)
+    out = []
+    for layout, counts in sorted(_baseline_threads(rd).items()):
+        for n in sorted(counts):
+            # the run's own single where its threads are the cells' (or one that failed)
+            own = layout == (1, 1) and not _apart(single)
+            if not (own and (single["status"] != results.OK or _on(single, "fp32", n))):
+                out.append((layout, n))
+    return out
+
+
+def _baseline_threads(rd: RunDir) -> dict[Layout, set[int]]:
+    """The fp32 baselines the cells are held to, by layout: the thread counts (_cell_threads)
+    of the cells on each; the whole batch's always (the table's baseline, and whether it
+    ran decides whether verify can say anything), on as many threads as the machine gives
+    where no cell is on it."""
+    norms = batch_norms(rd.config())
+    out: dict[Layout, set[int]] = {}
+    for r, layout in _baselined(rd):
+        out.setdefault(layout, set()).add(_cell_threads(r, norms))
+    out.setdefault((1, 1), {0})
+    return out
+
+
 def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
-    """One `single --set shares=R --accumulate K` run per layout the cells need, through
-    the same harness, under run_dir/baselines/; the plain baseline there too where the
-    run's own cells could not hold it (across nodes, or no cell at world size 1); and the
-    precision references (the same in bf16/fp16) the run's own cells do not hold."""
+    """One `single --set shares=R --accumulate K` run per layout the cells need (and thread
+    count they ran on: baseline_runs), through the same harness, under run_dir/baselines/;
+    the plain baseline there too where the run's own single could not hold it (across
+    nodes, no cell at world size 1, cells on other threads); and the precision references
+    (the same in bf16/fp16) the run's own cells do not hold."""
     threads = _layout_threads(run_dir)
-    # apart where the run could not hold it; a single that failed in the run is not re-run
-    if _apart(_single_row(RunDir(run_dir))):
-        echo("baseline: single at world size 1, fp32, on this machine")
-        # on the threads of the cells that normalise the whole batch at once (_plain_threads)
-        n = threads.get((1, 1), 0) if batch_norms(cfg) else 0
-        one = baseline_config(
-            cfg, baselines_dir(run_dir), _layout_id((1, 1)), options={}, threads_per_rank=n
-        )
-        run_matrix(one, echo=echo, again=again(cfg))
-    runs = [(layout, "fp32") for layout in share_layouts(run_dir)]
-    if _plain_threads(run_dir, threads):
-        # model_split on the worked example at 2 ranks (a thread each) was 1.5e-4 of an
-        # update from the run's single at 2 threads, past the exact tolerance; 0 at 1
-        runs.insert(0, ((1, 1), "fp32"))
-    for layout, precision in runs + reference_layouts(run_dir):
+    plain = [(layout, "fp32", n) for layout, n in baseline_runs(run_dir)]
+    refs = [(layout, p, threads.get(layout, 0)) for layout, p in reference_layouts(run_dir)]
+    for layout, precision, n in plain + refs:
         r, k = layout
         options = {"shares": str(r)} if r > 1 else {}
         # the precision the reference trains in, where it is not its key (a compression)
         trains = next((p for p in precision.split("+") if p in REDUCED), "fp32")
-        n = threads.get(layout, 0)
+        on = f", with {n} thread(s) as its cells had" if n else ""
         if layout == (1, 1) and precision == "fp32":
-            echo(f"baseline: single at world size 1, fp32, with {n} thread(s) as its cells had")
+            echo(f"baseline: single at world size 1, fp32{on or ', on this machine'}")
         elif precision == "fp32":
-            echo(f"baseline for BatchNorm over shares: {baseline_label(layout)}")
+            echo(f"baseline for BatchNorm over shares: {baseline_label(layout)}{on}")
         elif squeeze := compressed(precision):
             echo(f"precision reference: {baseline_label(layout)}, {precision} (gradients rounded)")
             options["compress"] = COMPRESSED[squeeze]
@@ -1299,7 +1341,7 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
         layout_cfg = baseline_config(
             cfg,
             baselines_dir(run_dir),
-            _baseline_id(layout, precision),
+            _baseline_id(layout, precision, n),
             options=options,
             precisions=(trains,),
             threads_per_rank=n,
@@ -1307,26 +1349,10 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
         run_matrix(layout_cfg.replace(accumulate=(k,)), echo=echo, again=again(cfg))
 
 
-def _plain_threads(run_dir: Path, threads: dict[Layout, int]) -> int:
-    """The threads per rank the plain baseline (the whole batch at once) must run apart
-    with, or 0: where a model with BatchNorm has cells that normalise the whole batch at
-    once on fewer threads than the run's own `single` had (model_split, tensor parallelism:
-    ranks that share one batch), which computes the convolutions' gradients otherwise."""
-    rd = RunDir(run_dir)
-    row = _single_row(rd)
-    if not batch_norms(rd.config()) or row is None or row["status"] != results.OK:
-        return 0
-    mine = row.get("threads_per_rank") or ""
-    fewer = threads.get((1, 1), 0)
-    return fewer if mine.isdigit() and 0 < fewer < int(mine) else 0
-
-
 def _layout_threads(run_dir: Path) -> dict[Layout, int]:
-    """The threads per rank of the cells each share layout is the baseline of (the fewest,
-    where cells of one layout ran with different counts): the baseline computes each share
-    as a rank of theirs does, since a convolution's gradient on a CPU depends on how many
-    threads reduce it (1 vs 2 threads: 8e-5 apart on the worked example's first layer,
-    past the exact tolerance within a few steps)."""
+    """The threads per rank a precision reference on each layout runs with: the fewest of
+    the cells it is the reference of, one run per layout (what rounding in bf16 moves
+    dwarfs what a thread count does), held against the fp32 baseline on its threads."""
     out: dict[Layout, int] = {}
     rd = RunDir(run_dir)
     norms = batch_norms(rd.config())
