@@ -1350,6 +1350,20 @@ def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsy
     assert "also run:" not in out and "compression references" not in out
 
 
+def test_verify_plans_tp_with_a_setting_added_as_it_runs_it(tmp_path, capsys, data_root):
+    """tp with --precision bf16 or --accumulate 2 (beside which verify adds fp32, one
+    micro-batch) was refused for --warmup-steps 0, which would time the step its bytes are
+    counted in: the settings asked were planned as `run` plans them, where verify times
+    nothing and refuses --warmup-steps itself."""
+    args = ["verify", "--dry-run", "--strategies", "tp", "--world-sizes", "2", "--steps", "2"]
+    args += ["--data-root", str(data_root), "--out-dir", str(tmp_path), "--model", "transformer"]
+    for setting, label in [("--precision", "bf16"), ("--accumulate", "fp32,acc2")]:
+        value = label.split(",")[-1].removeprefix("acc")
+        assert main([*args, setting, value]) == 0, capsys.readouterr().err
+        rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()]
+        assert ["tp", "2", label] in rows, rows
+
+
 def test_verify_lists_no_fp32_cell_of_a_strategy_that_never_trains_in_fp32(
     tmp_path, capsys, data_root
 ):

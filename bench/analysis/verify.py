@@ -1572,8 +1572,11 @@ def cmd_verify(a: argparse.Namespace) -> int:
     added = added_settings(cfg, pcfg)
     if added:
         # what was asked, alone: where none of its cells can run, the cells verify adds
-        # beside them (fp32, one micro-batch, ...) would be verified in their place
-        plan(cfg)
+        # beside them (fp32, one micro-batch, ...) would be verified in their place. Planned
+        # as verify runs it (no warm-up, parameters saved), not as `run` would: tp's cells
+        # were refused for the warm-up verify itself refuses, under --precision bf16 alone
+        asked = {field: getattr(cfg, field) for field in BASELINE_AXES}
+        plan(pcfg.replace(strategies=cfg.strategies, **asked))
     cells = plan(pcfg)
     if not any(not c.status and (c.strategy, c.world_size, c.label) != BASELINE for c in cells):
         raise ConfigError(
