@@ -57,7 +57,7 @@ from bench.harness.runner import (
     usable_device,
 )
 from bench.workload import data
-from bench.workload.models import batch_norms, check_model, meta_model
+from bench.workload.models import batch_norms, check_model, inert_parameters, meta_model
 
 
 @dataclass(frozen=True)
@@ -534,17 +534,22 @@ def _on(single: dict[str, str], precision: str, threads: int) -> bool:
 
 
 def _baseline(
-    rd: RunDir, layout: Layout, buffers: set[str], precision: str = "fp32", threads: int = 0
+    rd: RunDir,
+    layout: Layout,
+    buffers: set[str],
+    precision: str = "fp32",
+    threads: int = 0,
+    inert: frozenset[str] = frozenset(),
 ) -> _Baseline | None:
     """`single` on `layout` in `precision` on `threads` (_baseline_row), read once; None if
-    it did not run."""
+    it did not run. `inert`: parameters left out of the weights compared."""
     found = _baseline_row(rd, layout, precision, threads)
     if found is None:
         return None
     brd, row = found
     case = (row["strategy"], int(row["world_size"]), row.get("setting") or "fp32")
     numerics = row.get("numerics") or "exact"
-    base = _load(brd, case, buffers, baseline_label(layout), numerics)
+    base = _load(brd, case, buffers, baseline_label(layout), numerics, inert=inert)
     return dataclasses.replace(base, threads=_cell_threads(row, batch_norms(rd.config())))
 
 
@@ -555,10 +560,13 @@ def _load(
     label: str,
     numerics: str,
     losses: dict[Case, list[float]] | None = None,
+    inert: frozenset[str] = frozenset(),
 ) -> _Baseline:
-    """One cell's losses and weights (initial, final, buffers apart); `losses`: the run's,
-    where the caller has read them already."""
+    """One cell's losses and weights (initial, final, buffers apart, `inert` parameters left
+    out: bench.workload.models.inert_parameters); `losses`: the run's, where the caller has
+    read them already."""
     params, buffered = _split_buffers(_params(rd, case), buffers)
+    params = {k: v for k, v in params.items() if k not in inert}
     init = _params(rd, case, "params_init")
     losses = losses if losses is not None else _losses(rd)
     return _Baseline(label, losses[case], init, params, buffered, case[2], numerics)
@@ -838,7 +846,11 @@ def compare(run_dir: Path) -> list[Parity]:
     }
     cfg = rd.config()
     norms = batch_norms(cfg)
-    buffers = {name for name, _ in meta_model(cfg).named_buffers()}
+    model = meta_model(cfg)
+    buffers = {name for name, _ in model.named_buffers()}
+    # parameters that cannot change the output (attention's key bias): rounding alone moves
+    # them, under Adam by whole steps, and no strategy can train them wrong
+    inert = frozenset(inert_parameters(model))
     losses = _losses(rd)  # every cell's, read once
     cond = conditioning_of(run_dir)
     # rounding alone past the exact tolerance at once, where that cut the steps compared
@@ -848,7 +860,7 @@ def compare(run_dir: Path) -> list[Parity]:
     def baseline(layout: Layout, precision: str = "fp32", threads: int = 0) -> _Baseline | None:
         """single on `layout` in `precision` (or a compression's key) on `threads`, its
         weights read once for every cell and reference that is held against it"""
-        return _baseline(rd, layout, buffers, precision, threads)
+        return _baseline(rd, layout, buffers, precision, threads, inert)
 
     out = []
     plain = sorted(_baseline_threads(rd)[(1, 1)])
@@ -927,7 +939,7 @@ def compare(run_dir: Path) -> list[Parity]:
                 continue
             if ref.status == AMPLIFIED:
                 tol = widened(tol, ref)
-        mine = _load(rd, case, buffers, "", numerics, losses)
+        mine = _load(rd, case, buffers, "", numerics, losses, inert)
         if why := other_model(mine, base):
             out.append(_unmeasured(case, numerics, tol, "FAIL", reason=why, baseline=base.label))
             continue

@@ -59,6 +59,12 @@ class Attention(nn.Module):
     output projection row-wise). The number of heads is read off the tensor, so the same
     code runs on a rank that holds only its share of them."""
 
+    #: parameters that cannot change the output (bench.analysis.verify leaves them out of the
+    #: weights it compares): softmax cancels the key bias, which shifts each query's scores
+    #: all alike, so its gradient is zero but for rounding, and Adam scales that rounding up
+    #: to steps of its own (a correct DDP under Adam: 6.9e-4 of an update from single)
+    inert = ("k.bias",)
+
     def __init__(self, dim: int, heads: int, causal: bool = False) -> None:
         super().__init__()
         self.head_dim, self.causal = dim // heads, causal
@@ -643,6 +649,16 @@ def without_dropout(model: nn.Module) -> int:
 def norm_layers(model: nn.Module) -> list[nn.Module]:
     """The model's BatchNorm layers (SyncBatchNorm included), in module order."""
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def inert_parameters(model: nn.Module) -> set[str]:
+    """The names of the parameters its modules declare cannot change its output (`inert`:
+    Attention's key bias)."""
+    return {
+        f"{name}.{p}" if name else p
+        for name, module in model.named_modules()
+        for p in getattr(module, "inert", ())
+    }
 
 
 def batch_norms(cfg: RunConfig) -> int:
