@@ -124,6 +124,40 @@ def test_attentions_key_bias_is_left_out_of_the_weights_compared(tmp_path, data_
     assert (mine[key] - base[key]).abs().max() > 100 * p.param_abs
 
 
+def test_a_tied_weight_counts_once_in_the_weights_compared(tmp_path, data_root):
+    """A head that shares the embedding's weight is in the state dict under both names:
+    counted under each, that tensor weighed twice in ||w - w_base|| / ||w_base - w_init||."""
+    model = tmp_path / "tied.py"
+    model.write_text(
+        "from bench.workload.models import LanguageModel\n\n\n"
+        "def build(num_classes=256):\n"
+        "    m = LanguageModel(num_classes, seq_len=16, size='tiny', dim=16, depth=1)\n"
+        "    m.head.fc.weight = m.embed.tok.weight\n"
+        "    return m\n"
+    )
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        model=f"{model}:build",
+        dataset="python-source",
+        seq_len=16,
+        limit=64,
+        strategies=("ddp_spawn",),
+        world_sizes=(2,),
+        global_batch=8,
+    )
+    run_dir, result = verify(cfg, steps=2, echo=lambda m: None)
+    (p,) = result
+    assert p.status == "pass", p
+    mine = torch.load(next(run_dir.glob("cells/ddp_spawn*/params.pt")))
+    base = torch.load(next(baselines_dir(run_dir).glob("*/cells/single*/params.pt")))
+    init = torch.load(next(baselines_dir(run_dir).glob("*/cells/single*/params_init.pt")))
+    once = [k for k in base if k not in ("head.fc.weight", "blocks.0.attn.k.bias")]
+    num = sum((mine[k].double() - base[k].double()).pow(2).sum() for k in once)
+    den = sum((base[k].double() - init[k].double()).pow(2).sum() for k in once)
+    assert p.param_rel == pytest.approx(math.sqrt(num / den), rel=1e-9)
+
+
 def test_amp_matches_at_its_looser_tolerance(parity):
     p = parity[("amp_ddp", 2)]
     assert p.numerics == "autocast_bf16" and p.status == "pass", p

@@ -849,8 +849,12 @@ def compare(run_dir: Path) -> list[Parity]:
     model = meta_model(cfg)
     buffers = {name for name, _ in model.named_buffers()}
     # parameters that cannot change the output (attention's key bias): rounding alone moves
-    # them, under Adam by whole steps, and no strategy can train them wrong
-    inert = frozenset(inert_parameters(model))
+    # them, under Adam by whole steps, and no strategy can train them wrong. And a tied
+    # weight's second name (a head that shares the embedding's): counted under each, it
+    # weighed twice in the figures
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    tied -= {n for n, _ in model.named_parameters()}
+    inert = frozenset(inert_parameters(model) | tied)
     losses = _losses(rd)  # every cell's, read once
     cond = conditioning_of(run_dir)
     # rounding alone past the exact tolerance at once, where that cut the steps compared
