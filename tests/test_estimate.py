@@ -502,3 +502,30 @@ def test_steps_a_cpu_would_take_hours_on_are_not_timed(tmp_path, monkeypatch) ->
     short = dataclasses.replace(cfg, seq_len=128)
     est = estimate.estimate(short, runner.plan(short))
     assert len(timings) == 2 and est.per_sample_ms == 1.0  # a training step, a forward
+
+
+def test_the_bound_counts_on_the_meta_device_alone(monkeypatch) -> None:
+    """The FLOPs bounding the estimate's steps are counted on the meta device alone: where
+    an op has no meta kernel, counting falls back to the CPU, which runs the model for real
+    at its size, the uninterruptible work the bound is there to avoid. Such a model is timed
+    as before; without an evaluation the line does not speak of one."""
+    from bench.workload import data, flops
+
+    cfg = RunConfig(
+        model="lm", dataset="synthetic", seq_len=64, limit=16, global_batch=8, device="cpu"
+    )
+    bundle = data.load(cfg)
+    devices = []
+
+    def no_meta_kernel(cfg, classes, spec, device="meta"):
+        devices.append(device)
+        raise NotImplementedError("no meta kernel")
+
+    monkeypatch.setattr(flops, "step_flop_counts", no_meta_kernel)
+    assert estimate.beyond_timing(cfg, bundle) == "" and devices == ["meta"]
+
+    monkeypatch.undo()
+    monkeypatch.setattr(estimate, "TIMING_BOUND_S", 0.0)  # every step past the bound
+    assert " at batch 8 and the evaluation's forward are " in estimate.beyond_timing(cfg, bundle)
+    line = estimate.beyond_timing(dataclasses.replace(cfg, eval_samples=0), bundle)
+    assert " at batch 8 is " in line and "evaluation" not in line, line

@@ -293,22 +293,26 @@ def beyond_timing(cfg: RunConfig, bundle: data.DataBundle) -> str:
     TIMING_BOUND_S even at CPU_CORE_CEILING on every core. Such a step is one torch op after
     another that no Ctrl-C stops before it ends: an lm at --seq-len 500000 held the harness
     for hours with nothing said, filling tens of GiB. '' where the steps are timed (or their
-    FLOPs cannot be counted)."""
+    FLOPs cannot be counted on the meta device)."""
     fed = bundle.spec or models.spec(cfg)
-    per = flops.train_flops_per_sample(cfg, bundle.num_classes, fed)
+    try:  # on the meta device alone: counted on the CPU, the model runs for real, at size
+        per = flops.step_flops(cfg, bundle.num_classes, fed, "meta") / flops.COUNT_BATCH
+    except Exception:
+        return ""
     if not per:
         return ""
     batch = max(1, min(timed_batch(cfg), len(bundle.train)))  # type: ignore[arg-type]
-    work = per * batch
+    work, evaluated = per * batch, ""
     if cfg.eval_samples and len(bundle.held_out):  # type: ignore[arg-type]
         # a forward is about a third of a training step's FLOPs (the backward twice it)
         work += per / 3 * min(EVAL_TIMED_BATCH, len(bundle.held_out))  # type: ignore[arg-type]
+        evaluated = " and the evaluation's forward are"
     cores = cpu_cores()
     least_s = work / (cores * CPU_CORE_CEILING)
     if least_s <= TIMING_BOUND_S:
         return ""
     return (
-        f"a step of {cfg.model} at batch {batch} and the evaluation's forward are "
+        f"a step of {cfg.model} at batch {batch}{evaluated or ' is'} "
         f"{work:.3g} FLOPs, at least {minutes(least_s)} on this machine's {cores} core(s) "
         f"even at {CPU_CORE_CEILING / 1e9:g} GFLOP/s each (a cell's steps are as slow)"
     )
