@@ -1453,7 +1453,9 @@ def test_cells_measured_while_other_processes_took_the_cpus_are_named(reference)
     assert "other processes used" not in report.ranking_markdown(summary, gpu)
 
 
-def test_a_run_still_going_is_reported_as_going_not_stopped(tmp_path, data_root, capsys) -> None:
+def test_a_run_still_going_is_reported_as_going_not_stopped(
+    tmp_path, data_root, capsys, monkeypatch
+) -> None:
     """`parabench report` (or `compare`) in a second terminal while the run is going said
     "the run is still going, or it stopped; to finish it, parabench run --resume DIR", and
     that --resume is refused while the run holds its lock. Where a parabench holds it, the
@@ -1479,3 +1481,14 @@ def test_a_run_still_going_is_reported_as_going_not_stopped(tmp_path, data_root,
         going.unlock()
     text = report.render(going.path).read_text()
     assert f"it stopped; to finish it, parabench run --resume {going.path}.**" in text
+    # report.md, read elsewhere, names parabench plainly; the terminal as it was called
+    # (README's .venv/bin/parabench)
+    from bench.analysis import compare
+    from bench.harness import results
+
+    for module in (results, compare):
+        monkeypatch.setattr(module, "program", lambda: ".venv/bin/parabench")
+    text = report.render(going.path).read_text()
+    assert f"it stopped; to finish it, parabench run --resume {going.path}.**" in text
+    assert main(["compare", str(going.path), str(going.path), "--no-stats"]) == 0
+    assert f"to finish it, .venv/bin/parabench run --resume {going.path}" in capsys.readouterr().out

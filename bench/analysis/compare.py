@@ -34,6 +34,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench import program
 from bench.analysis import report
 from bench.config import ConfigError
 from bench.harness import results, stats
@@ -532,7 +533,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"ok in A, {what.split(' (')[0].split(':')[0]} in B: {name} ws={ws}")
     for label, run in (("A", a), ("B", b)):  # a cell it lacks is "not run" above: say why
         if run.missing:
-            print(f"{label} is {run.missing_text()}")
+            print(f"{label} is {run.missing_text(program())}")
     return EXIT_WORSE if len(worse) or cmp.broken else EXIT_SAME
 
 

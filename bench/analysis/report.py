@@ -123,8 +123,10 @@ class Run:
             self._departing[base] = None if gone is None else departing(gone)
         return self._departing[base]
 
-    def missing_text(self) -> str:
-        """One sentence on the planned cells with no row, or "" where every one has one."""
+    def missing_text(self, command: str = "parabench") -> str:
+        """One sentence on the planned cells with no row, or "" where every one has one.
+        `command`: parabench as the resume command names it; report.md, read on other
+        machines and in other folders, says `parabench`, not how this process was called."""
         missing = self.missing
         if not missing:
             return ""
@@ -140,7 +142,7 @@ class Run:
                 f"{head}: the run is still going (parabench pid {pid} holds it); these are "
                 "its rows so far"
             )
-        how = results.resume_command(str(self.config.get("launcher") or ""), self.path)
+        how = results.resume_command(str(self.config.get("launcher") or ""), self.path, command)
         return f"{head}: the run is still going, or it stopped; to finish it, {how}"
 
 

@@ -244,11 +244,12 @@ def held_by(path: Path) -> str | None:
     return None
 
 
-def resume_command(launcher: str, path: Path) -> str:
+def resume_command(launcher: str, path: Path, command: str = "") -> str:
     """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
-    submitted run's own job script, whose first branch resumes it."""
+    submitted run's own job script, whose first branch resumes it. `command`: parabench as
+    named there (default: as this process was called, bench.program())."""
     # quoted, so that it runs as printed where the path holds a space
-    how = f"{program()} run --resume {shlex.quote(str(path))}"
+    how = f"{command or program()} run --resume {shlex.quote(str(path))}"
     if launcher != "slurm":
         return how
     if (path / "job.sbatch").exists():
