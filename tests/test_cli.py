@@ -670,6 +670,31 @@ def test_a_lock_on_the_file_an_ending_run_removed_is_taken_anew(tmp_path, monkey
         held.unlock()
 
 
+def test_a_resume_begun_as_a_report_reads_the_lock_is_not_refused(tmp_path) -> None:
+    """`parabench report` (or compare) reads whether a run is held by taking its lock, shared,
+    for a moment (results.held_by); a --resume that tried the lock in that moment was refused
+    as "being run by another parabench". The lock is tried again a few times first; a run
+    held for longer is still refused."""
+    import fcntl
+    import threading
+
+    from bench.harness import runner
+
+    path = tmp_path / "run"
+    path.mkdir()
+    (path / ".lock").write_text("")
+    reader = open(path / ".lock")  # noqa: SIM115 - closed below
+    fcntl.flock(reader, fcntl.LOCK_SH)
+    threading.Timer(runner.LOCK_RETRY_S * 1.5, reader.close).start()  # its read ends
+    rd = runner.RunDir(path)
+    rd.lock()  # refused at once before
+    rd.unlock()
+    with open(path.parent / "run" / ".lock", "a+") as holder:  # held for good: refused
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match="is being run by another parabench"):
+            runner.RunDir(path).lock()
+
+
 def test_a_run_on_a_read_only_file_system_resumes_to_one_line(tmp_path, capsys, data_root):
     """A run folder that cannot be written any more (a read-only mount; as root, a mode
     does not stop writes): `--resume` was an OSError traceback from rewriting plan.csv."""

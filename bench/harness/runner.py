@@ -539,6 +539,12 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+#: a run's lock taken by another process is tried again this many times, this far apart:
+#: `parabench report` in a second terminal holds it a moment to read whether the run is
+#: held (results.held_by), and a --resume begun then was refused as if the run were going
+LOCK_TRIES, LOCK_RETRY_S = 5, 0.05
+
+
 class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -548,15 +554,16 @@ class RunDir:
         self.plan = results.CsvTable(path / "plan.csv", results.PLAN_COLUMNS)
         self._lock: Any = None
 
-    def lock(self) -> None:
+    def lock(self, new_run: bool = False) -> None:
         """Hold the run for this process until `unlock` (or its exit, however it ends): a
         second harness on the same run, a `--resume` of a run still going, would run its
         cells again into the same cell folders and lose rows of both. ConfigError if another
-        process holds it; OSError where the folder cannot be written (open_run says so); a
-        file system without locks runs unguarded."""
+        process holds it (`new_run`: as check_free says it); OSError where the folder cannot
+        be written (open_run says so); a file system without locks runs unguarded."""
         import fcntl
 
         path = self.path / ".lock"
+        tries = LOCK_TRIES
         while True:
             f = open(path, "a+")  # noqa: SIM115 - held open while the run lasts
             try:
@@ -565,7 +572,11 @@ class RunDir:
                 f.seek(0)
                 pid = f.read().strip() or "?"
                 f.close()
-                raise ConfigError(self._being_run(pid)) from None
+                tries -= 1
+                if tries > 0:  # a report reading whether the run is held holds it a moment
+                    time.sleep(LOCK_RETRY_S)
+                    continue
+                raise ConfigError(self._being_run(pid, new_run)) from None
             except OSError:  # no locks here (some network file systems): as before
                 f.close()
                 return
@@ -584,24 +595,21 @@ class RunDir:
             raise
         self._lock = f
 
-    def _being_run(self, pid: str) -> str:
-        return (
-            f"{self.path} is being run by another parabench (pid {pid}); wait for it to "
-            f"end, or stop it and then `{program()} run --resume {self.path}`"
-        )
+    def _being_run(self, pid: str, new_run: bool = False) -> str:
+        """The run is held by another process: a `new_run` (not resuming this one) is told
+        to take another --run-id, as resuming a run it did not mean to join is not its way
+        on; a --resume, to wait or stop that one first."""
+        held = f"{self.path} is being run by another parabench (pid {pid})"
+        if new_run:
+            return f"{held}; choose another --run-id"
+        again = f"`{program()} run --resume {self.path}`"
+        return f"{held}; wait for it to end, or stop it and then {again}"
 
     def check_free(self, new_run: bool = False) -> None:
-        """ConfigError if another process holds the run (`lock`), without taking it. A
-        `new_run` (not resuming this one) is told to take another --run-id: resuming a run
-        it did not mean to join is not its way on."""
+        """ConfigError if another process holds the run (`lock`), without taking it."""
         pid = results.held_by(self.path)
         if pid is not None:
-            if new_run:
-                raise ConfigError(
-                    f"{self.path} is being run by another parabench (pid {pid}); choose "
-                    "another --run-id"
-                )
-            raise ConfigError(self._being_run(pid))
+            raise ConfigError(self._being_run(pid, new_run))
 
     def unlock(self) -> None:
         if self._lock is not None:  # removed while held: no run folder keeps one
@@ -1329,7 +1337,7 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
     rd = RunDir(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        rd.lock()
+        rd.lock(new_run=True)
         results.write_whole(rd.config_path, json.dumps(cfg.to_dict(), indent=1))
         rd.write_plan(cells)
     except OSError as exc:  # read-only, no permission, a file where a folder should be
