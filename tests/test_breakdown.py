@@ -174,6 +174,10 @@ def test_predicted_step_and_band() -> None:
     # the repeats' compute from 30 to 60 ms: the band spans it, the figure stays the median's
     wide = predict.predict_step(40.0, 2.0, 10.0, 0.5, compute_range=(30.0, 60.0))
     assert (wide.step_ms, wide.low_ms, wide.high_ms) == (47.0, 32.0, 72.0)
+    # SyncBatchNorm's statistics the next layer waits for: exposed whole whatever the share
+    # of the strategy's own communication hidden (a profiler's, or pooled from other cases)
+    hidden = predict.predict_step(40.0, 2.0, 10.0, exposed_fraction=0.0, blocking=3.0)
+    assert (hidden.step_ms, hidden.low_ms, hidden.high_ms, hidden.comm_ms) == (45, 45, 55, 13)
 
 
 def test_compute_at_uses_the_point_or_the_line_through_its_nearest_points() -> None:

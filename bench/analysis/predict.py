@@ -170,22 +170,25 @@ def predict_step(
     comm: float,
     exposed_fraction: float | None = None,
     compute_range: tuple[float, float] | None = None,
+    blocking: float = 0.0,
 ) -> Prediction:
     """One step from its parts (ms): comm exposed by `exposed_fraction` (1 when unknown),
     between full overlap and none. `compute_range`: the fastest and slowest compute over the
-    repeats, which the band spans too (the repeats of one cell vary more than overlap does)."""
+    repeats, which the band spans too (the repeats of one cell vary more than overlap does).
+    `blocking`: communication the step waits for whole, overlap or none (SyncBatchNorm's
+    statistics, which the next layer needs): never taken as hidden, by any share."""
     f = 1.0 if exposed_fraction is None or math.isnan(exposed_fraction) else exposed_fraction
     f = min(max(f, 0.0), 1.0)
     fast, slow = compute_range or (compute, compute)
     fast, slow = min(fast, compute), max(slow, compute)
     # overlap cannot make a step shorter than its longer part
     return Prediction(
-        step_ms=max(data + compute + f * comm, data + max(compute, comm)),
-        low_ms=data + max(fast, comm),
-        high_ms=data + slow + comm,
+        step_ms=max(data + compute + f * comm, data + max(compute, comm)) + blocking,
+        low_ms=data + max(fast, comm) + blocking,
+        high_ms=data + slow + comm + blocking,
         compute_ms=compute,
         data_ms=data,
-        comm_ms=comm,
+        comm_ms=comm + blocking,
     )
 
 
@@ -423,10 +426,12 @@ def predict_run(
         compute1 = float(sum(ones[f"{p}_ms"].median() for p in PHASES))
         data1 = float(ones["data_wait_ms_mean"].median())
         for n in world_sizes:
-            traffic = _traffic(spec.cls, options, n, shape, first["precision"], k, sync_bn)
-            if isinstance(traffic, str):
-                _say(why, f"{case}: {traffic}")
+            both = _traffic(spec.cls, options, n, shape, first["precision"], k, sync_bn)
+            if isinstance(both, str):
+                _say(why, f"{case}: {both}")
                 continue
+            own_traffic, synced = both
+            traffic = own_traffic + synced
             if not curves:
                 _say(why, f"{case}: {_no_curve(run_dir, one)}")
                 continue
@@ -485,8 +490,9 @@ def predict_run(
             spread = [float(t) for t in times if t == t] or [compute]
             compute_range = (min(spread), max(spread))
             data_ms = data1 / n
-            comm = (
-                comm_ms(traffic, fits, n, busbw_GBps=busbw_GBps, alpha_us=alpha) if n > 1 else 0.0
+            comm, blocking = (
+                (comm_ms(t, fits, n, busbw_GBps=busbw_GBps, alpha_us=alpha) if n > 1 else 0.0)
+                for t in (own_traffic, synced)
             )
             others = pool[(pool["world_size"] > 1) & ~((pool["world_size"] == n) & holdout)]
             shares = (others["comm_exposed_ms"] / others["comm_total_ms"]).replace(
@@ -503,7 +509,7 @@ def predict_run(
                     f"; none of its communication taken as hidden: the probes' ablation leaves "
                     f"{keeps} running, so their exposed share is not its"
                 )
-            pred = predict_step(compute, data_ms, comm, f, compute_range)
+            pred = predict_step(compute, data_ms, comm, f, compute_range, blocking)
             busbw, collectives = bandwidths(traffic, fits, busbw_GBps)
             # an oversubscribed cell's ranks share cores (or GPUs) that the model gives each
             # rank its own of: not a measurement of what it predicts, so no check of it
@@ -531,9 +537,16 @@ def predict_run(
                     "compute_ms_low": compute_range[0],
                     "compute_ms_high": compute_range[1],
                     "data_ms": data_ms,
-                    "comm_ms": comm,
-                    # no communication (one process): no share of it to expose
-                    "exposed_fraction": math.nan if comm == 0 else 1.0 if f is None else f,
+                    "comm_ms": pred.comm_ms,
+                    # no communication (one process): no share of it to expose; SyncBN's
+                    # (blocking) exposed whole beside the share of the strategy's own
+                    "exposed_fraction": (
+                        math.nan
+                        if pred.comm_ms == 0
+                        else 1.0
+                        if f is None
+                        else (f * comm + blocking) / pred.comm_ms
+                    ),
                     "step_ms": pred.step_ms,
                     "step_ms_low": pred.low_ms,
                     "step_ms_high": pred.high_ms,
@@ -677,8 +690,9 @@ def _traffic(
     """The class's `traffic` at world size `n` for an optimizer step of `accumulate`
     micro-batches (its `per_micro_batch` ops once each: FSDP's all-gathers at --accumulate 4
     are four times one micro-batch's), with SyncBatchNorm's under `sync_bn` (every forward
-    and backward's, so once a micro-batch too), or what it raised as the reason it is not
-    modelled: a plug-in's bug costs its own predictions, not the report of its run."""
+    and backward's, so once a micro-batch too) apart: (its own, SyncBatchNorm's); or what it
+    raised as the reason it is not modelled: a plug-in's bug costs its own predictions, not
+    the report of its run."""
     import strategies
     from strategies.base import sync_bn_traffic
 
@@ -691,11 +705,11 @@ def _traffic(
     k, again = accumulate, cls.per_micro_batch
     traffic = [(op, b * k, c * k) if op in again else (op, b, c) for op, b, c in traffic]
     if not sync_bn:
-        return traffic
+        return traffic, []
     synced = sync_bn_traffic(n, shape)
     if isinstance(synced, str):
         return synced
-    return traffic + [(op, b * k, c * k) for op, b, c in synced]
+    return traffic, [(op, b * k, c * k) for op, b, c in synced]
 
 
 def _untimed(cls: type, traffic: Any) -> str:
