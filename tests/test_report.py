@@ -622,6 +622,27 @@ def _section(text: str, heading: str) -> str:
     return text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
 
 
+def test_a_plot_with_nothing_to_show_is_left_out_and_the_report_says_why(tmp_path) -> None:
+    """A run with no `single` at world size 1 has no speed-up: the report wrote a
+    scaling_efficiency.png of empty axes (and kept an earlier render's), read as a plot
+    whose points went missing. It is left out, the Plots section says why, the rest drawn."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+    run_dir = Path(shutil.copytree(REFERENCE, tmp_path / "no-single"))
+    assert (run_dir / "scaling_efficiency.png").is_file()  # the reference's own render
+    runs = pd.read_csv(run_dir / "runs.csv", dtype=str, keep_default_na=False)
+    runs[runs["strategy"] != "single"].to_csv(run_dir / "runs.csv", index=False)
+    text = report.render(run_dir).read_text()
+    assert {p.name for p in run_dir.glob("*.png")} == set(report.PLOTS) - {"scaling_efficiency.png"}
+    section = _section(text, "Plots")
+    assert "(scaling_efficiency.png)" not in section
+    assert section.count("](") == len(report.PLOTS) - 1
+    assert (
+        "`scaling_efficiency.png` is left out: no speed-up (needs an ok `single` run at "
+        "world size 1) to show." in section
+    ), section
+
+
 def test_a_run_without_cells_keeps_the_scaling_section_and_says_why(reference) -> None:
     """No cells/ (the CPU references leave it out): nothing to predict from, and the
     section says so, with predict's reasons, instead of vanishing."""

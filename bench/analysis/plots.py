@@ -203,8 +203,24 @@ def _legend_outside(ax: Axes, **kw) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, **kw)
 
 
+#: the gid of the note an empty plot carries in its middle (nothing_drawn)
+EMPTY = "nothing to show"
+
+
 def _empty(ax: Axes, what: str) -> None:
-    ax.text(0.5, 0.5, f"no {what} to show", ha="center", va="center", transform=ax.transAxes)
+    ax.text(
+        0.5, 0.5, f"no {what} to show", ha="center", va="center", transform=ax.transAxes, gid=EMPTY
+    )
+
+
+def nothing_drawn(fig: Figure) -> str | None:
+    """Why `fig` shows nothing (its note, "no timed steps to show"), or None where it draws
+    something: the report leaves such a figure out and says why, where it wrote a PNG of
+    empty axes."""
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts if t.get_gid() == EMPTY]
+    if not notes or len(notes) < len(fig.axes):
+        return None
+    return notes[0]
 
 
 # ---------------------------------------------------------------- from summary.csv

@@ -2009,7 +2009,14 @@ def not_finite_text(run: Run) -> str:
     )
 
 
-def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str, str]]) -> str:
+def report_markdown(
+    run: Run,
+    summary: pd.DataFrame,
+    images: Sequence[tuple[str, str]],
+    undrawn: Sequence[tuple[str, str]] = (),
+) -> str:
+    """report.md: `images` the plots written (file name, title), `undrawn` those left out
+    (file name, why: plots.nothing_drawn)."""
     counted = counted_rows(run.runs)
     startup = startup_markdown(counted, run.runs)
     compiled = compile_markdown(run.runs, counted)
@@ -2106,13 +2113,24 @@ def report_markdown(run: Run, summary: pd.DataFrame, images: Sequence[tuple[str,
         *(["## Scaling: predicted and measured", scaling] if scaling else []),
         *(["## Start-up per launcher", startup] if startup else []),
         *(["## Compilation", compiled] if compiled else []),
-        *(["## Plots", *[f"![{title}]({name})" for name, title in images]] if images else []),
+        *(["## Plots", *plots_markdown(images, undrawn)] if images or undrawn else []),
         *(["## Memory that grew step after step", growth] if growth else []),
         "## Unavailable, skipped and failed",
         problems_markdown(run.runs, summary, len(run.missing)),
         *([not_finite_text(run)] if run.not_finite else []),
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def plots_markdown(
+    images: Sequence[tuple[str, str]], undrawn: Sequence[tuple[str, str]]
+) -> list[str]:
+    """The Plots section's paragraphs: each plot written, then one line for those left out,
+    each with why (a plot of empty axes read as a plot whose data is missing)."""
+    shown = [f"![{title}]({name})" for name, title in images]
+    if undrawn:
+        shown.append(" ".join(f"`{name}` is left out: {why}." for name, why in undrawn))
+    return shown
 
 
 # ---------------------------------------------------------------- render
@@ -2197,10 +2215,15 @@ def render(run_dir: str | Path) -> Path:
                 text = whole("report.md")
                 summary.to_csv(whole("summary.csv", newline=""), index=False, float_format="%.6g")
                 images: list[tuple[str, str]] = []
+                undrawn: list[tuple[str, str]] = []
                 if len(summary):
                     from bench.analysis import plots
 
                     for name, fig in figures(run, summary).items():
+                        empty = plots.nothing_drawn(fig)
+                        if empty is not None:  # left out, the report says why
+                            undrawn.append((name, empty))
+                            continue
                         # titles wrapped to the figure, and nothing drawn outside it cut off
                         plots.fit_titles(fig).savefig(
                             whole(name, binary=True),
@@ -2210,7 +2233,7 @@ def render(run_dir: str | Path) -> Path:
                         )
                         title = " ".join(fig.axes[0].get_title().split())  # (unwrapped)
                         images.append((name, title or name))
-                text.write(report_markdown(run, summary, images))
+                text.write(report_markdown(run, summary, images, undrawn))
                 # all written: a stop now waits until the last is in place (moments), where it
                 # left some of this render's files beside the earlier one's
                 held.enter_context(proc.stops_held())
