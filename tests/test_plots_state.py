@@ -601,3 +601,21 @@ def test_the_memory_plot_says_a_bar_of_ranks_sharing_a_gpu_is_one_ranks():
     assert plots.peak_memory(_memory_summary("host_rss")).axes[0].get_xlabel() == (
         "world size (ranks)"
     )
+
+
+def test_the_memory_plots_error_bars_span_the_repeats_and_its_title_says_so():
+    """Three repeats of 120, 100 and 200 MiB: the bar's error bar runs from the least to the
+    most, as the report's table brackets them, and the title says so (it named no error
+    bars, beside a throughput plot whose bars are a 95 % interval)."""
+    summary = (
+        _memory_summary("host_rss")
+        .iloc[:1]
+        .assign(
+            n_repeats=3, peak_mem_mib_median=120.0, peak_mem_mib_min=100.0, peak_mem_mib_max=200.0
+        )
+    )
+    ax = plots.peak_memory(summary).axes[0]
+    (bars,) = [c for c in ax.containers if hasattr(c, "errorbar")]
+    (segment,) = bars.errorbar.lines[2][0].get_segments()
+    assert sorted(segment[:, 1]) == pytest.approx([100.0, 200.0])
+    assert "error bars: min–max" in ax.get_title()

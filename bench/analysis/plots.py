@@ -361,7 +361,11 @@ def peak_memory(summary: pd.DataFrame, colours: Mapping[str, Colour] | None = No
     sources = sorted({s for v in summary.get("mem_source", []) for s in str(v).split(",") if s})
     what = {"cuda_allocator": "CUDA allocator peak", "host_rss": "host RSS peak"}
     ax.set_ylabel(f"peak memory per device (MiB; {', '.join(what.get(s, s) for s in sources)})")
-    ax.set_title("Peak memory per device (max over ranks; median over repeats)")
+    # the summary has no interval of memory: its bars span the repeats' min to max (those of
+    # the report's table), which a title silent on them let read as throughput's 95 % interval
+    ax.set_title(
+        "Peak memory per device (max over ranks; median over repeats; error bars: min–max)"
+    )
     # ranks sharing a GPU each have their own allocator: such a bar is one rank's, and would
     # read as less memory per device than one rank on its own GPU takes
     on_gpu = summary.get("mem_source", pd.Series("", index=summary.index)).astype(str)
