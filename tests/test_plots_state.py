@@ -9,6 +9,7 @@ from itertools import pairwise
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.colors import to_rgba
 from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -310,6 +311,32 @@ def test_option_sweep_colours_by_strategy_and_styles_by_world_size() -> None:
         assert line.get_color()[:3] == pytest.approx(colours[name][:3])
         assert line.get_linestyle() == ("-" if ws == "2" else "--")
     assert ax.get_xscale() == "linear"  # 10 to 20: no need for a log axis
+
+
+def test_a_swept_strategy_takes_a_colour_of_its_own_cases_not_another_strategys() -> None:
+    """The transformer reference swept microbatches: no strategy had a bare name, and the
+    sweep coloured them from a palette of its own, where pipeline_interleaved's line was the
+    brown the throughput plot gave pipeline_gpipe [microbatches=8]. Each line now has the
+    colour the report's other plots gave its strategy's first case."""
+    rows = [
+        (name, f"fp32,microbatches={m}", 2, 100.0)
+        for name in ("pipeline_1f1b", "pipeline_gpipe", "pipeline_interleaved")
+        for m in (1, 2, 4, 8)
+    ]
+    rows += [("single", "fp32", 1, 80.0), ("tp", "fp32", 2, 50.0)]
+    summary = _summary(rows)
+    summary.loc[summary["setting"] == "fp32", "strategy"] = summary["strategy_name"]
+    colours = plots.colour_map(summary["strategy"])  # as report.figures gives every plot
+    drawn = {
+        c.get_label(): to_rgba(c.lines[0].get_color())
+        for c in plots.option_sweep(summary, colours).axes[0].containers
+    }
+    assert set(drawn) == {
+        f"{n} ws=2" for n in ("pipeline_1f1b", "pipeline_gpipe", "pipeline_interleaved")
+    }
+    for label, colour in drawn.items():
+        name = label.removesuffix(" ws=2")
+        assert colour == to_rgba(colours[f"{name} [fp32,microbatches=1]"]), name
 
 
 def test_option_sweep_keeps_other_settings_apart() -> None:

@@ -965,11 +965,19 @@ def _sweep_colours(
 ) -> dict[str, Colour]:
     # a strategy keeps the colour the other plots gave its bare name, where they did
     names = sorted(summary["strategy_name"].astype(str).unique())
-    if colours is not None and all(n in colours for n in names):
-        return {n: colours[n] for n in names}
+    if colours is None:
+        return colour_map(names)
     # a swept strategy has no bare-name colour (each of its settings is a display label of
-    # its own): colour the strategies by name, from a palette of their own
-    return colour_map(names)
+    # its own): it takes the one the other plots gave its first case, never a palette of its
+    # own, which gave pipeline_interleaved the brown the throughput plot gave
+    # pipeline_gpipe [microbatches=8]: one colour, two strategies, in one report
+    cases = zip(summary["strategy"], summary["strategy_name"], summary["world_size"], strict=True)
+    picked: dict[str, Colour] = {}
+    for label, name, _ in sorted(cases, key=lambda c: case_key(str(c[0]), int(c[2]))):
+        if str(label) in colours:
+            picked.setdefault(str(name), colours[str(label)])
+    picked.update({n: colours[n] for n in names if n in colours})
+    return picked if all(n in picked for n in names) else colour_map(names)
 
 
 def _sweep_axes(ax: Axes, summary: pd.DataFrame, key: str, cmap: Mapping[str, Colour]) -> None:
