@@ -270,6 +270,16 @@ def test_colour_map_is_stable_and_distinct() -> None:
     assert len(set(many.values())) == 15
 
 
+def test_colour_map_keeps_forty_strategies_apart_and_off_grey() -> None:
+    """Every strategy in fp32 and bf16 is some 40 names: past tab20's 18 colours every 19th
+    name took the colour of one before it, and a plot's legend could not tell their bars
+    apart. Each keeps a colour of its own, none the grey of the reference marks."""
+    names = [f"{s} [{p}]" for s in (f"s{i:02d}" for i in range(20)) for p in ("fp32", "bf16")]
+    colours = plots.colour_map(names)
+    assert len(set(colours.values())) == len(names) == 40
+    assert not [n for n, (r, g, b, _) in colours.items() if max(r, g, b) - min(r, g, b) < 0.02]
+
+
 # ---------------------------------------------------------------- report.md
 
 

@@ -37,9 +37,16 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 def _palette(n: int) -> list[Colour]:
     # tab10 (tab20 past nine names) without its greys: grey is kept for reference marks
     # (the ideal line, the legend key of the stacked bars), which must not look like a strategy
-    name, greys = ("tab10", {7}) if n <= 9 else ("tab20", {14, 15})
-    cmap = matplotlib.colormaps[name]
-    return [cmap(i) for i in range(cmap.N) if i not in greys]
+    maps = [("tab10", {7})] if n <= 9 else [("tab20", {14, 15})]
+    if n > 18:  # past tab20's 18: tab20b and tab20c too, where every 19th name had repeated
+        # the first's colour (all strategies in fp32 and bf16: dp [bf16] in ddp's blue)
+        maps += [("tab20b", set()), ("tab20c", {16, 17, 18, 19})]
+    return [
+        matplotlib.colormaps[name](i)
+        for name, greys in maps
+        for i in range(matplotlib.colormaps[name].N)
+        if i not in greys
+    ]
 
 
 def colour_map(names: Iterable[str]) -> dict[str, Colour]:
