@@ -1275,6 +1275,30 @@ def test_bar_values_that_collide_only_in_the_final_layout_turn_upright() -> None
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
 
 
+def test_bar_values_still_colliding_upright_widen_the_figure() -> None:
+    """48 strategies (every one in fp32 and bf16, with options) at two world sizes, their
+    long names a legend half the figure wide: upright, the values of neighbouring bars lay
+    over each other, a smear of digits; the figure widens until each fits beside the next."""
+    names = [f"ddp_s{i:02d} [channels_last,acc2,bucket_cap_mb=25]" for i in range(48)]
+    summary = pd.DataFrame(
+        [
+            {"strategy": s, "world_size": ws}
+            | {f"samples_per_s_{m}": 9999.0 for m in ("median", "min", "max")}
+            for s in names
+            for ws in (1, 2)
+        ]
+    )
+    fig = plots.throughput(summary)
+    width = fig.get_figwidth()
+    fig = plots.fit_titles(fig)
+    fig.draw_without_rendering()
+    values = [t for t in fig.axes[0].texts if t.get_text() == "9999"]
+    assert len(values) == 96 and {t.get_rotation() for t in values} == {90.0}
+    boxes = [t.get_window_extent() for t in values]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    assert fig.get_figwidth() > width
+
+
 def test_the_per_cell_plots_are_no_wider_than_their_bars_and_notes_need(reference) -> None:
     """make bench's 28 cells made 36-inch (3,928 px) time-split and step-time PNGs, with a
     band of 5 % margin either side: now 0.75 inch a cell, the x axis ending at the bars, and

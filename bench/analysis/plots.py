@@ -89,7 +89,8 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
     legend outside pushes aside: the title, centred on the axes, would be cut at the left)
     onto more lines until it fits, and slant x tick labels that run into each other (the
     same legend narrows the bars they stand under), turn the values over grouped bars
-    upright where they now collide (_upright_values), raise the y axis over notes on bars
+    upright where they now collide (_upright_values) and widen the figure where upright they
+    still do (_widen_for_values), raise the y axis over notes on bars
     that the final layout leaves too little room (_headroom), and makes a figure taller where its
     legend beside the axes runs past its bottom (the layout had squeezed the axes to a
     strip above a legend cut off in the PNG); `pad`: pixels kept clear of the edge.
@@ -106,6 +107,8 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
                 done = False
             elif _upright_values(ax, renderer):
                 done = False  # the final layout narrowed the bars under their values
+            elif _widen_for_values(fig, ax, renderer):
+                done = False  # upright, they still ran into each other
             elif _headroom(ax, [t for t in ax.texts if isinstance(t, Annotation)], renderer):
                 done = False  # the layout (slanted ticks) left a note too little room
             legend = ax.get_legend()
@@ -193,6 +196,22 @@ def _upright_values(ax: Axes, renderer: Any) -> bool:
         return False
     for n in notes:
         n.set(rotation=90, fontsize=7)
+    return True
+
+
+def _widen_for_values(fig: Figure, ax: Axes, renderer: Any) -> bool:
+    """Widen the figure where the values over grouped bars, upright already, still run into
+    each other (some 50 strategies at a world size, a legend of long names taking half the
+    figure: a smear of digits), until each fits beside the next; whether it widened it."""
+    notes = [t for t in ax.texts if t.get_gid() == BAR_VALUE and t.get_rotation()]
+    boxes = sorted((n.get_window_extent(renderer) for n in notes), key=lambda b: b.x0)
+    if not any(a.overlaps(b) for a, b in pairwise(boxes)):
+        return False
+    step = min(b.x0 - a.x0 for a, b in pairwise(boxes))  # the nearest neighbours' spacing
+    need = max(b.width for b in boxes) + 2.0
+    if step <= 0 or need <= step:
+        return False
+    fig.set_figwidth(fig.get_figwidth() + ax.bbox.width * (need / step - 1) / fig.dpi)
     return True
 
 
