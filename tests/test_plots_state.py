@@ -496,6 +496,21 @@ def test_time_parts_says_the_exposed_share_of_the_step_its_parts_split() -> None
     assert note == "20% comm\nexposed"  # 0.4 of the bar's 2.0 ms
 
 
+def test_the_loss_plots_steps_are_whole_numbers() -> None:
+    """Four steps (a short run, --max-steps 4): the loss plot's step axis read 0.0, 0.5, 1.0
+    ... 3.0, steps no run has; its ticks are whole steps."""
+    steps = pd.DataFrame(
+        [
+            {"strategy": "single", "world_size": 1, "repeat": 0, "epoch": 0, "step": k}
+            | {"loss": 2.0 / (k + 1)}
+            for k in range(4)
+        ]
+    )
+    ax = plots.fit_titles(plots.loss_curves(steps)).axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks == [0, 1, 2, 3]
+
+
 def test_a_legend_taller_than_the_figure_makes_the_figure_taller() -> None:
     """Thirty loss curves (every strategy of make bench at two world sizes): their legend
     beside the axes ran past the figure's bottom, cut off in the PNG, with the axes

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.legend import Legend
 from matplotlib.patches import Patch
 from matplotlib.text import Annotation
-from matplotlib.ticker import FuncFormatter, ScalarFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator, ScalarFormatter
 
 from bench.harness.results import case_key, case_labels, natural_key, oversubscribed_rows
 
@@ -569,6 +569,8 @@ def loss_curves(
     if not cells:
         _empty(ax, "steps")
     ax.set_xlabel("training step (across epochs, warm-up included)")
+    # a step is a whole number: a short run's axis read 0.0, 0.5, 1.0 (no step 0.5 ran)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     smoothed = f", rolling mean over {window} steps" if window > 1 else ""
     ax.set_ylabel(f"training loss (median over repeats{smoothed})")
     off = f"more than {tolerance_pct:g} % off single's, mean over the steps"
