@@ -533,6 +533,29 @@ def test_a_legend_taller_than_the_figure_makes_the_figure_taller() -> None:
     assert box.y0 >= 0 and box.y1 <= fig.bbox.height
 
 
+def test_a_legend_of_long_names_leaves_the_loss_curves_their_axes() -> None:
+    """Forty cells with run options in their names (every strategy in fp32 and bf16, with
+    channels-last and compile): the legend beside the loss curves took half the figure's
+    8 inches and left the curves 3.5 (2.7 with bucket sizes in the names); the figure grows
+    wider, the legend still inside it."""
+    steps = pd.DataFrame(
+        [
+            {"strategy": f"ddp_torchrun_{i:02d} [{p},channels_last,compile,acc4]", "world_size": ws}
+            | {"repeat": 0, "epoch": 0, "step": k, "loss": 2.0 / (k + 1)}
+            for i in range(10)
+            for p in ("fp32", "bf16")
+            for ws in (1, 2)
+            for k in range(10)
+        ]
+    )
+    fig = plots.fit_titles(plots.loss_curves(steps))
+    fig.draw_without_rendering()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(fig.canvas.get_renderer())
+    assert ax.bbox.width >= 4.4 * fig.dpi  # inches
+    assert ax.bbox.x1 <= legend.x0 and legend.x1 <= fig.bbox.width
+
+
 def test_a_legend_of_thirty_strategies_leaves_the_time_split_its_axes() -> None:
     """32 strategies at two world sizes (make bench's and as many more): the legend beside
     the time split was taller than the figure, matplotlib warned "constrained_layout not

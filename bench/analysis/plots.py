@@ -79,6 +79,11 @@ def _figure(width: float = 8.0, height: float = 4.8) -> tuple[Figure, Axes]:
 CELL_INCHES = 0.75
 
 
+#: the narrowest a plot's axes may be beside its legend (inches): a legend of long names
+#: ("ddp_torchrun [bf16,channels_last,compile] ws=2") had left the loss curves 3 inches
+AXES_INCHES = 4.5
+
+
 def _cells_width(n: int) -> float:
     """The width (inches) of a figure with a bar or box for each of `n` cells."""
     return max(6.0, CELL_INCHES * n + 2)
@@ -90,11 +95,12 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
     onto more lines until it fits, and slant x tick labels that run into each other (the
     same legend narrows the bars they stand under), turn the values over grouped bars
     upright where they now collide (_upright_values) and widen the figure where upright they
-    still do (_widen_for_values), raise the y axis over notes on bars
-    that the final layout leaves too little room (_headroom), and makes a figure taller where its
-    legend beside the axes runs past its bottom (the layout had squeezed the axes to a
-    strip above a legend cut off in the PNG); `pad`: pixels kept clear of the edge.
-    Lays the figure out to measure; returns it."""
+    still do (_widen_for_values), raise the y axis over notes on bars that the final layout
+    leaves too little room (_headroom), make a figure taller where its legend beside the
+    axes runs past its bottom (the layout had squeezed the axes to a strip above a legend
+    cut off in the PNG), and wider where that legend's long names leave the axes narrower
+    than AXES_INCHES; `pad`: pixels kept clear of the edge. Lays the figure out to measure;
+    returns it."""
     _legend_room(fig, pad)
     for _ in range(4):  # wrapping makes a title taller, and the layout moves the axes
         fig.draw_without_rendering()
@@ -115,6 +121,11 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
             short = pad - legend.get_window_extent(renderer).y0 if legend else 0.0
             if short > 0:  # the legend hangs from the axes' top: grow the figure below it
                 fig.set_figheight(fig.get_figheight() + short / fig.dpi)
+                done = False
+            narrow = AXES_INCHES * fig.dpi - ax.bbox.width
+            if legend and narrow > 1 and legend.get_window_extent(renderer).x0 >= ax.bbox.x1:
+                # the legend beside the axes: grow the figure by what it took from them
+                fig.set_figwidth(fig.get_figwidth() + narrow / fig.dpi)
                 done = False
             title = ax.title
             text = title.get_text()
