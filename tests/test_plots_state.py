@@ -684,3 +684,27 @@ def test_the_memory_plots_error_bars_span_the_repeats_and_its_title_says_so():
     (segment,) = bars.errorbar.lines[2][0].get_segments()
     assert sorted(segment[:, 1]) == pytest.approx([100.0, 200.0])
     assert "error bars: min–max" in ax.get_title()
+
+
+def test_the_efficiency_legend_lists_the_cases_in_the_throughput_legends_order() -> None:
+    """The efficiency plot listed its lines in text order (ddp [bf16] before ddp [fp32],
+    bucket_cap_mb=100 before 25), the throughput plot beside it in the report's order:
+    a reader matching colours between the two met the names in another order."""
+    cases = ["ddp [fp32]", "ddp [bf16]", "ddp [bucket_cap_mb=100]", "ddp [bucket_cap_mb=25]"]
+    summary = pd.DataFrame(
+        [
+            {"strategy": s, "world_size": ws, "n_repeats": 1, "scaling_efficiency": 0.9}
+            | {f"samples_per_s_{m}": 100.0 for m in ("median", "min", "max")}
+            for s in cases
+            for ws in (1, 2)
+        ]
+    )
+    order = plots.legend_labels(plots.throughput(summary))
+    assert order == [
+        "ddp [fp32]",
+        "ddp [bf16]",
+        "ddp [bucket_cap_mb=25]",
+        "ddp [bucket_cap_mb=100]",
+    ]
+    lines = plots.legend_labels(plots.scaling_efficiency(summary))
+    assert lines == ["ideal (linear scaling)", *order]

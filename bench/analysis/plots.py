@@ -451,8 +451,10 @@ def scaling_efficiency(
     elif data.empty:
         _empty(ax, "speed-up (needs an ok `single` run at world size 1)")
     cmap = _colours(summary["strategy"], colours)
-    for name, rows in data.groupby("strategy", sort=True):
-        rows = rows.sort_values("world_size")
+    # in the order of the throughput plot's legend (natural_key), not groupby's text order,
+    # which put ddp [bf16] before ddp [fp32] and bucket_cap_mb=100 before 25
+    for name in sorted(data["strategy"].unique(), key=natural_key):
+        rows = data[data["strategy"] == name].sort_values("world_size")
         ax.plot(
             rows["world_size"], rows["scaling_efficiency"], marker="o", color=cmap[name], label=name
         )
