@@ -708,3 +708,32 @@ def test_the_efficiency_legend_lists_the_cases_in_the_throughput_legends_order()
     ]
     lines = plots.legend_labels(plots.scaling_efficiency(summary))
     assert lines == ["ideal (linear scaling)", *order]
+
+
+def test_efficiency_over_plain_single_is_drawn_hollow_and_said_in_the_legend() -> None:
+    """bf16 channels-last DDP with no single in bf16 channels-last: its efficiency is over
+    plain single (the table marks it †), and the plot drew it as a like-for-like point
+    beside bf16 DDP's, over single [bf16]; it is hollow, and the legend says why."""
+    cells = [
+        ("single [fp32]", "fp32", 1, "single [fp32]", 1.0),
+        ("single [bf16]", "bf16", 1, "single [bf16]", 1.0),
+        ("ddp [bf16]", "bf16", 2, "single [bf16]", 0.8),
+        ("ddp [bf16,channels_last]", "bf16,channels_last", 2, "single [fp32]", 1.6),
+    ]
+    summary = pd.DataFrame(
+        [
+            {"strategy": s, "setting": st, "world_size": ws, "efficiency_over": over}
+            | {"scaling_efficiency": eff, "n_repeats": 1}
+            for s, st, ws, over, eff in cells
+        ]
+    )
+    ax = plots.scaling_efficiency(summary).axes[0]
+    hollow = [
+        (ln.get_xdata()[0], ln.get_ydata()[0])
+        for ln in ax.get_lines()
+        if len(ln.get_xdata()) and ln.get_markerfacecolor() in ("white", (1.0, 1.0, 1.0, 1.0))
+    ]
+    assert hollow == [(2, 1.6)]
+    assert "hollow: over plain single\n(none in the cell's run options)" in plots.legend_labels(
+        ax.get_figure()
+    )

@@ -451,12 +451,38 @@ def scaling_efficiency(
     elif data.empty:
         _empty(ax, "speed-up (needs an ok `single` run at world size 1)")
     cmap = _colours(summary["strategy"], colours)
+    from bench.analysis.report import over_other_single  # (report imports this module)
+
+    # a cell with no single in its own run options scales over plain single, which adds what
+    # its options change (the table's †): hollow, where it read as a like-for-like ratio
+    data = data.assign(_other=[over_other_single(summary, r) for _, r in data.iterrows()])
     # in the order of the throughput plot's legend (natural_key), not groupby's text order,
     # which put ddp [bf16] before ddp [fp32] and bucket_cap_mb=100 before 25
     for name in sorted(data["strategy"].unique(), key=natural_key):
         rows = data[data["strategy"] == name].sort_values("world_size")
         ax.plot(
             rows["world_size"], rows["scaling_efficiency"], marker="o", color=cmap[name], label=name
+        )
+        hollow = rows[rows["_other"].astype(bool)]
+        if len(hollow):
+            ax.plot(
+                hollow["world_size"],
+                hollow["scaling_efficiency"],
+                linestyle="",
+                marker="o",
+                markerfacecolor="white",
+                markeredgecolor=cmap[name],
+                label=f"_{name} over plain single",
+            )
+    if data["_other"].any():
+        ax.plot(
+            [],
+            [],
+            linestyle="",
+            marker="o",
+            markerfacecolor="white",
+            markeredgecolor="0.3",
+            label="hollow: over plain single\n(none in the cell's run options)",
         )
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(w) for w in sizes])

@@ -1223,7 +1223,7 @@ def summary_markdown(summary: pd.DataFrame) -> str:
     ]
     rows = []
     # efficiency over a single in other run options than the row's own: marked †
-    marks = [_over_other(summary, r) for _, r in summary.iterrows()]
+    marks = [over_other_single(summary, r) for _, r in summary.iterrows()]
     for (_, r), mark in zip(summary.iterrows(), marks, strict=True):
         speedup = _num(r["speedup_vs_single"], 2)
         rows.append(
@@ -1278,8 +1278,9 @@ def token_note(summary: pd.DataFrame) -> str:
     return f" A sample is one sequence of {each}: tokens/s is samples/s times that."
 
 
-def _over_other(summary: pd.DataFrame, r: pd.Series) -> bool:
-    """Whether a row's efficiency is over a single in other run options than its own."""
+def over_other_single(summary: pd.DataFrame, r: pd.Series) -> bool:
+    """Whether a row's efficiency is over a single in other run options than its own (the
+    table's †, the efficiency plot's hollow marker)."""
     over = summary[summary["strategy"] == r.get("efficiency_over", "")]
     if over.empty or r["scaling_efficiency"] != r["scaling_efficiency"]:
         return False
