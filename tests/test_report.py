@@ -762,6 +762,22 @@ def test_a_baseline_with_no_speed_gets_no_speed_up_of_one(reference) -> None:
     assert np.isnan(single["speedup_vs_single"]) and np.isnan(single["scaling_efficiency"])
 
 
+def test_the_reports_first_line_names_the_cases_in_the_tables_order(reference) -> None:
+    """A run in fp32 and bf16 opened with "Strategies: ddp_spawn [bf16], ddp_spawn [fp32],
+    ..." in text order, above tables and plots that give fp32 first, then bf16."""
+    rows = reference.runs[reference.runs["strategy"].isin(["single", "ddp_spawn"])]
+    both = pd.concat(
+        [
+            rows.assign(strategy=rows["strategy"] + f" [{p}]", precision=p, setting=p)
+            for p in ("fp32", "bf16")
+        ]
+    )
+    run = dataclasses.replace(reference, runs=both)
+    text = report.report_markdown(run, report.summarise(both), [])
+    first = "Strategies: ddp_spawn [fp32], ddp_spawn [bf16], single [fp32], single [bf16]."
+    assert first in text.splitlines(), text[:400]
+
+
 def test_a_run_where_no_cell_finished_ok_says_so_and_nothing_else(reference) -> None:
     """Every row failed: the summary says no cell finished ok, with no "median over repeats
     (up to 0)" to read and no prediction section blaming the strategies' models."""

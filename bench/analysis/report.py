@@ -2086,7 +2086,10 @@ def report_markdown(
         f"# parabench report: {run.name}",
         *([f"**{incomplete[0].upper()}{incomplete[1:]}.**"] if incomplete else []),
         *(
-            [f"Strategies: {', '.join(sorted(set(run.runs['strategy'])))}."]
+            # in the order of the tables and plots below, not text order ([bf16] before [fp32])
+            [
+                f"Strategies: {', '.join(sorted(set(run.runs['strategy']), key=results.natural_key))}."
+            ]
             if len(run.runs)
             else []
         ),
