@@ -737,3 +737,19 @@ def test_efficiency_over_plain_single_is_drawn_hollow_and_said_in_the_legend() -
     assert "hollow: over plain single\n(none in the cell's run options)" in plots.legend_labels(
         ax.get_figure()
     )
+
+
+def test_stacked_sweeps_beside_a_legend_of_long_names_widen_the_figure_once() -> None:
+    """Two swept options, so two stacked axes, each with a legend of long names: each axes
+    counted what the legend took from it and the figure grew by twice that, the axes far
+    wider than the 4.5 inches asked for."""
+    rows = [
+        (f"my_plugin_strategy_{i:02d}", f"bf16,channels_last,compile,acc4,sync_bn,{k}={v}", 2, 1.0)
+        for i in range(6)
+        for k in ("bucket_cap_mb", "microbatches")
+        for v in (1, 2)
+    ]
+    fig = plots.fit_titles(plots.option_sweep(_summary(rows)))
+    fig.draw_without_rendering()
+    widths = [ax.bbox.width / fig.dpi for ax in fig.axes]
+    assert len(widths) == 2 and all(4.4 <= w <= 4.6 for w in widths), widths

@@ -107,6 +107,7 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
         renderer = fig.canvas.get_renderer()
         width = fig.bbox.width
         done = True
+        narrow = 0.0  # how much narrower than AXES_INCHES the narrowest axes beside a legend is
         for ax in fig.axes:
             if _ticks_overlap(ax, renderer):
                 _slant(ax)
@@ -122,11 +123,8 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
             if short > 0:  # the legend hangs from the axes' top: grow the figure below it
                 fig.set_figheight(fig.get_figheight() + short / fig.dpi)
                 done = False
-            narrow = AXES_INCHES * fig.dpi - ax.bbox.width
-            if legend and narrow > 1 and legend.get_window_extent(renderer).x0 >= ax.bbox.x1:
-                # the legend beside the axes: grow the figure by what it took from them
-                fig.set_figwidth(fig.get_figwidth() + narrow / fig.dpi)
-                done = False
+            if legend and legend.get_window_extent(renderer).x0 >= ax.bbox.x1:
+                narrow = max(narrow, AXES_INCHES * fig.dpi - ax.bbox.width)
             title = ax.title
             text = title.get_text()
             if not text:
@@ -142,6 +140,10 @@ def fit_titles(fig: Figure, pad: float = 4.0) -> Figure:
             if wrapped != text:
                 title.set_text(wrapped)
                 done = False
+        if narrow > 1:  # the legend beside the axes: grow the figure by what it took from them
+            # (once: stacked axes share the figure's width, each had counted it for itself)
+            fig.set_figwidth(fig.get_figwidth() + narrow / fig.dpi)
+            done = False
         if done:
             break
     return fig
