@@ -731,8 +731,10 @@ class Runner:
             "device": self.device,
             "dataset": cfg.dataset,
             "model": cfg.model,
-            "model_args": json.dumps(cfg.model_kwargs),
-            "dataset_args": json.dumps(cfg.dataset_kwargs),
+            # keys sorted: the same arguments given in another order are the same text, as
+            # runs.csv of several runs concatenated are told apart by them
+            "model_args": json.dumps(cfg.model_kwargs, sort_keys=True),
+            "dataset_args": json.dumps(cfg.dataset_kwargs, sort_keys=True),
             "global_batch": cfg.global_batch,
             "epochs": cfg.epochs,
             "max_steps": cfg.max_steps,
