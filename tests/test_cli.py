@@ -155,6 +155,7 @@ CASES = [
             "2",
             "--warmup-steps",
             "0",
+            "--dry-run",  # refused as planned: a regression fails fast, launching no ranks
         ],
         "--warmup-steps 0 would time that step; give --warmup-steps 1 or more",
     ),

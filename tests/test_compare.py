@@ -634,8 +634,8 @@ def test_two_runs_begun_with_no_row_yet_compare_to_what_they_lack(
     tmp_path, data_root, capsys
 ) -> None:
     """Two runs started at once, compared before either had its first row (or after both
-    stopped before it): a pandas ValueError traceback (merge on float64 and str columns),
-    where one run with no row against one with rows compared. Now: nothing in both, and
+    stopped before it): a pandas ValueError traceback (merge on float64 and str columns;
+    one run with no row against one with rows compared already). Now: nothing in both, and
     what each lacks."""
     from bench.harness import runner
     from tests.conftest import small_config
