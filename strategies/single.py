@@ -145,7 +145,12 @@ class Single(Strategy):
                 f"baseline of {self.shares} ranks' shares: each share's forward on its own, "
                 "gradients averaged; running statistics from the first share only (rank 0's)"
                 + (
-                    f"; each share's gradient rounded to {self.compress} before the sum"
+                    f"; each share's gradient rounded to {self.compress} before the sum, "
+                    + (
+                        "the sum divided by the shares (Horovod's average)"
+                        if self.options.get("compress_divide") == "after_sum"
+                        else "each divided by the shares first (torch's hooks)"
+                    )
                     if self.compress != "none"
                     else ""
                 )

@@ -177,8 +177,8 @@ class StepTimer:
     stream's, from its start to the next step's start (the last one's so far, to an event
     recorded when `records()` reads it, which stays its end: each step so carries the loop's
     work after it, not what follows a read), and its data wait the stream's from its start
-    to its batch. `records()` reads them (one synchronisation). On a CPU both are the host clock: the work is done when the call
-    returns."""
+    to its batch. `records()` reads them (one synchronisation). On a CPU both are the host
+    clock: the work is done when the call returns."""
 
     def __init__(self, device: torch.device, mode: str = "sync") -> None:
         if mode not in STEP_TIMINGS:
