@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from bench.analysis.verify import (
+    AMPLIFIED,
     RECIPES,
     REFERENCE_FACTOR,
+    UNSHOWN_FACTOR,
     VERIFY_LIMIT,
     compression_key,
     rounding_reference,
@@ -146,7 +148,10 @@ def test_correct_hooks_match_their_reference_under_adamw(tmp_path, data_root):
 
 @pytest.mark.slow
 def test_horovods_reference_divides_the_sum(tmp_path, data_root):
-    """Horovod's Average scales the fp16 sum; its reference does too, and reads what it does."""
+    """Horovod's Average scales the fp16 sum; its reference does too, and reads what it does.
+    Under AdamW that is 2.10e-2 of an update, past twice the recipe: it FAILed as a suspect
+    precision, and the correct cell beside it. Adam's rounding of components near zero moves
+    weights by whole steps, so the reference is `amplified`, saying so, and the cell passes."""
     need_horovod()
     cfg = small_config(
         tmp_path,
@@ -162,3 +167,6 @@ def test_horovods_reference_divides_the_sum(tmp_path, data_root):
     cell = by[("horovod_fp16", 2, "fp32")]
     ref = by[("single", 1, "fp32,compress=fp16,compress_divide=after_sum,shares=2")]
     assert (cell.loss_abs, cell.param_rel) == (ref.loss_abs, ref.param_rel)
+    assert ref.param_rel > UNSHOWN_FACTOR * RECIPES["grad_fp16"].param_rel, ref
+    assert ref.status == AMPLIFIED and "adamw scales each gradient component" in ref.reason
+    assert cell.status == "pass", cell
