@@ -11,17 +11,18 @@ stated band of the baseline's, and the table marks it approximate (inconclusive 
 baseline's own loss moves less than the band: a run that never trained would pass too).
 Exit code 1 if any strategy fails.
 
-Cells in bf16 or fp16 get a precision reference: `single` in that precision on the same
-layout, against fp32, which shows what rounding alone moves. Where that is past the
-recipe's tolerance (resnet18 at 32 px, whose conditioning shows it amplifies rounding: bf16
-alone is 0.38 of an update from fp32 after one step), the reference is reported as such
-and the cells in that precision are held to 1.5x its gap, so a correct strategy does not
-FAIL for bf16's sake while one that skips its all-reduce still does. Cells in fp32 whose
-gradients are compressed (grad_fp16/grad_bf16) get a reference of the same kind, `single
---set compress=...` (COMPRESSED). Against its reference, a cell that is as close to fp32 as
-fp32 itself FAILs: it does not round as it says (bench.analysis.verify.unrounded). A
-compressing cell in bf16/fp16 is told apart on its own layout, against single in that
-precision with and without its gradients rounded (bench.analysis.verify.uncompressed).
+Cells in bf16 or fp16 get a precision reference: `single` in that precision, the batch cut
+as the cell's ranks and micro-batches cut it (autocast rounds each part's gradient),
+against fp32, which shows what rounding alone moves. Where that is past the recipe's
+tolerance (resnet18 at 32 px, whose conditioning shows it amplifies rounding: bf16 alone is
+0.38 of an update from fp32 after one step), the reference is reported as such and the
+cells in that precision are held to 1.5x its gap, so a correct strategy does not FAIL for
+bf16's sake while one that skips its all-reduce still does. Cells in fp32 whose gradients
+are compressed (grad_fp16/grad_bf16) get a reference of the same kind, `single --set
+compress=...` (COMPRESSED). Against its reference, a cell that is as close to fp32 as fp32
+itself FAILs: it does not round as it says (bench.analysis.verify.unrounded). A compressing
+cell in bf16/fp16 is told apart on its own layout, against single in that precision with
+and without its gradients rounded (bench.analysis.verify.uncompressed).
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ NOT_COMPARABLE = "not comparable"
 INCONCLUSIVE = "inconclusive"
 
 #: precisions of the axis that `single` runs as a precision reference: what rounding in that
-#: precision alone does to the baseline, on the same layout (bench.analysis.verify.compare)
+#: precision alone does to the baseline, on the cell's layout (bench.analysis.verify.compare)
 REDUCED = ("bf16", "fp16")
 #: gradient compressions (numerics parts) whose fp32 cells get a reference of their own, in
 #: the precision references' place: `single --set compress=...` cut into the cell's ranks'
@@ -265,28 +266,41 @@ def rounding_layout(row: dict[str, str]) -> Layout:
     return batch_norm_layout({**row, "sync_bn": "0"}, norms=1)
 
 
+def precision_layout(row: dict[str, str], norms: int) -> Layout:
+    """Where the precision reference of a cell in a REDUCED precision runs: its
+    rounding_layout, BatchNorm or not (MNIST in bf16, 2 ranks, 8 steps: DDP and FSDP are
+    9.7e-3 of an update from single in bf16 on the whole batch, 0 from it cut into 2 shares;
+    a pipeline's 4 micro-batches 3.1e-2 and 0). Under SyncBatchNorm the ranks' shares
+    are normalised together, which no single run cut into shares computes: there the
+    cell's BatchNorm layout (its micro-batches apart)."""
+    if norms and row.get("sync_bn") == "1":
+        return batch_norm_layout(row, norms)
+    return rounding_layout(row)
+
+
 def compression_layout(row: dict[str, str], norms: int) -> Layout:
     """Where the reference of a cell in fp32 whose gradients are compressed runs: cut into
     its data ranks' shares, as each rank rounds its own gradient before the sum, and each
     share into the micro-batches its BatchNorm baseline has (none without BatchNorm: the
-    layout of its gradients alone). Under SyncBatchNorm the ranks' shares are normalised
-    together, which no single run cut into shares computes: there the cell's own layout,
-    its gradient rounded once (the least a compressed all-reduce rounds)."""
-    if norms and row.get("sync_bn") == "1":
-        return batch_norm_layout(row, norms)
-    r, k = rounding_layout(row)
+    layout of its gradients alone, which fp32 micro-batches sum unrounded). Under
+    SyncBatchNorm, the cell's own layout, its gradient rounded once (the least a compressed
+    all-reduce rounds)."""
+    r, k = precision_layout(row, norms)
     return (r, k if norms else 1)
 
 
 def rounding_reference(row: dict[str, str], norms: int) -> tuple[Layout, str]:
     """The `rounding` reference a cell is held against, as (the layout it runs on, its key):
-    in a REDUCED precision, its baseline's layout and the precision; where it compresses its
+    in a REDUCED precision, `precision_layout` and the precision; where it compresses its
     gradients in fp32, `compression_layout` and the compression (`+after_sum` where its
-    all-reduce divides the sum of several ranks); '' as the key where it rounds neither."""
+    all-reduce divides the sum of several ranks); its baseline's layout and '' as the key
+    where it rounds neither."""
     precision, numerics = row.get("precision") or "", row.get("numerics") or ""
     rounds = rounding(precision, numerics)
-    if not rounds or precision in REDUCED:
+    if not rounds:
         return batch_norm_layout(row, norms), rounds
+    if precision in REDUCED:
+        return precision_layout(row, norms), rounds
     layout = compression_layout(row, norms)
     after = layout[0] > 1 and divides_after_sum(row)
     return layout, rounds + (f"+{AFTER_SUM}" if after else "")
@@ -320,7 +334,7 @@ class Parity:
     #: running statistics (BatchNorm buffers): max |difference| from the baseline's, which
     #: follows rank 0's rule (NaN: the model has none)
     buffer_abs: float = math.nan
-    #: a precision reference (single in bf16/fp16 against fp32 on the same layout), not a
+    #: a precision reference (single in bf16/fp16 against fp32 on the cell's layout), not a
     #: strategy's cell: what rounding alone moves (bench.analysis.verify.compare)
     reference: bool = False
 
@@ -772,8 +786,8 @@ def _reference(
     base: _Baseline,
     norms: int,
 ) -> Parity | None:
-    """The row of `single` in a reduced precision on `layout` against fp32 on the same
-    layout: what rounding in that precision alone moves (None: it did not run). Within the
+    """The row of `single` in a reduced precision on `layout` against fp32 on the cell's
+    (`base`): what rounding in that precision alone moves (None: it did not run). Within the
     recipe's tolerance it passes; beyond it, it is AMPLIFIED (reported, not a failure: this
     run carries rounding further than the recipe's calibration), up to REFERENCE_LIMIT where
     conditioning showed the model amplifying rounding or the optimizer is ADAPTIVE, and up
@@ -1062,10 +1076,11 @@ def table(parity: list[Parity], steps: int | None = None) -> str:
         )
     if any(p.reference for p in parity):
         lines.append(
-            "precision reference: single in bf16/fp16, or in fp32 with its gradients rounded "
-            "to fp16/bf16 (compress=; with shares=N, each of N ranks' shares rounded before "
-            "the sum, as the hooks do), against single at fp32 on the cell's layout, what "
-            "that rounding alone moves (not a strategy's cell); "
+            "precision reference: single in bf16/fp16 (shares=N, accN: the batch cut as the "
+            "cell's ranks and micro-batches cut it, each part's gradient rounded), or in fp32 "
+            "with its gradients rounded to fp16/bf16 (compress=; with shares=N, each of N "
+            "ranks' shares rounded before the sum, as the hooks do), against single at fp32 "
+            "on the cell's layout, what that rounding alone moves (not a strategy's cell); "
             f"'{AMPLIFIED}': past its recipe's tolerance (rounding carried further than the "
             "recipes' calibration, SGD on MNIST), and the cells in that precision are then held "
             f"to {REFERENCE_FACTOR:g}x its gap ('{REFERENCE_FACTOR:g}x ref') where that is wider"
@@ -1388,9 +1403,10 @@ def _layout_threads(run_dir: Path) -> dict[Layout, int]:
     for r, layout in _baselined(rd):
         n = r.get("threads_per_rank") or ""
         if r.get("device") != "cuda" and n.isdigit():
-            # and the layout its rounding reference runs on (a compressing cell's in fp32),
-            # and the rounding layout of a compressing cell in a reduced precision, whose
-            # references run on it (bench.analysis.verify.reference_layouts)
+            # and the layout its rounding reference runs on (a cell's in a reduced
+            # precision, or a compressing cell's in fp32), and the rounding layout of a
+            # compressing cell in a reduced precision, whose references run on it
+            # (bench.analysis.verify.reference_layouts)
             squeezes = compression_key(r.get("precision") or "", r.get("numerics") or "")
             for each in {
                 layout,
