@@ -1281,10 +1281,9 @@ def reference_layouts(run_dir: Path) -> list[tuple[Layout, str]]:
     """The precision references a run's cells need and its own cells do not hold: per
     layout and reduced precision a comparable cell ran in, `single` in that precision; per
     compression_layout and gradient compression of a cell in fp32, `single --set
-    compress=...`; per
-    rounding layout of a compressing cell in a reduced precision, single in that precision
-    with and without `--set compress=...` (in that order: the first's threads are the
-    second's)."""
+    compress=...`; per rounding layout of a compressing cell in a reduced precision, single
+    in that precision with and without `--set compress=...` (in that order: the first's
+    threads are the second's)."""
     rd = RunDir(run_dir)
     norms = batch_norms(rd.config())
     wanted = {
@@ -1375,11 +1374,12 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
                 options["compress_divide"] = AFTER_SUM
             # in a reduced precision: run as single in it on this layout ran, which it is
             # compared with (bench.analysis.verify.uncompressed)
-            plain = _apart_row(RunDir(run_dir), layout, trains) or (
+            uncompressed = _apart_row(RunDir(run_dir), layout, trains) or (
                 _single_row(RunDir(run_dir), trains) if layout == (1, 1) else None
             )
-            if trains != "fp32" and plain and (plain.get("threads_per_rank") or "").isdigit():
-                n = int(plain["threads_per_rank"])
+            ran = (uncompressed or {}).get("threads_per_rank") or ""
+            if trains != "fp32" and ran.isdigit():
+                n = int(ran)
         else:
             echo(f"precision reference: {baseline_label(layout)}, in {precision}")
         layout_cfg = baseline_config(
@@ -1403,9 +1403,9 @@ def _layout_threads(run_dir: Path) -> dict[Layout, int]:
     for r, layout in _baselined(rd):
         n = r.get("threads_per_rank") or ""
         if r.get("device") != "cuda" and n.isdigit():
-            # and the layout its rounding reference runs on (a cell's in a reduced
-            # precision, or a compressing cell's in fp32), and the rounding layout of a
-            # compressing cell in a reduced precision, whose references run on it
+            # the cell's layout, the one its rounding reference runs on (a cell's in a
+            # reduced precision, or a compressing cell's in fp32), and the rounding layout
+            # of a compressing cell in a reduced precision, whose references run on it
             # (bench.analysis.verify.reference_layouts)
             squeezes = compression_key(r.get("precision") or "", r.get("numerics") or "")
             for each in {
