@@ -142,6 +142,14 @@ class StrategySpec:
         assert self.cls is not None
         return _reason(self.cls.unsuitable, cfg, world_size, options)
 
+    def idle_options(self, cfg: Any, setting: Any, options: Mapping[str, str]) -> dict[str, str]:
+        """Its class's idle_options; none where there is no class or the hook raises or
+        answers something else (the options then run as given)."""
+        if self.cls is None:
+            return {}
+        got = answer(self.cls.idle_options, cfg, setting, options)
+        return got if isinstance(got, dict) else {}
+
     def batch_shares(self, world_size: int, options: Mapping[str, str]) -> int | str:
         """Its class's batch_shares: a positive int, or the reason where the hook raises
         or answers something else (a plug-in's bug costs its own cells only)."""

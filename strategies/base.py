@@ -357,6 +357,13 @@ class Strategy:
         return dict(cls.accepts)
 
     @classmethod
+    def idle_options(cls, cfg: Any, setting: Setting, options: Mapping[str, str]) -> dict[str, str]:
+        """The --set options among `options` that change nothing in a cell of this run's
+        model in `setting` (FSDP's norm_units in fp32), each with why: plan() runs those
+        cells once without them, so no row records a value that changed nothing."""
+        return {}
+
+    @classmethod
     def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:
         """Why this strategy cannot train this run's model or batch at `world_size` with
         these options (a model it cannot split, a batch its micro-batches do not divide), or

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from bench.workload.models import norm_layers
+from bench.workload.models import meta_model, norm_layers
 from strategies import precision as prec
 from strategies.base import Variant
 from strategies.ddp import TorchDistributed, flag
@@ -105,6 +105,23 @@ class FSDP2(TorchDistributed):
     accepts = {"reshard_after_forward": bool, "norm_units": ("group", "layer")}
     collective_eval = True
     contiguous_params = "fully_shard refuses non-contiguous parameters"
+
+    @classmethod
+    def idle_options(cls, cfg, setting, options):
+        # norm_units places the BatchNorm layers kept in fp32 under bf16/fp16 (`units`):
+        # in fp32, or on a model without them, fsdp [norm_units=layer] ran fsdp's steps
+        if "norm_units" not in options:
+            return {}
+        if setting.precision not in ("bf16", "fp16"):
+            return {
+                "norm_units": "it sets how bf16/fp16 shard the BatchNorm layers they keep in "
+                f"fp32, and in {setting.precision} those shard with their blocks"
+            }
+        if not units(meta_model(cfg), low=True)[0]:
+            return {
+                "norm_units": f"model {cfg.model} has no BatchNorm layers with weights to shard"
+            }
+        return {}
 
     @classmethod
     def traffic(cls, options, world_size, shape, precision):

@@ -10,7 +10,7 @@ import pytest
 
 from bench.config import ConfigError
 from bench.harness.results import case_labels
-from bench.harness.runner import plan
+from bench.harness.runner import plan, sweep_notes
 from strategies.base import Setting
 from tests.conftest import small_config
 
@@ -296,6 +296,45 @@ def test_a_set_a_variant_fixes_stays_a_sweep_where_no_sibling_runs_it(tmp_path, 
         "fp32,microbatches=04",
         "fp32,microbatches=8",
     ]
+
+
+def test_norm_units_runs_once_without_it_where_it_changes_nothing(tmp_path, data_root):
+    """norm_units places the BatchNorm layers FSDP keeps in fp32 under bf16/fp16: a sweep of
+    it in fp32, or on a model without BatchNorm, planned two cells of the same steps whose
+    rows named different options. Those cells run once, without it, and a line says why."""
+    synthetic = dict(dataset="synthetic", model="resnet18", image_size=32, limit=64)
+    planned = cells(
+        tmp_path,
+        data_root,
+        strategies=("fsdp", "fsdp_zero2"),
+        world_sizes=(2,),
+        precisions=("fp32", "bf16"),
+        options={"norm_units": "group,layer"},
+        global_batch=8,
+        **synthetic,
+    )
+    assert sorted(c.label for c in planned if c.strategy == "fsdp") == [
+        "bf16,norm_units=group",
+        "bf16,norm_units=layer",
+        "fp32",
+    ]
+    cfg = small_config(tmp_path, data_root, precisions=("fp32", "bf16"), **synthetic)
+    cfg = cfg.replace(options={"norm_units": "group,layer"})
+    assert sweep_notes(cfg, planned) == [
+        "--set norm_units: fsdp, fsdp_zero2 run their fp32 cells once without it: it sets how "
+        "bf16/fp16 shard the BatchNorm layers they keep in fp32, and in fp32 those shard "
+        "with their blocks"
+    ]
+    # MNIST's CNN has no BatchNorm: one cell in bf16 too
+    mnist = cells(
+        tmp_path,
+        data_root,
+        strategies=("fsdp",),
+        world_sizes=(2,),
+        precisions=("bf16",),
+        options={"norm_units": "group,layer"},
+    )
+    assert [c.label for c in mnist] == ["bf16"]
 
 
 def test_single_shares_skip_only_the_micro_batch_counts_that_do_not_divide_them(

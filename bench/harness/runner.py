@@ -374,8 +374,10 @@ def _cannot_run(name: str, cells: list[Cell]) -> str:
 def _settings(
     cfg: RunConfig, spec: strategies.StrategySpec, device: str, points: list[tuple]
 ) -> list[tuple[Setting, tuple[tuple[str, str], ...]]]:
-    """Every (run options, strategy options) combination of the matrix for one strategy."""
-    out = []
+    """Every (run options, strategy options) combination of the matrix for one strategy;
+    the options that change nothing in a setting (`idle_options`) left out of its cells,
+    which then run once (sweep_notes says so)."""
+    out: list[tuple[Setting, tuple[tuple[str, str], ...]]] = []
     for opts in points:
         default = spec.default_precision(device, merged_options(spec, opts))
         for p, c, k, bn, cl in itertools.product(
@@ -394,7 +396,10 @@ def _settings(
                 sync_bn=bn,
                 channels_last=cl,
             )
-            out.append((setting, opts))
+            idle = spec.idle_options(cfg, setting, merged_options(spec, opts))
+            kept = tuple((k, v) for k, v in opts if k not in idle)
+            if (setting, kept) not in out:
+                out.append((setting, kept))
     return out
 
 
@@ -440,6 +445,32 @@ def sweep_notes(cfg: RunConfig, cells: Sequence[Cell]) -> list[str]:
             lines.append(
                 f"--set {key}: taken by {takers}; not by {', '.join(without)}, run without it"
             )
+        lines += _idle_notes(cfg, key, [s for s in specs if key in s.accepts], cells)
+    return lines
+
+
+def _idle_notes(
+    cfg: RunConfig, key: str, specs: list[strategies.StrategySpec], cells: Sequence[Cell]
+) -> list[str]:
+    """A line for each strategy taking --set `key` whose cells in some settings run without
+    it, since it changes nothing there (`idle_options`): which settings, and why."""
+    value = cfg.options[key].split(",")[0].strip()
+    said: dict[tuple[str, tuple[str, ...]], list[str]] = {}  # (why, settings): strategies
+    for spec in specs:
+        why: dict[str, list[str]] = {}
+        for c in cells:
+            if c.strategy != spec.name or key in dict(c.options):
+                continue
+            opts = {**merged_options(spec, c.options), key: value}
+            idle = spec.idle_options(cfg, c.setting, opts).get(key)
+            if idle and c.setting.label not in why.setdefault(idle, []):
+                why[idle].append(c.setting.label)
+        for idle, labels in why.items():
+            said.setdefault((idle, tuple(labels)), []).append(spec.name)
+    lines = []
+    for (idle, labels), names in said.items():
+        whose = f"{names[0]} runs its" if len(names) == 1 else f"{', '.join(names)} run their"
+        lines.append(f"--set {key}: {whose} {' | '.join(labels)} cells once without it: {idle}")
     return lines
 
 
