@@ -652,3 +652,27 @@ def test_two_runs_begun_with_no_row_yet_compare_to_what_they_lack(
     assert "(no strategy and world size has an ok result in both runs)" in out
     assert "A is incomplete: 1 of 1 planned cells have no row yet" in out
     assert "B is incomplete: 1 of 1 planned cells have no row yet" in out
+
+
+@pytest.mark.parametrize("metric", ["step_time_ms_p90", "timed_s"])
+def test_the_metric_judged_is_shown_in_the_table(tmp_path: Path, capsys, metric: str) -> None:
+    """--metric step_time_ms_p90 (or timed_s) flagged every cell a SLOW-DOWN beside columns
+    of samples/s, step p50 and memory that all read 1.00: the figure judged was nowhere in
+    the table. Its A, B and B/A are now shown beside the others."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+
+    def slower(runs):
+        ok = runs["status"] == "ok"
+        runs.loc[ok, metric] = (runs.loc[ok, metric].astype(float) * 2).map(repr)
+        return runs
+
+    b = _edit(Path(shutil.copytree(REFERENCE, tmp_path / "b")), slower)
+    assert main(["compare", "--no-stats", "--metric", metric, str(REFERENCE), str(b)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    group = next(i for i, line in enumerate(lines) if "samples/s (median)" in line)
+    assert compare.LABELS[metric] in lines[group]
+    row = next(line for line in lines if line.startswith("single "))
+    # the judged metric's B/A (2.00), after the three shown whatever the metric (1.00)
+    assert row.split()[2:][-2:] == ["2.00", "SLOW-DOWN"], row
+    assert [row.split()[2:][i] for i in (2, 5, 8)] == ["1.00"] * 3, row

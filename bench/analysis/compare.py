@@ -47,12 +47,14 @@ METRICS = {
     "timed_s": False,
     "peak_mem_mib": False,
 }
-#: shown for every cell, whatever the verdict metric
+#: shown for every cell, whatever the verdict metric (and that metric beside them)
 SHOWN = ("samples_per_s", "step_time_ms_p50", "peak_mem_mib")
 LABELS = {
     "samples_per_s": "samples/s (median)",
     "step_time_ms_p50": "step p50 (ms)",
     "peak_mem_mib": "peak mem/device (MiB)",
+    "step_time_ms_p90": "step p90 (ms)",
+    "timed_s": "timed steps' time (s)",
 }
 EXIT_SAME, EXIT_WORSE = 0, 1
 #: a cell: the registry's strategy, its setting (results.setting_key: "" and "fp32" are one)
@@ -476,8 +478,11 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
     names = [_name(r) for _, r in cmp.table.iterrows()]
     names += [c[0] for c in (*cmp.only_a, *cmp.only_b, *cmp.partly)]
     wide = max([16, *(len(n) + 1 for n in names)])
-    group = f"{'':<{wide + 3}}" + "".join(f"  {LABELS[m]:^25}" for m in SHOWN)
-    head = f"{'strategy':<{wide}}{'ws':>3}" + f"  {'A':>9}{'B':>9}{'B/A':>7}" * len(SHOWN)
+    # the metric judged is shown too: a verdict on step p90 beside columns that all read
+    # 1.00 gave no figure to check it by
+    shown = SHOWN if cmp.metric in SHOWN else (*SHOWN, cmp.metric)
+    group = f"{'':<{wide + 3}}" + "".join(f"  {LABELS[m]:^25}" for m in shown)
+    head = f"{'strategy':<{wide}}{'ws':>3}" + f"  {'A':>9}{'B':>9}{'B/A':>7}" * len(shown)
     test = ", U test at 5 %" if cmp.stats else ", factor alone"
     if not cmp.unlike:  # unlike runs: ratios only, no column of verdicts
         head += f"  verdict ({cmp.metric}, factor {cmp.factor:g}{test})"
@@ -493,7 +498,7 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
     lines += [group, head, "-" * len(head)]
     for _, r in cmp.table.iterrows():
         line = f"{_name(r):<{wide}}{int(r['world_size']):>3}"
-        for m in SHOWN:
+        for m in shown:
             line += (
                 f"  {_fmt(r[f'{m}_median_a'], 1):>9}{_fmt(r[f'{m}_median_b'], 1):>9}"
                 f"{_fmt(r[f'{m}_ratio'], 2):>7}"
