@@ -676,3 +676,32 @@ def test_the_metric_judged_is_shown_in_the_table(tmp_path: Path, capsys, metric:
     # the judged metric's B/A (2.00), after the three shown whatever the metric (1.00)
     assert row.split()[2:][-2:] == ["2.00", "SLOW-DOWN"], row
     assert [row.split()[2:][i] for i in (2, 5, 8)] == ["1.00"] * 3, row
+
+
+def test_a_cell_broken_in_both_runs_is_named(tmp_path: Path, capsys) -> None:
+    """ddp_spawn at world size 2 failed in every repeat of both runs (a fix that did not
+    fix it): it was in no line of the comparison, which read as every cell compared and
+    unchanged. It is named with both runs' reasons; no regression, so exit 0."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+
+    def fail(reason):
+        def change(runs):
+            cell = (runs["strategy"] == "ddp_spawn") & (runs["world_size"] == "2")
+            runs.loc[cell, ["status", "reason"]] = ["failed", reason]
+            return runs
+
+        return change
+
+    a = _edit(Path(shutil.copytree(REFERENCE, tmp_path / "a")), fail("boom"))
+    b = _edit(Path(shutil.copytree(REFERENCE, tmp_path / "b")), fail("bang"))
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    lines = [line.split() for line in out.splitlines() if line.startswith("ddp_spawn ")]
+    assert ["ddp_spawn", "2", "broken", "in", "both", "(A:", "failed:", "boom;", "B:"] in [
+        line[:9] for line in lines
+    ], out
+    assert "B: failed: bang)" in out
+    cmp = compare.compare(report.load_run(a), report.load_run(b))
+    assert cmp.still_broken == [("ddp_spawn", 2, "A: failed: boom; B: failed: bang")]
+    assert cmp.broken == []  # broken before too: not a regression

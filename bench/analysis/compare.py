@@ -16,7 +16,8 @@ and with fewer than 3 repeats a side "too few repeats to tell": neither is flagg
 last line names the slow-downs so left unjudged).
 `--no-stats` flags on the factor alone (the behaviour before). A change for the better
 is noted the same way. Cells with
-a result in only one run are listed as such; one that was ok in A and failed, ran out of
+a result in only one run are listed as such, and those broken in both with both reasons
+(no regression); one that was ok in A and failed, ran out of
 memory or timed out in B is flagged too (exit code 1), and so is a cell with more broken
 repeats in B than in A. A cell oversubscribed in either run (more CPU ranks than cores) has
 no speed verdict, timed_s over other timed step counts none, and peak memory measured two
@@ -114,6 +115,8 @@ class Comparison:
     stats: bool = True
     #: cells in both whose B broke in more repeats than A's: (label, world size, what)
     partly: list[tuple[str, int, str]] = field(default_factory=list)
+    #: cells with no ok repeat in either run, broken in both: (label, world size, what)
+    still_broken: list[tuple[str, int, str]] = field(default_factory=list)
     #: (what, A's value, B's value) for each condition that differs, by kind
     unlike: list[tuple[str, str, str]] = field(default_factory=list)
     machine: list[tuple[str, str, str]] = field(default_factory=list)
@@ -451,6 +454,21 @@ def compare(
             out.append((label, int(w), said))
         return out
 
+    # a cell broken in every repeat of both runs is in neither summary: named, or a strategy
+    # still failing after a change read as one compared and found unchanged
+    listed = {(n, k, int(w)) for n, k, w in both[CELL].itertuples(index=False, name=None)}
+    still = []
+    for key in sorted(set(bad_a) & set(bad_b) - listed):
+        if bad_a[key][0] and bad_b[key][0]:
+            name, setting, ws = key
+            label = runs_a.loc[
+                (runs_a["strategy_name"] == name)
+                & (runs_a["key"] == setting)
+                & (runs_a["world_size"] == ws),
+                "strategy",
+            ].iloc[0]
+            still.append((str(label), ws, f"A: {bad_a[key][2]}; B: {bad_b[key][2]}"))
+
     return Comparison(
         table,
         only("left_only", runs_b),
@@ -459,6 +477,7 @@ def compare(
         factor,
         use_stats,
         partly=sorted(partly, key=lambda p: results.case_key(p[0], p[1])),  # the table's order
+        still_broken=sorted(still, key=lambda p: results.case_key(p[0], p[1])),
         unlike=differ["work"],
         machine=differ["machine"],
         how=differ["how"],
@@ -476,7 +495,7 @@ def _name(row: pd.Series) -> str:
 def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
     """A fixed-width text table for the terminal: per metric A, B and B/A."""
     names = [_name(r) for _, r in cmp.table.iterrows()]
-    names += [c[0] for c in (*cmp.only_a, *cmp.only_b, *cmp.partly)]
+    names += [c[0] for c in (*cmp.only_a, *cmp.only_b, *cmp.partly, *cmp.still_broken)]
     wide = max([16, *(len(n) + 1 for n in names)])
     # the metric judged is shown too: a verdict on step p90 beside columns that all read
     # 1.00 gave no figure to check it by
@@ -511,6 +530,8 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
             lines.append(f"{name:<{wide}}{ws:>3}  {label} (the other run: {other})")
     for name, ws, what in cmp.partly:
         lines.append(f"{name:<{wide}}{ws:>3}  broke in B: {what}")
+    for name, ws, what in cmp.still_broken:
+        lines.append(f"{name:<{wide}}{ws:>3}  broken in both ({what})")
     return "\n".join(line.rstrip() for line in lines)
 
 
