@@ -705,3 +705,29 @@ def test_a_cell_broken_in_both_runs_is_named(tmp_path: Path, capsys) -> None:
     cmp = compare.compare(report.load_run(a), report.load_run(b))
     assert cmp.still_broken == [("ddp_spawn", 2, "A: failed: boom; B: failed: bang")]
     assert cmp.broken == []  # broken before too: not a regression
+
+
+def test_a_cell_broken_in_more_repeats_of_b_says_how_many_of_a(tmp_path: Path, capsys) -> None:
+    """single failed in 1 of 3 repeats of A and 2 of 3 of B: flagged, rightly, but said
+    "ok in A, failed in 2 of 3 repeats in B", and the table "broke in B", as though every
+    failure were new. Both now say A's count."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+
+    def fail(repeats):
+        def change(runs):
+            cell = (runs["strategy"] == "single") & (runs["world_size"] == "1")
+            runs.loc[cell & runs["repeat"].isin(repeats), ["status", "reason"]] = ["failed", "boom"]
+            return runs
+
+        return change
+
+    a = _edit(Path(shutil.copytree(REFERENCE, tmp_path / "a")), fail({"0"}))
+    b = _edit(Path(shutil.copytree(REFERENCE, tmp_path / "b")), fail({"0", "1"}))
+    assert main(["compare", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "ok in A" not in out, out
+    assert "broke in B: failed in 2 of 3 repeats, 1 of 3 in A (failed: boom)" in out
+    assert (
+        out.rstrip().splitlines()[-1] == "failed in 2 of 3 repeats in B, 1 of 3 in A: single ws=1"
+    )

@@ -420,7 +420,10 @@ def compare(
         key = (r["strategy_name"], r["key"], int(r["world_size"]))
         na, nb = bad_a.get(key, (0, 1, "")), bad_b.get(key, (0, 1, ""))
         if nb[0] / nb[1] > na[0] / na[1]:  # a larger share of its repeats broke
-            what = f"{nb[2].split(':')[0]} in {nb[0]} of {nb[1]} repeats ({nb[2]})"
+            what = f"{nb[2].split(':')[0]} in {nb[0]} of {nb[1]} repeats"
+            if na[0]:  # A broke in some repeats too: not "ok in A"
+                what += f", {na[0]} of {na[1]} in A"
+            what += f" ({nb[2]})"
             partly.append((r["strategy"], int(r["world_size"]), what))
         if differ["work"]:
             verdicts.append("")  # unlike runs: ratios only
@@ -556,7 +559,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
             f"judges the factor alone): {cells(untold)}"
         )
     for name, ws, what in cmp.broken:
-        print(f"ok in A, {what.split(' (')[0].split(':')[0]} in B: {name} ws={ws}")
+        said = what.split(" (")[0].split(":")[0]
+        if said.endswith(" in A"):  # broke in fewer of A's repeats: say how many
+            in_b, in_a = said.rsplit(", ", 1)
+            print(f"{in_b} in B, {in_a}: {name} ws={ws}")
+        else:
+            print(f"ok in A, {said} in B: {name} ws={ws}")
     for label, run in (("A", a), ("B", b)):  # a cell it lacks is "not run" above: say why
         if run.missing:
             print(f"{label} is {run.missing_text(program())}")
