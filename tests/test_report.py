@@ -430,7 +430,7 @@ def test_a_finished_run_planned_every_row_it_has(small_run) -> None:
     """plan.csv: the cells the run set out to run, each with its rows in runs.csv."""
     run = report.load_run(small_run)
     assert len(run.planned) == len(run.runs.drop_duplicates(["strategy", "world_size", "repeat"]))
-    assert run.missing == [] and run.missing_text() == ""
+    assert run.missing == [] and run.missing_text("parabench") == ""
 
 
 @pytest.mark.parametrize(

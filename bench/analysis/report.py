@@ -123,7 +123,7 @@ class Run:
             self._departing[base] = None if gone is None else departing(gone)
         return self._departing[base]
 
-    def missing_text(self, command: str = "parabench") -> str:
+    def missing_text(self, command: str) -> str:
         """One sentence on the planned cells with no row, or "" where every one has one.
         `command`: parabench as the resume command names it; report.md, read on other
         machines and in other folders, says `parabench`, not how this process was called."""
@@ -2081,7 +2081,7 @@ def report_markdown(
             "what happened to each."
         ]
     )
-    incomplete = run.missing_text()
+    incomplete = run.missing_text("parabench")  # a file read elsewhere: the plain name
     parts = [
         f"# parabench report: {run.name}",
         *([f"**{incomplete[0].upper()}{incomplete[1:]}.**"] if incomplete else []),
