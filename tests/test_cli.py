@@ -671,13 +671,12 @@ def test_a_lock_on_the_file_an_ending_run_removed_is_taken_anew(tmp_path, monkey
         held.unlock()
 
 
-def test_a_resume_begun_as_a_report_reads_the_lock_is_not_refused(tmp_path) -> None:
+def test_a_resume_begun_as_a_report_reads_the_lock_is_not_refused(tmp_path, monkeypatch) -> None:
     """`parabench report` (or compare) reads whether a run is held by taking its lock, shared,
     for a moment (results.held_by); a --resume that tried the lock in that moment was refused
     as "being run by another parabench". The lock is tried again a few times first; a run
     held for longer is still refused."""
     import fcntl
-    import threading
 
     from bench.harness import runner
 
@@ -686,10 +685,18 @@ def test_a_resume_begun_as_a_report_reads_the_lock_is_not_refused(tmp_path) -> N
     (path / ".lock").write_text("")
     reader = open(path / ".lock")  # noqa: SIM115 - closed below
     fcntl.flock(reader, fcntl.LOCK_SH)
-    threading.Timer(runner.LOCK_RETRY_S * 1.5, reader.close).start()  # its read ends
+    waits = []
+
+    def read_ends(seconds: float) -> None:  # the report's read ends while the run waits
+        waits.append(seconds)
+        reader.close()
+
+    monkeypatch.setattr(runner.time, "sleep", read_ends)
     rd = runner.RunDir(path)
     rd.lock()  # refused at once before
     rd.unlock()
+    assert waits == [runner.LOCK_RETRY_S]
+    monkeypatch.undo()
     with open(path.parent / "run" / ".lock", "a+") as holder:  # held for good: refused
         fcntl.flock(holder, fcntl.LOCK_EX)
         with pytest.raises(ConfigError, match="is being run by another parabench"):
