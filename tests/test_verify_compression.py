@@ -146,8 +146,9 @@ def test_correct_hooks_match_their_reference_under_adamw(tmp_path, data_root):
     the hook's rounding moves weights 1.06e-2 of an update, past the recipe calibrated with
     SGD; the reference that rounds as it does reads the same, to the bit, and the correct
     hook passes, held to 1.5x it, where against one rounding of the whole gradient
-    (3.43e-3) it FAILed. A hook that never compresses still FAILs."""
-    names = ("ddp_fp16_hook", "test_hook_fp32")
+    (3.43e-3) it FAILed. A hook that never compresses still FAILs, and one that compresses
+    but never all-reduces FAILs against the reference widened for Adam."""
+    names = ("ddp_fp16_hook", "test_hook_fp32", "test_hook_local")
     cfg = small_config(
         tmp_path,
         data_root,
@@ -167,6 +168,9 @@ def test_correct_hooks_match_their_reference_under_adamw(tmp_path, data_root):
     assert (good.loss_abs, good.param_rel) == (ref.loss_abs, ref.param_rel)
     assert good.status == "pass" and good.tol.param_rel == REFERENCE_FACTOR * ref.param_rel
     assert bad.status == "FAIL" and "does not compress its gradients" in bad.reason, bad
+    local = by[("test_hook_local", 2, "fp32")]
+    assert local.tol.param_rel == good.tol.param_rel  # the same widened tolerance
+    assert local.status == "FAIL" and local.param_rel > 10 * local.tol.param_rel, local
 
 
 @pytest.mark.slow

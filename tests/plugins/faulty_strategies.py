@@ -154,6 +154,30 @@ class HookNeverCompresses(DDPCommHook):
         return model, optimizer
 
 
+class HookNeverReduces(DDPCommHook):
+    """ddp_fp16_hook whose hook rounds each rank's gradient to fp16 and hands it back without
+    an all-reduce: each rank trains on its own share. Its reference under Adam is amplified
+    past its recipe; held to that, it must still fail."""
+
+    variants = {
+        "test_hook_local": Variant(
+            "spawn", "fp16 hook that never all-reduces (wrong on purpose)", {"comm_hook": "fp16"}
+        )
+    }
+
+    def setup(self, model, optimizer):
+        model, optimizer = DistributedDataParallel.setup(self, model, optimizer)
+
+        def rounded_here(state, bucket):
+            grads = bucket.buffer()
+            done: torch.futures.Future = torch.futures.Future()
+            done.set_result(grads.to(torch.float16).to(grads.dtype))
+            return done
+
+        model.register_comm_hook(None, rounded_here)
+        return model, optimizer
+
+
 class PipelineSkipsStep(Pipeline):
     """Rank 1's stage never takes its optimizer step: its layers keep their initial
     weights while the loss still falls through the other stage. Parity must catch it."""
