@@ -101,6 +101,29 @@ def single_epoch(steps: int, warmup: int, by_loader: bool = False):
     return strategy.train_epoch([(x, y)] * (steps + 1), 0, max_steps=steps, warmup_steps=warmup)
 
 
+def fake_cuda_events(monkeypatch, reached) -> list:
+    """A fake CUDA for timing tests: each torch.cuda.Event's time (ms) is `reached()` when
+    it is recorded (when the stream reaches it), on stream "s0"; reading one before any
+    wait for the device fails. Returns the devices waited for, in order."""
+    synced: list = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            self.t = float(reached())
+
+        def elapsed_time(self, end):
+            assert synced, "read before the device was waited for"
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: "s0")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.append(d))
+    return synced
+
+
 def small_config(tmp: Path, data_root: Path, **kw) -> RunConfig:
     """A real run of a few steps: MNIST CNN on the real MNIST files, CPU, gloo."""
     base = dict(

@@ -25,7 +25,7 @@ from bench.workload.models import Transformer, build_model, sequence
 from strategies.base import RankContext, Setting
 from strategies.pipeline import balanced_cuts
 from strategies.tensor_parallel import tp_plan
-from tests.conftest import faulty_strategies, small_config
+from tests.conftest import fake_cuda_events, faulty_strategies, small_config
 
 PIPELINES = ("model_split", "pipeline_gpipe", "pipeline_1f1b", "pipeline_interleaved")
 MODEL_PARALLEL = (*PIPELINES, "tp", "fsdp_tp")
@@ -229,24 +229,7 @@ def test_a_pipeline_reads_its_steps_clocks_after_the_epoch(monkeypatch):
 
     from bench.harness.probes import PhaseClock
 
-    synced: list = []
-
-    class Event:
-        clock = itertools.count()
-
-        def __init__(self, enable_timing=False):
-            assert enable_timing
-
-        def record(self, stream=None):
-            self.t = float(next(Event.clock))
-
-        def elapsed_time(self, end):
-            assert synced, "read before the device was waited for"
-            return end.t - self.t
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: "s0")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.append(d))
+    synced = fake_cuda_events(monkeypatch, itertools.count().__next__)
     gpu = torch.device("cuda:0")
     ctx = RankContext(rank=0, local_rank=0, world_size=2, device=gpu, seed=0)
     pipe = strategies.get("pipeline_gpipe").create(ctx)

@@ -9,7 +9,7 @@ import torch
 
 from bench.harness import probes, results
 from bench.harness.probes import HeldReads, StepTimer, held_mib, memory_snapshot, reset_peaks
-from tests.conftest import single_epoch
+from tests.conftest import fake_cuda_events, single_epoch
 
 
 def _record(**kw):
@@ -284,24 +284,8 @@ def test_a_span_on_cuda_is_between_events_where_the_stream_reaches_them(monkeypa
     event's record, the queued work)."""
     from bench.harness.probes import Span
 
-    synced = []
-
-    class Event:
-        clock = iter([7.0, 19.0])  # ms at which the stream reaches each event
-
-        def __init__(self, enable_timing=False):
-            assert enable_timing
-
-        def record(self, stream=None):
-            self.t = next(Event.clock)
-
-        def elapsed_time(self, end):
-            assert synced, "read before the device was waited for"
-            return end.t - self.t
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: "s0")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: synced.append(d))
+    # ms at which the stream reaches each event
+    synced = fake_cuda_events(monkeypatch, iter([7.0, 19.0]).__next__)
     gpu = torch.device("cuda:1")
     span = Span(gpu)
     span.start()
