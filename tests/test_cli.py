@@ -703,6 +703,30 @@ def test_a_resume_begun_as_a_report_reads_the_lock_is_not_refused(tmp_path, monk
             runner.RunDir(path).lock()
 
 
+def test_a_new_run_that_waited_for_the_lock_does_not_run_into_the_run_that_held_it(
+    tmp_path, data_root, monkeypatch
+) -> None:
+    """Two new runs under one --run-id at once: the second's lock waits out a moment's hold
+    (a report's read) and took the folder once the first let go, a run ended, and wrote its
+    own config.json and cells over it. Refused, one line; the first run's config kept."""
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    cfg = cfg.replace(run_id="raced")
+    taken = runner.RunDir.lock
+
+    def first_ran_meanwhile(self, new_run=False):  # the other run's config.json, its lock gone
+        self.config_path.write_text('{"first": 1}')
+        return taken(self, new_run)
+
+    monkeypatch.setattr(runner.RunDir, "lock", first_ran_meanwhile)
+    with pytest.raises(ConfigError, match="holds a run already; choose another --run-id"):
+        runner.open_run(cfg, None)
+    kept = Path(cfg.out_dir) / "raced" / "config.json"
+    assert kept.read_text() == '{"first": 1}' and not (kept.parent / ".lock").exists()
+
+
 def test_a_run_on_a_read_only_file_system_resumes_to_one_line(tmp_path, capsys, data_root):
     """A run folder that cannot be written any more (a read-only mount; as root, a mode
     does not stop writes): `--resume` was an OSError traceback from rewriting plan.csv."""

@@ -1371,6 +1371,9 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
     try:
         path.mkdir(parents=True, exist_ok=True)
         rd.lock(new_run=True)
+        if rd.config_path.exists():  # a run that took the id first, and ended, as this one waited
+            rd.unlock()
+            raise ConfigError(f"{path} holds a run already; choose another --run-id")
         results.write_whole(rd.config_path, json.dumps(cfg.to_dict(), indent=1))
         rd.write_plan(cells)
     except OSError as exc:  # read-only, no permission, a file where a folder should be
