@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -156,6 +156,12 @@ class ModelShape:
     #: recorded (a model.json written before predict modelled --sync-bn)
     batch_norms: int | None = None
     batch_norm_channels: int | None = None
+    #: bytes of each parameter in the model's order (DDP buckets whole tensors, so its
+    #: all-reduces follow these, not the total) and (dtype, bytes) of each buffer (DDP
+    #: broadcasts them before a step's forward); None: not recorded (a model.json written
+    #: before predict counted DDP's buckets and broadcasts)
+    param_sizes: Sequence[int] | None = None
+    buffer_sizes: Sequence[Sequence[Any]] | None = None
 
 
 #: one step's collectives per rank: (op, bytes of the whole buffer, calls it is split into)

@@ -12,7 +12,7 @@ import contextlib
 import datetime
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -69,6 +69,23 @@ class TorchDistributed(Strategy):
             dist.destroy_process_group()
 
 
+#: DDP's broadcast_bucket_size: the buffers it broadcasts go out in buckets of this size
+BROADCAST_BYTES = 250 * 2**20
+
+
+def buckets(sizes: Iterable[int], first: float, cap: float) -> list[int]:
+    """The bytes of each bucket torch's bucket assignment (compute_bucket_assignment_by_size,
+    for one dtype) packs tensors of `sizes` into, in that order: whole tensors, a bucket
+    closed once it holds `first` bytes (the first) or `cap` (the rest) or more."""
+    out, held, limit = [], None, first
+    for size in sizes:
+        held = (held or 0) + size
+        if held >= limit:
+            out.append(held)
+            held, limit = None, cap
+    return out if held is None else [*out, held]
+
+
 def flag(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
@@ -90,14 +107,32 @@ class DistributedDataParallel(TorchDistributed):
     @classmethod
     def traffic(cls, options, world_size, shape, precision):
         # DDP all-reduces the gradients in buckets of bucket_cap_mb (25 by default); left at
-        # its default, the first bucket (the last layers') closes at 1 MiB: 4.8 MB of MNIST
-        # CNN went out as two (4.51 + 0.07 MiB, the row's notes), not one
+        # its default, the first bucket (the last layers') closes at 1 MiB
         cap = float(options.get("bucket_cap_mb", 25)) * 2**20
         # (torch's private constant, 1 MiB since DDP had it; the figure where a torch drops it)
         default_first = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)
         first = cap if "bucket_cap_mb" in options else float(default_first)
-        calls = 1 + max(0, math.ceil((shape.param_bytes - first) / cap))
-        return [("all_reduce", cls.gradient_wire_bytes(options, shape), calls)]
+        wire = cls.gradient_wire_bytes(options, shape)
+        if shape.param_sizes is None:  # an older model.json: the total cut into caps
+            calls = 1 + max(0, math.ceil((shape.param_bytes - first) / cap))
+            return [("all_reduce", wire, calls)]
+        # DDP never splits a tensor: at bucket_cap_mb=1, 4.8 MB of MNIST CNN went out as
+        # two buckets (4.51 + 0.07 MiB), not five; its gradients come ready last layer first
+        traffic = [("all_reduce", wire, len(buckets(reversed(shape.param_sizes), first, cap)))]
+        # and with broadcast_buffers (its default) rank 0's buffers reach the others before
+        # a forward, one broadcast per dtype (BatchNorm's float statistics and int64 counts:
+        # two) up to 250 MiB each (DDP's broadcast_bucket_size); once an optimizer step
+        # under --accumulate too, as a forward under no_sync() turns the next one's off
+        by_dtype: dict[str, list[int]] = {}
+        for dtype, nbytes in shape.buffer_sizes or ():
+            by_dtype.setdefault(dtype, []).append(int(nbytes))
+        calls = sum(
+            len(buckets(sizes, BROADCAST_BYTES, BROADCAST_BYTES)) for sizes in by_dtype.values()
+        )
+        if calls:
+            total = sum(map(sum, by_dtype.values()))
+            traffic.append(("broadcast", float(total), calls))
+        return traffic
 
     @classmethod
     def unsuitable(cls, cfg: Any, world_size: int, options: Mapping[str, str]) -> str | None:

@@ -206,6 +206,20 @@ def test_traffic_of_each_strategy_family() -> None:
     assert set25 == [("all_reduce", 100 * 2**20, 4)]
     small = dataclasses.replace(shape, param_bytes=2**20)
     assert reg["ddp_torchrun"].cls.traffic({}, 2, small, "fp32") == [("all_reduce", 2**20, 1)]
+    # where model.json records the tensors: DDP buckets whole ones, the last layer's first
+    # (its 2 MiB fill the first bucket of 1 MiB; the rest is one, the 90 MiB tensor taking
+    # it past 25 MiB at once), and broadcasts the buffers once a step, a call per dtype
+    sized = dataclasses.replace(
+        shape,
+        param_sizes=[90 * 2**20, *[2**20] * 8, 2 * 2**20],
+        buffer_sizes=[["float32", 64], ["int64", 8], ["float32", 64]],
+    )
+    assert reg["ddp_torchrun"].cls.traffic({}, 2, sized, "fp32") == [
+        ("all_reduce", 100 * 2**20, 2),
+        ("broadcast", 136, 2),
+    ]
+    set25 = reg["zero1"].cls.traffic({"bucket_cap_mb": "25"}, 2, sized, "fp32")
+    assert set25[0] == ("all_reduce", 100 * 2**20, 1)  # 12 MiB, then the 90: one bucket
     assert (
         reg["ddp_fp16_hook"].cls.traffic({"comm_hook": "fp16"}, 2, shape, "fp32")[0][1]
         == 50 * 2**20
@@ -1500,3 +1514,77 @@ def test_a_row_whose_ablation_was_skipped_says_nothing_it_left_on() -> None:
         if ln.startswith("| fsdp | 1 |")
     )
     assert [c.strip() for c in one.strip("|").split("|")][13] == "–", one
+
+
+#: a tensor of 360 KiB (more than seven buckets of 0.05 MiB) and BatchNorm's buffers
+BN_NET = """
+from torch import nn
+
+
+def net(num_classes=10):
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 5), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+        nn.Linear(4 * 24 * 24, 40), nn.ReLU(), nn.Linear(40, num_classes),
+    )
+"""
+
+
+def test_predicted_collectives_are_those_the_profiler_counted(tmp_path, data_root) -> None:
+    """DDP buckets whole tensors: at bucket_cap_mb=1 the MNIST CNN's 4.8 MB went out in two
+    all-reduces (4.51 + 0.07 MiB) where predict counted five, the total cut into caps; and
+    before a step's forward DDP broadcasts the model's buffers, one call per dtype
+    (BatchNorm's float statistics, its int64 counts), which predict left out: ddp on
+    resnet18 counted 5 collectives a step against 3 predicted. Under --accumulate the
+    broadcast stays once a step (a forward under no_sync() turns the next one's off). On a
+    real run at 2 ranks, each cell's predicted calls are those its profiler counted."""
+    from bench.harness.shape import model_shape
+    from strategies import registry
+
+    model = tmp_path / "bn_net.py"
+    model.write_text(BN_NET)
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        model=f"{model}:net",
+        strategies=("ddp_spawn", "zero1"),
+        world_sizes=(2,),
+        accumulate=(1, 2),
+        options={"bucket_cap_mb": "0.05"},
+        eval_samples=0,
+        profile=True,
+        profile_steps=2,
+    )
+    run, _ = run_matrix(cfg, echo=lambda m: None)
+    # the shape as a run's model.json holds it, read as predict reads it
+    shape = dataclasses.asdict(model_shape(cfg, 10))
+    (run / "model.json").write_text(json.dumps({"shape": shape}))
+    shape = predict._shape(run)
+    rows = pd.read_csv(run / "runs.csv")
+    assert set(rows.status) == {"ok"} and len(rows) == 4
+    for _, row in rows.iterrows():
+        cls = registry()[row["strategy"]].cls
+        k = int(row["accumulate"])
+        traffic, _ = predict._traffic(cls, json.loads(row["options"]), 2, shape, "fp32", k)
+        assert sum(c for _, _, c in traffic) == row["comm_ops_per_step"], (
+            row["strategy"],
+            k,
+            traffic,
+        )
+
+
+def test_predict_says_ddps_count_rests_on_the_total_where_model_json_lacks_sizes(
+    probed_run, tmp_path
+) -> None:
+    """A model.json written before predict counted DDP's buckets and broadcasts still
+    predicts, as before, and says what its count rests on."""
+    run, _ = probed_run
+    old = Path(shutil.copytree(run, tmp_path / "old"))
+    model = json.loads((old / "model.json").read_text())
+    assert model["shape"]["param_sizes"]  # a new run records them
+    del model["shape"]["param_sizes"], model["shape"]["buffer_sizes"]
+    (old / "model.json").write_text(json.dumps(model))
+    (row,) = [r for r in predict.predict_run(old, [2]) if r["case"] == "ddp_spawn"]
+    assert math.isfinite(row["comm_ms"])
+    assert "DDP's all-reduces counted from the total bytes" in row["basis"]
+    (new,) = [r for r in predict.predict_run(run, [2]) if r["case"] == "ddp_spawn"]
+    assert "total bytes" not in new["basis"]

@@ -364,6 +364,7 @@ def predict_run(
     from bench.harness import results
     from bench.harness.env import oversubscribed
     from bench.harness.probes import PHASES
+    from strategies.ddp import DistributedDataParallel
 
     cfg = _config(run_dir, link)
     # read as the report reads it: numbers as numbers, columns an older run lacks empty
@@ -483,6 +484,12 @@ def predict_run(
                     f"; its communication holds SyncBatchNorm's: an all-gather and an "
                     f"all-reduce of statistics for each of {shape.batch_norms} BatchNorm "
                     "layers a micro-batch"
+                )
+            if shape.param_sizes is None and issubclass(spec.cls, DistributedDataParallel):
+                basis += (
+                    "; DDP's all-reduces counted from the total bytes (its buckets hold whole "
+                    "tensors) and its buffer broadcast left out: model.json records no tensor "
+                    "sizes (written before predict counted them; a new run records them)"
                 )
             if pooled:
                 basis += f"; pooled with {', '.join(pooled)}'s (the same steps, launched apart)"

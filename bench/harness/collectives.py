@@ -47,11 +47,13 @@ BUS_FACTOR = {
     "broadcast": lambda p: 1.0,
 }
 
-#: latency hops of the ring algorithm, h(p): all_reduce is a reduce-scatter then an all-gather
+#: latency hops of the ring algorithm, h(p): all_reduce is a reduce-scatter then an all-gather;
+#: a broadcast is pipelined down the ring, p - 1 hops from the root to the last rank
 RING_HOPS = {
     "all_reduce": lambda p: 2 * (p - 1),
     "all_gather": lambda p: p - 1,
     "reduce_scatter": lambda p: p - 1,
+    "broadcast": lambda p: p - 1,
 }
 
 DEFAULT_SIZES = tuple(4096 * 4**k for k in range(6))  # 4 KiB .. 4 MiB
@@ -356,6 +358,7 @@ def predict_seconds(
 
         all_reduce:                   t = 2(p-1) * a + 2(p-1)/p * n / B
         all_gather, reduce_scatter:   t =  (p-1) * a +  (p-1)/p * n / B
+        broadcast (pipelined):        t =  (p-1) * a +           n / B
 
     a is the latency of one ring step and B the bus bandwidth, both properties of the link
     and so carried over from the fit: a = alpha_fit / h(p_fit), where h is the fitted op's

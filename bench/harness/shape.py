@@ -47,4 +47,10 @@ def model_shape(cfg: Any, num_classes: int | None):
         norm_layers=n_norms,
         batch_norms=len(norms),
         batch_norm_channels=sum(m.num_features for m in norms),
+        param_sizes=[p.numel() * 4 for p in params],
+        # every buffer, as DDP's broadcast takes them (persistent or not)
+        buffer_sizes=[
+            [str(b.dtype).removeprefix("torch."), b.numel() * b.element_size()]
+            for b in model.buffers()
+        ],
     )
