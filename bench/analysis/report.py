@@ -123,10 +123,11 @@ class Run:
             self._departing[base] = None if gone is None else departing(gone)
         return self._departing[base]
 
-    def missing_text(self, command: str) -> str:
+    def missing_text(self, command: str = "parabench") -> str:
         """One sentence on the planned cells with no row, or "" where every one has one.
-        `command`: parabench as the resume command names it; report.md, read on other
-        machines and in other folders, says `parabench`, not how this process was called."""
+        `command`: parabench as the resume command names it; report.md and a notebook, read
+        on other machines and in other folders, say plain `parabench`, not how this process
+        was called (the terminal: bench.program())."""
         missing = self.missing
         if not missing:
             return ""
