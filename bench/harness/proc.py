@@ -73,24 +73,33 @@ def stops_after_fork() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _stops_to(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """Ctrl-C and SIGTERM go to `handler` inside the block, and to their own handlers again
+    after it. (Handlers are the main thread's alone to set: elsewhere the block runs as is.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, previous in old.items():
+            signal.signal(s, previous)
+
+
+@contextlib.contextmanager
 def stops_held() -> Iterator[None]:
     """Ctrl-C and SIGTERM heard inside wait until the block ends (a cell's rows written, the
     report's files put in place), then stop as they would have, by their own handlers. Noted
     by handlers, not masked: a signal mask is one thread's, and torch's worker threads (any
     process that ran a torch op has them) took the signal unmasked, so the interpreter
-    raised it in the main thread inside the block all the same. (Handlers are the main
-    thread's alone to set.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    raised it in the main thread inside the block all the same."""
     heard: list[int] = []
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    old = {s: signal.signal(s, lambda signum, frame: heard.append(signum)) for s in sigs}
     try:
-        yield
+        with _stops_to(lambda signum, frame: heard.append(signum)):
+            yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
         for signum in heard:
             signal.raise_signal(signum)
 
@@ -100,17 +109,9 @@ def stops_ignored() -> Iterator[None]:
     """Ctrl-C and SIGTERM heard while a stop already under way kills its processes and says
     how to go on: a second Ctrl-C there cut that short (ranks left to their grace, the line
     with the `--resume` command never said). The stop is what they ask for; it goes on to
-    its end. (Handlers are the main thread's alone to set.)"""
-    if threading.current_thread() is not threading.main_thread():
+    its end."""
+    with _stops_to(lambda signum, frame: None):
         yield
-        return
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    old = {s: signal.signal(s, lambda signum, frame: None) for s in sigs}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 def descends_from(pid: int) -> bool:
