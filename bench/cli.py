@@ -541,6 +541,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     if not a.no_report:  # before the table, so a reader gone by then does not lose it
         try:
             rendered = report.render(run_dir)
+        except report.StoppedWhole as stop:
+            print(f"interrupted once the report was whole: {stop}", file=sys.stderr)
+            return 130
         except KeyboardInterrupt:
             print(
                 f"interrupted while writing the report: every row is in {run_dir}; "

@@ -513,10 +513,14 @@ def test_a_render_stopped_part_way_leaves_the_earlier_one_whole(tmp_path, monkey
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
 
 
-def test_a_stop_as_the_files_are_put_in_place_waits_until_all_are(tmp_path, monkeypatch) -> None:
+def test_a_stop_as_the_files_are_put_in_place_waits_until_all_are(
+    tmp_path, monkeypatch, capsys
+) -> None:
     """Every file written whole, they are put in place one after another: Ctrl-C there
     left this render's last plots beside the earlier render's report.md and summary.csv,
-    each read as whole. The stop now waits for the last of them (moments), then stops."""
+    each read as whole. The stop now waits for the last of them (moments), then stops,
+    saying the report is whole: "interrupted while writing" sent the user to write it
+    again."""
     import os
     import signal
 
@@ -538,11 +542,16 @@ def test_a_stop_as_the_files_are_put_in_place_waits_until_all_are(tmp_path, monk
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(results.os, "replace", replace)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(report.StoppedWhole):
         report.render(run_dir)
     assert placed[-1] == "report.md" and "summary.csv" in placed, placed
     for name, old in before.items():
         assert (run_dir / name).read_bytes() != old, f"{name} is the earlier render's"
+    placed.clear()
+    capsys.readouterr()
+    assert main(["report", str(run_dir)]) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted once the report was whole: {run_dir / 'report.md'}" in err, err
 
 
 # ---------------------------------------------------------------- CLI

@@ -18,6 +18,7 @@ import csv
 import functools
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -2198,6 +2199,12 @@ def bubble_pcts(counted: pd.DataFrame) -> dict[tuple[str, int], float]:
     return {(str(s), int(w)): float(v) for (s, w), v in med.items()}
 
 
+class StoppedWhole(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM held until the report's files were all in place (str: report.md's
+    path): the report is whole, and a line saying it was cut short would send the user to
+    write it again for nothing."""
+
+
 def render(run_dir: str | Path) -> Path:
     """Write summary.csv, the plots and report.md into run_dir; return report.md's path."""
     run = load_run(run_dir)
@@ -2206,6 +2213,7 @@ def render(run_dir: str | Path) -> Path:
             raise ConfigError(f"{run.path / name} is in the way of the report: not a file")
     summary = summarise(run.runs)
     out = run.path / "report.md"
+    placed = False
     try:
         # each file written whole, and put in place only once the last one is written, one
         # after another (each synced first), the report last, after the plots it names: a
@@ -2246,6 +2254,11 @@ def render(run_dir: str | Path) -> Path:
             for name in (*PLOTS, *OPTIONAL_PLOTS):  # an earlier render's, this one has not drawn
                 if name not in drawn:
                     (run.path / name).unlink(missing_ok=True)
+            placed = True
+    except KeyboardInterrupt:
+        if placed:  # held until the last file was in place: the report is whole
+            raise StoppedWhole(str(out)) from None
+        raise
     except OSError as exc:  # read-only, no permission, disk full
         raise ConfigError(
             f"{run.path}: cannot write the report there ({exc.strerror or exc})"
@@ -2254,7 +2267,11 @@ def render(run_dir: str | Path) -> Path:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    print(render(args.run_dir))
+    try:
+        print(render(args.run_dir))
+    except StoppedWhole as stop:
+        print(f"parabench: interrupted once the report was whole: {stop}", file=sys.stderr)
+        return 130
     return 0
 
 
