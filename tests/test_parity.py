@@ -629,6 +629,12 @@ def test_a_strategy_that_trains_another_model_fails_and_says_why(tmp_path, data_
 
 def _apart_ended(run: Path, tmp_path: Path, baseline: str, status: str, reason: str) -> Path:
     """A copy of verify's `run` whose `baseline` run apart (under baselines/) ended `status`."""
+    return _apart_changed(run, tmp_path, baseline, status=status, reason=reason)
+
+
+def _apart_changed(run: Path, tmp_path: Path, baseline: str, **changes: str) -> Path:
+    """A copy of verify's `run` whose `baseline` run apart (under baselines/) has `changes`
+    in its rows."""
     from bench.harness.runner import RunDir
 
     run_dir = tmp_path / "run"
@@ -636,7 +642,7 @@ def _apart_ended(run: Path, tmp_path: Path, baseline: str, status: str, reason: 
     runs = RunDir(run_dir / "baselines" / baseline).runs
     rows = runs.read()
     for r in rows:
-        r.update(status=status, reason=reason)
+        r.update(**changes)
     runs.path.unlink()
     runs.append(rows)
     return run_dir
@@ -699,6 +705,31 @@ def test_a_baseline_that_did_not_run_is_a_failed_row_that_says_why(amplified, tm
     assert verify_mod.summary([]) == [
         "no cell of a strategy compared: single at fp32 is the baseline itself"
     ]
+
+
+def test_a_share_baseline_that_did_not_run_is_a_failed_row_too(amplified, tmp_path):
+    """A baseline cut into shares that timed out left its cells `not comparable`, which does
+    not fail verify: it passed having compared nothing. It is a row of its own that fails
+    verify, as the whole batch's baseline is."""
+    (apart,) = [p.name for p in baselines_dir(amplified[0]).glob("shares2-acc1-t*")]
+    timeout = "no step finished within --timeout 60 s"
+    run_dir = _apart_ended(amplified[0], tmp_path, apart, "timeout", timeout)
+    parity = verify_mod.compare(run_dir)
+    base = parity[0]
+    assert (base.label, base.status) == ("single [fp32,shares=2]", "timeout"), base
+    assert base.baseline_run and not base.ok and not all(p.ok for p in parity)
+    assert base.reason == (
+        f"the fp32 baseline (single, 2 shares) did not run to the end ({timeout}): no cell "
+        "it is the baseline of can be compared"
+    )
+    cells = {(p.strategy, p.setting): p.status for p in parity[1:]}
+    assert set(cells.values()) == {verify_mod.NOT_COMPARABLE}, cells
+    said = verify_mod.summary(parity)
+    assert said[0] == f"0 of {len(parity) - 1} cell(s) match their baseline"
+    assert said[1] == (
+        "the fp32 baseline single [fp32,shares=2] ended timeout: verify fails, and no cell "
+        "held to it was compared (reason above)"
+    )
 
 
 @pytest.mark.parametrize("name, side", [("googlenet", 64), ("inception_v3", 75)])

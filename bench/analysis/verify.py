@@ -345,6 +345,9 @@ class Parity:
     #: a precision reference (single in bf16/fp16 against fp32 on the cell's layout), not a
     #: strategy's cell: what rounding alone moves (bench.analysis.verify.compare)
     reference: bool = False
+    #: an fp32 baseline that did not run to the end (the whole batch's, or one cut into
+    #: shares), not a strategy's cell: no cell held to it was compared, and verify fails
+    baseline_run: bool = False
 
     @property
     def ok(self) -> bool:
@@ -786,6 +789,26 @@ def _unmeasured(case: Case, numerics: str, tol: Tolerance, status: str, **kw: An
     return Parity(*case, numerics, nan, nan, nan, tol, status, **{"baseline": "", **kw})
 
 
+def _unrun_baseline(rd: RunDir, layout: Layout, threads: int, several: bool) -> Parity:
+    """The row of an fp32 baseline (`single` on `layout` on `threads`) that did not run to
+    the end: its status and reason, which fail verify (Parity.baseline_run); `several`: its
+    layout has baselines on other thread counts too, which the row tells it from."""
+    row = _apart_row(rd, layout, "fp32", threads)
+    if layout == (1, 1):
+        row = row or _single_row(rd)
+    row = row or {}
+    n = row.get("threads_per_rank") or (str(threads) if threads else "")
+    which = "" if layout == (1, 1) else f" ({baseline_label(layout)})"
+    why = f"the fp32 baseline{which}" + (f" on {n} thread(s)" if several and n else "")
+    why += " did not run to the end"
+    why += f" ({row['reason']})" if row.get("reason") else ""
+    why += ": no cell it is the baseline of can be compared"
+    status = row["status"] if row.get("status", results.OK) != results.OK else "not run"
+    case = ("single", 1, row.get("setting") or "fp32")
+    numerics = row.get("numerics") or ""
+    return _unmeasured(case, numerics, UNKNOWN, status, reason=why, baseline_run=True)
+
+
 def _reference(
     rd: RunDir,
     layout: Layout,
@@ -910,19 +933,14 @@ def compare(run_dir: Path) -> list[Parity]:
         return _baseline(rd, layout, buffers, precision, threads, inert)
 
     out = []
-    plain = sorted(_baseline_threads(rd)[(1, 1)])
-    if missing := [n for n in plain if baseline((1, 1), threads=n) is None]:
-        # the cells ran, and those on its threads cannot be compared: a row of its own says
-        # how it ended and why (its row run apart, or the run's own), and fails verify; each
-        # cell held to it is not comparable, saying so
-        row = _apart_row(rd, (1, 1), "fp32", missing[0]) or _single_row(rd) or {}
-        n = row.get("threads_per_rank")
-        why = "the fp32 baseline" + (f" on {n} thread(s)" if len(plain) > 1 and n else "")
-        why += " did not run to the end"
-        why += f" ({row['reason']})" if row.get("reason") else ""
-        why += ": no cell it is the baseline of can be compared"
-        status = row["status"] if row.get("status", results.OK) != results.OK else "not run"
-        out.append(_unmeasured(BASELINE, row.get("numerics") or "", UNKNOWN, status, reason=why))
+    for layout, counts in sorted(_baseline_threads(rd).items()):
+        for n in sorted(c for c in counts if baseline(layout, threads=c) is None):
+            # the cells ran, and those held to it cannot be compared: a row of its own says
+            # how it ended and why (its row run apart, or the run's own), and fails verify,
+            # whether it is the whole batch's or one cut into shares (a share baseline that
+            # timed out left its cells not comparable, and verify passed); each cell held to
+            # it is not comparable, saying so
+            out.append(_unrun_baseline(rd, layout, n, several=len(counts) > 1))
     refs: dict[tuple[Layout, str, Layout], Parity | None] = {}
 
     def reference(layout: Layout, precision: str, at: Layout | None = None) -> Parity | None:
@@ -1719,10 +1737,8 @@ def summary(parity: list[Parity]) -> list[str]:
     """verify's closing lines: how many cells pass, and of the rest, why, each kind apart (a
     cell that did not run or has no tolerance fails verify, but it does not mismatch)."""
     # the fp32 baseline's own row, where it did not run to the end (compare): not a cell
-    base = [
-        p for p in parity if not p.reference and (p.strategy, p.world_size, p.setting) == BASELINE
-    ]
-    cells = [p for p in parity if not p.reference and p not in base]
+    base = [p for p in parity if p.baseline_run]
+    cells = [p for p in parity if not p.reference and not p.baseline_run]
     count = Counter(p.status for p in cells)
     lines = [f"{count['pass']} of {len(cells)} cell(s) match their baseline"]
     refs = len(parity) - len(cells) - len(base)
@@ -1730,9 +1746,10 @@ def summary(parity: list[Parity]) -> list[str]:
         lines = [f"no cell of a strategy compared: {refs} precision reference(s) alone"]
     elif not cells:  # single alone at fp32: the baseline, with nothing held to it
         lines = ["no cell of a strategy compared: single at fp32 is the baseline itself"]
-    if base:
+    for b in base:
+        which = "" if b.setting == BASELINE[2] else f" {b.label}"
         lines.append(
-            f"the fp32 baseline ended {base[0].status}: verify fails, and no cell held to it "
+            f"the fp32 baseline{which} ended {b.status}: verify fails, and no cell held to it "
             "was compared (reason above)"
         )
     if count.get(NOT_COMPARABLE):
