@@ -732,6 +732,30 @@ def test_a_share_baseline_that_did_not_run_is_a_failed_row_too(amplified, tmp_pa
     )
 
 
+def test_a_reference_whose_fp32_baseline_did_not_run_is_a_row_and_leaves_the_recipe(
+    amplified, tmp_path
+):
+    """A precision reference runs on the fewest threads of its layout's cells (a pipeline at
+    2 and 4 ranks on 4 cores: 1), and is measured from the fp32 baseline on those. Where
+    that alone did not run, the cells on other threads kept their own baseline and lost the
+    reference without a word: its row was gone, and a correct bf16 cell FAILed against the
+    recipe, its reason naming no reference. A copy whose reference ran on threads no fp32
+    baseline ran on stands for it."""
+    (apart,) = baselines_dir(amplified[0]).glob("shares2-acc1-t*")
+    ran = int(apart.name.rsplit("-t", 1)[1]) + 1  # a count with no fp32 baseline
+    run_dir = _apart_changed(amplified[0], tmp_path, "shares2-acc1-bf16", threads_per_rank=str(ran))
+    by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
+    ref = by[("single", "bf16,shares=2")]
+    assert ref.reference and ref.status == verify_mod.NOT_COMPARABLE, ref
+    assert ref.reason == (
+        f"the fp32 baseline it is measured from (single, 2 shares on {ran} thread(s)) did not "
+        "run to the end: what bf16 alone moves is not known, and cells in bf16 on this "
+        "layout keep their recipe's tolerance"
+    )
+    good = by[("ddp_spawn", "bf16")]
+    assert good.tol == RECIPES["autocast_bf16"], good  # not widened by a figure never taken
+
+
 @pytest.mark.parametrize("name, side", [("googlenet", 64), ("inception_v3", 75)])
 def test_models_with_auxiliary_heads_train_on_their_output_alone(name, side):
     """In training torchvision's googlenet and inception_v3 return their auxiliary heads'

@@ -809,6 +809,25 @@ def _unrun_baseline(rd: RunDir, layout: Layout, threads: int, several: bool) -> 
     return _unmeasured(case, numerics, UNKNOWN, status, reason=why, baseline_run=True)
 
 
+def _unmeasured_reference(ref: _Baseline, layout: Layout, threads: int, precision: str) -> Parity:
+    """The row of a precision reference that ran where the fp32 baseline it is measured
+    from (single on the cells' `layout`, on the `threads` it ran on itself) did not: not
+    comparable, and its cells keep their recipe's tolerance. Cells of one layout on several
+    thread counts have a baseline on each, and the reference runs on the fewest; where that
+    baseline alone failed, the cells on the others were compared with no reference and no
+    word of it."""
+    said = precision.replace(f"+{AFTER_SUM}", "")
+    on = f" on {threads} thread(s)" if threads else ""
+    why = (
+        f"the fp32 baseline it is measured from ({baseline_label(layout)}{on}) did not run to "
+        f"the end: what {said} alone moves is not known, and cells in {said} on this layout "
+        "keep their recipe's tolerance"
+    )
+    case = ("single", 1, ref.setting)
+    kw = {"reason": why, "baseline": baseline_label(layout), "reference": True}
+    return _unmeasured(case, ref.numerics, UNKNOWN, NOT_COMPARABLE, **kw)
+
+
 def _reference(
     rd: RunDir,
     layout: Layout,
@@ -954,9 +973,14 @@ def compare(run_dir: Path) -> list[Parity]:
                 mine.threads if mine else _cell_threads(_apart_row(rd, at, precision) or {}, norms)
             )
             base = baseline(layout, threads=ran)
-            refs[(layout, precision, at)] = base and _reference(
-                rd, at, precision, mine, base, norms
-            )
+            if base is None and mine is not None:
+                # it ran and nothing measures it: a row that says so, not a reference gone
+                # from the table while its cells quietly lose it
+                refs[(layout, precision, at)] = _unmeasured_reference(mine, layout, ran, precision)
+            else:
+                refs[(layout, precision, at)] = base and _reference(
+                    rd, at, precision, mine, base, norms
+                )
         return refs[(layout, precision, at)]
 
     unfit = not_compared(
