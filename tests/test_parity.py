@@ -124,9 +124,9 @@ def test_attentions_key_bias_is_left_out_of_the_weights_compared(tmp_path, data_
     assert (mine[key] - base[key]).abs().max() > 100 * p.param_abs
 
 
-def test_a_tied_weight_counts_once_in_the_weights_compared(tmp_path, data_root):
-    """A head that shares the embedding's weight is in the state dict under both names:
-    counted under each, that tensor weighed twice in ||w - w_base|| / ||w_base - w_init||."""
+def _tied_model(tmp_path: Path) -> Path:
+    """A file whose build() is a tiny language model whose head shares the embedding's
+    weight."""
     model = tmp_path / "tied.py"
     model.write_text(
         "from bench.workload.models import LanguageModel\n\n\n"
@@ -135,10 +135,16 @@ def test_a_tied_weight_counts_once_in_the_weights_compared(tmp_path, data_root):
         "    m.head.fc.weight = m.embed.tok.weight\n"
         "    return m\n"
     )
+    return model
+
+
+def test_a_tied_weight_counts_once_in_the_weights_compared(tmp_path, data_root):
+    """A head that shares the embedding's weight is in the state dict under both names:
+    counted under each, that tensor weighed twice in ||w - w_base|| / ||w_base - w_init||."""
     cfg = small_config(
         tmp_path,
         data_root,
-        model=f"{model}:build",
+        model=f"{_tied_model(tmp_path)}:build",
         dataset="python-source",
         seq_len=16,
         limit=64,
@@ -156,6 +162,31 @@ def test_a_tied_weight_counts_once_in_the_weights_compared(tmp_path, data_root):
     num = sum((mine[k].double() - base[k].double()).pow(2).sum() for k in once)
     den = sum((base[k].double() - init[k].double()).pow(2).sum() for k in once)
     assert p.param_rel == pytest.approx(math.sqrt(num / den), rel=1e-9)
+
+
+def test_a_tied_weight_broken_across_pipeline_stages_fails(tmp_path, data_root):
+    """verify leaves a tied weight's second name out of the weights compared (it is one
+    tensor); a pipeline that cuts the tie across its stages trains two copies, each with
+    part of the gradient, and the one saved under both names is not the baseline's."""
+    cfg = small_config(
+        tmp_path,
+        data_root,
+        model=f"{_tied_model(tmp_path)}:build",
+        dataset="python-source",
+        seq_len=16,
+        limit=64,
+        strategies=("test_pipeline_untied",),
+        world_sizes=(2,),
+        global_batch=8,
+    )
+    with faulty_strategies():
+        run_dir, result = verify(cfg, steps=2, echo=lambda m: None)
+    (p,) = result
+    assert p.status == "FAIL" and p.param_rel > p.tol.param_rel, p
+    # the two copies did part (saved weights: the head's copy under both names)
+    mine = torch.load(next(run_dir.glob("cells/test_pipeline_untied*/params.pt")))
+    base = torch.load(next(baselines_dir(run_dir).glob("*/cells/single*/params.pt")))
+    assert not torch.equal(mine["embed.tok.weight"], base["embed.tok.weight"])
 
 
 def test_amp_matches_at_its_looser_tolerance(parity):

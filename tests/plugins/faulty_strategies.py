@@ -196,6 +196,32 @@ class PipelineSkipsStep(Pipeline):
         super().optimizer_step(optimizer)
 
 
+class PipelineUntiesWeights(Pipeline):
+    """A pipeline that cuts a tied weight across its stages, which Pipeline.unsuitable
+    refuses (strategies.pipeline.tied): the rank that drops the other's layer drops its
+    name of the tensor with it, so each stage trains a copy of its own (the embedding's
+    with the embedding's gradient alone, the head's with the head's). Parity must catch it."""
+
+    variants = {
+        "test_pipeline_untied": Variant(
+            "torchrun",
+            "pipeline whose stages train a tied weight as two copies (wrong on purpose)",
+            GPIPE_2,
+        )
+    }
+
+    @classmethod
+    def unsuitable(cls, cfg, world_size, options):
+        import strategies.pipeline as pipeline
+
+        untied = pipeline.tied
+        pipeline.tied = lambda *a: None  # the refusal left out
+        try:
+            return super().unsuitable(cfg, world_size, options)
+        finally:
+            pipeline.tied = untied
+
+
 class ReplicaSkipsStep(DistributedDataParallel):
     """DDP whose rank 1 never takes its optimizer step: its replica keeps the initial weights
     while rank 0's, the ones compared with the baseline, train right. Over one step the loss
