@@ -55,8 +55,11 @@ class Horovod(Strategy):
         try:
             import horovod.torch as hvd
         except Exception as exc:  # ImportError, or a build that does not match this torch
+            # the first line of the message only (an extension not built says what to set on
+            # a second line), inside its parentheses
+            first = (str(exc).splitlines() or [""])[0]
             detail = (
-                f" ({type(exc).__name__}: {exc})".splitlines()[0]
+                f" ({type(exc).__name__}: {first})"
                 if not isinstance(exc, ModuleNotFoundError)
                 else ""
             )

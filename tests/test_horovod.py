@@ -118,3 +118,33 @@ def test_horovod_leaves_the_initial_weights_as_they_are_under_adamw() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "moved 0.0" in proc.stdout.splitlines(), proc.stdout
+
+
+def test_a_horovod_that_does_not_import_is_listed_unavailable_with_its_first_line(
+    monkeypatch, capsys
+) -> None:
+    """A Horovod whose extension was not built says so on two lines (horovod/common/util.py):
+    the listing kept the first line and lost the parenthesis that closes it."""
+    import builtins
+
+    from bench.cli import main
+
+    real = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "horovod.torch":
+            raise ImportError(
+                "Extension horovod.torch has not been built: mpi_lib_v2.so not found\n"
+                "If this is not expected, reinstall Horovod with HOROVOD_WITH_PYTORCH=1"
+            )
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    assert main(["list", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    row = next(i for i, line in enumerate(out) if line.startswith("  horovod "))
+    assert "unavailable" in out[row]
+    assert out[row + 1].strip() == (
+        "-> Horovod is not installed (ImportError: Extension horovod.torch has not been built: "
+        "mpi_lib_v2.so not found); build it against this torch with `make horovod`"
+    )
