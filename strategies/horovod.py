@@ -124,8 +124,10 @@ class Horovod(Strategy):
     def sync_off(self) -> Iterator[None]:
         """hvd.DistributedOptimizer all-reduces a gradient once `backward_passes_per_step`
         backward passes have reached it: a count no step reaches switches the hooks off, and
-        the step skips its synchronize. Leaving, one synchronize() (on every rank alike)
-        settles the hooks' bookkeeping so the next ordinary zero_grad is accepted."""
+        the step skips its synchronize. Leaving, the hooks' empty handles are dropped, so the
+        next ordinary zero_grad is accepted: synchronize() would all-reduce the local
+        gradients of the step just taken (a whole step's traffic, for nothing) and make the
+        next step warn of a synchronize without skip_synchronize()."""
         optimizer = self.optimizer
         assert optimizer is not None
         optimizer.set_backward_passes_per_step(1 << 30)
@@ -135,7 +137,9 @@ class Horovod(Strategy):
         finally:
             self.local = False
             optimizer.set_backward_passes_per_step(self.setting.accumulate)
-            optimizer.synchronize()
+            # (None, None) for each gradient the held-back hooks saw (Horovod 0.28.1, its last
+            # release, has no public call that forgets them)
+            optimizer._handles.clear()
 
     def zero_grad(self, optimizer) -> None:
         if self.local:  # the wrapper refuses zero_grad while its hooks hold (empty) handles

@@ -148,3 +148,53 @@ def test_a_horovod_that_does_not_import_is_listed_unavailable_with_its_first_lin
         "-> Horovod is not installed (ImportError: Extension horovod.torch has not been built: "
         "mpi_lib_v2.so not found); build it against this torch with `make horovod`"
     )
+
+
+ABLATION = textwrap.dedent(
+    """
+    import warnings
+
+    import torch
+    from torch import nn
+
+    import strategies
+    from strategies.base import RankContext, Setting
+
+    ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+    s = strategies.get("horovod").create(ctx, {}, Setting())
+    s.setup_distributed()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    s.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+    reduced = []
+    launch = s.optimizer._allreduce_grad_async
+    s.optimizer._allreduce_grad_async = lambda p: reduced.append(p) or launch(p)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        s._step(x, y)
+        print("synced", len(reduced))
+        with s.sync_off():
+            s._step(x, y)
+        print("local", len(reduced))
+        s._step(x, y)
+        print("again", len(reduced))
+    print("warnings", len(said))
+    """
+)
+
+
+def test_a_step_without_gradient_sync_all_reduces_nothing_on_its_way_out() -> None:
+    """The communication probe's steps without synchronisation (sync_off) left through
+    synchronize(), which all-reduced the gradients the step had just kept local (a step's
+    traffic, untimed, after each), and the next synchronised step then warned in every
+    cell's log that a step after synchronize() "can cause training slowdown"."""
+    need_horovod()
+    proc = subprocess.run(
+        [sys.executable, "-c", ABLATION], capture_output=True, text=True, timeout=180, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split() for line in proc.stdout.splitlines() if line.count(" ") == 1)
+    # two parameters: two all-reduces in each synchronised step, none for the local one
+    assert (lines["synced"], lines["local"], lines["again"]) == ("2", "2", "4"), proc.stdout
+    assert lines["warnings"] == "0", proc.stderr[-2000:]
