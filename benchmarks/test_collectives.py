@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from bench.harness.collectives import OPS, bus_factor
+from bench.harness.proc import HARNESS_VAR, die_with_parent
 
 WORLD_SIZE = 2
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]  # bytes: 4 KiB .. 16 MiB
@@ -231,6 +232,15 @@ class Pair:
 BACKENDS = {"gloo": ("cpu", "cpu"), "nccl": ("cuda:0", "cuda:1")}
 
 
+def _start_peer(port: int, backend: str, device: str) -> subprocess.Popen:
+    """Rank 1, this file as a script. It dies with this process (proc.die_with_parent): a
+    pytest killed (SIGTERM from a CI limit, SIGKILL) before the peer reached the store left
+    it retrying to connect there for minutes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", HARNESS_VAR: str(os.getpid())}
+    argv = [sys.executable, __file__, "--port", str(port), "--backend", backend]
+    return subprocess.Popen([*argv, "--device", device], env=env)
+
+
 def _start_pair(backend: str) -> Pair:
     own, other = BACKENDS[backend]
     _loopback_env()
@@ -238,20 +248,7 @@ def _start_pair(backend: str) -> Pair:
     store = dist.TCPStore(
         "127.0.0.1", 0, WORLD_SIZE, is_master=True, timeout=TIMEOUT, wait_for_workers=False
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            __file__,
-            "--port",
-            str(store.port),
-            "--backend",
-            backend,
-            "--device",
-            other,
-        ],
-        env=env,
-    )
+    proc = _start_peer(store.port, backend, other)
     try:
         dist.init_process_group(
             backend,
@@ -312,4 +309,5 @@ if __name__ == "__main__":
     cli.add_argument("--backend", default="gloo")
     cli.add_argument("--device", default="cpu")
     a = cli.parse_args()
+    die_with_parent()  # $PARABENCH_HARNESS: the pytest that started it
     peer(a.port, a.backend, a.device)
