@@ -82,7 +82,7 @@ verify: install
 	$(PB) verify --data-root $(DATA_ROOT) --download
 
 overhead: install
-	$(PY) benchmarks/overhead.py --data-root $(DATA_ROOT)
+	$(PY) benchmarks/overhead.py --data-root $(DATA_ROOT) --download
 
 # pytest-benchmark keeps every run under results/microbench and compares with the last;
 # MICROBENCH_ARGS=--benchmark-compare-fail=median:25% turns a regression into a failure.

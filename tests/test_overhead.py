@@ -170,6 +170,45 @@ def test_bad_options_are_one_line_and_exit_2_before_any_round(data_root, options
     assert "round" not in run.stdout
 
 
+def test_no_mnist_is_one_line_naming_only_options_the_script_has(tmp_path):
+    """No MNIST under --data-root (`make overhead` on a fresh clone, whose data root is
+    ./data): the harness's advice, "pass --download ... or use --dataset synthetic", named
+    two options overhead.py did not have, so following it failed on argparse."""
+    script = [sys.executable, str(ROOT / "benchmarks" / "overhead.py")]
+    run = subprocess.run(
+        [*script, "--data-root", str(tmp_path), "--min-rounds", "1", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    line = run.stderr.strip()
+    assert line.startswith(f"overhead.py: error: MNIST not found under {tmp_path}"), line
+    known = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
+    named = set(re.findall(r"--[a-z][\w-]*", line))
+    assert named and named <= set(re.findall(r"--[a-z][\w-]*", known.stdout)), line
+
+
+def test_download_fetches_mnist_in_the_options_check(monkeypatch, tmp_path):
+    """--download (which `make overhead` passes, as `make bench` does) fetches MNIST into
+    --data-root in the options' check, before either side's first round reads it."""
+    from bench.config import ConfigError
+    from bench.workload import data
+
+    fetched = []
+
+    def download(root):
+        fetched.append(root)
+        raise ConfigError(f"MNIST download into {root} failed: no network in a test")
+
+    monkeypatch.setattr(data, "_download_mnist", download)
+    overhead = load_overhead()
+    args = {"steps": 2, "warmup": 1, "batch": 64, "data_root": str(tmp_path), "download": True}
+    args |= {"device": "cpu", "feed": "device", "step_timing": "sync"}
+    said = overhead.check(args)
+    assert fetched and said == f"MNIST download into {fetched[0]} failed: no network in a test"
+
+
 def test_the_options_check_reads_the_data_once_beside_the_plans(data_root, monkeypatch):
     """The check read the data set twice for each pair it times: once in the harness's plan
     and once more for the epoch's steps, the same samples at the same --batch each time."""
