@@ -201,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     try:  # what the harness would refuse (a world size past the cores), before any timing
         for launcher in launchers:
             plan(harness_config(launcher, a.world_size, out, a.repeats))
-    except ConfigError as exc:
-        p.exit(2, f"{p.prog}: error: {exc}\n")
+    except ConfigError as exc:  # less the harness's --oversubscribe, an option not here
+        said = re.sub(r" \(--oversubscribe [^)]*\)", "", str(exc))
+        p.exit(2, f"{p.prog}: error: {said}\n")
     table = []
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "bare.py"

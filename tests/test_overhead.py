@@ -189,6 +189,26 @@ def test_no_mnist_is_one_line_naming_only_options_the_script_has(tmp_path):
     assert named and named <= set(re.findall(r"--[a-z][\w-]*", known.stdout)), line
 
 
+def test_one_core_is_one_line_naming_no_option_the_script_lacks(data_root):
+    """On one core ddp_spawn's two ranks are refused with the harness's advice,
+    "--oversubscribe runs it anyway", an option overhead.py does not have."""
+    script = [sys.executable, str(ROOT / "benchmarks" / "overhead.py")]
+    run = subprocess.run(
+        [*script, "--data-root", str(data_root), "--min-rounds", "1", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+    )
+    assert run.returncode == 2, run.stderr
+    line = run.stderr.strip()
+    assert "ddp_spawn cannot run at world size 2" in line, line
+    known = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
+    assert set(re.findall(r"--[a-z][\w-]*", line)) <= set(
+        re.findall(r"--[a-z][\w-]*", known.stdout)
+    )
+
+
 def test_download_fetches_mnist_in_the_options_check(monkeypatch, tmp_path):
     """--download (which `make overhead` passes, as `make bench` does) fetches MNIST into
     --data-root in the options' check, before either side's first round reads it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,26 @@ def test_bad_options_are_one_line_and_exit_2_before_any_timing(tmp_path, options
     assert len(lines) == 1 and lines[0].startswith("startup.py: error: "), run.stderr
     assert said.replace("{tmp}", str(tmp_path)) in lines[0]
     assert not (tmp_path / "runs").exists()  # no cell ran
+
+
+def test_a_world_size_past_the_cores_names_no_option_startup_lacks(tmp_path):
+    """The harness's refusal advised "--oversubscribe runs it anyway", an option startup.py
+    does not have: following it failed on argparse."""
+    script = [sys.executable, str(ROOT / "benchmarks" / "startup.py")]
+    run = subprocess.run(
+        [*script, "--out", str(tmp_path), "--world-size", "100000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert run.returncode == 2, run.stderr
+    line = run.stderr.strip()
+    assert "needs 100000 cores" in line, line
+    known = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
+    assert set(re.findall(r"--[a-z][\w-]*", line)) <= set(
+        re.findall(r"--[a-z][\w-]*", known.stdout)
+    )
 
 
 def test_the_bare_launchers_leave_out_the_users_rendezvous_variables(tmp_path, monkeypatch):
