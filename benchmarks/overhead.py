@@ -444,14 +444,20 @@ def wide(ratios: list[float], width: float) -> bool:
 
 
 @contextlib.contextmanager
-def stop_said(p: argparse.ArgumentParser, rows: list[dict], csv_path: str) -> Iterator[None]:
-    """Ctrl-C or SIGTERM (a command limit) in the rounds: one line saying what was kept,
-    exit 130, where it was a KeyboardInterrupt traceback from inside the harness."""
+def stop_said(
+    p: argparse.ArgumentParser, rows: list[dict], csv_path: str, where: str = ""
+) -> Iterator[None]:
+    """Ctrl-C or SIGTERM (a command limit) in the rounds, or in the loop cost after them
+    (`where`): one line saying what was kept, exit 130, where it was a KeyboardInterrupt
+    traceback from inside the harness, or from the loop cost's training loops."""
+    from bench.harness.proc import sigterm_as_interrupt
+
     try:
-        yield
+        with sigterm_as_interrupt():
+            yield
     except KeyboardInterrupt:
         kept = f"; their figures are in {csv_path}" if csv_path and rows else ""
-        p.exit(130, f"{p.prog}: stopped; {len(rows)} pair(s) of sides timed{kept}\n")
+        p.exit(130, f"{p.prog}: stopped{where}; {len(rows)} pair(s) of sides timed{kept}\n")
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
@@ -516,7 +522,8 @@ def main() -> None:
     # on a CPU both timings read the host clock: one line says it all
     timings = ("sync", "events") if a.device == "cuda" else ("sync",)
     if a.loop_cost_only:
-        print_loop_cost(a.device, timings, None)
+        with stop_said(p, [], "", " in the loop cost"):
+            print_loop_cost(a.device, timings, None)
         return
     args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}
     args |= {"device": a.device, "feed": a.feed, "step_timing": a.step_timing}
@@ -534,10 +541,7 @@ def main() -> None:
     ratios: dict[str, list[float]] = {s: [] for s, _ in timed}
     rows: list[dict] = []
     deadline = time.monotonic() + 60 * a.max_minutes
-    from bench.harness.proc import sigterm_as_interrupt
-
     with (
-        sigterm_as_interrupt(),
         stop_said(p, rows, a.csv),
         tempfile.TemporaryDirectory() as out_dir,
     ):
@@ -611,7 +615,8 @@ def main() -> None:
     hand_single = [row["hand_samples_per_s"] for row in rows if row["strategy"] == "single"]
     per = a.batch  # single: the whole global batch a step
     hand_step_us = 1e6 * per / sorted(hand_single)[len(hand_single) // 2] if hand_single else None
-    print_loop_cost(a.device, timings, hand_step_us)
+    with stop_said(p, rows, a.csv, " in the loop cost"):
+        print_loop_cost(a.device, timings, hand_step_us)
 
 
 if __name__ == "__main__":

@@ -365,3 +365,41 @@ def test_ctrl_c_in_the_hand_written_side_stops_its_ranks(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         overhead.hand("ddp_spawn", 2, {"steps": 1})
     assert done == ["kill 0", "join 0", "kill 1", "join 1"]
+
+
+def test_a_stop_in_the_loop_cost_is_one_line_after_the_rounds(monkeypatch, tmp_path, capsys):
+    """Ctrl-C or SIGTERM in the loop cost, which runs after the rounds (minutes of them) and
+    their summary, was a KeyboardInterrupt traceback from its training loops, or under
+    SIGTERM a silent exit 143: now one line and exit 130, naming the CSV that keeps the
+    rounds, as a stop in the rounds says."""
+    import signal
+
+    overhead = load_overhead()
+    third_harness_raises(monkeypatch, overhead, RuntimeError("no second round wanted"))
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # as a command limit sends it
+        raise AssertionError("SIGTERM went on into the loop cost")
+
+    def default(signum, frame):  # stands for SIGTERM's default, which would end pytest too
+        raise AssertionError("SIGTERM in the loop cost: a silent exit 143")
+
+    monkeypatch.setattr(overhead, "loop_cost", terminated)
+    csv_path = tmp_path / "rounds.csv"
+    argv = ["overhead.py", "--min-rounds", "1", "--max-rounds", "1", "--csv", str(csv_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    old = signal.signal(signal.SIGTERM, default)
+    try:
+        overhead.main()
+    except SystemExit as stopped:
+        assert stopped.code == 130
+    else:
+        pytest.fail("the loop cost was not stopped")
+    finally:
+        assert signal.signal(signal.SIGTERM, old) is default  # restored after
+    out = capsys.readouterr()
+    assert "median ratio" in out.out  # the rounds' summary came first
+    assert out.err == (
+        f"overhead.py: stopped in the loop cost; 1 pair(s) of sides timed; their figures are "
+        f"in {csv_path}\n"
+    )
