@@ -512,8 +512,10 @@ def main() -> None:
         help="only what the harness's loop adds to each step, in one process (seconds)",
     )
     a = p.parse_args()
-    if a.min_rounds < 1 or a.max_rounds < a.min_rounds or a.steps < 1 or a.width <= 0:
+    if a.min_rounds < 1 or a.max_rounds < a.min_rounds or a.steps < 1 or not a.width > 0:
         p.error("need 1 <= --min-rounds <= --max-rounds, --steps >= 1 and --width > 0")
+    if not a.max_minutes >= 0:  # nan: no deadline ever passed, every round to --max-rounds
+        p.error(f"--max-minutes must be 0 or more, got {a.max_minutes:g}")
     if a.device == "cuda":
         import torch
 

@@ -229,6 +229,30 @@ def test_download_fetches_mnist_in_the_options_check(monkeypatch, tmp_path):
     assert fetched and said == f"MNIST download into {fetched[0]} failed: no network in a test"
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        # nan passed `--width <= 0`, and no interval is ever within nan: every round ran
+        (["--width", "nan"], "--width > 0"),
+        # nan: a deadline never passed; below 0, one passed before the first round
+        (["--max-minutes", "nan"], "--max-minutes must be 0 or more, got nan"),
+        (["--max-minutes", "-1"], "--max-minutes must be 0 or more, got -1"),
+    ],
+)
+def test_a_width_or_time_limit_that_is_no_number_is_refused(options, said, tmp_path):
+    # no data there: an option let through fails on it, at once, not after every round
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--data-root", str(tmp_path)]
+        + options,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert said in run.stderr.strip().splitlines()[-1]
+    assert "round" not in run.stdout
+
+
 def test_the_options_check_reads_the_data_once_beside_the_plans(data_root, monkeypatch):
     """The check read the data set twice for each pair it times: once in the harness's plan
     and once more for the epoch's steps, the same samples at the same --batch each time."""
