@@ -189,6 +189,9 @@ def test_measure_timeout_kills_the_ranks() -> None:
         (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
         (["--out", "/nonexistent-parabench/c.json"], "is not a folder this process can write"),
         (["--out", "/"], "is a folder; name the JSON file to write"),
+        (["--backend", "mpi"], "invalid choice: 'mpi'"),
+        (["--device", "tpu"], "--device: cpu or cuda, got 'tpu'"),
+        (["--backend", "nccl"], "--backend nccl moves CUDA tensors only"),
     ],
 )
 def test_standalone_bad_input_is_one_line_before_any_rank(args, said, capsys) -> None:

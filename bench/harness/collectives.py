@@ -429,6 +429,16 @@ def _check_args(cli: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         cli.error(f"--sizes are buffer sizes in bytes, at least 1, got {a.sizes}")
     if not (a.timeout > 0 and math.isfinite(a.timeout)):
         cli.error(f"--timeout must be a positive number of seconds, got {a.timeout}")
+    # an unknown device, or NCCL off CUDA, failed in each rank once started (exit 1)
+    if a.device not in ("cpu", "cuda"):
+        cli.error(f"--device: cpu or cuda, got {a.device!r}")
+    if a.backend == "nccl" and a.device != "cuda":
+        cli.error("--backend nccl moves CUDA tensors only: pass --device cuda")
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            cli.error("--device cuda: no CUDA device is visible here")
     if a.out:
         out = Path(a.out)
         if out.is_dir():
@@ -443,8 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         description="time collectives on fresh ranks and fit latency + bus bandwidth",
     )
     cli.add_argument("--world-size", type=int, default=2)
-    cli.add_argument("--backend", default="gloo")
-    cli.add_argument("--device", default="cpu")
+    cli.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    cli.add_argument("--device", default="cpu", help="cpu, or cuda (a GPU per rank)")
     cli.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     cli.add_argument("--sizes", nargs="+", type=int, default=list(DEFAULT_SIZES), help="bytes")
     cli.add_argument("--reps", type=int, default=DEFAULT_REPS)
