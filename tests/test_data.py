@@ -482,3 +482,55 @@ def test_the_loader_and_the_device_path_train_alike_with_dropout(tmp_path, data_
         steps = (run_dir / "steps.csv").read_text().splitlines()
         losses[feed] = [r["loss"] for r in csv.DictReader(steps)]
     assert len(losses["loader"]) == 8 and losses["loader"] == losses["device"]
+
+
+def test_synthetic_data_larger_than_free_memory_is_refused_before_it_is_made(
+    tmp_path, monkeypatch, capsys
+):
+    """Synthetic data whose size the options give (tokens: every sequence, as int64) and
+    that is more than the memory free here is one line and exit 2 before any of it is made:
+    made, it is most of a minute before an allocation fails or the kernel's OOM killer
+    wakes. Here 2 million sequences of 128 tokens (2.0 GB) against 1 GiB free."""
+    import collections
+    import time
+
+    import psutil
+
+    from bench.cli import main
+
+    free = collections.namedtuple("svmem", "available")(1 << 30)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+
+    real = torch.randint
+
+    def randint(low, high, size, **kw):  # the checks' own small batches are made
+        assert torch.Size(size).numel() < 1 << 20, "the synthetic data was made"
+        return real(low, high, size, **kw)
+
+    monkeypatch.setattr(torch, "randint", randint)
+    cfg = RunConfig(dataset="synthetic", model="lm", limit=2_000_000, seq_len=128)
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as refused:
+        data.load(cfg)
+    assert time.perf_counter() - t0 < 1.0
+    assert str(refused.value) == (
+        "synthetic tokens (128,) token ids < 256 x 2000000 training and 1000 held-out samples "
+        "take 1.9 GiB of memory and this machine has 1.0 GiB free; lower --limit or --seq-len"
+    )
+    assert data.synthetic_bytes(cfg, data.models.spec(cfg)) == (2_000_000 + 1000) * 129 * 8
+    # held-out samples past the training ones name their own option
+    with pytest.raises(ConfigError, match="lower --eval-samples or --seq-len$"):
+        data.load(cfg.replace(limit=64, eval_samples=2_000_000))
+    # images: a pool of 64 and a label per sample (here 200 million, 1.5 GiB)
+    with pytest.raises(
+        ConfigError, match=r"synthetic \(1, 28, 28\) float32 x 200000000 .*--limit$"
+    ):
+        data.load(RunConfig(dataset="synthetic", model="mnist_cnn", limit=200_000_000))
+    out = tmp_path / "out"
+    argv = ["run", "--dataset", "synthetic", "--model", "lm", "--model-arg", "size=tiny"]
+    argv += ["--limit", "2000000", "--strategies", "single", "--world-sizes", "1"]
+    argv += ["--device", "cpu", "--out-dir", str(out), "--dry-run"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("parabench: error: synthetic tokens (128,)"), err
+    assert not out.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import math
 import sys
 import sysconfig
 import zlib
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
@@ -658,8 +660,40 @@ def synthetic_samples(cfg: RunConfig) -> int:
     return (cfg.warmup_steps + 2 * cfg.min_timed_steps) * cfg.global_batch
 
 
+def synthetic_bytes(cfg: RunConfig, spec: InputSpec) -> int:
+    """The memory `_synthetic` fills, from the options alone: token data is every training
+    and held-out sequence (one token longer, for the targets) as int64; images are a pool
+    of at most 64 and a label per sample."""
+    n, held = synthetic_samples(cfg), max(cfg.eval_samples, 1)
+    if spec.vocab:
+        return (n + held) * (spec.tokens + 1) * 8
+    pool = (min(64, n) + min(64, held)) * math.prod(spec.shape) * 4
+    return pool + (n + held) * 8
+
+
+def _check_fits(cfg: RunConfig, spec: InputSpec) -> None:
+    """Synthetic data larger than the memory this machine has free is refused before any of
+    it is made: made, it takes a while (15 million sequences of 128 tokens, 14.4 GiB: most
+    of a minute) and then fails an allocation or wakes the kernel's OOM killer, which may
+    pick another process than this one."""
+    need = synthetic_bytes(cfg, spec)
+    free = psutil.virtual_memory().available
+    if need <= free:
+        return
+    what = f"synthetic {'tokens ' if spec.vocab else ''}{spec.describe()}"
+    n, held = synthetic_samples(cfg), max(cfg.eval_samples, 1)
+    lower = ["--limit" if n >= held else "--eval-samples"]
+    if spec.vocab and not _ignores(cfg, "seq_len", 64):
+        lower.append("--seq-len")
+    raise ConfigError(
+        f"{what} x {n} training and {held} held-out samples take {need / 2**30:.1f} GiB of "
+        f"memory and this machine has {free / 2**30:.1f} GiB free; lower {' or '.join(lower)}"
+    )
+
+
 def _synthetic(cfg: RunConfig) -> DataBundle:
     spec = models.spec(cfg)
+    _check_fits(cfg, spec)
     classes = _synthetic_classes(cfg, spec)
     n = synthetic_samples(cfg)
     if spec.vocab:  # random token sequences; the targets are the next tokens
