@@ -295,6 +295,35 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
     assert not (tmp_path / "out").exists()  # nothing was created
 
 
+@pytest.mark.parametrize("model", ["lm", "transformer"])
+def test_a_model_deeper_than_any_trained_is_refused_before_its_blocks_are_built(
+    run, tmp_path, monkeypatch, model
+):
+    """--model-arg depth=100000000 built block after block on the meta device for the checks,
+    past 8 GiB in minutes with nothing said: a depth past MAX_DEPTH is one line, no block
+    built beyond it."""
+    from bench.workload import models
+
+    built = []
+    real = models.Block
+
+    def block(*a, **k):
+        built.append(1)
+        assert len(built) <= 1000, "blocks built past MAX_DEPTH (1000)"
+        return real(*a, **k)
+
+    monkeypatch.setattr(models, "Block", block)
+    args = ["--strategies", "single", "--world-sizes", "1", "--model", model]
+    code, _, err = run(*args, "--model-arg", "depth=100000000", "--dry-run")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0] == (
+        f"parabench: error: {model}: depth 100000000 is more than 1000 blocks, deeper than "
+        "any model trained (each is built before the run starts): lower --model-arg depth"
+    )
+    assert not built and not (tmp_path / "out").exists()
+
+
 def test_predict_refuses_a_stray_comma_in_its_world_sizes(tmp_path, capsys):
     """As run's list options do: `--world-sizes 4,8,` predicted at 4 and 8 without a word."""
     with pytest.raises(SystemExit) as bad:
