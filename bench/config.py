@@ -64,6 +64,10 @@ def unknown_device(device: str) -> str:
 #: --timeout's most: a week per cell (torch's process groups take it as a timedelta and
 #: a C int of milliseconds)
 MAX_TIMEOUT_S = 7 * 24 * 3600
+#: --repeats' most: the plan holds a cell per repeat of every strategy, world size and
+#: option before the estimate (100 million repeats filled the machine's memory there, with
+#: nothing said), and a cell's start-up alone makes 1,000 repeats of one cell over an hour
+MAX_REPEATS = 1000
 
 
 #: the plain types of RunConfig's fields, as a saved config's values must be (an int for a
@@ -230,6 +234,10 @@ class RunConfig:
         )
         need(self.warmup_steps >= 0, f"--warmup-steps cannot be negative, got {self.warmup_steps}")
         need(self.repeats >= 1, f"--repeats must be at least 1, got {self.repeats}")
+        need(
+            self.repeats <= MAX_REPEATS,
+            f"--repeats takes at most {MAX_REPEATS}, got {self.repeats}",
+        )
         need(
             self.workers is None or self.workers >= 0,
             f"--workers cannot be negative, got {self.workers}",

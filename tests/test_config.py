@@ -27,6 +27,8 @@ def test_data_root_from_environment(monkeypatch):
         ({"max_steps": 0}, "--max-steps"),
         ({"warmup_steps": -1}, "--warmup-steps"),
         ({"repeats": 0}, "--repeats"),
+        # a cell a repeat was planned before the estimate: 100 million filled the memory
+        ({"repeats": 100_000_000}, "--repeats takes at most 1000, got 100000000"),
         ({"world_sizes": (0,)}, "world sizes must be positive"),
         ({"world_sizes": (2, 2)}, "lists a size twice"),
         ({"strategies": ("single", "single")}, "lists a strategy twice"),
