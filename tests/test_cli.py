@@ -263,6 +263,10 @@ CASES = [
         "--dataset-arg n is given twice (n=64, n=128): give it once",
     ),
     (["--strategies", "single", "--diverge-factor", "1"], "--diverge-factor must be more than 1"),
+    (  # every strategy (none named) skipped: exit 0 with nothing measured, after the estimate
+        ["--world-sizes", "4096", "--dataset", "synthetic"],
+        "no cell can run: one CPU core per rank at least: world size 4096 needs 4096 cores",
+    ),
     (
         ["--strategies", "single", "--world-sizes", "1", "--global-batch", "20000"],
         "global batch 20000 is larger than the",

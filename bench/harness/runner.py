@@ -176,11 +176,15 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
             impossible.append(_cannot_run(spec.name, mine))
         cells += mine
     if not impossible and cells and all(c.status for c in cells):
-        # every strategy's cells skipped, some as the batch does not cut into equal
-        # micro-batches: a run of skipped rows only, where --accumulate is what to change
-        uneven = dict.fromkeys(c.reason for c in cells if isinstance(c.reason, UnevenCut))
-        if uneven:
-            impossible.append(f"no cell can run: {'; '.join(uneven)}")
+        # every strategy's cells skipped (--world-sizes 64 on 2 cores): a run of skipped rows
+        # only, that timed steps for its estimate and exited 0 with nothing measured. Where
+        # some are skipped as the batch does not cut into equal micro-batches, --accumulate
+        # is what to change; else the reasons the cells were skipped (not the strategies
+        # that are unavailable here, unless all are)
+        why = [c.reason for c in cells if isinstance(c.reason, UnevenCut)]
+        why = why or [c.reason for c in cells if c.status == "skipped"]
+        why = why or [c.reason for c in cells]
+        impossible.append(f"no cell can run: {'; '.join(dict.fromkeys(why))}")
     impossible = list(dict.fromkeys(impossible))  # a batch every strategy fails alike: once
     if len(impossible) > 1:  # numbered: a reason may hold a ';' of its own
         raise ConfigError(" ".join(f"({i}) {r}" for i, r in enumerate(impossible, 1)))
@@ -255,7 +259,7 @@ def _check_shares(cfg: RunConfig, name: str, ws: int, k: int, shares: int) -> st
 
 class UnevenCut(str):
     """The reason a cell is skipped where its shares of the batch do not cut into its
-    --accumulate's micro-batches (plan() makes a run of nothing but these an error)."""
+    --accumulate's micro-batches (plan() names these first where no cell can run)."""
 
 
 def _across_nodes(cfg: RunConfig, spec: Any) -> str | None:
