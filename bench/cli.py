@@ -693,6 +693,52 @@ def cmd_list(a: argparse.Namespace) -> int:
     return 0
 
 
+#: the run options verify sets itself (bench.analysis.verify.parity_config; and --max-steps
+#: to --steps): given to verify with another value, they would be ignored
+SET_BY_VERIFY: dict[str, Any] = {
+    "epochs": 1,
+    "warmup_steps": 0,
+    "repeats": 1,
+    "target_precision": None,  # every strategy trains the same steps
+    "profile": False,
+    "profile_steps": 0,
+    "probe_pairs": 0,  # parity needs no scaling model, nor the probes' time
+    "scaling_model": False,
+    "eval_samples": 0,
+}
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    from bench.analysis import verify
+
+    return verify.cmd_verify(a)
+
+
+def add_verify_parser(sub) -> None:
+    """verify's options, here and not in bench.analysis.verify: that module imports torch and
+    the runner (seconds), which every other command (report, compare, --help) would pay for
+    only to build the parser."""
+    p = sub.add_parser("verify", help="check every strategy trains the same model as `single`")
+    add_run_options(p)
+    p.add_argument("--steps", type=int, default=8, help="training steps to compare (default 8)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the cells verify would run (what is skipped and why), then exit",
+    )
+    # verify's own values as its defaults: `run`'s (5 warm-up steps, 1,000 held-out
+    # samples, the probes) given to verify as they are would otherwise pass for not given,
+    # and be ignored where the others are refused (cmd_verify)
+    own = {"global_batch": 32, "out_dir": "results/verify"}
+    p.set_defaults(**SET_BY_VERIFY, **own)
+    p.set_defaults(func=cmd_verify, parser=p)
+    # and its help offers none of the options it sets itself (and refuses); those whose
+    # defaults it changes say its own through %(default)s
+    for action in p._actions:
+        if action.dest in SET_BY_VERIFY or action.dest == "max_steps":
+            action.help = argparse.SUPPRESS
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="parabench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -730,10 +776,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="a submitted run: its job's state and the rows so far")
     st.add_argument("run_dir", metavar="RUN_DIR", help="the run directory submit printed")
     st.set_defaults(func=cmd_status)
-    # the analysis commands own their options (an import error here is a bug: it shows)
-    from bench.analysis import compare, predict, report, verify
+    add_verify_parser(sub)
+    # the other analysis commands own their options (an import error here is a bug: it shows)
+    from bench.analysis import compare, predict, report
 
-    for module in (verify, report, compare, predict):
+    for module in (report, compare, predict):
         module.add_parser(sub)
     return p
 

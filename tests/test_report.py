@@ -9,6 +9,8 @@ import dataclasses
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -610,6 +612,47 @@ def test_every_reference_run_has_its_row_in_the_results_readme() -> None:
     folders = sorted(p.name for p in REFERENCE.parent.iterdir() if p.is_dir())
     table = (REFERENCE.parent.parent / "README.md").read_text()
     assert folders and [f for f in folders if f"| `reference/{f}` |" not in table] == []
+
+
+def _one_process_copy(tmp_path: Path) -> Path:
+    """The reference run as a run of world size 1 alone would be (no collectives measured)."""
+    run_dir = Path(shutil.copytree(REFERENCE, tmp_path / "one-process"))
+    (run_dir / "collectives.json").unlink(missing_ok=True)
+    for name in ("runs.csv", "steps.csv", "ranks.csv"):
+        rows = pd.read_csv(run_dir / name, dtype=str, keep_default_na=False)
+        rows[rows["world_size"] == "1"].to_csv(run_dir / name, index=False)
+    return run_dir
+
+
+@pytest.mark.parametrize("command", ["--help", "report", "compare"])
+def test_the_read_only_commands_import_no_torch(tmp_path, command: str) -> None:
+    """torch takes seconds to import, and reading CSVs needs none of it: the parser imported
+    verify (the runner, torch) for every command, and the report the probes for their
+    phases' names. A report that asks a strategy's own words (its ablation, its predicted
+    collectives) still imports the strategies, and torch with them."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+    args = {
+        "--help": ["--help"],
+        "report": [str(_one_process_copy(tmp_path))],
+        "compare": [str(shutil.copytree(REFERENCE, tmp_path / name)) for name in "ab"],
+    }[command]
+    if command != "--help":
+        args = [command, *args]
+    code = (
+        "import sys\n"
+        "from bench.cli import main\n"
+        "try:\n"
+        f"    code = main({args!r})\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print('torch imported' if 'torch' in sys.modules else 'no torch', code, file=sys.stderr)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.stderr.splitlines()[-1] == "no torch 0", done.stderr[-2000:]
 
 
 def test_an_infinite_figure_is_not_plotted_and_its_row_is_named(tmp_path) -> None:

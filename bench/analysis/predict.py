@@ -362,8 +362,8 @@ def predict_run(
     import strategies
     from bench.analysis import report
     from bench.harness import results
+    from bench.harness.breakdown import PHASES
     from bench.harness.env import oversubscribed
-    from bench.harness.probes import PHASES
     from strategies.ddp import DistributedDataParallel
 
     cfg = _config(run_dir, link)

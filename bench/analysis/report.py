@@ -1504,7 +1504,7 @@ def growth_markdown(counted: pd.DataFrame) -> str:
     ]
     if not rows:
         return ""
-    from bench.harness.probes import SPARSE_EVERY_S  # how often a GPU's loop reads it
+    from bench.harness.breakdown import SPARSE_EVERY_S  # how often a GPU's loop reads it
 
     return (
         "What a rank held at the end of each step (the allocator's allocated memory on a "
@@ -1702,7 +1702,7 @@ def _band(r: Mapping[str, Any]) -> str:
 def _lapped_step(grp: pd.DataFrame) -> float:
     """The mean step a cell's parts split, median over its repeats: each repeat's parts
     summed (they add up to it by construction, bench.harness.breakdown.stacked). On a GPU
-    that is the mean of the lapped steps only (probes.SPARSE_EVERY_S apart, the first timed
+    that is the mean of the lapped steps only (breakdown.SPARSE_EVERY_S apart, the first timed
     one always, each carrying its laps' cost), not the timed steps' mean, step_time_ms_mean:
     beside it the parts missed their step by that difference, `other` none the wiser."""
     cols = [f"part_{p}_ms" for p in breakdown.PARTS if f"part_{p}_ms" in grp]
@@ -1718,11 +1718,11 @@ def ablation_keeps(grp: pd.DataFrame) -> str:
     committed references) holds total less exposed as hidden for ZeRO-1's broadcast, FSDP's
     all-gathers and SyncBatchNorm's collectives. "" where no row says its ablation ran ("no
     ablation (loss scaling ...)", or a one-process row's empty method): it left nothing on."""
-    from strategies.base import NO_BN_TO_SYNC, SYNC_BN_KEPT
-
     methods = [v for v in grp.get("comm_method", []) if isinstance(v, str) and v]
     if not any(_measured_by(m, "ablation") for m in methods):
         return ""  # none ran: one process's row, or loss scaling's "no ablation (...)"
+    from strategies.base import NO_BN_TO_SYNC, SYNC_BN_KEPT  # (torch's seconds: only here)
+
     keeps = [_class_says(grp, "ablation_keeps")]
     sync_bn = pd.to_numeric(grp.get("sync_bn", pd.Series(dtype=float)), errors="coerce")
     notes = " ".join(str(v) for v in grp.get("notes", ()))
@@ -1756,7 +1756,7 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
     """Where the time goes, per cell (medians over its repeats): the stacked parts of a mean
     step, communication in all and hidden, rank skew, MFU and the trace; "" for a run from
     before the breakdown was kept."""
-    from bench.harness.probes import SPARSE_EVERY_S  # how often a GPU's loop laps a step
+    from bench.harness.breakdown import SPARSE_EVERY_S  # how often a GPU's loop laps a step
 
     if not lapped(counted):
         return ""

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from bench.cli import SET_BY_VERIFY
 from bench.config import ConfigError, RunConfig
 from bench.harness import proc, results
 from bench.harness.env import device_count
@@ -1205,21 +1206,6 @@ def write_csv(parity: list[Parity], path: Path) -> None:
             )
 
 
-#: the run options verify sets itself (parity_config; and --max-steps to --steps): given
-#: to verify with another value, they would be ignored
-SET_BY_VERIFY: dict[str, Any] = {
-    "epochs": 1,
-    "warmup_steps": 0,
-    "repeats": 1,
-    "target_precision": None,  # every strategy trains the same steps
-    "profile": False,
-    "profile_steps": 0,
-    "probe_pairs": 0,  # parity needs no scaling model, nor the probes' time
-    "scaling_model": False,
-    "eval_samples": 0,
-}
-
-
 #: the training samples verify takes of data that has more, where --limit does not say
 VERIFY_LIMIT = 4096
 
@@ -1816,27 +1802,3 @@ def summary(parity: list[Parity]) -> list[str]:
     if refs:
         lines.append(f"{refs} precision reference(s) failed (reasons above)")
     return lines
-
-
-def add_parser(sub) -> None:
-    from bench.cli import add_run_options
-
-    p = sub.add_parser("verify", help="check every strategy trains the same model as `single`")
-    add_run_options(p)
-    p.add_argument("--steps", type=int, default=8, help="training steps to compare (default 8)")
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the cells verify would run (what is skipped and why), then exit",
-    )
-    # verify's own values as its defaults: `run`'s (5 warm-up steps, 1,000 held-out
-    # samples, the probes) given to verify as they are would otherwise pass for not given,
-    # and be ignored where the others are refused (cmd_verify)
-    own = {"global_batch": 32, "out_dir": "results/verify"}
-    p.set_defaults(**SET_BY_VERIFY, **own)
-    p.set_defaults(func=cmd_verify, parser=p)
-    # and its help offers none of the options it sets itself (and refuses); those whose
-    # defaults it changes say its own through %(default)s
-    for action in p._actions:
-        if action.dest in SET_BY_VERIFY or action.dest == "max_steps":
-            action.help = argparse.SUPPRESS

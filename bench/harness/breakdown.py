@@ -26,7 +26,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness.probes import PHASES
+#: the parts of a step after its data wait, in the order they run; zero_grad is counted with
+#: the optimizer step, and a strategy that runs forward and backward in one schedule (the
+#: pipelines) reports the whole schedule as backward. Here, not in probes (which times
+#: them): probes imports torch, and the report, reading them, needs none
+PHASES = ("forward", "backward", "optimizer")
+
+#: on CUDA, seconds at least between two steps that the phase clock laps, and between two
+#: held-memory reads, in the training loop: inside it, on an H100 (2026-11-26,
+#: benchmarks/overhead.py --loop-cost-only), each cost about 100 us a step (the five laps'
+#: CUDA events; the allocator's stats, 18-34 us read alone), 6 % of MNIST's 1.7 ms step
+#: each. Taken at most every 20 ms each costs under 0.5 %, and a step longer than that is
+#: still lapped and read at every end. On a CPU a lap is the host clock and the read 2-3 us
+#: (a file kept open): every step has both. Here beside PHASES, for the report to say it
+SPARSE_EVERY_S = {"cuda": 0.02}
 
 #: a collective op as torch.profiler names it: c10d's backends record `gloo:all_reduce`,
 #: `nccl:all_gather`..., and NCCL's kernels on the GPU are `ncclDevKernel_...`/`ncclKernel_...`

@@ -12,9 +12,10 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-import torch
-
 from bench import ROOT
+
+# torch is imported by the functions that ask it: the report reads this module's BUSY_PCT
+# and oversubscribed, and a run made elsewhere is reported without torch's seconds
 
 
 def cpu_cores() -> int:
@@ -25,6 +26,8 @@ def cpu_cores() -> int:
 
 
 def resolve_device(device: str) -> str:
+    import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
@@ -32,6 +35,8 @@ def resolve_device(device: str) -> str:
 
 def device_count(device: str) -> int:
     """Devices a strategy can put ranks on: GPUs, or CPU cores (one core per rank at least)."""
+    import torch
+
     return torch.cuda.device_count() if device == "cuda" else cpu_cores()
 
 
@@ -89,6 +94,8 @@ def git_commit() -> str:
 
 
 def nccl_version() -> str:
+    import torch
+
     try:
         v = torch.cuda.nccl.version()
         return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
@@ -98,6 +105,8 @@ def nccl_version() -> str:
 
 @functools.cache
 def provenance(device: str) -> dict[str, str | int]:
+    import torch
+
     names = ""
     if device == "cuda" and torch.cuda.is_available():
         names = ";".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))

@@ -18,18 +18,15 @@ from typing import Any
 
 import torch
 
+# the training loop's (strategies.base) and the tests' probes.SPARSE_EVERY_S
+from bench.harness.breakdown import PHASES, SPARSE_EVERY_S  # noqa: F401
+
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     total_ms: float
     data_ms: float
     samples: int
-
-
-#: the parts of a step after its data wait, in the order they run; zero_grad is counted with
-#: the optimizer step, and a strategy that runs forward and backward in one schedule (the
-#: pipelines) reports the whole schedule as backward
-PHASES = ("forward", "backward", "optimizer")
 
 
 class CudaMarks:
@@ -261,16 +258,6 @@ def held_mib(device: torch.device) -> float:
     except (OSError, ValueError, IndexError):  # no /proc (macOS): peak RSS is what there is
         return peak_rss_mib()
     return pages * _PAGE_MIB
-
-
-#: on CUDA, seconds at least between two steps that the phase clock laps, and between two
-#: held-memory reads, in the training loop: inside it, on an H100 (2026-11-26,
-#: benchmarks/overhead.py --loop-cost-only), each cost about 100 us a step (the five laps'
-#: CUDA events; the allocator's stats, 18-34 us read alone), 6 % of MNIST's 1.7 ms step
-#: each. Taken at most every 20 ms each costs under 0.5 %, and a step longer than that is
-#: still lapped and read at every end. On a CPU a lap is the host clock and the read 2-3 us
-#: (a file kept open): every step has both.
-SPARSE_EVERY_S = {"cuda": 0.02}
 
 
 class HeldReads:

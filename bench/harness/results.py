@@ -24,8 +24,7 @@ import numpy as np
 
 from bench import program
 from bench.harness import stats
-from bench.harness.breakdown import PARTS, hidden, stacked
-from bench.harness.probes import PHASES
+from bench.harness.breakdown import PARTS, PHASES, hidden, stacked
 
 #: measurements a strategy may report through Strategy.cell_metrics, model parallelism's:
 #: pipeline stages and micro-batches, the measured bubble (share of the pipeline's step a
