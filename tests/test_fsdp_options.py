@@ -179,3 +179,27 @@ def test_where_grouping_is_not_safe_each_batchnorm_gets_its_own_unit(one_rank):
         "2 BatchNorm layers as fp32 units, one each (not one unit: bn_b does not take" in n
         for n in fsdp.notes
     )
+
+
+def test_torch_compile_of_a_sharded_model_compiles_nothing(one_rank):
+    """Why FSDP2 refuses --compile (FSDP2.no_compile): torch.compile of the model after
+    fully_shard traces no graph (dynamo skips FSDP's hooks and each sharded module's forward
+    with them), so a compiled cell ran its steps eager. Where this fails, torch compiles
+    sharded modules and the refusal can go."""
+    from torch._dynamo.utils import counters
+
+    fsdp = FSDP2(one_rank, {}, Setting())
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten()), nn.Linear(64, 3)
+    )
+    fsdp.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        compiled = torch.compile(fsdp.model)
+        compiled(torch.randn(2, 1, 6, 6)).sum().backward()
+        assert counters["stats"]["unique_graphs"] == 0
+    finally:
+        torch._dynamo.reset()
+    assert "compiles nothing" in str(FSDP2.unsupported(Setting(compile=True), "cpu"))
