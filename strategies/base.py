@@ -734,12 +734,17 @@ class Strategy:
         model, optimizer = self.setup(model, optimizer)
         if self.setting.compile:
             mode = self.setting.compile_mode
-            model = torch.compile(model, mode=None if mode == "default" else mode)
+            model = self.compiled(model, None if mode == "default" else mode)
             how = "" if mode == "default" else f", mode={mode}"
             if self.setting.cuda_graphs and self.ctx.device.type != "cuda":
                 how += " (its CUDA graphs need a CUDA device: none here)"
             self.notes.append(f"torch.compile{how} (its time is in the first, warm-up steps)")
         self.model, self.optimizer = model, optimizer
+
+    def compiled(self, model: nn.Module, mode: str | None) -> nn.Module:
+        """The model after setup, under torch.compile (`mode`: None for the default): whole,
+        unless the strategy's wrapping keeps dynamo out (FSDP2 compiles its units)."""
+        return torch.compile(model, mode=mode)
 
     def micro_batch(self, global_batch: int) -> int:
         return self.per_rank_batch(global_batch) // self.setting.accumulate

@@ -105,16 +105,15 @@ class FSDP2(TorchDistributed):
     accepts = {"reshard_after_forward": bool, "norm_units": ("group", "layer")}
     collective_eval = True
     contiguous_params = "fully_shard refuses non-contiguous parameters"
-    # torch.compile of the sharded model traced nothing: dynamo skips fully_shard's hooks,
-    # and with them the whole forward of every sharded module, so a compiled cell ran
-    # eager under a compiled label (on torch 2.15, MNIST's CNN and the transformer: no graph
-    # compiled, against one a rank for DDP). Compiling each block before it is sharded, as
-    # torchtitan does, is not wired
-    no_compile = (
-        "torch.compile of a fully_shard model compiles nothing (dynamo skips FSDP's hooks and "
-        "each sharded module's forward with them): its steps would run eager; compiling each "
-        "block before sharding is not wired"
-    )
+
+    @classmethod
+    def unsupported(cls, setting, device):
+        if setting.cuda_graphs:  # (its blocks compiled apart: FSDP2.compiled)
+            return (
+                "torch.compile's CUDA-graph modes are not wired for FSDP, whose blocks are "
+                "compiled apart with its hooks eager between them"
+            )
+        return super().unsupported(setting, device)
 
     @classmethod
     def idle_options(cls, cfg, setting, options):
@@ -233,6 +232,7 @@ class FSDP2(TorchDistributed):
                 fully_shard(norm, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=fp32)
         for block in rest:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=policy)
+        self.sharded_blocks, self.norm_units = rest, len(norms)
         # The root's parameters are needed again at once by backward: keep them gathered.
         fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=root)
         self.notes.append(
@@ -252,9 +252,29 @@ class FSDP2(TorchDistributed):
         )
         return model, rebuild(optimizer, model.parameters())
 
+    def compiled(self, model: nn.Module, mode: str | None) -> nn.Module:
+        """Each block's own forward compiled, as torchtitan compiles its blocks: the sharded
+        model compiled whole traced nothing (on torch 2.15 dynamo skips fully_shard's hooks,
+        and with them the whole forward of every sharded module), so a compiled cell ran its
+        steps eager under a compiled label. The hooks (all-gather, reduce-scatter) run eager
+        around each block's graph, as do the root's own layers (a stem, a head)."""
+        for block in self.sharded_blocks:
+            block.forward = torch.compile(block.forward, mode=mode)
+        self.notes.append(
+            f"torch.compile of each of the {len(self.sharded_blocks)} blocks' forward (FSDP's hooks "
+            "and the root's own layers eager)"
+            + (
+                f"; the graphs break at each of the {self.norm_units} BatchNorm layers sharded "
+                "apart in fp32 (their hooks eager)"
+                if self.norm_units
+                else ""
+            )
+        )
+        return model
+
     def fsdp_module(self) -> nn.Module:
         assert self.model is not None
-        return getattr(self.model, "_orig_mod", self.model)  # under torch.compile's wrapper
+        return self.model
 
     _grad_sync = True  # what no_sync() restores: it nests (the ablation around accumulation)
 

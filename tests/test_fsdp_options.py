@@ -181,25 +181,62 @@ def test_where_grouping_is_not_safe_each_batchnorm_gets_its_own_unit(one_rank):
     )
 
 
-def test_torch_compile_of_a_sharded_model_compiles_nothing(one_rank):
-    """Why FSDP2 refuses --compile (FSDP2.no_compile): torch.compile of the model after
-    fully_shard traces no graph (dynamo skips FSDP's hooks and each sharded module's forward
-    with them), so a compiled cell ran its steps eager. Where this fails, torch compiles
-    sharded modules and the refusal can go."""
+def _graphs_of(run) -> int:
+    """How many graphs dynamo compiled while `run()` ran, from a fresh start."""
     from torch._dynamo.utils import counters
 
-    fsdp = FSDP2(one_rank, {}, Setting())
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten()), nn.Linear(64, 3)
-    )
-    fsdp.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
     torch._dynamo.reset()
     counters.clear()
     try:
-        compiled = torch.compile(fsdp.model)
-        compiled(torch.randn(2, 1, 6, 6)).sum().backward()
-        assert counters["stats"]["unique_graphs"] == 0
+        run()
+        return counters["stats"]["unique_graphs"]
     finally:
         torch._dynamo.reset()
-    assert "compiles nothing" in str(FSDP2.unsupported(Setting(compile=True), "cpu"))
+
+
+def _two_blocks() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten()), nn.Linear(64, 3)
+    )
+
+
+def test_torch_compile_of_a_sharded_model_compiles_nothing(one_rank):
+    """Why FSDP2 compiles its blocks one by one (FSDP2.compiled): torch.compile of the model
+    after fully_shard traces no graph (dynamo skips FSDP's hooks and each sharded module's
+    forward with them), so a compiled cell ran its steps eager. Where this fails, torch
+    compiles sharded modules whole."""
+    fsdp = FSDP2(one_rank, {}, Setting())
+    model = _two_blocks()
+    fsdp.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(2, 1, 6, 6)
+    assert _graphs_of(lambda: torch.compile(fsdp.model)(x).sum().backward()) == 0
+
+
+def test_fsdp_under_compile_compiles_each_block_and_trains_as_eager(one_rank):
+    """--compile on FSDP2 compiles each block's forward (the whole model compiled ran
+    eager, above): a graph a block, the same outputs and gradients as the eager model, and
+    parameter names unchanged (no compile wrapper in them: verify and checkpoints read
+    them)."""
+    eager = _two_blocks()
+    x = torch.randn(2, 1, 6, 6)
+    eager(x).square().sum().backward()
+    fsdp = FSDP2(one_rank, {}, Setting(compile=True))
+    model = _two_blocks()
+    fsdp.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    out: list[torch.Tensor] = []
+
+    def step() -> None:
+        out.append(fsdp.model(x))
+        out[-1].square().sum().backward()
+
+    assert _graphs_of(step) == 2
+    assert torch.allclose(out[0], eager(x), atol=1e-6)
+    got = {n: p.grad.full_tensor() for n, p in fsdp.fsdp_module().named_parameters()}
+    want = {n: p.grad for n, p in eager.named_parameters()}
+    assert got.keys() == want.keys()
+    for name, grad in want.items():
+        assert torch.allclose(got[name], grad, atol=1e-6), name
+    assert any("torch.compile of each of the 2 blocks' forward" in n for n in fsdp.notes)
+    cuda_graphs = Setting(compile=True, compile_mode="reduce-overhead")
+    assert "CUDA-graph modes are not wired for FSDP" in str(FSDP2.unsupported(cuda_graphs, "cuda"))
