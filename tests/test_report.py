@@ -680,6 +680,22 @@ def test_an_infinite_figure_is_not_plotted_and_its_row_is_named(tmp_path) -> Non
     assert cell["samples_per_s_median"] == pytest.approx(others["samples_per_s"].median(), 1e-5)
 
 
+def test_versions_and_the_commit_are_reported_as_written(tmp_path) -> None:
+    """pandas read a version or commit that looks like a number as one: the report said
+    CUDA 13 for 13.0, torchvision 0.3 for 0.30, and git commit inf for 1234567e8901."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+    run_dir = Path(shutil.copytree(REFERENCE, tmp_path / "versions"))
+    runs = pd.read_csv(run_dir / "runs.csv", dtype=str, keep_default_na=False)
+    written = {"cuda_version": "13.0", "torchvision_version": "0.30", "git_commit": "1234567e8901"}
+    for col, value in written.items():
+        runs[col] = value
+    runs.to_csv(run_dir / "runs.csv", index=False)
+    environment = _section(report.render(run_dir).read_text(), "Environment")
+    for label, value in (("CUDA", "13.0"), ("torchvision", "0.30"), ("git commit", "1234567e8901")):
+        assert f"| {label} | {value} |" in environment, environment
+
+
 def _section(text: str, heading: str) -> str:
     return text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
 

@@ -165,7 +165,8 @@ def _read_csv(
             if rows:
                 raise ConfigError(f"{path} is empty: the run wrote no row")
             return pd.DataFrame(columns=list(columns))
-        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        text = dict.fromkeys(TEXT_COLUMNS, str)
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=text)
         short = _short_row(path)
     except (
         OSError,
@@ -219,8 +220,15 @@ def _short_row(path: Path) -> str:
     return ""
 
 
-#: columns that hold names, not numbers, even when every value of a run looks like one
-TEXT_COLUMNS = frozenset({"run_id", "strategy", "setting", "status", "reason", "notes", "host"})
+#: columns that hold names, not numbers, even when every value of a run looks like one;
+#: read as text as written: pandas took CUDA "13.0" for 13.0 (the report said CUDA 13),
+#: torchvision "0.30" for 0.3, and a commit hash of digits and one e ("1234567e8901") for
+#: a float, inf, which the report gave as the run's git commit
+TEXT_COLUMNS = frozenset(
+    {"run_id", "strategy", "setting", "status", "reason", "notes", "host", "hosts"}
+    | {c for c in results.PROVENANCE if c.endswith("_version")}
+    | {"git_commit"}
+)
 
 
 def _nan_text(values: pd.Series) -> pd.Series:
