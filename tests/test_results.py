@@ -135,6 +135,26 @@ def test_csv_append_keeps_order_and_earlier_rows(tmp_path):
     assert not list(tmp_path.glob(".runs.csv.*"))  # no temporary left behind
 
 
+def test_a_run_with_nothing_measured_has_its_tables_with_no_rows(tmp_path):
+    """A run whose every cell was skipped or failed wrote no steps.csv or ranks.csv: a
+    user's `pd.read_csv` of them, as of any run's, stopped at a missing file. They are
+    there with their columns and no rows; the first measured cell's rows follow."""
+    import pandas as pd
+
+    from bench.harness.runner import RunDir
+
+    rd = RunDir(tmp_path)
+    skipped = {"run_id": "a", "strategy": "dp", "world_size": 2, "status": "skipped"}
+    rd.write([skipped], [], [])
+    for name, columns in (("steps.csv", results.STEP_COLUMNS), ("ranks.csv", results.RANK_COLUMNS)):
+        table = pd.read_csv(tmp_path / name)
+        assert list(table.columns) == columns and table.empty
+    ident = {"run_id": "a", "strategy": "single", "world_size": 1, "repeat": 0, "epoch": 0}
+    rd.write([dict(ident, status="ok")], [dict(ident, step=0)], [dict(ident, rank=0)])
+    assert [r["step"] for r in rd.steps.read()] == ["0"]
+    assert [r["rank"] for r in rd.ranks.read()] == ["0"]
+
+
 def test_csv_rows_of_an_older_parabench_keep_their_renamed_columns(tmp_path):
     """A runs.csv written under a column's older name (`model_state_mib_min`) is read, and
     rewritten on --resume, under its new one, its values kept."""

@@ -156,7 +156,7 @@ def _read_csv(
 ) -> pd.DataFrame:
     """A run's table; ConfigError if it is unreadable, lacks a `required` column, or (`rows`:
     runs.csv) is an empty file. A column of `columns` it lacks is added, empty."""
-    # A table with no rows is never written (e.g. steps.csv when every cell was skipped);
+    # An older parabench wrote no table with no rows (steps.csv when every cell was skipped);
     # one left empty (the run killed as it opened the file) holds no more than a missing one
     if not path.exists():
         return pd.DataFrame(columns=list(columns))

@@ -609,6 +609,10 @@ class CsvTable:
     def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
         rows = list(rows)
         if not rows:
+            # its header all the same: a run whose every cell was skipped or failed has a
+            # steps.csv and ranks.csv to read, with no rows, not a missing file
+            if not self.path.exists():
+                self._rewrite([])
             return
         self._rewrite([*self.read(), *({k: _fmt(v) for k, v in r.items()} for r in rows)])
 
