@@ -716,3 +716,42 @@ def test_a_resume_keeps_the_environment_the_run_began_in(tmp_path, data_root):
     path.unlink()
     run_matrix(cfg, resume=run_dir, echo=lambda m: None)
     assert json.loads(path.read_text())["host"] not in ("", "elsewhere")
+
+
+def test_a_run_resumed_under_another_folder_name_keeps_its_run_id(tmp_path, data_root):
+    """A run folder renamed (or copied under another name) and resumed: its new rows said
+    the folder's name as their run_id beside the earlier rows' own, so that runs.csv files
+    put together and grouped by run_id split the one run in two. They say the id the run
+    began under (its config.json's), as its earlier rows do."""
+    import json
+
+    from bench.config import RunConfig
+    from bench.harness.runner import Runner, plan
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1, 2))
+    cfg = cfg.replace(run_id="first")
+    cells = plan(cfg)
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    (renamed / "config.json").write_text(json.dumps(cfg.to_dict()))
+    rd = RunDir(renamed)
+    saved = RunConfig.from_dict(json.loads((renamed / "config.json").read_text()))
+    done = next(c for c in cells if not c.status)  # single at 1: its row from before
+    rd.write(
+        [
+            {
+                "run_id": "first",
+                "strategy": "single",
+                "world_size": 1,
+                "setting": done.label,
+                "repeat": 0,
+                "epoch": 0,
+                "status": "ok",
+            }
+        ],
+        [],
+        [],
+    )
+    skipped = next(c for c in cells if c.status)  # single at 2: a row, no process
+    Runner(saved, rd, echo=lambda m: None).run([done, skipped])
+    assert [r["run_id"] for r in rd.runs.read()] == ["first", "first"]

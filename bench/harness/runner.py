@@ -728,7 +728,9 @@ class Runner:
         self.dir = run_dir
         self.echo = echo
         self.device = resolve_device(cfg.device)
-        self.run_id = run_dir.path.name
+        # the id the run began under (its config.json's), which its earlier rows carry: a
+        # run resumed in a folder renamed or copied under another name is still one run
+        self.run_id = cfg.run_id or run_dir.path.name
         self.workers = (
             cfg.workers if cfg.workers is not None else (4 if self.device == "cuda" else 0)
         )
