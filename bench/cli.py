@@ -22,6 +22,7 @@ from bench.config import (
     DEVICES,
     OPTIMIZERS,
     PRECISIONS,
+    SET_BY_VERIFY,
     ConfigError,
     RunConfig,
     RunStopped,
@@ -691,21 +692,6 @@ def cmd_list(a: argparse.Namespace) -> int:
         sizes.append(f"{size} {n / 1e6:.1f} M")
     print(f"  lm sizes (--model-arg size=...; parameters at 128 tokens): {', '.join(sizes)}")
     return 0
-
-
-#: the run options verify sets itself (bench.analysis.verify.parity_config; and --max-steps
-#: to --steps): given to verify with another value, they would be ignored
-SET_BY_VERIFY: dict[str, Any] = {
-    "epochs": 1,
-    "warmup_steps": 0,
-    "repeats": 1,
-    "target_precision": None,  # every strategy trains the same steps
-    "profile": False,
-    "profile_steps": 0,
-    "probe_pairs": 0,  # parity needs no scaling model, nor the probes' time
-    "scaling_model": False,
-    "eval_samples": 0,
-}
 
 
 def cmd_verify(a: argparse.Namespace) -> int:

@@ -70,6 +70,21 @@ MAX_TIMEOUT_S = 7 * 24 * 3600
 MAX_REPEATS = 1000
 
 
+#: the run options verify sets itself (bench.analysis.verify.parity_config; and --max-steps
+#: to --steps): given to verify with another value, they would be ignored
+SET_BY_VERIFY: dict[str, Any] = {
+    "epochs": 1,
+    "warmup_steps": 0,
+    "repeats": 1,
+    "target_precision": None,  # every strategy trains the same steps
+    "profile": False,
+    "profile_steps": 0,
+    "probe_pairs": 0,  # parity needs no scaling model, nor the probes' time
+    "scaling_model": False,
+    "eval_samples": 0,
+}
+
+
 #: the plain types of RunConfig's fields, as a saved config's values must be (an int for a
 #: float too, as JSON writes 900.0 as 900 where it was given so); the rest are not checked
 _TYPE_WORDS = {

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.config import one_line
 from strategies.base import Strategy, Variant
 
 INSTALL = "build it against this torch with `make horovod`"
@@ -57,12 +58,7 @@ class Horovod(Strategy):
         except Exception as exc:  # ImportError, or a build that does not match this torch
             # the first line of the message only (an extension not built says what to set on
             # a second line), inside its parentheses
-            first = (str(exc).splitlines() or [""])[0]
-            detail = (
-                f" ({type(exc).__name__}: {first})"
-                if not isinstance(exc, ModuleNotFoundError)
-                else ""
-            )
+            detail = "" if isinstance(exc, ModuleNotFoundError) else f" ({one_line(exc)})"
             return f"Horovod is not installed{detail}; {INSTALL}"
         from bench.harness.launchers import horovodrun_path
 
@@ -138,8 +134,13 @@ class Horovod(Strategy):
             self.local = False
             optimizer.set_backward_passes_per_step(self.setting.accumulate)
             # (None, None) for each gradient the held-back hooks saw (Horovod 0.28.1, its last
-            # release, has no public call that forgets them)
-            optimizer._handles.clear()
+            # release, has no public call that forgets them); a Horovod without them is
+            # settled as before, by a synchronize (the gradients all-reduced for nothing)
+            handles = getattr(optimizer, "_handles", None)
+            if isinstance(handles, dict):
+                handles.clear()
+            else:
+                optimizer.synchronize()
 
     def zero_grad(self, optimizer) -> None:
         if self.local:  # the wrapper refuses zero_grad while its hooks hold (empty) handles

@@ -46,8 +46,7 @@ from typing import Any
 
 import torch
 
-from bench.cli import SET_BY_VERIFY
-from bench.config import ConfigError, RunConfig
+from bench.config import SET_BY_VERIFY, ConfigError, RunConfig
 from bench.harness import proc, results
 from bench.harness.env import device_count
 from bench.harness.runner import (
@@ -352,6 +351,8 @@ class Parity:
 
     @property
     def ok(self) -> bool:
+        if self.baseline_run:  # whatever its status: the cells held to it went uncompared
+            return False
         ok = ("pass", AMPLIFIED, INCONCLUSIVE, results.SKIPPED, results.UNAVAILABLE, NOT_COMPARABLE)
         return self.status in ok
 
@@ -798,7 +799,8 @@ def _unrun_baseline(rd: RunDir, layout: Layout, threads: int, several: bool) -> 
     if layout == (1, 1):
         row = row or _single_row(rd)
     row = row or {}
-    n = row.get("threads_per_rank") or (str(threads) if threads else "")
+    # the count it was wanted on (the row may be the run's own single, on another)
+    n = str(threads) if threads else row.get("threads_per_rank") or ""
     which = "" if layout == (1, 1) else f" ({baseline_label(layout)})"
     why = f"the fp32 baseline{which}" + (f" on {n} thread(s)" if several and n else "")
     why += " did not run to the end"
