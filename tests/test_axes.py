@@ -8,7 +8,9 @@ import math
 
 import pytest
 
+import strategies
 from bench.config import ConfigError
+from bench.harness import runner
 from bench.harness.results import case_labels
 from bench.harness.runner import plan, sweep_notes
 from strategies.base import Setting
@@ -270,6 +272,17 @@ def test_an_option_sweep_multiplies_only_the_strategies_that_take_it(tmp_path, d
             {"compression": "none"},
             "makes horovod_fp16 (horovod with compression=fp16) run as horovod",
         ),
+        (  # the other way: horovod leaves compression at none, horovod_fp16 fixes fp16
+            ("horovod", "horovod_fp16"),
+            {"compression": "fp16"},
+            "--set compression=fp16 makes horovod run as horovod_fp16 (which is horovod with "
+            "compression=fp16): run horovod_fp16 for it, or leave horovod out (of --strategies)",
+        ),
+        (
+            ("fsdp",),
+            {"reshard_after_forward": "true,0"},  # 0 is false, as the strategy reads it
+            "--set reshard_after_forward=0 makes fsdp run as fsdp_zero2",
+        ),
     ],
 )
 def test_a_set_that_turns_a_variant_into_its_sibling_is_refused(
@@ -280,6 +293,39 @@ def test_a_set_that_turns_a_variant_into_its_sibling_is_refused(
     with pytest.raises(ConfigError) as exc:
         cells(tmp_path, data_root, strategies=names, world_sizes=(2,), options=options)
     assert said in str(exc.value)
+
+
+def test_every_variant_a_set_turns_into_its_sibling_is_named(tmp_path, data_root):
+    """fsdp with reshard_after_forward=false is fsdp_zero2 and fsdp_zero2 with true is fsdp:
+    both in one line, not one fix at a time."""
+    with pytest.raises(ConfigError) as exc:
+        cells(
+            tmp_path,
+            data_root,
+            strategies=("fsdp", "fsdp_zero2"),
+            world_sizes=(2,),
+            options={"reshard_after_forward": "true,false"},
+        )
+    said = str(exc.value)
+    assert said.startswith("(1) --set reshard_after_forward=false makes fsdp run as fsdp_zero2")
+    assert "(2) --set reshard_after_forward=true makes fsdp_zero2 (fsdp with" in said
+
+
+def test_a_set_of_the_default_a_variant_leaves_runs(tmp_path, data_root):
+    """horovod with compression=none and fsdp with reshard_after_forward=true run their own
+    steps: no sibling fixes those values."""
+    planned = cells(
+        tmp_path,
+        data_root,
+        strategies=("fsdp",),
+        world_sizes=(2,),
+        options={"reshard_after_forward": "true"},
+    )
+    assert [c.label for c in planned] == ["fp32,reshard_after_forward=true"]
+    # (asked of the planner's check: a machine without Horovod plans no horovod cell)
+    horovod = strategies.get("horovod")
+    assert runner._runs_as_sibling(horovod, (("compression", "none"),)) == ""
+    assert "run as horovod_fp16" in runner._runs_as_sibling(horovod, (("compression", "fp16"),))
 
 
 def test_a_set_a_variant_fixes_stays_a_sweep_where_no_sibling_runs_it(tmp_path, data_root):

@@ -154,12 +154,17 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
     check_model_args(cfg)
     data.check(cfg)
     sweeps = _option_sweeps(cfg.options, specs)
+    renamed: list[str] = []  # every variant the options turn into a sibling, at once
     for spec in specs:
         for point in _option_points(spec, sweeps):
-            renamed = _runs_as_sibling(spec, point)
-            if renamed:
+            sibling = _runs_as_sibling(spec, point)
+            if sibling:
                 out = f"--exclude {spec.name}" if not explicit else "of --strategies"
-                raise ConfigError(f"{renamed}, or leave {spec.name} out ({out})")
+                renamed.append(f"{sibling}, or leave {spec.name} out ({out})")
+    if len(renamed) > 1:  # numbered, as the strategies that cannot run are below
+        raise ConfigError(" ".join(f"({i}) {r}" for i, r in enumerate(renamed, 1)))
+    if renamed:
+        raise ConfigError(renamed[0])
     cells: list[Cell] = []
     impossible: list[str] = []  # every named strategy that can run none of its cells, at once
     for spec in specs:
@@ -516,9 +521,10 @@ def option_problem(allowed: tuple[str, ...] | type, value: str) -> str | None:
 
 
 def _runs_as_sibling(spec: strategies.StrategySpec, point: Sequence[tuple[str, str]]) -> str:
-    """Where --set changes an option the strategy's variant fixes so that its cells are a
-    sibling variant's (fsdp_zero2 with reshard_after_forward=true is fsdp; pipeline_1f1b with
-    schedule=gpipe is pipeline_gpipe): a line saying so, else "". Its rows would carry a
+    """Where --set changes an option that tells the strategy's variants apart so that its
+    cells are a sibling variant's (fsdp_zero2 with reshard_after_forward=true is fsdp, and
+    fsdp with false is fsdp_zero2; pipeline_1f1b with schedule=gpipe is pipeline_gpipe): a
+    line saying so, else "". Its rows would carry a
     name that says what they did not run. Another value (microbatches=8) stays a sweep, and
     so does one beside the change (pipeline_1f1b with schedule=gpipe,microbatches=8 is still
     GPipe's): the variants are told apart by the options on which they differ alone."""
@@ -538,21 +544,34 @@ def _runs_as_sibling(spec: strategies.StrategySpec, point: Sequence[tuple[str, s
     def same(key: str, a: str, b: str) -> bool:  # true and on, 4 and 04: one value
         return _parsed(a, takes.get(key, str)) == _parsed(b, takes.get(key, str))
 
-    changed = [(k, v) for k, v in point if k in fixed and k in naming and not same(k, v, fixed[k])]
+    # an option the variant leaves at the strategy's default counts too: horovod with
+    # compression=fp16 is horovod_fp16, as horovod_fp16 with compression=none is horovod
+    changed = [
+        (k, v) for k, v in point if k in naming and (k not in fixed or not same(k, v, fixed[k]))
+    ]
     if not changed:
         return ""
     cell = merged_options(spec, point)
     for name, variant in siblings.items():
         if name == spec.name or variant.launcher != spec.variant.launcher:
             continue
-        if all(
+        if not all(
             k in cell and same(k, cell[k], v) for k, v in variant.options.items() if k in naming
         ):
+            continue
+        asked = ",".join(f"{k}={v}" for k, v in changed)
+        if all(k in fixed for k, _ in changed):  # set back to what the sibling leaves
             own = ",".join(f"{k}={fixed[k]}" for k, _ in changed)
-            asked = ",".join(f"{k}={v}" for k, v in changed)
             return (
                 f"--set {asked} makes {spec.name} ({name} with {own}) run as {name}: "
                 f"set it on {name}"
+            )
+        # a value the sibling fixes (where the variant leaves it unset, its default is
+        # not known here: it must be the sibling's own value to be its cell)
+        if all(k in fixed or k in variant.options for k, _ in changed):
+            return (
+                f"--set {asked} makes {spec.name} run as {name} (which is {spec.name} with "
+                f"{asked}): run {name} for it"
             )
     return ""
 
