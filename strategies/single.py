@@ -45,6 +45,25 @@ class Single(Strategy):
     }
 
     @classmethod
+    def idle_options(cls, cfg, setting, options):
+        # compress_divide places the division of rounded shares: with nothing rounded, or
+        # the whole gradient rounded once, single [compress_divide=after_sum] ran the steps
+        # of the cell without it
+        if "compress_divide" not in options:
+            return {}
+        if options.get("compress", "none") == "none":
+            return {
+                "compress_divide": "it says where the shares of a gradient rounded by compress "
+                "are divided, and compress=none rounds nothing"
+            }
+        if int(options.get("shares", 1)) == 1:
+            return {
+                "compress_divide": "with one share the whole gradient is rounded once, and "
+                "there are no shares to divide it among"
+            }
+        return {}
+
+    @classmethod
     def unsuitable(cls, cfg, world_size, options) -> str | None:
         r = int(options.get("shares", 1))
         if r < 1:

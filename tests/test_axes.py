@@ -344,6 +344,29 @@ def test_a_set_a_variant_fixes_stays_a_sweep_where_no_sibling_runs_it(tmp_path, 
     ]
 
 
+def test_compress_divide_runs_once_without_it_where_it_changes_nothing(tmp_path, data_root):
+    """single [compress_divide=before_sum] and [after_sum] with nothing rounded, or with the
+    whole gradient rounded once (one share), ran the same steps under two names: one cell
+    without it, and a line says why. Where shares are rounded apart it stays a sweep."""
+    options = {"compress": "none,fp16", "shares": "1,2", "compress_divide": "before_sum,after_sum"}
+    planned = cells(tmp_path, data_root, strategies=("single",), world_sizes=(1,), options=options)
+    assert sorted(c.label for c in planned) == [
+        "fp32,compress=fp16,compress_divide=after_sum,shares=2",
+        "fp32,compress=fp16,compress_divide=before_sum,shares=2",
+        "fp32,compress=fp16,shares=1",
+        "fp32,compress=none,shares=1",
+        "fp32,compress=none,shares=2",
+    ]
+    cfg = small_config(tmp_path, data_root).replace(options=options)
+    assert sweep_notes(cfg, planned) == [
+        "--set compress_divide: single runs its fp32 cells once without it: it says where "
+        "the shares of a gradient rounded by compress are divided, and compress=none rounds "
+        "nothing",
+        "--set compress_divide: single runs its fp32 cells once without it: with one share "
+        "the whole gradient is rounded once, and there are no shares to divide it among",
+    ]
+
+
 def test_norm_units_runs_once_without_it_where_it_changes_nothing(tmp_path, data_root):
     """norm_units places the BatchNorm layers FSDP keeps in fp32 under bf16/fp16: a sweep of
     it in fp32, or on a model without BatchNorm, planned two cells of the same steps whose
