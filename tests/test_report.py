@@ -925,6 +925,35 @@ def test_the_conditions_say_how_batches_were_fed(reference) -> None:
     assert "| exact | device | 0 |" in conditions
 
 
+def test_the_conditions_name_a_set_option_the_case_names_leave_out(tmp_path) -> None:
+    """`--set bucket_cap_mb=1` on ddp_spawn alone varies nothing, so its case is named
+    `ddp_spawn`: the report said nothing of the option, read as DDP's default buckets. A
+    swept option is in the names, and goes unsaid again."""
+    if not (REFERENCE / "runs.csv").exists():
+        pytest.skip(f"{REFERENCE} is not in this checkout")
+    copy = tmp_path / REFERENCE.name
+    shutil.copytree(REFERENCE, copy)
+    path = copy / "runs.csv"
+    runs = pd.read_csv(path, dtype={"setting": str}, keep_default_na=False)
+    spawn = runs["strategy"] == "ddp_spawn"
+    runs.loc[spawn, "setting"] = runs.loc[spawn, "setting"] + ",bucket_cap_mb=1"
+    runs.to_csv(path, index=False)
+    run = report.load_run(copy)
+    assert "ddp_spawn" in set(run.runs["strategy"])
+    conditions = report.fairness_markdown(run, report.counted_rows(run.runs))
+    assert (
+        "- strategy options (--set) beyond those in the case names: ddp_spawn "
+        "(bucket_cap_mb=1); none for the other cases\n"
+    ) in conditions
+    swept = pd.concat(
+        [runs, runs[spawn].assign(setting=runs.loc[spawn, "setting"].str.replace("=1", "=25"))]
+    )
+    swept.to_csv(path, index=False)
+    run = report.load_run(copy)
+    assert "ddp_spawn [bucket_cap_mb=25]" in set(run.runs["strategy"])
+    assert "(--set)" not in report.fairness_markdown(run, report.counted_rows(run.runs))
+
+
 def test_target_precision_is_summarised_over_the_epochs_the_summary_counts() -> None:
     """Every epoch stops by precision, and the summary counts each repeat's last: the first
     epoch was named beside it as the same "single ws=1 round 0", and its steps counted."""

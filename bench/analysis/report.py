@@ -1446,6 +1446,12 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
         f"- epochs: {said('epochs')}; max steps per epoch: "
         f"{said('max_steps') or 'all'}; repeats asked for: {cfg.get('repeats', '–')}",
     ]
+    unnamed = _unnamed_options(counted)
+    if unnamed:
+        lines.append(
+            "- strategy options (--set) beyond those in the case names: "
+            f"{'; '.join(unnamed)}; none for the other cases"
+        )
     per_cell = {
         "launcher": "launcher",
         "backend": "backend",
@@ -1470,6 +1476,23 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
         "DataParallel's one process splits its one share across its GPUs itself."
     )
     return "\n".join(lines) + "\n\n" + note + "\n\n" + md_table(header, rows)
+
+
+def _unnamed_options(rows: pd.DataFrame) -> list[str]:
+    """Each case's --set options that its name leaves out (`case (option, ...)`): a name
+    shows only the options that vary in the run, so `--set bucket_cap_mb=1` on every DDP
+    cell left `ddp_spawn` bare, read as DDP's default buckets."""
+    if "setting" not in rows:
+        return []
+    out = []
+    for case, grp in _by_case(rows.drop_duplicates([*KEY, "setting"])):
+        shown = set(case[0].partition(" [")[2].rstrip("]").split(", "))
+        for setting in dict.fromkeys(grp["setting"]):
+            hidden = [t for t in str(setting).split(",") if "=" in t and t not in shown]
+            said = f"{case[0]} ({', '.join(hidden)})"
+            if hidden and said not in out:
+                out.append(said)
+    return out
 
 
 def _count(v: Any) -> int | None:
