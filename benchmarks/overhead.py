@@ -445,11 +445,12 @@ def wide(ratios: list[float], width: float) -> bool:
 
 @contextlib.contextmanager
 def stop_said(
-    p: argparse.ArgumentParser, rows: list[dict], csv_path: str, where: str = ""
+    p: argparse.ArgumentParser, rows: list[dict] | None, csv_path: str, where: str = ""
 ) -> Iterator[None]:
     """Ctrl-C or SIGTERM (a command limit) in the rounds, or in the loop cost after them
     (`where`): one line saying what was kept, exit 130, where it was a KeyboardInterrupt
-    traceback from inside the harness, or from the loop cost's training loops."""
+    traceback from inside the harness, or from the loop cost's training loops. `rows`
+    None: no rounds were asked for (--loop-cost-only), so none are counted."""
     from bench.harness.proc import sigterm_as_interrupt
 
     try:
@@ -457,7 +458,8 @@ def stop_said(
             yield
     except KeyboardInterrupt:
         kept = f"; their figures are in {csv_path}" if csv_path and rows else ""
-        p.exit(130, f"{p.prog}: stopped{where}; {len(rows)} pair(s) of sides timed{kept}\n")
+        timed = "" if rows is None else f"; {len(rows)} pair(s) of sides timed{kept}"
+        p.exit(130, f"{p.prog}: stopped{where}{timed}\n")
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
@@ -524,7 +526,7 @@ def main() -> None:
     # on a CPU both timings read the host clock: one line says it all
     timings = ("sync", "events") if a.device == "cuda" else ("sync",)
     if a.loop_cost_only:
-        with stop_said(p, [], "", " in the loop cost"):
+        with stop_said(p, None, "", " in the loop cost"):
             print_loop_cost(a.device, timings, None)
         return
     args = {"steps": a.steps, "warmup": a.warmup, "batch": a.batch, "data_root": a.data_root}

@@ -427,3 +427,22 @@ def test_a_stop_in_the_loop_cost_is_one_line_after_the_rounds(monkeypatch, tmp_p
         f"overhead.py: stopped in the loop cost; 1 pair(s) of sides timed; their figures are "
         f"in {csv_path}\n"
     )
+
+
+def test_a_stop_under_loop_cost_only_counts_no_rounds(monkeypatch, capsys):
+    """--loop-cost-only asks for no rounds: stopped there, the line said "0 pair(s) of
+    sides timed", as if rounds had been asked for and none had finished."""
+    import signal
+
+    overhead = load_overhead()
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        raise AssertionError("Ctrl-C went on into the loop cost")
+
+    monkeypatch.setattr(overhead, "loop_cost", interrupted)
+    monkeypatch.setattr(sys, "argv", ["overhead.py", "--loop-cost-only"])
+    with pytest.raises(SystemExit) as stopped:
+        overhead.main()
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "overhead.py: stopped in the loop cost\n"

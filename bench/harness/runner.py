@@ -187,7 +187,7 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
         # is what to change; else the reasons the cells were skipped (not the strategies
         # that are unavailable here, unless all are)
         why = [c.reason for c in cells if isinstance(c.reason, UnevenCut)]
-        why = why or [c.reason for c in cells if c.status == "skipped"]
+        why = why or [c.reason for c in cells if c.status == results.SKIPPED]
         why = why or [c.reason for c in cells]
         impossible.append(f"no cell can run: {'; '.join(dict.fromkeys(why))}")
     impossible = list(dict.fromkeys(impossible))  # a batch every strategy fails alike: once
