@@ -418,8 +418,17 @@ def test_a_sigkill_is_oom_only_where_the_kernels_log_names_the_process(tmp_path)
         (None, "failed", f"{killed} (the kernel's OOM killer?)"),  # ranks on other machines
     ):
         assert _failure(tmp_path, 1, kernel) == (status, reason)
-    # a worker's death as its rank tells it: the pid it names is the one the log must name
+    # its peer's error, written as its connection to the killed rank closed, is the death's
+    # consequence: the rank killed first is named (the peer's error read as the cause)
     error = {"rank": 0, "time": 1.0, "type": "RuntimeError", "oom": False}
+    error["message"] = "[gloo/transport/tcp/pair.cc:561] Connection closed by peer"
+    (tmp_path / "error-rank0.json").write_text(json.dumps(error))
+    assert _failure(tmp_path, 1, None) == ("failed", f"{killed} (the kernel's OOM killer?)")
+    # a worker's death as its rank tells it: the pid it names is the one the log must name
+    (tmp_path / "log.txt").write_text(
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : 1 (pid: 26499)\n"
+    )
     error["message"] = "DataLoader worker (pid(s) 4321) exited unexpectedly"
     (tmp_path / "error-rank0.json").write_text(json.dumps(error))
     logged = OomKills(

@@ -1202,9 +1202,9 @@ def _worker_pids(message: str) -> list[int] | None:
     return [int(p) for p in worker[1].split(",")] if worker else None
 
 
-def _failed(cell_dir: Path, rc: int | None) -> tuple[str, str, list[int] | None]:
-    """_failure's status and reason from the cell's own files, and where a process of it
-    died of SIGKILL (a rank, a launcher, a DataLoader worker), the pids it names of them."""
+def _raised(cell_dir: Path) -> tuple[str, str, list[int] | None] | None:
+    """_failed's status and reason from the first error a rank raised (its error-rank file),
+    or None where none was."""
     errors = []
     for p in cell_dir.glob("error-rank*.json"):
         with contextlib.suppress(json.JSONDecodeError, OSError):
@@ -1217,7 +1217,27 @@ def _failed(cell_dir: Path, rc: int | None) -> tuple[str, str, list[int] | None]
         if lost is not None:  # its ranks died unable to write a word: the errors are its peers'
             reason = f"node {lost[0]} killed by {lost[1]}, then {reason}"
         return status, reason, _worker_pids(first["message"])
-    rank, code = _first_failed_rank(cell_dir / "log.txt") or (None, rc)
+    return None
+
+
+def _failed(cell_dir: Path, rc: int | None) -> tuple[str, str, list[int] | None]:
+    """_failure's status and reason from the cell's own files, and where a process of it
+    died of SIGKILL (a rank, a launcher, a DataLoader worker), the pids it names of them."""
+    log = cell_dir / "log.txt"
+    dead = _first_failed_rank(log)
+    # a rank its launcher saw fail first, killed by a signal with no error of its own (the
+    # OOM killer's SIGKILL, a segfault, an abort): its peers' errors are what its death did
+    # to them (a connection closed), whichever was written first
+    killed = (
+        dead is not None
+        and dead[1] < 0
+        and not (cell_dir / f"error-rank{dead[0]}.json").exists()
+        and _lost_node(log) is None  # across nodes: the node first, then its peers' errors
+    )
+    raised = None if killed else _raised(cell_dir)
+    if raised is not None:
+        return raised
+    rank, code = dead or (None, rc)
     who = "" if rank is None else f"rank {rank} "
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
