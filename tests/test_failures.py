@@ -150,6 +150,23 @@ def test_a_rank_killed_by_a_signal_is_named_in_its_row(tmp_path, data_root, faul
     assert leftover_processes(run_dir) == []
 
 
+def test_a_rank_that_raised_then_never_ended_is_failed_with_its_error(tmp_path, data_root, faulty):
+    """A rank wrote its error only after its teardown: one whose teardown never ended left
+    no word of what it raised, and the cell read as a hang at its deadline ('timeout: ...
+    hang?'). The error is written as it is raised: the row is failed with it, and says the
+    cell was then killed at its deadline."""
+    cfg = small_config(
+        tmp_path, data_root, world_sizes=(2,), strategies=("test_crash_stuck",), timeout_s=45
+    )
+    run_dir, (row,) = run_matrix(cfg, echo=lambda m: None)
+    assert row["status"] == "failed", row
+    assert row["reason"] == (
+        "rank 1: RuntimeError: deliberate crash in backward at step 2; then the cell did not "
+        "end within 45 s: all its processes were killed"
+    )
+    assert leftover_processes(run_dir) == []
+
+
 HUNGRY = Path(__file__).resolve().parent / "plugins" / "hungry_data.py"
 
 

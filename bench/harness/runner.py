@@ -1034,7 +1034,20 @@ class Runner:
         # where it ran, for a row that failed too: its ranks' hosts as an epoch's record says
         # them, else the hosts it was started on (the row said none)
         where = {"hosts": runs[-1]["hosts"] if runs else launched_on(self.cfg)}
-        if timed_out:
+        # a rank that raised before the deadline, in a cell that then did not end (its
+        # teardown hung: a process group destroyed with a collective its peers never
+        # joined): the error is why, not a hang. (One raised after it, as the kill took a
+        # loader worker from under its rank, is the kill's.)
+        deadline = ended - wall + self.cfg.timeout_s  # (ended - wall: the cell's start)
+        raised = _raised(cell_dir, deadline) if timed_out else None
+        if raised is not None:
+            status, reason = _attributed(*raised, oom)
+            reason += (
+                f"; then the cell did not end within {self.cfg.timeout_s:g} s: all its "
+                "processes were killed"
+            )
+            runs.append(self._status_row(cell, status, reason, wall) | where)
+        elif timed_out:
             reason = self._timeout_reason(cell, cell_dir, quiet)
             runs.append(self._status_row(cell, results.TIMEOUT, reason, wall) | where)
         elif rc != 0 or len(records) < self.cfg.epochs:
@@ -1202,13 +1215,14 @@ def _worker_pids(message: str) -> list[int] | None:
     return [int(p) for p in worker[1].split(",")] if worker else None
 
 
-def _raised(cell_dir: Path) -> tuple[str, str, list[int] | None] | None:
+def _raised(cell_dir: Path, before: float = math.inf) -> tuple[str, str, list[int] | None] | None:
     """_failed's status and reason from the first error a rank raised (its error-rank file),
-    or None where none was."""
+    of those raised before `before` (wall clock), or None where none was."""
     errors = []
     for p in cell_dir.glob("error-rank*.json"):
         with contextlib.suppress(json.JSONDecodeError, OSError):
             errors.append(json.loads(p.read_text()))
+    errors = [e for e in errors if e["time"] < before]
     if errors:
         first = min(errors, key=lambda e: e["time"])  # the root cause, not the peers it took down
         status = results.OOM if first["oom"] else results.FAILED

@@ -128,16 +128,28 @@ def run(spec: dict[str, Any]) -> None:
     try:
         _run(cfg, spec, ctx, cell_dir)
     except BaseException as exc:
-        err = {
-            "rank": ctx.rank,
-            "time": time.time(),
-            "type": type(exc).__name__,
-            "message": proc.first_line(exc),
-            "oom": proc.is_oom(exc),
-            "traceback": traceback.format_exc(),
-        }
-        (cell_dir / f"error-rank{ctx.rank}.json").write_text(json.dumps(err))
+        write_error(cell_dir, ctx.rank, exc)
         raise
+
+
+def write_error(cell_dir: Path, rank: int, exc: BaseException) -> None:
+    """`error-rank<r>.json`: what this rank raised, and when. Written as it is raised, before
+    the rank's teardown: a teardown that never ended (destroying a process group whose
+    collective a peer never joined) left no word of the error, and the cell read as a hang
+    at its --timeout. The first error a rank met is kept, not one its teardown raised
+    after it."""
+    path = cell_dir / f"error-rank{rank}.json"
+    if path.exists():
+        return
+    err = {
+        "rank": rank,
+        "time": time.time(),
+        "type": type(exc).__name__,
+        "message": proc.first_line(exc),
+        "oom": proc.is_oom(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    path.write_text(json.dumps(err))
 
 
 def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path) -> None:
@@ -154,6 +166,7 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
     try:
         _train(cfg, spec, ctx, cell_dir, strategy, marks)
     except BaseException as exc:
+        write_error(cell_dir, ctx.rank, exc)  # before the teardown, which may not end
         # its traceback would keep _train's model alive through teardown: the frames' locals
         # go (the message and the traceback's lines stay)
         traceback.clear_frames(exc.__traceback__)

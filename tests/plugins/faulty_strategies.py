@@ -53,6 +53,28 @@ class Hangs(DistributedDataParallel):
         super().optimizer_step(optimizer)
 
 
+class CrashesThenStuck(DistributedDataParallel):
+    """Rank 1 raises in its second backward, and its teardown then never ends (as destroying
+    a process group can, with a collective its peers never joined), ignoring SIGTERM; rank
+    0 is left waiting in all-reduce. The cell ends at its deadline."""
+
+    variants = {"test_crash_stuck": Variant("spawn", "raises on rank 1, then never exits")}
+    _calls = 0
+
+    def backward(self, loss):
+        self._calls += 1
+        if self.ctx.rank == 1 and self._calls == 2:
+            raise RuntimeError("deliberate crash in backward at step 2")
+        super().backward(loss)
+
+    def release(self):
+        if self.ctx.rank == 1:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(1)
+        super().release()
+
+
 class Killed(DistributedDataParallel):
     """Rank 1 is killed by SIGKILL before its second step, as the kernel's OOM killer kills:
     no exception, no error file; only its launcher saw which rank died, and how."""
