@@ -245,6 +245,12 @@ class Pipeline(TorchDistributed):
         names: dict[int, list[str]] = {}
         for n, t in model.state_dict(keep_vars=True).items():
             names.setdefault(id(t), []).append(n)
+        # buffers registered persistent=False (a causal mask, a rotary table) are in no state
+        # dict: evaluation's copy, made with empty tensors, must get them from their stages
+        unsaved: dict[int, list[str]] = {}
+        for n, t in model.named_buffers(remove_duplicate=False):
+            if id(t) not in names:
+                unsaved.setdefault(id(t), []).append(n)
         kept = {i for s in mine for i in range(*cuts[s])}
         for i, layer in enumerate(layers):
             if i not in kept:
@@ -256,6 +262,9 @@ class Pipeline(TorchDistributed):
         )
         self.names = {
             id(t): names[id(t)] for t in self.stage_modules.state_dict(keep_vars=True).values()
+        }
+        self.unsaved = {
+            id(t): unsaved[id(t)] for t in self.stage_modules.buffers() if id(t) in unsaved
         }
         self.stages = [
             PipelineStage(mod, s, n_stages, self.ctx.device)
@@ -375,14 +384,17 @@ class Pipeline(TorchDistributed):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every stage's tensors under the full model's names, merged on rank 0."""
+    def full_state_dict(self, unsaved: bool = False) -> dict[str, torch.Tensor]:
+        """Every stage's tensors under the full model's names, merged on rank 0; with
+        `unsaved`, its buffers that are in no state dict (persistent=False) too."""
         # each tensor once (state_dict lists a shared one under each of its names), then
         # under every name the full model gives it
         tensors = {id(t): t for t in self.stage_modules.state_dict(keep_vars=True).values()}
         local: dict[str, torch.Tensor] = {}
         for t in tensors.values():
             local.update(dict.fromkeys(self.names[id(t)], t.detach().cpu()))
+        for t in self.stage_modules.buffers() if unsaved else ():
+            local.update(dict.fromkeys(self.unsaved.get(id(t), ()), t.detach().cpu()))
         # to rank 0 alone: a model cut up because it is large is not copied whole to each rank
         parts = self.gather_to_root(local)
         return {k: v for part in parts for k, v in part.items()} if parts is not None else {}
@@ -390,14 +402,18 @@ class Pipeline(TorchDistributed):
     def eval_module(self) -> nn.Module | None:
         """A whole copy of the model with the trained weights, on rank 0 (collective)."""
         self.evaluating_alone = False
-        state = self.full_state_dict()
+        state = self.full_state_dict(unsaved=True)
         if self.ctx.rank != 0:
             return None
         # the gather done, the rest is rank 0's alone (its peers go on to the epoch's record):
         # running out of memory building the copy, or a forward that raises, waits no one
         self.evaluating_alone = True
         full = copy.deepcopy(self.original).to_empty(device=self.ctx.device)
-        full.load_state_dict(state)
+        saved = full.state_dict().keys()
+        full.load_state_dict({k: v for k, v in state.items() if k in saved})
+        with torch.no_grad():  # to_empty left them uninitialised memory, not their values
+            for k in state.keys() - saved:
+                full.get_buffer(k).copy_(state[k])
         return full
 
 
