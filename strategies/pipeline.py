@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench import torch_before
+from bench.config import ConfigError
 from bench.harness import results
 from bench.harness.probes import PhaseClock, Span
 from bench.workload.models import meta_model, sequence
@@ -203,7 +204,10 @@ class Pipeline(TorchDistributed):
         if cfg.global_batch % m:
             return f"global batch {cfg.global_batch} is not divisible into {m} micro-batches"
         model = meta_model(cfg)
-        layers = sequence(model)
+        try:
+            layers = sequence(model)
+        except ConfigError as exc:
+            return f"model {cfg.model}: {exc}"
         if layers is None:
             submodule = isinstance(getattr(model, "layers", None), nn.Module)
             return (

@@ -434,6 +434,19 @@ class Normalised(nn.Module):  # its last layer has no parameters
         return [self.fc, self.norm]
 def normalised(num_classes=4):
     return Normalised(num_classes)
+class Odd(nn.Module):  # layers() returns one module, or raises
+    input_shape = (8,)
+    def __init__(self, num_classes=4, broken=False):
+        super().__init__()
+        self.fc, self.broken = nn.Linear(8, num_classes), broken
+    def forward(self, x):
+        return self.fc(x)
+    def layers(self):
+        if self.broken:
+            raise RuntimeError("no layers here")
+        return self.fc
+def odd(num_classes=4, broken=False):
+    return Odd(num_classes, broken)
 """
 
 
@@ -449,6 +462,24 @@ def test_a_submodule_named_layers_is_not_a_layers_method(tmp_path):
     why = pipe.unsuitable(cfg.replace(global_batch=8), 2, pipe.variant.options)
     assert why.startswith(f"model {cfg.model} does not list its forward as a sequence"), why
     assert "a `layers()` method" in why and "its attribute `layers` is a submodule" in why
+
+
+def test_a_layers_method_that_fails_is_named_not_the_pipeline(tmp_path):
+    """A layers() that returns one module, or raises, is the model's fault: it read
+    "Pipeline.unsuitable() raised TypeError: 'Linear' object is not iterable", a bug of
+    parabench's strategy to the reader."""
+    import strategies
+
+    pipe = strategies.get("pipeline_gpipe")
+    cfg = RunConfig(model=f"{_file(tmp_path, LAYERS_FILE)}:odd", dataset="synthetic")
+    why = pipe.unsuitable(cfg.replace(global_batch=8), 2, pipe.variant.options)
+    assert why == (
+        f"model {cfg.model}: its layers() returned a Linear, not a list of its modules in "
+        "forward order"
+    )
+    broken = cfg.replace(global_batch=8, model_kwargs={"broken": True})
+    why = pipe.unsuitable(broken, 2, pipe.variant.options)
+    assert why == f"model {cfg.model}: its layers() raised RuntimeError: no layers here"
 
 
 def test_a_pipeline_refuses_layers_that_leave_out_parameters(tmp_path):

@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -683,8 +683,19 @@ def sequence(model: nn.Module) -> list[nn.Module] | None:
     None if it does not say (torchvision models: their forwards are not plain sequences).
     It says with a `layers()` method; a submodule named `layers` (an nn.Sequential or
     nn.ModuleList, as many models name their blocks) is callable too, but calling it would
-    run that submodule's forward: it says nothing."""
+    run that submodule's forward: it says nothing. ConfigError where layers() raises or
+    returns what is no sequence (the model's own code: named, not the pipeline that asked)."""
     layers = getattr(model, "layers", None)
     if isinstance(layers, nn.Module) or not callable(layers):
         return None
-    return list(layers())
+    try:
+        listed = layers()
+        items = list(listed) if isinstance(listed, Iterable) else None
+    except Exception as exc:
+        raise ConfigError(f"its layers() raised {one_line(exc)}") from exc
+    if items is None:
+        raise ConfigError(
+            f"its layers() returned a {type(listed).__name__}, not a list of its modules in "
+            "forward order"
+        )
+    return items
