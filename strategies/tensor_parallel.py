@@ -62,6 +62,14 @@ def tp_problem(cfg: Any, tp: int) -> str | None:
         if heads % tp:
             heads_ = f"{heads} attention head{'s' if heads != 1 else ''}"
             return f"{heads_} cannot be split over {tp} tensor-parallel ranks"
+    # each MLP's hidden units, split with fc1's outputs (a model of yours may size them
+    # apart from the heads): uneven, fc2's rows and the shares fc1 gives it disagree
+    for hidden in (m.fc1.out_features for m in model.modules() if isinstance(m, MLP)):
+        if hidden % tp:
+            return (
+                f"an MLP of {hidden} hidden units cannot be split over {tp} tensor-parallel "
+                "ranks (they must divide it)"
+            )
     return None
 
 

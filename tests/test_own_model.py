@@ -524,6 +524,35 @@ def test_tp_reads_the_heads_off_a_users_attention(tmp_path):
     assert why == "2 attention heads cannot be split over 4 tensor-parallel ranks"
 
 
+def test_tensor_parallel_refuses_an_mlp_its_ranks_cannot_divide(tmp_path):
+    """An MLP whose hidden units the ranks do not divide (sized apart from the heads, which
+    do divide) ran, and its cell failed in the first step: "a and b must have same
+    reduction dim, but got [128, 6] X [7, 8]"."""
+    import strategies
+
+    body = """
+        from bench.workload.models import MLP, Attention
+        class Net(nn.Module):
+            input_shape = (4, 8)
+            def __init__(self, num_classes=4, hidden=7):
+                super().__init__()
+                self.attn, self.mlp = Attention(8, 2), MLP(8, hidden)
+                self.fc = nn.Linear(8, num_classes)
+            def forward(self, x):
+                return self.fc(self.mlp(self.attn(x)).mean(dim=1))
+        def build(num_classes=4, hidden=7):
+            return Net(num_classes, hidden)
+        """
+    cfg = RunConfig(model=f"{_file(tmp_path, body)}:build", dataset="synthetic")
+    tp = strategies.get("tp")
+    why = tp.unsuitable(cfg, 2, {})
+    assert (
+        why
+        == "an MLP of 7 hidden units cannot be split over 2 tensor-parallel ranks (they must divide it)"
+    )
+    assert tp.unsuitable(cfg.replace(model_kwargs={"hidden": 6}), 2, {}) is None
+
+
 def test_a_pipeline_refuses_layers_that_share_a_parameter(tmp_path):
     """Tied weights in two layers: the stages on two ranks cannot share them, and the cell
     failed at evaluation after its steps ('Missing key(s) in state_dict'). Checked on the
