@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import dataclasses
 import json
 import math
 import os
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,39 @@ CPU_SYNTHETIC_IMAGE_SIZE = 64
 
 class ConfigError(ValueError):
     """Bad input: the CLI prints the message on one line and exits with code 2."""
+
+
+#: options the caller of the harness does not have (a script in benchmarks/ that plans
+#: with it): advice naming one is left out of the harness's messages (either)
+_WITHHELD: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "withheld", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def without_options(*options: str) -> Iterator[None]:
+    """Within it, the harness's messages advise none of `options` (`--oversubscribe`): a
+    script that has not those options says the harness's reasons as its own, and its user
+    who followed such advice would be refused by the script's argparse."""
+    token = _WITHHELD.set(_WITHHELD.get() | frozenset(options))
+    try:
+        yield
+    finally:
+        _WITHHELD.reset(token)
+
+
+def either(*ways: str, form: str = "{}") -> str:
+    """The ways out of a refusal as one clause ("a, b, or c") put in `form`, less each way
+    that names an option the caller does not have (without_options); '' where none is left.
+    The rule lives here, with the wording kept by whoever says it: a script that cut the
+    advice out of the text lost it at the first rewording (and, cutting the last of three
+    ways, the clause's "or")."""
+    withheld = _WITHHELD.get()
+    left = [w for w in ways if not withheld & set(re.findall(r"--[a-z][\w-]*", w))]
+    if not left:
+        return ""
+    said = left[0] if len(left) == 1 else ", ".join(left[:-1]) + ", or " + left[-1]
+    return form.format(said)
 
 
 class RunStopped(RuntimeError):

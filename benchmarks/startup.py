@@ -195,15 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     launchers = ["inprocess", "spawn", "torchrun"]
     if strategies.get("horovod").unavailable("cpu") is None:
         launchers.append("horovodrun")
-    from bench.config import ConfigError
+    from bench.config import ConfigError, without_options
     from bench.harness.runner import plan
 
-    try:  # what the harness would refuse (a world size past the cores), before any timing
-        for launcher in launchers:
-            plan(harness_config(launcher, a.world_size, out, a.repeats))
-    except ConfigError as exc:  # less the harness's --oversubscribe, an option not here
-        said = re.sub(r" \(--oversubscribe [^)]*\)", "", str(exc))
-        p.exit(2, f"{p.prog}: error: {said}\n")
+    # what the harness would refuse (a world size past the cores), before any timing, less
+    # its advice of --oversubscribe, an option not here
+    try:
+        with without_options("--oversubscribe"):
+            for launcher in launchers:
+                plan(harness_config(launcher, a.world_size, out, a.repeats))
+    except ConfigError as exc:
+        p.exit(2, f"{p.prog}: error: {exc}\n")
     table = []
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "bare.py"

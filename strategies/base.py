@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
-from bench.config import CUDA_GRAPH_MODES
+from bench.config import CUDA_GRAPH_MODES, either
 from bench.harness.env import oversubscribed
 from bench.harness.probes import (
     PHASES,
@@ -341,7 +341,10 @@ class Strategy:
                 f"one rank per GPU: world size {world_size} needs {world_size} GPUs, found "
                 f"{n_devices}; nccl refuses two ranks on one GPU"
                 + (
-                    " (--oversubscribe runs its ranks on the shared GPU over gloo, for correctness)"
+                    either(
+                        "--oversubscribe runs its ranks on the shared GPU over gloo, for correctness",
+                        form=" ({})",
+                    )
                     if cls.shares_gpu
                     else ""
                 )
@@ -351,7 +354,8 @@ class Strategy:
         if cpu and oversubscribed(world_size, n_devices) and not oversubscribe:
             return (
                 f"one CPU core per rank at least: world size {world_size} needs {world_size} "
-                f"cores, found {n_devices} (--oversubscribe runs it anyway, for correctness)"
+                f"cores, found {n_devices}"
+                + either("--oversubscribe runs it anyway, for correctness", form=" ({})")
             )
         return None
 

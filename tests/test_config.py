@@ -58,3 +58,39 @@ def test_the_learning_rate_not_given_is_the_optimizers():
     args = build_parser().parse_args(["run", "--optimizer", "adam"])
     cfg = config_from_args(args)
     assert cfg.lr == 1e-3 and RunConfig.from_dict(cfg.to_dict()).lr == 1e-3
+
+
+def test_the_harness_advises_no_option_its_caller_lacks(tmp_path):
+    """benchmarks/overhead.py and startup.py plan with the harness but have neither
+    --oversubscribe nor --dataset. Each cut the harness's advice out of its text, so a
+    rewording of it brought the options back, and cutting the last of MNIST's three ways
+    lost the clause's "or". Within without_options the refusals name neither option,
+    whatever their wording, and read whole; outside it, parabench's user still reads them."""
+    import re
+
+    import strategies
+    from bench.config import without_options
+    from bench.workload import data
+
+    ddp = strategies.get("ddp_spawn")
+    mnist = RunConfig(dataset="mnist", data_root=str(tmp_path))
+
+    def said() -> list[str]:
+        with pytest.raises(ConfigError) as no_data:
+            data.checked(mnist)
+        return [ddp.cannot_run(4, "cpu", 2), ddp.cannot_run(2, "cuda", 1), str(no_data.value)]
+
+    def options(text: str) -> set[str]:
+        return set(re.findall(r"--[a-z][\w-]*", text))
+
+    everyone = said()
+    assert [bool(options(t) & {"--oversubscribe", "--dataset"}) for t in everyone] == [True] * 3
+    with without_options("--oversubscribe", "--dataset"):
+        script = said()
+    assert not any(options(t) & {"--oversubscribe", "--dataset"} for t in script), script
+    assert script[0] == "one CPU core per rank at least: world size 4 needs 4 cores, found 2"
+    assert script[1].endswith("found 1; nccl refuses two ranks on one GPU")
+    assert script[2].endswith(
+        "; pass --download on a machine with internet, or point --data-root at it"
+    )
+    assert said() == everyone  # the advice comes back as the block ends

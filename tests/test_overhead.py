@@ -173,7 +173,8 @@ def test_bad_options_are_one_line_and_exit_2_before_any_round(data_root, options
 def test_no_mnist_is_one_line_naming_only_options_the_script_has(tmp_path):
     """No MNIST under --data-root (`make overhead` on a fresh clone, whose data root is
     ./data): the harness's advice, "pass --download ... or use --dataset synthetic", named
-    two options overhead.py did not have, so following it failed on argparse."""
+    two options overhead.py did not have, so following it failed on argparse; with the
+    last of its three ways cut out of the text, the clause lost its "or"."""
     script = [sys.executable, str(ROOT / "benchmarks" / "overhead.py")]
     run = subprocess.run(
         [*script, "--data-root", str(tmp_path), "--min-rounds", "1", "--steps", "2"],
@@ -184,6 +185,7 @@ def test_no_mnist_is_one_line_naming_only_options_the_script_has(tmp_path):
     assert run.returncode == 2, run.stderr
     line = run.stderr.strip()
     assert line.startswith(f"overhead.py: error: MNIST not found under {tmp_path}"), line
+    assert line.endswith("; pass --download on a machine with internet, or point --data-root at it")
     known = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
     named = set(re.findall(r"--[a-z][\w-]*", line))
     assert named and named <= set(re.findall(r"--[a-z][\w-]*", known.stdout)), line

@@ -25,7 +25,7 @@ import psutil
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
-from bench.config import CPU_SYNTHETIC_IMAGE_SIZE, ConfigError, RunConfig, one_line
+from bench.config import CPU_SYNTHETIC_IMAGE_SIZE, ConfigError, RunConfig, either, one_line
 from bench.workload import models, plugins
 from bench.workload.models import InputSpec, input_shape
 
@@ -264,12 +264,21 @@ def _mnist_split(cfg: RunConfig) -> tuple[str, dict[str, tuple[Path, Path]]]:
     alone = _mnist_half(root)
     if alone:  # "not found" would send the user looking for a file that is there
         raise ConfigError(
-            f"MNIST under {root} is incomplete: {alone}; pass --download on a machine with "
-            "internet, or copy the missing file there"
+            f"MNIST under {root} is incomplete: {alone}"
+            + either(
+                "pass --download on a machine with internet",
+                "copy the missing file there",
+                form="; {}",
+            )
         )
     raise ConfigError(
-        f"MNIST not found under {root} (looked for MNIST/raw/*-idx?-ubyte[.gz]); "
-        "pass --download on a machine with internet, point --data-root at it, or use --dataset synthetic"
+        f"MNIST not found under {root} (looked for MNIST/raw/*-idx?-ubyte[.gz])"
+        + either(
+            "pass --download on a machine with internet",
+            "point --data-root at it",
+            "use --dataset synthetic",
+            form="; {}",
+        )
     )
 
 
@@ -443,8 +452,8 @@ def _imagenet_root(root: Path) -> Path:
             if 2 * pictures > len(folders):
                 return cand
     raise ConfigError(
-        f"no ImageFolder tree under {root} (expected <root>/<class>/*.JPEG or <root>/train/<class>/...); "
-        "point --data-root at it, or use --dataset synthetic"
+        f"no ImageFolder tree under {root} (expected <root>/<class>/*.JPEG or <root>/train/<class>/...)"
+        + either("point --data-root at it", "use --dataset synthetic", form="; {}")
     )
 
 
@@ -779,7 +788,8 @@ def _python_source(cfg: RunConfig) -> DataBundle:
     if n < 2:
         raise ConfigError(
             f"python-source: no Python source found under {sysconfig.get_paths()['stdlib']} "
-            "(this Python ships its standard library compiled only); use --dataset synthetic"
+            "(this Python ships its standard library compiled only)"
+            + either("use --dataset synthetic", form="; {}")
         )
     text = np.frombuffer(b"".join(chunks), dtype=np.uint8)[: n * (t + 1)]
     seqs = torch.from_numpy(text.astype(np.int64)).view(n, t + 1)
