@@ -516,12 +516,19 @@ def test_synthetic_data_larger_than_free_memory_is_refused_before_it_is_made(
     )
     assert data.synthetic_bytes(cfg, data.models.spec(cfg)) == (2_000_000 + 1000) * 129 * 8
     # each rank of a cell makes its own copy: 0.6 GiB fits once, not in each of 2 ranks
-    # (checked before any starts), nor past the cores unless oversubscribed
-    two = cfg.replace(limit=600_000, world_sizes=(1, 2), device="cpu")
-    monkeypatch.setattr("bench.harness.env.cpu_cores", lambda: 2)
+    # (checked before any starts), nor past the cores unless oversubscribed; a one-process
+    # strategy makes one whatever its world size
+    from bench.harness.runner import plan
+
+    two = cfg.replace(limit=600_000, world_sizes=(1, 2), device="cpu", strategies=("ddp_spawn",))
     with pytest.raises(ConfigError, match="GiB of memory, a copy in each of 2 ranks, and"):
-        data.check(two)
-    data.check(two.replace(world_sizes=(1,)))
+        plan(two)
+    # a 2-rank cell skipped (past the cores) makes none: the most a cell makes is one copy
+    assert {c.world_size: c.status for c in plan(two.replace(world_sizes=(1, 4)))} == {
+        1: "",
+        4: "skipped",
+    }
+    assert plan(two.replace(strategies=("dp",), world_sizes=(1,)))  # one process: one copy
     # held-out samples past the training ones name their own option
     with pytest.raises(ConfigError, match="lower --eval-samples or --seq-len$"):
         data.load(cfg.replace(limit=64, eval_samples=2_000_000))

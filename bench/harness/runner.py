@@ -47,7 +47,7 @@ from bench.harness.env import (
 from bench.harness.launchers import LAUNCHERS
 from bench.harness.progress import Display, LastStep
 from bench.harness.progress import read as read_progress
-from bench.workload import data
+from bench.workload import data, models
 from bench.workload.models import check_model, check_model_args
 from strategies.base import Setting
 
@@ -195,6 +195,10 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
         raise ConfigError(" ".join(f"({i}) {r}" for i, r in enumerate(impossible, 1)))
     if impossible:
         raise ConfigError(impossible[0])
+    if cfg.dataset == "synthetic":  # each process of a cell makes its own: the most on a machine
+        of = {s.name: s for s in specs}
+        ran = [of[c.strategy].cls.processes(c.world_size) for c in cells if not c.status]
+        data.check_fits(cfg, models.spec(cfg), -(-max(ran, default=1) // max(1, cfg.nodes)))
     return interleaved(cells, cfg.seed)
 
 

@@ -132,7 +132,7 @@ def checked(cfg: RunConfig) -> tuple[str, int]:
         _enough(cfg, len(subset.train))
         return f"imagenet-subset at {root}", len(subset.train)
     spec = models.spec(cfg)  # synthetic: what _synthetic makes, without making it
-    _check_fits(cfg, spec, _copies(cfg))
+    check_fits(cfg, spec)
     _check_layout(cfg, spec)
     models.check_forward(cfg, spec, _synthetic_classes(cfg, spec))
     _enough(cfg, synthetic_samples(cfg))
@@ -681,22 +681,12 @@ def synthetic_bytes(cfg: RunConfig, spec: InputSpec) -> int:
     return pool + (n + held) * 8
 
 
-def _copies(cfg: RunConfig) -> int:
-    """The most copies of the data a cell holds on one machine: a rank makes its own, and a
-    node takes as many ranks as it has devices (CPU cores; more under --oversubscribe)."""
-    from bench.harness import env
-
-    here = max(1, env.device_count(env.resolve_device(cfg.device)))
-    per_node = -(-max(cfg.world_sizes, default=here) // max(1, cfg.nodes))
-    return per_node if cfg.oversubscribe else min(per_node, here)
-
-
-def _check_fits(cfg: RunConfig, spec: InputSpec, copies: int = 1) -> None:
+def check_fits(cfg: RunConfig, spec: InputSpec, copies: int = 1) -> None:
     """Synthetic data larger than the memory this machine has free is refused before any of
     it is made: made, it takes a while (15 million sequences of 128 tokens, 14.4 GiB: most
     of a minute) and then fails an allocation or wakes the kernel's OOM killer, which may
-    pick another process than this one. `copies`: the ranks of a cell, each making its own
-    (checked before any starts; one, in the process about to make it)."""
+    pick another process than this one. `copies`: the processes of a cell on one machine,
+    each making its own (runner.plan, once the cells that run are known)."""
     need = synthetic_bytes(cfg, spec) * copies
     free = psutil.virtual_memory().available
     if need <= free:
@@ -716,7 +706,7 @@ def _check_fits(cfg: RunConfig, spec: InputSpec, copies: int = 1) -> None:
 
 def _synthetic(cfg: RunConfig) -> DataBundle:
     spec = models.spec(cfg)
-    _check_fits(cfg, spec)
+    check_fits(cfg, spec)
     classes = _synthetic_classes(cfg, spec)
     n = synthetic_samples(cfg)
     if spec.vocab:  # random token sequences; the targets are the next tokens
