@@ -18,7 +18,7 @@ inputs are NHWC: fully_shard refuses non-contiguous parameters. Accumulation use
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -105,6 +105,9 @@ class FSDP2(TorchDistributed):
     accepts = {"reshard_after_forward": bool, "norm_units": ("group", "layer")}
     collective_eval = True
     contiguous_params = "fully_shard refuses non-contiguous parameters"
+    #: what shard() applied fully_shard to before the root (compiled compiles the blocks)
+    sharded_blocks: Sequence[nn.Module] = ()
+    sharded_norms: Sequence[nn.Module] = ()
 
     @classmethod
     def unsupported(cls, setting, device):
@@ -232,7 +235,7 @@ class FSDP2(TorchDistributed):
                 fully_shard(norm, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=fp32)
         for block in rest:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard, mp_policy=policy)
-        self.sharded_blocks, self.norm_units = rest, len(norms)
+        self.sharded_blocks, self.sharded_norms = rest, norms
         # The root's parameters are needed again at once by backward: keep them gathered.
         fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=root)
         self.notes.append(
@@ -258,15 +261,23 @@ class FSDP2(TorchDistributed):
         and with them the whole forward of every sharded module), so a compiled cell ran its
         steps eager under a compiled label. The hooks (all-gather, reduce-scatter) run eager
         around each block's graph, as do the root's own layers (a stem, a head)."""
-        for block in self.sharded_blocks:
-            block.forward = torch.compile(block.forward, mode=mode)
+        # a model with no block (its parameters all its own): the root's forward, whole
+        units = self.sharded_blocks or [model]
+        for unit in units:
+            unit.forward = torch.compile(unit.forward, mode=mode)
+        inside = {id(m) for unit in units for m in unit.modules()}
+        breaks = sum(id(norm) in inside for norm in self.sharded_norms)
         self.notes.append(
-            f"torch.compile of each of the {len(self.sharded_blocks)} blocks' forward (FSDP's hooks "
-            "and the root's own layers eager)"
+            (
+                f"torch.compile of each of the {len(units)} blocks' forward (FSDP's hooks and "
+                "the root's own layers eager)"
+                if self.sharded_blocks
+                else "torch.compile of the root's forward (no block to shard apart)"
+            )
             + (
-                f"; the graphs break at each of the {self.norm_units} BatchNorm layers sharded "
+                f"; the graphs break at each of the {breaks} BatchNorm layers in them, sharded "
                 "apart in fp32 (their hooks eager)"
-                if self.norm_units
+                if breaks
                 else ""
             )
         )
@@ -303,7 +314,7 @@ class FSDP2(TorchDistributed):
         return self.no_sync()
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        return getattr(model, "_orig_mod", model)
+        return model  # never wrapped: compiled block by block (compiled)
 
     def eval_module(self) -> nn.Module:
         return self.fsdp_module()  # every rank runs it: each forward all-gathers

@@ -240,3 +240,19 @@ def test_fsdp_under_compile_compiles_each_block_and_trains_as_eager(one_rank):
     assert any("torch.compile of each of the 2 blocks' forward" in n for n in fsdp.notes)
     cuda_graphs = Setting(compile=True, compile_mode="reduce-overhead")
     assert "CUDA-graph modes are not wired for FSDP" in str(FSDP2.unsupported(cuda_graphs, "cuda"))
+
+
+def test_fsdp_under_compile_compiles_a_model_with_no_block_whole(one_rank):
+    """A model whose parameters are all the root's own (no block to shard apart) had no
+    block to compile, so its compiled cell ran eager: its root's forward is compiled."""
+    torch.manual_seed(0)
+    eager = nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    fsdp = FSDP2(one_rank, {}, Setting(compile=True))
+    model = nn.Linear(4, 3)
+    model.load_state_dict(eager.state_dict())
+    fsdp.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    out: list[torch.Tensor] = []
+    assert _graphs_of(lambda: out.append(fsdp.model(x))) == 1
+    assert torch.allclose(out[0], eager(x), atol=1e-6)
+    assert "torch.compile of the root's forward (no block to shard apart)" in fsdp.notes
