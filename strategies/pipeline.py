@@ -255,6 +255,18 @@ class Pipeline(TorchDistributed):
         for n, t in model.named_buffers(remove_duplicate=False):
             if id(t) not in names:
                 unsaved.setdefault(id(t), []).append(n)
+        # buffers outside every layer (a model's own constant or count) are on no stage, and
+        # a pipeline never runs the model's own forward, so they stay as built: rank 0 keeps
+        # them for its whole copy (evaluation; the weights verify compares). Without them it
+        # evaluated on whatever memory held, or failed to load the state dict
+        in_layers = {id(t) for layer in layers for t in layer.buffers()}
+        self.outside = {
+            n: t.detach().cpu().clone()
+            for n, t in model.named_buffers(remove_duplicate=False)
+            if id(t) not in in_layers and self.ctx.rank == 0
+        }
+        #: of those, the ones the model's state dict holds (persistent)
+        self.outside_saved = {n for ns in names.values() for n in ns} & set(self.outside)
         kept = {i for s in mine for i in range(*cuts[s])}
         for i, layer in enumerate(layers):
             if i not in kept:
@@ -401,7 +413,11 @@ class Pipeline(TorchDistributed):
             local.update(dict.fromkeys(self.unsaved.get(id(t), ()), t.detach().cpu()))
         # to rank 0 alone: a model cut up because it is large is not copied whole to each rank
         parts = self.gather_to_root(local)
-        return {k: v for part in parts for k, v in part.items()} if parts is not None else {}
+        if parts is None:
+            return {}
+        # (and those outside every stage, which rank 0 kept: see setup)
+        kept = {k: v for k, v in self.outside.items() if unsaved or k in self.outside_saved}
+        return kept | {k: v for part in parts for k, v in part.items()}
 
     def eval_module(self) -> nn.Module | None:
         """A whole copy of the model with the trained weights, on rank 0 (collective)."""

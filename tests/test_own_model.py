@@ -447,6 +447,26 @@ class Odd(nn.Module):  # layers() returns one module, or raises
         return self.fc
 def odd(num_classes=4, broken=False):
     return Odd(num_classes, broken)
+class Scores(nn.Module):  # fixed scores, rebuilt with the model and never saved
+    def __init__(self, scores):
+        super().__init__()
+        self.register_buffer("scores", torch.tensor(scores), persistent=False)
+    def forward(self, x):
+        return x[:, :1] * 0 + self.scores
+class Unsaved(nn.Module):
+    input_shape = (8,)
+    def __init__(self, num_classes=4):
+        super().__init__()
+        self.fc, self.fixed = nn.Linear(8, 8), Scores([0.0, 0.0, 5.0, 0.0])
+        self.register_buffer("version", torch.tensor(3))  # in no layer
+    def forward(self, x):
+        return self.fixed(self.fc(x))
+    def layers(self):
+        return [self.fc, self.fixed]
+def unsaved(num_classes=4):
+    return Unsaved(num_classes)
+def twos():
+    return torch.randn(80, 8), torch.full((80,), 2), 4
 """
 
 
@@ -569,11 +589,13 @@ def test_a_pipeline_refuses_layers_that_share_a_parameter(tmp_path):
     )
 
 
-def _pipeline_run(tmp_path: Path, factory: str) -> dict:
-    """The one row of pipeline_gpipe at 2 ranks for two steps on a model of LAYERS_FILE."""
+def _pipeline_run(tmp_path: Path, factory: str, dataset: str = "") -> dict:
+    """The one row of pipeline_gpipe at 2 ranks for two steps on a model of LAYERS_FILE
+    (on synthetic data, or its `dataset` factory's)."""
+    path = _file(tmp_path, LAYERS_FILE)
     cfg = RunConfig(
-        model=f"{_file(tmp_path, LAYERS_FILE)}:{factory}",
-        dataset="synthetic",
+        model=f"{path}:{factory}",
+        dataset=f"{path}:{dataset}" if dataset else "synthetic",
         strategies=("pipeline_gpipe",),
         world_sizes=(2,),
         device="cpu",
@@ -609,6 +631,18 @@ def test_a_pipeline_rank_whose_stage_has_no_parameters_trains(tmp_path):
     row = _pipeline_run(tmp_path, "normalised")
     assert row["status"] == "ok", row["reason"]
     assert row["model_state_mib_lightest"] == 0 < row["model_state_mib"]
+
+
+def test_a_pipeline_evaluates_with_the_buffers_no_stage_saves(tmp_path):
+    """The evaluation's copy of the model was filled from the stages' state dicts alone: a
+    non-persistent buffer (a causal mask, a rotary table) kept whatever memory held (an
+    eval loss of 1e20 where the training was fine), and a buffer in no layer failed the
+    cell after its steps ('Missing key(s) in state_dict'). Fixed scores of every label 2:
+    the eval loss is known."""
+    row = _pipeline_run(tmp_path, "unsaved", "twos")
+    assert row["status"] == "ok", row["reason"]
+    assert row["eval_loss"] == pytest.approx(math.log(3 + math.exp(5)) - 5, rel=1e-5)
+    assert row["eval_accuracy"] == 1
 
 
 @pytest.fixture
