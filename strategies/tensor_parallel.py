@@ -52,10 +52,13 @@ def tp_problem(cfg: Any, tp: int) -> str | None:
     """Why the run's model cannot be split over `tp` ranks, or None (checked on meta)."""
     model = meta_model(cfg)
     attn = [m for m in model.modules() if isinstance(m, Attention)]
-    if not attn:
+    # MLP blocks alone split too (tp_plan): a model of yours made of them was refused as
+    # having none
+    if not attn and not any(isinstance(m, MLP) for m in model.modules()):
         return (
             f"model {cfg.model} has no attention or MLP blocks with separate projections to "
-            "split (use --model transformer or lm)"
+            "split (use --model transformer or lm, or build yours of "
+            "bench.workload.models.Attention / MLP)"
         )
     # each attention's own heads (a model of yours built from Attention need not say them)
     for heads in (a.q.out_features // a.head_dim for a in attn):

@@ -47,8 +47,9 @@ CASES = [
         ["--strategies", "dp,tp,single", "--world-sizes", "2"],
         "over GPUs; on cpu it has one device, so world size 2 cannot run (2) tp cannot run at "
         "world size 2: model mnist_cnn has no attention or MLP blocks with separate "
-        "projections to split (use --model transformer or lm) (3) single cannot run at world "
-        "size 2: Single runs",
+        "projections to split (use --model transformer or lm, or build yours of "
+        "bench.workload.models.Attention / MLP) (3) single cannot run at world size 2: Single "
+        "runs",
     ),
     (  # a batch the ranks cannot share, beside a strategy that cannot run: both said
         ["--strategies", "dp,ddp_spawn", "--world-sizes", "2", "--global-batch", "33"],

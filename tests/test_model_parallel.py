@@ -385,7 +385,7 @@ def test_the_step_tensor_parallelism_counts_its_bytes_in_is_never_timed(tmp_path
             "tp",
             2,
             {"model": "mnist_cnn"},
-            r"no attention or MLP .* \(use --model transformer or lm\)",
+            r"no attention or MLP .* \(use --model transformer or lm, or build yours of",
         ),
         (
             "tp",

@@ -573,6 +573,33 @@ def test_tensor_parallel_refuses_an_mlp_its_ranks_cannot_divide(tmp_path):
     assert tp.unsuitable(cfg.replace(model_kwargs={"hidden": 6}), 2, {}) is None
 
 
+def test_tp_splits_a_users_model_of_mlp_blocks_alone(tmp_path):
+    """tp splits each MLP as it does an attention (README: blocks built from Attention /
+    MLP): a model of MLP blocks without attention was refused as having "no attention or
+    MLP blocks"; one with neither is told what to build them of."""
+    import strategies
+
+    body = """
+        from bench.workload.models import MLP
+        class Net(nn.Module):
+            input_shape = (16,)
+            def __init__(self, num_classes=4):
+                super().__init__()
+                self.mlp, self.fc = MLP(16, 64), nn.Linear(16, num_classes)
+            def forward(self, x):
+                return self.fc(x + self.mlp(x))
+        def build(num_classes=4):
+            return Net(num_classes)
+        def plain(num_classes=4):
+            return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, num_classes))
+        """
+    path = _file(tmp_path, body)
+    tp = strategies.get("tp")
+    assert tp.unsuitable(RunConfig(model=f"{path}:build", dataset="synthetic"), 2, {}) is None
+    why = tp.unsuitable(RunConfig(model=f"{path}:plain", dataset="synthetic"), 2, {})
+    assert "build yours of bench.workload.models.Attention / MLP" in why, why
+
+
 def test_a_pipeline_refuses_layers_that_share_a_parameter(tmp_path):
     """Tied weights in two layers: the stages on two ranks cannot share them, and the cell
     failed at evaluation after its steps ('Missing key(s) in state_dict'). Checked on the
