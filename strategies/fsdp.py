@@ -18,6 +18,7 @@ inputs are NHWC: fully_shard refuses non-contiguous parameters. Accumulation use
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -42,11 +43,14 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 def units(model: nn.Module, low: bool) -> tuple[list[nn.Module], list[nn.Module]]:
     """What fully_shard is applied to before the root, in that order: in bf16/fp16 (`low`)
     the BatchNorm layers with parameters, kept in fp32 (one unit together, or a unit each:
-    `FSDP2.shard`); then the blocks (`blocks`) that hold parameters besides those."""
+    `FSDP2.shard`); then the blocks (`blocks`) that hold parameters besides those, but for
+    blocks that share one (tied weights: an embedding and an output layer of one matrix),
+    which fully_shard refuses in two units: the root's unit holds them."""
     norms = [m for m in norm_layers(model) if any(True for _ in m.parameters())] if low else []
     taken = {id(p) for m in norms for p in m.parameters()}
     rest = [b for b in blocks(model) if any(id(p) not in taken for p in b.parameters())]
-    return norms, rest
+    held = Counter(id(p) for b in rest for p in b.parameters())  # (each once per block)
+    return norms, [b for b in rest if all(held[id(p)] == 1 for p in b.parameters())]
 
 
 def ungroupable(model: nn.Module, norms: list[nn.Module]) -> str | None:

@@ -616,14 +616,16 @@ def test_a_pipeline_refuses_layers_that_share_a_parameter(tmp_path):
     )
 
 
-def _pipeline_run(tmp_path: Path, factory: str, dataset: str = "") -> dict:
-    """The one row of pipeline_gpipe at 2 ranks for two steps on a model of LAYERS_FILE
-    (on synthetic data, or its `dataset` factory's)."""
+def _pipeline_run(
+    tmp_path: Path, factory: str, dataset: str = "", strategy: str = "pipeline_gpipe"
+) -> dict:
+    """The one row of `strategy` at 2 ranks for two steps on a model of LAYERS_FILE (on
+    synthetic data, or its `dataset` factory's)."""
     path = _file(tmp_path, LAYERS_FILE)
     cfg = RunConfig(
         model=f"{path}:{factory}",
         dataset=f"{path}:{dataset}" if dataset else "synthetic",
-        strategies=("pipeline_gpipe",),
+        strategies=(strategy,),
         world_sizes=(2,),
         device="cpu",
         global_batch=8,
@@ -647,6 +649,19 @@ def test_a_pipeline_trains_and_evaluates_a_weight_tied_within_one_layer(tmp_path
     trained model is put back together under each of the weight's names; one name left out
     failed the cell at evaluation ('Missing key(s) in state_dict'), its steps lost."""
     row = _pipeline_run(tmp_path, "tied_within")
+    assert row["status"] == "ok", row["reason"]
+    assert 0 <= row["eval_accuracy"] <= 1
+
+
+def test_fsdp_trains_a_model_whose_blocks_share_a_weight(tmp_path):
+    """An embedding and an output layer of one matrix, each a block FSDP sharded apart:
+    fully_shard refused the second ('shared with a parameter already managed by another
+    FSDP group') and the cell failed. The two are left to the root's unit."""
+    from strategies.fsdp import units
+
+    model = models.build_model(f"{_file(tmp_path, LAYERS_FILE)}:tied", None)
+    assert units(model, low=False) == ([], [])  # (its ReLU holds no parameter)
+    row = _pipeline_run(tmp_path, "tied", strategy="fsdp")
     assert row["status"] == "ok", row["reason"]
     assert 0 <= row["eval_accuracy"] <= 1
 
