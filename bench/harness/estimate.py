@@ -169,20 +169,33 @@ def timed(
     cfg: RunConfig, bundle: data.DataBundle, precisions: list[str], isolate: bool
 ) -> dict[str, tuple[float, float]]:
     """per_sample_ms in each precision, of a training step and of the evaluation's forward
-    (0 where the run evaluates nothing): here, or (`isolate`, as on a GPU) in a child process
-    that loads the data itself. A CUDA context made here would stay for the whole run: some
-    hundred MiB held on GPU 0 beside its cells' ranks, and on a GPU in EXCLUSIVE_PROCESS
-    compute mode (common on clusters) no rank could open GPU 0 at all. Its exceptions (an
-    out-of-memory one too) are raised here."""
+    (0 where the run evaluates nothing): here (on a busy CPU, never slower than on one
+    thread), or (`isolate`, as on a GPU) in a child process that loads the data itself. A
+    CUDA context made here would stay for the whole run: some hundred MiB held on GPU 0
+    beside its cells' ranks, and on a GPU in EXCLUSIVE_PROCESS compute mode (common on
+    clusters) no rank could open GPU 0 at all. Its exceptions (an out-of-memory one too)
+    are raised here."""
     if not isolate:
-        evaluates = cfg.eval_samples and len(bundle.held_out)  # type: ignore[arg-type]
-        return {
-            p: (
-                per_sample_ms(cfg, bundle, p),
-                per_sample_ms(cfg, bundle, p, EVAL_TIMED_BATCH, forward=True) if evaluates else 0.0,
-            )
-            for p in precisions
-        }
+        share = CpuShare()
+        ms = _each_precision(cfg, bundle, precisions)
+        threads = torch.get_num_threads()
+        if threads == 1 or resolve_device(cfg.device) != "cpu":
+            return ms
+        if not share.stop()["other_cpu_pct"] >= BUSY_PCT:
+            return ms
+        # Beside other work, a step on several threads waits at each op for its slowest
+        # thread, whose core another process holds: on a loaded 2-core machine a step of
+        # the MNIST CNN took 112 ms a sample on 2 threads and 2.6 on one, moments apart,
+        # and an estimate of 28 minutes was a run of 50 s. On a quiet machine no step is
+        # slower on more threads than on one (and the ranks of a cell of several have a
+        # thread or a few each): a figure slower than one thread's is the load's, so one
+        # thread's is taken
+        torch.set_num_threads(1)
+        try:
+            alone = _each_precision(cfg, bundle, precisions)
+        finally:
+            torch.set_num_threads(threads)
+        return {p: (min(ms[p][0], alone[p][0]), min(ms[p][1], alone[p][1])) for p in ms}
     spawn = multiprocessing.get_context("spawn")
     # a harness SIGKILLed meanwhile takes the child with it (it would time on, holding the GPU)
     pool = ProcessPoolExecutor(1, mp_context=spawn, initializer=proc.dies_with_this())
@@ -197,6 +210,21 @@ def timed(
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _each_precision(
+    cfg: RunConfig, bundle: data.DataBundle, precisions: list[str]
+) -> dict[str, tuple[float, float]]:
+    """per_sample_ms in each precision, of a training step and of the evaluation's forward
+    (0 where the run evaluates nothing), on the threads this process has now."""
+    evaluates = cfg.eval_samples and len(bundle.held_out)  # type: ignore[arg-type]
+    return {
+        p: (
+            per_sample_ms(cfg, bundle, p),
+            per_sample_ms(cfg, bundle, p, EVAL_TIMED_BATCH, forward=True) if evaluates else 0.0,
+        )
+        for p in precisions
+    }
 
 
 def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, tuple[float, float]]:
