@@ -90,16 +90,21 @@ def test_fit_guards() -> None:
     assert C.predict_seconds(flat, "all_gather", 1 << 30, 2) == pytest.approx(np.mean(times))
 
     # noise that tilts the line below zero at zero bytes (a loaded machine read -543 us):
-    # no latency is negative, so it is 0, and the bandwidth the best line through the origin
+    # no latency is negative, nor 0 (the run said "latency 0 us"): it is not resolved (nan),
+    # and the bandwidth the best line through the origin, with that line's r2
     rows = _rows("all_reduce", 2, alpha_us=0.0)
     rows[0]["seconds"] *= 0.2  # the smallest size ran fast, the largest slow
     rows[-1]["seconds"] *= 1.3
     tilted = C.fit(rows)["all_reduce/gloo/2"]
-    assert tilted["alpha_us"] == 0.0 and "negative latency" in tilted["note"]
+    assert math.isnan(tilted["alpha_us"]) and "latency not resolved" in tilted["note"]
+    assert "crosses zero bytes at -" in tilted["note"]
     x = np.array([float(r["bytes"]) for r in rows])
     y = np.array([r["seconds"] for r in rows])
-    assert tilted["busbw_GBps"] == pytest.approx((x @ x) / (x @ y) / 1e9)
-    assert C.predict_seconds(tilted, "all_reduce", 0, 2) == 0.0
+    slope = (x @ y) / (x @ x)
+    assert tilted["busbw_GBps"] == pytest.approx(1 / slope / 1e9)
+    r2 = 1 - ((y - slope * x) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+    assert tilted["r2"] == pytest.approx(r2)
+    assert math.isnan(C.predict_seconds(tilted, "all_reduce", 0, 2))  # no latency to carry
 
 
 @pytest.mark.parametrize("op", C.OPS)
@@ -223,6 +228,9 @@ def test_rough_fits_are_named_with_their_r2(tmp_path: Path) -> None:
     fits = C.fit(clean + noisy + flat)
     r2 = fits["all_gather/gloo/2"]["r2"]
     assert r2 < predict.ROUGH_R2
+    # the run's line says so too, where it said a latency and a bandwidth as any other's
+    assert C.said(fits["all_gather/gloo/2"]).endswith(f", a rough fit (r² {r2:.2f})")
+    assert "rough" not in C.said(fits["all_reduce/gloo/2"])
     C.save(tmp_path / "collectives.json", clean + noisy + flat, fits, {})
     assert predict.rough_fits(tmp_path) == (
         f"Rough fits: all_gather (gloo, 2 ranks) r² {r2:.2f}: their measured times scatter "

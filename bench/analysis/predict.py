@@ -48,6 +48,7 @@ import numpy as np
 
 from bench import program
 from bench.config import ConfigError, comma_items, run_dir_named
+from bench.harness.collectives import ROUGH_R2
 
 #: what-if links: (all-reduce bus bandwidth GB/s, latency per hop in µs), stated assumptions.
 #: NVLink 4 on H100 SXM: 900 GB/s both ways per GPU, 450 one way, the ceiling of busbw;
@@ -112,9 +113,10 @@ def comm_ms(
     alpha_us: float | None = None,
 ) -> float:
     """Time of one step's collectives at `world_size`: each op's calls, each of bytes / calls,
-    with the op's fit, or where the run has none with a bandwidth for it (not measured, or
-    latency-bound on a noisy machine), another op's: all-reduce's first, then any. Bus
-    bandwidth is defined so that it is one figure of the link across ops (nccl-tests)."""
+    with the op's fit, or where the run has none with a bandwidth and a latency for it (not
+    measured, or either hidden by a noisy machine's times), another op's: all-reduce's
+    first, then any. Bus bandwidth is defined so that it is one figure of the link across
+    ops (nccl-tests)."""
     from bench.harness import collectives
 
     total = 0.0
@@ -263,7 +265,8 @@ def _fits(run_dir: Path, cfg: Any, run: Any) -> dict[str, dict]:
 
 
 def best_fits(path: Path) -> dict[str, dict]:
-    """Each op's fit with a bandwidth at the largest world size in collectives.json `path`."""
+    """Each op's fit with a bandwidth and a latency at the largest world size in
+    collectives.json `path`."""
     from bench.harness import collectives
 
     try:
@@ -272,6 +275,8 @@ def best_fits(path: Path) -> dict[str, dict]:
         for fit in fits.values():
             if not math.isfinite(float(fit.get("busbw_GBps", float("nan")))):
                 continue  # latency-bound or undetermined: no bandwidth to carry over
+            if not math.isfinite(float(fit.get("alpha_us", float("nan")))):
+                continue  # latency not resolved (fitted below 0): none to carry over
             if int(fit["world_size"]) < 2:
                 continue
             if fit["op"] not in best or fit["world_size"] > best[fit["op"]]["world_size"]:
@@ -279,7 +284,10 @@ def best_fits(path: Path) -> dict[str, dict]:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
     if not best:
-        raise ConfigError(f"{path} holds no fit with a bandwidth to predict from")
+        raise ConfigError(
+            f"{path} holds no fit with both a bandwidth and a latency to predict from (each "
+            "fit's note in it says why)"
+        )
     return best
 
 
@@ -837,10 +845,6 @@ def _no_curve(run_dir: Path, one: Any) -> str:
             "compile anew): a compiled case is not predicted"
         )
     return "its world-size-1 cell kept no compute curve (cells/*/epochs.jsonl)"
-
-
-#: a collectives' fit whose line explains less of its times' variance than this is rough
-ROUGH_R2 = 0.8
 
 
 def rough_fits(run_dir: Path, run: Any = None) -> str:

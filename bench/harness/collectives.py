@@ -303,7 +303,8 @@ def fit(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     a good fit; otherwise it says why the numbers are partial: with fewer than 2 distinct
     sizes alpha, busbw and r2 are nan; when the times do not grow with size (slope <= 0)
     busbw is inf and alpha is the mean time (a latency-bound fit); a latency that comes out
-    below 0 is 0, and busbw the least-squares fit through the origin.
+    below 0 is not resolved (nan: the noise is larger than it), busbw the least-squares fit
+    through the origin and r2 that line's.
     """
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -333,15 +334,46 @@ def fit(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             alpha, slope = float(y.mean()), 0.0
             entry["note"] = "non-positive slope: time does not grow with size, busbw unresolved"
         elif alpha < 0:  # noise on the large sizes tilts the line below zero at zero bytes
-            alpha, slope = 0.0, float(x @ y / (x @ x))  # least squares through the origin
-            entry["note"] = "negative latency fitted (noise): taken as 0, busbw from the origin"
-        pred = alpha + slope * x
+            # no latency is negative, nor 0: it is smaller than the noise, and said so, not
+            # written as a latency of 0 us that a prediction would carry to more ranks
+            entry["note"] = (
+                f"latency not resolved: the line fitted crosses zero bytes at "
+                f"{alpha * 1e6:.0f} us (noise); busbw from the best line through the origin"
+            )
+            alpha, slope = math.nan, float(x @ y / (x @ x))  # least squares through the origin
+        pred = (0.0 if math.isnan(alpha) else alpha) + slope * x
         ss_res = float(((y - pred) ** 2).sum())
         ss_tot = float(((y - y.mean()) ** 2).sum())
         entry["alpha_us"] = float(alpha) * 1e6
         entry["busbw_GBps"] = 1 / float(slope) / 1e9 if slope > 0 else math.inf
         entry["r2"] = 1 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else math.nan)
     return fits
+
+
+#: a fit whose line explains less of its times' variance than this is rough
+ROUGH_R2 = 0.8
+
+
+def said(fit: dict[str, Any]) -> str:
+    """A fit in words for the run's line: its latency and bus bandwidth, or why either is
+    missing (predict uses neither), and its r2 where the fit is rough. A latency not
+    resolved is not "0 us": the noise hid it, and the line said a latency of nothing."""
+    alpha, bw, r2 = fit["alpha_us"], fit["busbw_GBps"], float(fit.get("r2", math.nan))
+    if not math.isfinite(bw):
+        # a fit whose times did not grow with size has no bandwidth (inf in the file): "inf
+        # GB/s" read as a link without limit, where the machine was too noisy to tell
+        return (
+            f"{fit['op']} latency {alpha:.0f} us, no bus bandwidth ({fit['note']}; predict "
+            "does not use it)"
+        )
+    if not math.isfinite(alpha):
+        return (
+            f"{fit['op']} latency not resolved (the line fitted to its times crosses zero "
+            f"bytes below 0 us: noise), bus bandwidth {bw:.2f} GB/s through the origin, "
+            f"r² {r2:.2f}; predict does not use this fit"
+        )
+    rough = f", a rough fit (r² {r2:.2f})" if r2 < ROUGH_R2 else ""
+    return f"{fit['op']} latency {alpha:.0f} us, bus bandwidth {bw:.2f} GB/s{rough}"
 
 
 def predict_seconds(

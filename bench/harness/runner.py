@@ -1601,17 +1601,9 @@ def measure_collectives(cfg: RunConfig, cells: list[Cell], run_dir: Path, echo: 
     collectives.save(path, rows, fits, {"backend": backend, "device": device})
     for fit in fits.values():
         if fit["op"] == "all_reduce":
-            # a fit whose times did not grow with size has no bandwidth (inf in the file):
-            # "inf GB/s" read as a link without limit, where the machine was too noisy to tell
-            bw = fit["busbw_GBps"]
-            said = (
-                f"bus bandwidth {bw:.2f} GB/s"
-                if math.isfinite(bw)
-                else f"no bus bandwidth ({fit['note']}; predict does not use it)"
-            )
             echo(
-                f"collectives ({backend}, {fit['world_size']} ranks): all_reduce latency "
-                f"{fit['alpha_us']:.0f} us, {said} (collectives.json)"
+                f"collectives ({backend}, {fit['world_size']} ranks): "
+                f"{collectives.said(fit)} (collectives.json)"
             )
 
 
