@@ -256,3 +256,34 @@ def test_fsdp_under_compile_compiles_a_model_with_no_block_whole(one_rank):
     assert _graphs_of(lambda: out.append(fsdp.model(x))) == 1
     assert torch.allclose(out[0], eager(x), atol=1e-6)
     assert "torch.compile of the root's forward (no block to shard apart)" in fsdp.notes
+
+
+def test_fsdp_blocks_of_one_class_share_their_compiled_code(one_rank):
+    """Blocks of one class compiled one by one share one forward's code, whose cache
+    dynamo limits (8 entries): a graph per block would pass that limit at 9 blocks, and the
+    blocks past it would run eager, said nowhere. They share their graphs instead (modules
+    inlined as inputs): 12 blocks, trained and evaluated at two batch sizes, fewer graphs
+    than blocks."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + torch.relu(self.fc(x))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(Block() for _ in range(12)), nn.Linear(8, 3))
+    fsdp = FSDP2(one_rank, {}, Setting(compile=True))
+    fsdp.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def train_and_evaluate() -> None:
+        for _ in range(2):
+            fsdp.model(torch.randn(4, 8)).sum().backward()
+        fsdp.model.eval()
+        with torch.no_grad():
+            fsdp.model(torch.randn(4, 8))
+            fsdp.model(torch.randn(3, 8))
+
+    assert 0 < _graphs_of(train_and_evaluate) < 12
