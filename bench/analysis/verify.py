@@ -1416,7 +1416,7 @@ def run_share_baselines(run_dir: Path, cfg: RunConfig, echo=print) -> None:
         elif squeeze := compressed(precision):
             echo(f"precision reference: {baseline_label(layout)}, {precision} (gradients rounded)")
             options["compress"] = COMPRESSED[squeeze]
-            if AFTER_SUM in precision.split("+"):
+            if AFTER_SUM in precision.split("+") and r > 1:  # (one share: nothing to place)
                 options["compress_divide"] = AFTER_SUM
             # in a reduced precision: run as single in it on this layout ran, which it is
             # compared with (bench.analysis.verify.uncompressed)
