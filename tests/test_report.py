@@ -952,6 +952,13 @@ def test_the_conditions_name_a_set_option_the_case_names_leave_out(tmp_path) -> 
     run = report.load_run(copy)
     assert "ddp_spawn [bucket_cap_mb=25]" in set(run.runs["strategy"])
     assert "(--set)" not in report.fairness_markdown(run, report.counted_rows(run.runs))
+    # on every case: none is left to be "the other cases"
+    runs["setting"] = runs["setting"] + ",seed_offset=0"
+    runs.to_csv(path, index=False)
+    run = report.load_run(copy)
+    conditions = report.fairness_markdown(run, report.counted_rows(run.runs))
+    said = conditions.split("beyond those in the case names: ")[1].split("\n")[0]
+    assert "(seed_offset=0)" in said and "none for the other cases" not in said, said
 
 
 def test_target_precision_is_summarised_over_the_epochs_the_summary_counts() -> None:

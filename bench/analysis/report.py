@@ -1448,9 +1448,11 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
     ]
     unnamed = _unnamed_options(counted)
     if unnamed:
+        said = "; ".join(f"{case} ({hidden})" for case, each in unnamed.items() for hidden in each)
+        cases = {name for (name, _), _ in _by_case(counted)}
         lines.append(
-            "- strategy options (--set) beyond those in the case names: "
-            f"{'; '.join(unnamed)}; none for the other cases"
+            f"- strategy options (--set) beyond those in the case names: {said}"
+            + ("; none for the other cases" if len(cases) > len(unnamed) else "")
         )
     per_cell = {
         "launcher": "launcher",
@@ -1478,20 +1480,20 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n\n" + note + "\n\n" + md_table(header, rows)
 
 
-def _unnamed_options(rows: pd.DataFrame) -> list[str]:
-    """Each case's --set options that its name leaves out (`case (option, ...)`): a name
-    shows only the options that vary in the run, so `--set bucket_cap_mb=1` on every DDP
-    cell left `ddp_spawn` bare, read as DDP's default buckets."""
+def _unnamed_options(rows: pd.DataFrame) -> dict[str, list[str]]:
+    """Each case's --set options that its name leaves out (case -> `option, ...` for each
+    setting it ran): a name shows only the options that vary in the run, so `--set
+    bucket_cap_mb=1` on every DDP cell left `ddp_spawn` bare, read as DDP's default
+    buckets."""
     if "setting" not in rows:
-        return []
-    out = []
+        return {}
+    out: dict[str, list[str]] = {}
     for case, grp in _by_case(rows.drop_duplicates([*KEY, "setting"])):
         shown = set(case[0].partition(" [")[2].rstrip("]").split(", "))
         for setting in dict.fromkeys(grp["setting"]):
-            hidden = [t for t in str(setting).split(",") if "=" in t and t not in shown]
-            said = f"{case[0]} ({', '.join(hidden)})"
-            if hidden and said not in out:
-                out.append(said)
+            hidden = ", ".join(t for t in str(setting).split(",") if "=" in t and t not in shown)
+            if hidden and hidden not in out.get(case[0], []):
+                out.setdefault(case[0], []).append(hidden)
     return out
 
 
