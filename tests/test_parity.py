@@ -138,20 +138,25 @@ def _tied_model(tmp_path: Path) -> Path:
     return model
 
 
-def test_a_tied_weight_counts_once_in_the_weights_compared(tmp_path, data_root):
-    """A head that shares the embedding's weight is in the state dict under both names:
-    counted under each, that tensor weighed twice in ||w - w_base|| / ||w_base - w_init||."""
-    cfg = small_config(
+def _tied_config(tmp_path, data_root, strategy: str):
+    """A 2-rank run of `strategy` on the tied-weight model, on python-source tokens."""
+    return small_config(
         tmp_path,
         data_root,
         model=f"{_tied_model(tmp_path)}:build",
         dataset="python-source",
         seq_len=16,
         limit=64,
-        strategies=("ddp_spawn",),
+        strategies=(strategy,),
         world_sizes=(2,),
         global_batch=8,
     )
+
+
+def test_a_tied_weight_counts_once_in_the_weights_compared(tmp_path, data_root):
+    """A head that shares the embedding's weight is in the state dict under both names:
+    counted under each, that tensor weighed twice in ||w - w_base|| / ||w_base - w_init||."""
+    cfg = _tied_config(tmp_path, data_root, "ddp_spawn")
     run_dir, result = verify(cfg, steps=2, echo=lambda m: None)
     (p,) = result
     assert p.status == "pass", p
@@ -168,17 +173,7 @@ def test_a_tied_weight_broken_across_pipeline_stages_fails(tmp_path, data_root):
     """verify leaves a tied weight's second name out of the weights compared (it is one
     tensor); a pipeline that cuts the tie across its stages trains two copies, each with
     part of the gradient, and the one saved under both names is not the baseline's."""
-    cfg = small_config(
-        tmp_path,
-        data_root,
-        model=f"{_tied_model(tmp_path)}:build",
-        dataset="python-source",
-        seq_len=16,
-        limit=64,
-        strategies=("test_pipeline_untied",),
-        world_sizes=(2,),
-        global_batch=8,
-    )
+    cfg = _tied_config(tmp_path, data_root, "test_pipeline_untied")
     with faulty_strategies():
         run_dir, result = verify(cfg, steps=2, echo=lambda m: None)
     (p,) = result
