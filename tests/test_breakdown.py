@@ -126,7 +126,7 @@ def test_phase_clock_laps_add_up_per_step() -> None:
     clock.end()
     clock.lap("optimizer")  # outside a step: ignored
     (step,) = clock.steps()
-    assert set(step) == {"forward", "backward", "optimizer"} and step["optimizer"] == 0.0
+    assert set(step) == {"forward", "backward"}  # no optimizer lap in the step: not 0 ms
 
 
 # ---------------------------------------------------------------- the predictor

@@ -461,6 +461,29 @@ def test_time_parts_names_a_pipeline_that_has_no_forward_part() -> None:
         assert key.get_facecolor() == (*bar[0].get_facecolor()[:3], 1.0), name
 
 
+def test_time_parts_draws_a_pipeline_whose_forward_is_empty() -> None:
+    """runs.csv leaves a pipeline's forward part empty (lapped inside its backward), where
+    it had written 0: the plot kept only rows with a forward part and dropped the
+    pipeline's bar, its measured backward, optimizer and data wait with it."""
+    parts = {col: 2.0 for col in plots.STEP_PARTS}
+    rows = pd.DataFrame(
+        [
+            {"strategy": "ddp_spawn", "world_size": 2} | parts,
+            {"strategy": "pipeline_gpipe", "world_size": 2}
+            | parts
+            | {"part_forward_ms": math.nan, "part_comm_exposed_ms": math.nan},
+            # a row not lapped (a run from before the laps beside it): left out
+            {"strategy": "ddp_torchrun", "world_size": 2}
+            | dict.fromkeys(plots.STEP_PARTS, math.nan),
+        ]
+    )
+    fig = plots.time_parts(rows)
+    ticks = [t.get_text().split("\n")[0] for t in fig.axes[0].get_xticklabels()]
+    assert ticks == ["ddp_spawn", "pipeline_gpipe"]
+    drawn = {c.get_label() for c in fig.axes[0].containers}
+    assert "_pipeline_gpipe backward" in drawn and "_pipeline_gpipe forward" not in drawn
+
+
 def _notes(fig: Figure) -> list[str]:
     """The words written over the bars, left to right."""
     texts = [t for t in fig.axes[0].texts if t.get_text()]

@@ -832,6 +832,37 @@ def test_the_time_split_step_is_the_step_its_parts_split() -> None:
     assert report.breakdown_markdown(report.counted_rows(older)) == ""
 
 
+def test_a_run_of_pipelines_alone_still_splits_its_steps() -> None:
+    """runs.csv leaves a pipeline's forward empty (not measured apart from its backward),
+    where it had written 0 ms. The report took a run's steps as lapped only where some row
+    had a forward part: a run of pipelines alone lost its table of where the time goes and
+    its stacked time-split plot, both measured."""
+    from bench.analysis import plots
+
+    laps = {
+        "pipeline_stages": 2,
+        "step_time_ms_mean": 10.0,
+        "part_data_wait_ms": 0.5,
+        "part_forward_ms": NAN,  # inside the backward's lap
+        "part_backward_ms": 8.0,
+        "part_optimizer_ms": 1.0,
+        "part_comm_exposed_ms": NAN,
+        "part_other_ms": 0.5,
+        "comm_total_ms": 3.0,
+        "comm_hidden_ms": NAN,
+        "rank_skew_pct": 1.0,
+        "comm_method": "profiler",
+    }
+    runs = _runs([_row("pipeline_gpipe", 2, rep, **laps) for rep in range(2)])
+    counted = report.counted_rows(runs)
+    assert report.lapped(counted)
+    table = report.breakdown_markdown(counted)
+    row = next(ln for ln in table.splitlines() if ln.startswith("| pipeline_gpipe | 2 |"))
+    assert row.startswith("| pipeline_gpipe | 2 | 10.00 | 0.50 | – | 8.00 | 1.00 |"), row
+    bars = plots.time_parts(counted).axes[0].containers
+    assert {c.get_label() for c in bars} >= {"_pipeline_gpipe backward"}
+
+
 def test_the_efficiency_plot_names_the_single_each_cell_scales_over() -> None:
     """A bf16 cell's efficiency is over single in bf16 (report.summarise), not over the
     fp32 single the title named: with two precisions the title says each cell's own."""

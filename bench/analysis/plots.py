@@ -24,7 +24,13 @@ from matplotlib.patches import Patch
 from matplotlib.text import Annotation
 from matplotlib.ticker import FuncFormatter, MaxNLocator, ScalarFormatter
 
-from bench.harness.results import case_key, case_labels, natural_key, oversubscribed_rows
+from bench.harness.results import (
+    case_key,
+    case_labels,
+    lapped_rows,
+    natural_key,
+    oversubscribed_rows,
+)
 
 Colour = tuple[float, float, float, float]
 #: line style per world size, so loss curves of one strategy stay in its colour
@@ -1149,10 +1155,9 @@ def time_parts(
     steps: the step the parts split, as the report's table gives it). A pipeline's
     measured bubble is said in words over its bar (it lies inside its backward bar: the
     schedule runs forward and backward as one)."""
-    rows = counted.copy()
+    rows = counted[lapped_rows(counted)].copy()
     for col in STEP_PARTS:
         rows[col] = pd.to_numeric(rows.get(col), errors="coerce")
-    rows = rows[rows["part_forward_ms"].notna()]
     med = rows.groupby(["strategy", "world_size"])[list(STEP_PARTS)].median()
     # in the order of every other plot and table (case_key), not groupby's text order, which
     # put bf16 before fp32 and bucket_cap_mb=100 before 25

@@ -1720,8 +1720,10 @@ def _spread_text(grp: pd.DataFrame, col: str, digits: int) -> str:
 
 
 def lapped(counted: pd.DataFrame) -> bool:
-    """Whether the run's steps were lapped into parts (runs from before the laps were not)."""
-    return "part_forward_ms" in counted and bool(counted["part_forward_ms"].notna().any())
+    """Whether the run's steps were lapped into parts (runs from before the laps were not).
+    Any phase's part: a pipeline's forward is empty (not measured apart from its backward),
+    and a run of pipelines alone is lapped all the same."""
+    return bool(results.lapped_rows(counted).any())
 
 
 def _band(r: Mapping[str, Any]) -> str:

@@ -142,8 +142,9 @@ class PhaseClock:
         self._open = None
 
     def steps(self) -> list[dict[str, float]]:
-        """Per step, milliseconds per phase (every phase present, 0 where none ran; none
-        for a step not lapped)."""
+        """Per step, milliseconds per phase lapped in it (none for a step not lapped). A
+        phase no lap closed is absent, not 0: a pipeline's schedule runs its forwards inside
+        the backward's lap, and its forward is not measured apart, which 0 ms read as none."""
         if self._cuda:
             self._cuda.wait()
         out: list[dict[str, float]] = []
@@ -151,10 +152,12 @@ class PhaseClock:
             if marks is None:
                 out.append({})
                 continue
-            ms = dict.fromkeys(PHASES, 0.0)
+            ms: dict[str, float] = {}
             for i in range(1, len(marks), 2):
                 a, phase, b = marks[i - 1], marks[i], marks[i + 1]
-                ms[phase] += a.elapsed_time(b) if self._cuda else (b - a) * 1e3
+                ms[phase] = ms.get(phase, 0.0) + (
+                    a.elapsed_time(b) if self._cuda else (b - a) * 1e3
+                )
             out.append(ms)
         return out
 

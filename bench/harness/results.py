@@ -467,7 +467,14 @@ def _breakdown(record: Mapping[str, Any], step: np.ndarray, wait: np.ndarray) ->
     # the timed steps that were lapped (on CUDA, steps at least 20 ms apart: {} between)
     timed = list(record.get("phase_ms") or ())[warm:]
     at = [i for i, s in enumerate(timed) if s and i < step.size]
-    phases = {p: float(np.mean([timed[i].get(p, 0.0) for i in at])) if at else nan for p in PHASES}
+    # a phase no lapped step has is not measured (a pipeline's forward, inside its backward's
+    # lap): empty, not 0 ms, which a reader of runs.csv would average in as none
+    phases = {
+        p: float(np.mean([timed[i].get(p, 0.0) for i in at]))
+        if any(p in timed[i] for i in at)
+        else nan
+        for p in PHASES
+    }
     probe = dict(record.get("probe") or {})
     mean_wait = float(wait.mean()) if wait.size else nan
     # the parts split the mean of the lapped steps (all of them but on CUDA), which carry
@@ -671,6 +678,18 @@ def oversubscribed_rows(rows: Any) -> Any:
     if "oversubscribed" not in rows:
         return pd.Series(False, index=rows.index)
     return pd.to_numeric(rows["oversubscribed"], errors="coerce").fillna(0) > 0
+
+
+def lapped_rows(rows: Any) -> Any:
+    """Per row of a runs table (a DataFrame), whether its steps were lapped into parts: a
+    phase's part is measured (a run from before the laps has none). Any phase: a pipeline's
+    forward part is empty, lapped inside its backward."""
+    import pandas as pd
+
+    cols = [f"part_{p}_ms" for p in PHASES if f"part_{p}_ms" in rows]
+    if not cols:
+        return pd.Series(False, index=rows.index)
+    return rows[cols].apply(pd.to_numeric, errors="coerce").notna().any(axis=1)
 
 
 # ---------------------------------------------------------------- labels
