@@ -82,13 +82,14 @@ def collective_intervals(events: Iterable[Mapping[str, Any]]) -> list[tuple[floa
 
 def trace_comm(path: Path, steps: int, ranks: int = 1) -> dict[str, float]:
     """Communication per step from a torch.profiler Chrome trace of `steps` steps. Several
-    ranks and no collective seen: the profiler did not see them (nan), not none."""
+    ranks and no collective seen: the profiler did not see them (nan), not none; their
+    count too, which read 0 ops beside that unknown total."""
     events = json.loads(Path(path).read_text()).get("traceEvents", [])
     spans = collective_intervals(events)
-    none = float("nan") if ranks > 1 else 0.0
+    none = float("nan") if ranks > 1 or not steps else 0.0
     return {
         "comm_total_ms": union_ms(spans) / steps if spans and steps else none,
-        "comm_ops_per_step": len(spans) / steps if steps else float("nan"),
+        "comm_ops_per_step": len(spans) / steps if spans and steps else none,
     }
 
 
@@ -102,18 +103,18 @@ def ablation(
     phases: Sequence[str] = PHASES,
 ) -> dict:
     """Exposed communication per phase from probe steps with synchronisation on and off
-    (phase -> ms per step): the difference of the medians, phase by phase, over `phases`
-    (the others expose none: FSDP's sync-off steps have no optimizer step to compare);
-    `comm_exposed_ms` is their sum, signed (noise can make it negative; `stacked` clips
-    per phase for drawing)."""
+    (phase -> ms per step): the difference of the medians, phase by phase, over `phases`;
+    the others are not compared (FSDP's sync-off steps have no optimizer step), nan, not 0
+    ms, which runs.csv read as measured and none; `comm_exposed_ms` is the sum of those
+    compared, signed (noise can make it negative; `stacked` clips per phase for drawing)."""
     out: dict[str, float] = {}
     for phase in PHASES:
         out[f"comm_exposed_{phase}_ms"] = (
             _median([s[phase] for s in on]) - _median([s[phase] for s in off])
             if phase in phases
-            else 0.0
+            else float("nan")
         )
-    out["comm_exposed_ms"] = sum(out[f"comm_exposed_{p}_ms"] for p in PHASES)
+    out["comm_exposed_ms"] = sum(out[f"comm_exposed_{p}_ms"] for p in PHASES if p in phases)
     out["probe_step_ms"] = _median([sum(s.values()) for s in on])
     out["probe_nosync_ms"] = _median([sum(s.values()) for s in off])
     return out
