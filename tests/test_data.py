@@ -520,10 +520,12 @@ def test_synthetic_data_larger_than_free_memory_is_refused_before_it_is_made(
     # strategy makes one whatever its world size
     from bench.harness.runner import plan
 
+    monkeypatch.setattr("bench.harness.runner.device_count", lambda device: 2)  # 2 cores
+    monkeypatch.setattr("bench.harness.runner.cpu_cores", lambda: 2)
     two = cfg.replace(limit=600_000, world_sizes=(1, 2), device="cpu", strategies=("ddp_spawn",))
     with pytest.raises(ConfigError, match="GiB of memory, a copy in each of 2 ranks, and"):
         plan(two)
-    # a 2-rank cell skipped (past the cores) makes none: the most a cell makes is one copy
+    # a 4-rank cell skipped (past the cores) makes none: the most a cell makes is one copy
     assert {c.world_size: c.status for c in plan(two.replace(world_sizes=(1, 4)))} == {
         1: "",
         4: "skipped",

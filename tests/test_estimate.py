@@ -573,3 +573,28 @@ def test_a_busy_machine_times_the_steps_no_slower_than_on_one_thread(
         assert ms == {"fp32": (2.6, 1.0)} and seen == [2, 2, 1, 1]
     else:
         assert ms == {"fp32": (89.5, 30.0)} and seen == [2, 2]
+
+
+def test_a_busy_machine_times_a_long_step_once(mnist, monkeypatch) -> None:
+    """One thread may take as many times as long as all the cores: a step whose timing took
+    SLOW_S over the threads is not timed again on one (minutes of torch ops no Ctrl-C stops,
+    the bound beyond_timing keeps), and its figure on all the cores stands."""
+    import torch
+
+    cfg, bundle = mnist
+    monkeypatch.setattr(estimate, "CpuShare", type("Busy", (Share,), {"pct": 90.0}))
+    monkeypatch.setattr(estimate, "SLOW_S", 0.0)  # every timing counts as long
+    seen = []
+
+    def stub(cfg, bundle, precision="fp32", batch=8, forward=False):
+        seen.append(torch.get_num_threads())
+        return 30.0 if forward else 89.5
+
+    monkeypatch.setattr(estimate, "per_sample_ms", stub)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert estimate.timed(cfg, bundle, ["fp32"], isolate=False) == {"fp32": (89.5, 30.0)}
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [2, 2]

@@ -176,13 +176,16 @@ def timed(
     clusters) no rank could open GPU 0 at all. Its exceptions (an out-of-memory one too)
     are raised here."""
     if not isolate:
-        share = CpuShare()
+        share, t0 = CpuShare(), time.perf_counter()
         ms = _each_precision(cfg, bundle, precisions)
+        took = time.perf_counter() - t0
         threads = torch.get_num_threads()
         if threads == 1 or resolve_device(cfg.device) != "cpu":
             return ms
         if not share.stop()["other_cpu_pct"] >= BUSY_PCT:
             return ms
+        if took * threads > SLOW_S:  # one thread may take up to `threads` times as long: a
+            return ms  # step that long is one torch op after another, which no Ctrl-C stops
         # Beside other work, a step on several threads waits at each op for its slowest
         # thread, whose core another process holds: on a loaded 2-core machine a step of
         # the MNIST CNN took 112 ms a sample on 2 threads and 2.6 on one, moments apart,
