@@ -44,13 +44,19 @@ def units(model: nn.Module, low: bool) -> tuple[list[nn.Module], list[nn.Module]
     """What fully_shard is applied to before the root, in that order: in bf16/fp16 (`low`)
     the BatchNorm layers with parameters, kept in fp32 (one unit together, or a unit each:
     `FSDP2.shard`); then the blocks (`blocks`) that hold parameters besides those, but for
-    blocks that share one (tied weights: an embedding and an output layer of one matrix),
-    which fully_shard refuses in two units: the root's unit holds them."""
+    a block that shares one with any module outside it (tied weights: an embedding and an
+    output layer of one matrix, in two blocks or one block and the root), which fully_shard
+    refuses in two units: the root's unit holds it."""
     norms = [m for m in norm_layers(model) if any(True for _ in m.parameters())] if low else []
     taken = {id(p) for m in norms for p in m.parameters()}
     rest = [b for b in blocks(model) if any(id(p) not in taken for p in b.parameters())]
-    held = Counter(id(p) for b in rest for p in b.parameters())  # (each once per block)
-    return norms, [b for b in rest if all(held[id(p)] == 1 for p in b.parameters())]
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+
+    def tied_outside(block: nn.Module) -> bool:
+        inside = Counter(id(p) for _, p in block.named_parameters(remove_duplicate=False))
+        return any(uses[i] > n for i, n in inside.items())
+
+    return norms, [b for b in rest if not tied_outside(b)]
 
 
 def ungroupable(model: nn.Module, norms: list[nn.Module]) -> str | None:

@@ -657,10 +657,18 @@ def test_fsdp_trains_a_model_whose_blocks_share_a_weight(tmp_path):
     """An embedding and an output layer of one matrix, each a block FSDP sharded apart:
     fully_shard refused the second ('shared with a parameter already managed by another
     FSDP group') and the cell failed. The two are left to the root's unit."""
+    from torch import nn
+
     from strategies.fsdp import units
 
     model = models.build_model(f"{_file(tmp_path, LAYERS_FILE)}:tied", None)
     assert units(model, low=False) == ([], [])  # (its ReLU holds no parameter)
+    # a block tied to a layer outside every block (the root's head) is the root's too
+    rooted = nn.Module()
+    rooted.blocks = nn.ModuleList([nn.Embedding(10, 4), nn.Linear(4, 4)])
+    rooted.head = nn.Linear(4, 10, bias=False)
+    rooted.head.weight = rooted.blocks[0].weight
+    assert units(rooted, low=False) == ([], [rooted.blocks[1]])
     row = _pipeline_run(tmp_path, "tied", strategy="fsdp")
     assert row["status"] == "ok", row["reason"]
     assert 0 <= row["eval_accuracy"] <= 1
