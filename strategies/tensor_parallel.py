@@ -1,9 +1,9 @@
 """Tensor parallelism (`torch.distributed.tensor.parallel`): each attention's q, k, v split
 column-wise (whole heads per rank) and its output projection row-wise; each MLP's first
 layer column-wise and its second row-wise (Megatron's plan). Every tensor-parallel rank
-sees the same batch; each block's forward all-reduces twice (after attention and after
-the MLP), its backward four times (the input gradients of q, k and v, each a layer of its
-own, and of the MLP's first layer). Embedding, norms and head are replicated.
+sees the same batch; a block's forward all-reduces once after its attention and once
+after its MLP, its backward four times (the input gradients of q, k and v, each a layer of
+its own, and of the MLP's first layer): a block of an MLP alone, once each way. Embedding, norms and head are replicated.
 
 - `tp`: tensor parallel over every rank (one data-parallel replica).
 - `fsdp_tp`: 2-D, tensor parallel within groups of `--set tp=2` ranks and FSDP2 across

@@ -231,6 +231,10 @@ def test_rough_fits_are_named_with_their_r2(tmp_path: Path) -> None:
     # the run's line says so too, where it said a latency and a bandwidth as any other's
     assert C.said(fits["all_gather/gloo/2"]).endswith(f", a rough fit (r² {r2:.2f})")
     assert "rough" not in C.said(fits["all_reduce/gloo/2"])
+    # one size: neither figure, and no "latency nan us"
+    assert C.said(fits["reduce_scatter/gloo/2"]).startswith(
+        "reduce_scatter no latency, no bus bandwidth ("
+    ), C.said(fits["reduce_scatter/gloo/2"])
     C.save(tmp_path / "collectives.json", clean + noisy + flat, fits, {})
     assert predict.rough_fits(tmp_path) == (
         f"Rough fits: all_gather (gloo, 2 ranks) r² {r2:.2f}: their measured times scatter "

@@ -432,7 +432,7 @@ def predict_run(
         pooled = sorted(set(ones["label"]) - {case}, key=results.natural_key)
         measured1 = one["samples_per_s"].median()
         cores = _cores(first["threads_per_rank"], run.environment)
-        compute1 = float(sum(ones[f"{p}_ms"].median() for p in PHASES))
+        compute1 = float(np.nansum([ones[f"{p}_ms"].median() for p in PHASES]))
         data1 = float(ones["data_wait_ms_mean"].median())
         for n in world_sizes:
             both = _traffic(spec.cls, options, n, shape, first["precision"], k, sync_bn)

@@ -362,10 +362,8 @@ def said(fit: dict[str, Any]) -> str:
     if not math.isfinite(bw):
         # a fit whose times did not grow with size has no bandwidth (inf in the file): "inf
         # GB/s" read as a link without limit, where the machine was too noisy to tell
-        return (
-            f"{fit['op']} latency {alpha:.0f} us, no bus bandwidth ({fit['note']}; predict "
-            "does not use it)"
-        )
+        latency = f"latency {alpha:.0f} us" if math.isfinite(alpha) else "no latency"
+        return f"{fit['op']} {latency}, no bus bandwidth ({fit['note']}; predict does not use it)"
     if not math.isfinite(alpha):
         return (
             f"{fit['op']} latency not resolved (the line fitted to its times crosses zero "
