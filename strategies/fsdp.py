@@ -297,6 +297,11 @@ class FSDP2(TorchDistributed):
         assert self.model is not None
         return self.model
 
+    def release(self) -> None:
+        # the units sharded are the model's: kept here, they held it (and its mesh) alive
+        self.sharded_blocks = self.sharded_norms = ()
+        super().release()
+
     _grad_sync = True  # what no_sync() restores: it nests (the ablation around accumulation)
 
     @contextlib.contextmanager
