@@ -400,9 +400,13 @@ class Pipeline(TorchDistributed):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
 
-    def full_state_dict(self, unsaved: bool = False) -> dict[str, torch.Tensor]:
-        """Every stage's tensors under the full model's names, merged on rank 0; with
-        `unsaved`, its buffers that are in no state dict (persistent=False) too."""
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every stage's tensors under the full model's names, merged on rank 0."""
+        return self._merged(unsaved=False)
+
+    def _merged(self, unsaved: bool) -> dict[str, torch.Tensor]:
+        """The full state dict on rank 0 (collective); with `unsaved`, the buffers that are
+        in no state dict (persistent=False) too, which evaluation's whole copy needs."""
         # each tensor once (state_dict lists a shared one under each of its names), then
         # under every name the full model gives it
         tensors = {id(t): t for t in self.stage_modules.state_dict(keep_vars=True).values()}
@@ -422,7 +426,7 @@ class Pipeline(TorchDistributed):
     def eval_module(self) -> nn.Module | None:
         """A whole copy of the model with the trained weights, on rank 0 (collective)."""
         self.evaluating_alone = False
-        state = self.full_state_dict(unsaved=True)
+        state = self._merged(unsaved=True)
         if self.ctx.rank != 0:
             return None
         # the gather done, the rest is rank 0's alone (its peers go on to the epoch's record):

@@ -484,7 +484,7 @@ class PipelineGatherFails(Pipeline):
         )
     }
 
-    def full_state_dict(self, *args, **kwargs):
+    def gather_to_root(self, obj):
         if self.ctx.rank == 1:
             raise RuntimeError("deliberate failure before the weight gather")
-        return super().full_state_dict(*args, **kwargs)
+        return super().gather_to_root(obj)
