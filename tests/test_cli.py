@@ -1275,6 +1275,29 @@ def test_slurm_jobs_meet_on_ports_of_their_own(monkeypatch):
     assert max(ports(4199)) < 29500 + nodes.PORTS
 
 
+def _srun_options(cfg) -> list[str]:
+    """The srun options of a cell's step (what comes before the ranks' program)."""
+    from bench.harness import slurm
+
+    argv = slurm.step_argv(cfg, Path("spec.json"), "parabench-r-c")
+    return argv[1 : argv.index(sys.executable)]
+
+
+def test_a_step_from_inside_a_step_shares_its_cpus(monkeypatch):
+    """From a shell inside a step (`srun --pty bash`, an interactive job's), every cell's
+    srun waited for the CPUs that step holds, silent under --quiet, until the cell's
+    timeout, its row a hang 'still starting'. The cells' steps now overlap the driver's own
+    (it sits idle); from salloc's shell or a batch script, where no step holds them, they
+    ask as before, and wait for a step of the run's that has not yet left."""
+    cfg = RunConfig(
+        launcher="slurm", nodes=2, procs_per_node=1, hosts=("n1", "n2"), master_addr="n1"
+    )
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    assert "--overlap" not in _srun_options(cfg)
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert "--overlap" in _srun_options(cfg)
+
+
 def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
     """--launcher slurm: --nodes left out is all the allocation's nodes; --nodes 1 is one."""
     from bench.harness import slurm

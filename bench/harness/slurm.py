@@ -102,8 +102,14 @@ def step_name(run_id: str, cell: str) -> str:
 
 
 def step_argv(cfg: Any, spec: Path, name: str) -> list[str]:
+    # run from inside a step (`srun --pty bash`, an interactive job's shell): that step holds
+    # the allocation's CPUs, and a step that does not share them waits for them to be free
+    # (srun, --quiet, said nothing), every cell a timeout; parabench's own steps run one at
+    # a time, so only where the driver is inside one
+    inside = ["--overlap"] if os.environ.get("SLURM_STEP_ID") else []
     return [
         "srun",
+        *inside,
         f"--nodes={cfg.nodes}",
         f"--ntasks={cfg.nodes * cfg.procs_per_node}",
         f"--ntasks-per-node={cfg.procs_per_node}",
