@@ -1298,6 +1298,29 @@ def test_a_step_from_inside_a_step_shares_its_cpus(monkeypatch):
     assert "--overlap" in _srun_options(cfg)
 
 
+def test_a_step_runs_on_the_nodes_its_row_names(monkeypatch):
+    """--nodes 1 in a two-node allocation: srun chose the step's node itself, n2 where n1 was
+    busy, while the ranks were told to meet at n1's address, where no rank 0 listened (on
+    the test cluster, whose nodes share 127.0.0.1, the row said n2). The step is pinned to
+    the nodes the run describes, the first of them the one whose address they meet at."""
+    from bench.harness import slurm
+
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
+    monkeypatch.setattr(slurm, "allocation", lambda: (["n1", "n2"], ["10.0.0.1", "10.0.0.2"]))
+    for nodes, pinned in ((1, "n1"), (None, "n1,n2")):
+        where = slurm.describe(nodes, 0)
+        cfg = RunConfig(
+            launcher="slurm",
+            nodes=where["nodes"],
+            procs_per_node=where["procs_per_node"],
+            hosts=where["hosts"],
+            master_addr=where["master"],
+        )
+        assert f"--nodelist={pinned}" in _srun_options(cfg)
+        assert where["master"] == "10.0.0.1"
+
+
 def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
     """--launcher slurm: --nodes left out is all the allocation's nodes; --nodes 1 is one."""
     from bench.harness import slurm

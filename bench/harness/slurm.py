@@ -111,6 +111,10 @@ def step_argv(cfg: Any, spec: Path, name: str) -> list[str]:
         "srun",
         *inside,
         f"--nodes={cfg.nodes}",
+        # the nodes whose first one's address the ranks meet at: left to srun, a step of
+        # fewer nodes than the allocation's went to another where the first was busy, its
+        # ranks told to meet at an address where no rank 0 listened
+        f"--nodelist={','.join(cfg.hosts[: cfg.nodes])}",
         f"--ntasks={cfg.nodes * cfg.procs_per_node}",
         f"--ntasks-per-node={cfg.procs_per_node}",
         "--kill-on-bad-exit=1",
