@@ -398,7 +398,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="C",
         help="a node's CPU cores, split among its ranks' threads (default: as many as this "
-        "machine has; say it where the nodes differ from the machine parabench runs on)",
+        "machine has, under --launcher slurm the allocation's CPUs a node; say it where the "
+        "nodes differ from the machine parabench runs on)",
     )
     p.add_argument(
         "--oversubscribe",
@@ -440,7 +441,7 @@ def config_from_args(a: argparse.Namespace, **extra) -> RunConfig:
                 "--hosts and --rdzv go with torchrun's agents; under --launcher slurm the "
                 "nodes are the allocation's and srun starts the ranks: leave them out"
             )
-        nodes |= slurm.describe(a.nodes, nodes["procs_per_node"])
+        nodes |= slurm.describe(a.nodes, nodes["procs_per_node"], a.cores_per_node)
         nodes["master_addr"] = nodes.pop("master")
     cfg = RunConfig(
         strategies=a.strategies,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import build_parser, main
+from bench.cli import build_parser, config_from_args, main
 from bench.config import ConfigError, RunConfig
 
 
@@ -1275,11 +1275,11 @@ def test_slurm_jobs_meet_on_ports_of_their_own(monkeypatch):
     assert max(ports(4199)) < 29500 + nodes.PORTS
 
 
-def _srun_options(cfg) -> list[str]:
+def _srun_options(cfg, threads: int = 1) -> list[str]:
     """The srun options of a cell's step (what comes before the ranks' program)."""
     from bench.harness import slurm
 
-    argv = slurm.step_argv(cfg, Path("spec.json"), "parabench-r-c")
+    argv = slurm.step_argv(cfg, Path("spec.json"), "parabench-r-c", threads)
     return argv[1 : argv.index(sys.executable)]
 
 
@@ -1328,6 +1328,7 @@ def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "5")
     monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
     monkeypatch.delenv("SLURM_TASKS_PER_NODE", raising=False)
+    monkeypatch.delenv("SLURM_JOB_CPUS_PER_NODE", raising=False)
     monkeypatch.setattr(slurm, "allocation", lambda: (["n1", "n2"], ["10.0.0.1", "10.0.0.2"]))
     assert slurm.describe(None, 0)["hosts"] == ("n1", "n2")
     assert slurm.describe(1, 0) == {
@@ -1335,6 +1336,7 @@ def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
         "procs_per_node": 1,
         "hosts": ("n1",),
         "master": "10.0.0.1",
+        "cores_per_node": 0,  # CPUs not said: this machine's, as before
     }
     # salloc -N 2 -n 8 sets no SLURM_NTASKS_PER_NODE: its 4 a node (it ran 1 a node, world
     # size 2 for the 8 tasks asked for); --ntasks-per-node's own count first, a given M over both
@@ -1345,6 +1347,47 @@ def test_nodes_in_an_allocation_all_or_as_given(monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "3")
     assert slurm.describe(None, 0)["procs_per_node"] == 3
     assert slurm.describe(None, 2)["procs_per_node"] == 2
+
+
+def test_a_ranks_threads_are_the_allocations_cpus_and_its_step_asks_for_them(
+    monkeypatch, capsys, data_root
+):
+    """salloc -N 2 --ntasks-per-node 4 --cpus-per-task 8 from a login node of 2 cores: each
+    rank got the login node's cores / 4 threads (1, on a node of 32 CPUs), and its step
+    asked for no CPUs of the job's (srun takes no --cpus-per-task from it), so a task bound
+    to its CPUs ran on one whatever its threads. The threads are the allocation's CPUs a
+    node / its ranks, the step asks for that many a task, and --cores-per-node past what
+    the allocation has is one line before anything runs."""
+    from bench.harness import slurm
+    from bench.harness.runner import Cell, rank_threads
+
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")
+    monkeypatch.setenv("SLURM_JOB_CPUS_PER_NODE", "32(x2)")
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    monkeypatch.setattr("bench.harness.runner.cpu_cores", lambda: 2)  # the login node's
+    monkeypatch.setattr(slurm, "allocation", lambda: (["n1", "n2"], ["10.0.0.1", "10.0.0.2"]))
+    args = build_parser().parse_args(
+        ["run", "--launcher=slurm", f"--data-root={data_root}", "--strategies=ddp_torchrun"]
+    )
+    cfg = config_from_args(args)
+    assert (cfg.nodes, cfg.procs_per_node, cfg.cores_per_node) == (2, 4, 32)
+    threads = rank_threads(cfg, Cell("ddp_torchrun", 8, 0))
+    assert threads == 8
+    options = _srun_options(cfg, threads)
+    assert "--cpus-per-task=8" in options and "--overcommit" not in options
+    # uneven nodes: the fewest CPUs any has, which every node can give
+    monkeypatch.setenv("SLURM_JOB_CPUS_PER_NODE", "32,16")
+    assert config_from_args(args).cores_per_node == 16
+    # more ranks than CPUs (--oversubscribe): one thread each, the step told it may
+    monkeypatch.setenv("SLURM_JOB_CPUS_PER_NODE", "2(x2)")
+    assert "--overcommit" in _srun_options(config_from_args(args), 1)
+    # asked for past what the job has: one line, exit 2
+    monkeypatch.setenv("SLURM_JOB_CPUS_PER_NODE", "32(x2)")
+    code = main(["run", "--launcher=slurm", f"--data-root={data_root}", "--cores-per-node=64"])
+    err = capsys.readouterr().err
+    assert code == 2 and "the allocation has 32 CPU(s) on a node" in err, err
+    assert err.count("\n") == 1
 
 
 def test_hosts_and_rdzv_under_slurm_are_refused_not_dropped(monkeypatch, capsys, data_root):

@@ -908,7 +908,7 @@ class Runner:
             if self.cfg.launcher == "slurm":  # one srun step, its tasks the ranks
                 port = slurm.cell_port(self.cfg.rdzv_port, order)  # apart from other jobs'
                 env |= {"MASTER_ADDR": self.cfg.master_addr, "MASTER_PORT": str(port)}
-                argv = slurm.step_argv(self.cfg, spec_path, step)
+                argv = slurm.step_argv(self.cfg, spec_path, step, self._threads(cell))
                 self.ports[cell.key] = port
             elif self.cfg.nodes > 1 and spec.launcher == "horovodrun":  # -H every node
                 commands = [nodes.horovod_command(self.cfg, spec_path, env)]
@@ -1393,7 +1393,10 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                     f"--resume {resume}: the run's cells are srun steps (--launcher slurm); "
                     f"continue it with {results.resume_command(saved.launcher, rd.path)}"
                 )
-            now = slurm.describe(saved.nodes, saved.procs_per_node)
+            try:  # the threads its rows ran with: the CPUs they need on a node
+                now = slurm.describe(saved.nodes, saved.procs_per_node, saved.cores_per_node)
+            except ConfigError as exc:
+                raise ConfigError(f"--resume {resume}: {exc}") from None
             if (now["nodes"], now["procs_per_node"]) != (saved.nodes, saved.procs_per_node):
                 raise ConfigError(
                     f"--resume {resume}: the run has {saved.nodes} node(s) x "

@@ -65,9 +65,19 @@ def allocation() -> tuple[list[str], list[str]]:
     return names, addrs
 
 
-def describe(nodes: int | None, procs_per_node: int) -> dict[str, Any]:
+def per_node(counts: str) -> list[int]:
+    """A count SLURM gives per node, one number a node: "4(x2),1" (SLURM_TASKS_PER_NODE,
+    SLURM_JOB_CPUS_PER_NODE) is [4, 4, 1]."""
+    out: list[int] = []
+    for count, times in re.findall(r"(\d+)(?:\(x(\d+)\))?", counts):
+        out += [int(count)] * int(times or 1)
+    return out
+
+
+def describe(nodes: int | None, procs_per_node: int, cores_per_node: int = 0) -> dict[str, Any]:
     """The node part of a run's config from the allocation it runs in: --nodes (None: not
-    given) defaults to all of its nodes, --procs-per-node to its tasks per node (else 1)."""
+    given) defaults to all of its nodes, --procs-per-node to its tasks per node (else 1),
+    --cores-per-node (0: not given) to the CPUs it has on a node, which it must have."""
     if not in_allocation():
         raise ConfigError(
             "--launcher slurm runs inside an allocation (salloc, or a batch job): outside one, "
@@ -81,9 +91,24 @@ def describe(nodes: int | None, procs_per_node: int) -> dict[str, Any]:
     # count (salloc -N 2 -n 8: "4(x2)"; uneven, -n 5: "3,2"): the fewest a node has, which
     # every node can run
     tasks = os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE", "")
-    counts = [int(c) for c in re.findall(r"(\d+)(?:\(x\d+\))?", tasks)]
-    per = procs_per_node or min(counts, default=1)
-    return {"nodes": n, "procs_per_node": per, "hosts": tuple(names[:n]), "master": addrs[0]}
+    per = procs_per_node or min(per_node(tasks), default=1)
+    # the CPUs the job has on a node (the fewest any has), not those of the machine the
+    # driver runs on: salloc's shell runs on a login node, whose cores gave the ranks their
+    # threads; unknown (no SLURM_JOB_CPUS_PER_NODE), this machine's as before
+    cpus = min(per_node(os.environ.get("SLURM_JOB_CPUS_PER_NODE", "")), default=0)
+    if cores_per_node and cpus and cores_per_node > cpus:
+        raise ConfigError(
+            f"--cores-per-node {cores_per_node}, but the allocation has {cpus} CPU(s) on a "
+            "node (SLURM_JOB_CPUS_PER_NODE): give at most that, or ask the job for more "
+            "(--cpus-per-task)"
+        )
+    return {
+        "nodes": n,
+        "procs_per_node": per,
+        "hosts": tuple(names[:n]),
+        "master": addrs[0],
+        "cores_per_node": cores_per_node or cpus,
+    }
 
 
 def cell_port(base: int, order: int) -> int:
@@ -101,12 +126,24 @@ def step_name(run_id: str, cell: str) -> str:
     return f"parabench-{run_id}-{cell}"[:120]
 
 
-def step_argv(cfg: Any, spec: Path, name: str) -> list[str]:
+def step_argv(cfg: Any, spec: Path, name: str, threads: int = 0) -> list[str]:
+    """The cell's srun step, its ranks computing with `threads` threads each."""
     # run from inside a step (`srun --pty bash`, an interactive job's shell): that step holds
     # the allocation's CPUs, and a step that does not share them waits for them to be free
     # (srun, --quiet, said nothing), every cell a timeout; parabench's own steps run one at
     # a time, so only where the driver is inside one
     inside = ["--overlap"] if os.environ.get("SLURM_STEP_ID") else []
+    # a CPU for each of a rank's threads: a step asks for one a task unless told (srun takes
+    # no --cpus-per-task from the job, SLURM 22.05 on), and a task bound to its CPUs (task
+    # affinity, cgroups) ran all its threads on one. Only where the node's CPUs are known
+    # (--cores-per-node, or the allocation's): this machine's may be more than a node has.
+    # More ranks than CPUs (--oversubscribe) is more tasks than CPUs: --overcommit, or
+    # srun refuses the step
+    cpus = []
+    if threads and cfg.cores_per_node:
+        cpus = [f"--cpus-per-task={threads}"]
+        if cfg.procs_per_node * threads > cfg.cores_per_node:
+            cpus.append("--overcommit")
     return [
         "srun",
         *inside,
@@ -117,6 +154,7 @@ def step_argv(cfg: Any, spec: Path, name: str) -> list[str]:
         f"--nodelist={','.join(cfg.hosts[: cfg.nodes])}",
         f"--ntasks={cfg.nodes * cfg.procs_per_node}",
         f"--ntasks-per-node={cfg.procs_per_node}",
+        *cpus,
         "--kill-on-bad-exit=1",
         f"--wait={WAIT_S}",
         f"--job-name={name}",
