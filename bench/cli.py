@@ -845,6 +845,12 @@ def cmd_submit(a: argparse.Namespace) -> int:
     ask = cuda and not slurm.asks_for_gpus(extra)
     if ask:  # a cluster hides the GPUs a job did not ask for
         extra.insert(0, f"--gpus-per-node={per}")
+    cpus = 0
+    if a.cores_per_node and not slurm.asks_for_cpus(extra):
+        # a job that asks for no CPUs gets one a task where nodes are shared (cons_tres),
+        # and its run refuses --cores-per-node past what it has: at least C on each node
+        cpus = -(-a.cores_per_node // per)
+        extra.insert(0, f"--cpus-per-task={cpus}")
     script = slurm.batch_script(run_dir, argv, n, per, extra)
     job = slurm.submit(run_dir, script)
     if gpus:
@@ -856,6 +862,11 @@ def cmd_submit(a: argparse.Namespace) -> int:
         print(
             f"asked for {per} GPU(s) per node (#SBATCH --gpus-per-node={per}); a cluster "
             "that wants another form takes --sbatch-arg=--gres=gpu:N instead"
+        )
+    if cpus:
+        print(
+            f"asked for {cpus} CPU(s) per rank (#SBATCH --cpus-per-task={cpus}) for "
+            f"--cores-per-node {a.cores_per_node}"
         )
     print(f"submitted job {job}: {n} node(s) x {per}; results in {run_dir}")
     print(f"  {program()} status {shlex.quote(str(run_dir))}    scancel {job}")  # as it runs

@@ -1178,6 +1178,33 @@ def test_submit_writes_a_job_for_any_folder_and_refuses_a_run_id_twice(
     assert not (out / "refused").exists()
 
 
+def test_submit_asks_the_job_for_the_cpus_cores_per_node_names(tmp_path, capsys, data_root, sbatch):
+    """submit --cores-per-node 6 --procs-per-node 4 asked the job for no CPUs: where nodes
+    are shared, SLURM gave it one a task, 4 of a node, and its run refused the 6 (before
+    that refusal: 1 thread a rank, told 6 cores). The job asks for ceil(6 / 4) = 2 a rank,
+    8 a node, unless an --sbatch-arg already says how many; without --cores-per-node it
+    asks for none, taking what the cluster gives."""
+    cpus = [
+        line
+        for line in _submitted(tmp_path, capsys, data_root, sbatch, "a", "--cores-per-node=6")
+        if "cpus" in line
+    ]
+    assert cpus == ["#SBATCH --cpus-per-task=2"]
+    own = "--sbatch-arg=--cpus-per-task=3"
+    lines = _submitted(tmp_path, capsys, data_root, sbatch, "b", "--cores-per-node=6", own)
+    assert [line for line in lines if "cpus" in line] == ["#SBATCH --cpus-per-task=3"]
+    lines = _submitted(tmp_path, capsys, data_root, sbatch, "c", "--oversubscribe")  # 4 > cores
+    assert not [line for line in lines if "cpus" in line]
+
+
+def _submitted(tmp_path, capsys, data_root, sbatch, run_id, *extra) -> list[str]:
+    """The #SBATCH lines of a run submitted at 2 nodes x 4 ranks."""
+    args = [*_submit_args(data_root, tmp_path, run_id, *extra), "--procs-per-node=4"]
+    assert main(args) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    return [line for line in sbatch.scripts[-1].splitlines() if line.startswith("#SBATCH")]
+
+
 def test_the_resume_command_runs_as_printed_from_a_folder_with_a_space(tmp_path) -> None:
     """What a stopped run, its report and a stopped job's log say to run names the folder
     as one word, where 'sbatch /a b/job.sbatch' named two files."""

@@ -216,6 +216,16 @@ def asks_for_gpus(sbatch_args: Sequence[str]) -> bool:
     return any(re.match(r"--gpus|-G|--gres[= ]\S*gpu", a.strip()) for a in sbatch_args)
 
 
+def asks_for_cpus(sbatch_args: Sequence[str]) -> bool:
+    """Whether these sbatch options already say how many CPUs the job has on a node."""
+    own = ("-c", "--cpus-per-task", "--cpus-per-gpu", "--mincpus", "--exclusive")
+    for arg in sbatch_args:
+        name = arg.split("=", 1)[0].split()[0] if arg.strip() else ""
+        if name in own or re.fullmatch(r"-c\d+", name):
+            return True
+    return False
+
+
 #: the #SBATCH lines submit writes itself, by the sbatch options that set them (long, and
 #: short with or without a space before the value), and what to give submit instead
 OWN_LINES = {
