@@ -3,6 +3,7 @@ real 2-rank gloo measurement."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
@@ -210,6 +211,30 @@ def test_standalone_bad_input_is_one_line_before_any_rank(args, said, capsys) ->
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err
     assert _children() == before
+
+
+def test_nccl_ranks_past_the_gpus_are_one_line_before_any_rank(monkeypatch, capsys) -> None:
+    """`--backend nccl --world-size 2` on one GPU: each rank takes GPU rank % GPUs, so both
+    took GPU 0, which NCCL refuses in each rank once started (exit 1, its last log line);
+    now one line and exit 2 before any rank, and gloo (which shares a GPU) still passes."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cli = argparse.ArgumentParser()
+    args = ["--world-size", "2", "--device", "cuda", "--reps", "1"]
+    before = _children()
+    with pytest.raises(SystemExit) as bad:
+        C.main([*args, "--backend", "nccl"])
+    assert bad.value.code == 2
+    err = capsys.readouterr().err
+    assert "--world-size 2 needs 2; 1 visible here" in err and "Traceback" not in err, err
+    assert _children() == before
+    gloo = argparse.Namespace(
+        world_size=2, backend="gloo", device="cuda", reps=1, warmup=0, sizes=[4096],
+        timeout=60.0, out=None,
+    )  # fmt: skip
+    C._check_args(cli, gloo)  # no exit: gloo runs two ranks on one GPU
 
 
 def test_rough_fits_are_named_with_their_r2(tmp_path: Path) -> None:

@@ -469,6 +469,15 @@ def _check_args(cli: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
         if not torch.cuda.is_available():
             cli.error("--device cuda: no CUDA device is visible here")
+        # each rank takes GPU rank % GPUs (_worker): past them two ranks share one, which
+        # NCCL refuses ("Duplicate GPU detected") in every rank, once they have started
+        gpus = torch.cuda.device_count()
+        if a.backend == "nccl" and a.world_size > gpus:
+            cli.error(
+                f"--backend nccl: one GPU per rank, and --world-size {a.world_size} needs "
+                f"{a.world_size}; {gpus} visible here (NCCL refuses two ranks on one GPU; "
+                "gloo shares one)"
+            )
     if a.out:
         out = Path(a.out)
         if out.is_dir():
