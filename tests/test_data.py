@@ -547,3 +547,22 @@ def test_synthetic_data_larger_than_free_memory_is_refused_before_it_is_made(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("parabench: error: synthetic tokens (128,)"), err
     assert not out.exists()
+
+
+def test_class_folders_whose_images_are_nested_are_a_tree(tmp_path, data_root):
+    """Tiny ImageNet's layout: `<root>/train/<class>/images/*.JPEG` beside a
+    `<class>_boxes.txt`, and a val/ of one flat folder. ImageFolder reads the nested images
+    as the class's; the tree was refused as none (exit 2, 'no ImageFolder tree')."""
+    flat = _image_tree(tmp_path, data_root)
+    root = tmp_path / "tiny-imagenet-200"
+    for folder in sorted(flat.iterdir()):
+        shutil.copytree(folder, root / "train" / folder.name / "images")
+        (root / "train" / folder.name / f"{folder.name}_boxes.txt").write_text("0 0 1 1\n")
+    shutil.copytree(next(flat.iterdir()), root / "val" / "images")
+    (root / "val" / "val_annotations.txt").write_text("\n")
+    plain = data.load(RunConfig(dataset="imagenet-subset", data_root=str(flat), image_size=32))
+    for given in (root, root / "train"):
+        b = data.load(RunConfig(dataset="imagenet-subset", data_root=str(given), image_size=32))
+        assert b.description.startswith(f"imagenet-subset {root / 'train'} (3 classes)")
+        assert b.num_classes == 3 and len(b.train) == 3
+        assert [int(y) for _, y in b.train] == [int(y) for _, y in plain.train]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import gzip
 import math
+import os
 import sys
 import sysconfig
 import zlib
@@ -430,9 +431,20 @@ def _is_class_tree(p: Path) -> bool:
     return p.is_dir() and bool(_class_folders(p))
 
 
-def _imagenet_root(root: Path) -> Path:
+def _holds_image(folder: Path) -> bool:
+    """Whether a class folder holds a visible image at any depth, as ImageFolder reads it:
+    Tiny ImageNet's are `train/<class>/images/*.JPEG` beside a `<class>_boxes.txt`, and its
+    tree was refused as none where only a class folder's own files were looked at."""
     from torchvision.datasets.folder import IMG_EXTENSIONS  # the files ImageFolder takes
 
+    for _, dirs, files in os.walk(folder, followlinks=True):  # the folder's own files first
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(f.lower().endswith(IMG_EXTENSIONS) and not f.startswith(".") for f in files):
+            return True
+    return False
+
+
+def _imagenet_root(root: Path) -> Path:
     for cand in (  # the folders named for it before the root, which may hold other data
         root / "train",
         root / "imagenet-sample",
@@ -445,11 +457,7 @@ def _imagenet_root(root: Path) -> Path:
             # 'mnist/', 'imagenet-sample/' and a folder with a picture in it); a class folder
             # left empty is named below (_image_folder)
             folders = _class_folders(cand)
-            pictures = sum(
-                any(f.suffix.lower() in IMG_EXTENSIONS and not _hidden(f) for f in c.iterdir())
-                for c in folders
-            )
-            if 2 * pictures > len(folders):
+            if 2 * sum(map(_holds_image, folders)) > len(folders):
                 return cand
     raise ConfigError(
         f"no ImageFolder tree under {root} (expected <root>/<class>/*.JPEG or <root>/train/<class>/...)"
