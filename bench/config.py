@@ -209,8 +209,8 @@ class RunConfig:
     #: every dropout layer of the model off (parity: its masks depend on the rank layout)
     no_dropout: bool = False
     #: the ImageNet subset's training images center-cropped as the held-out ones, with no
-    #: random crop or flip (parity: which crops are drawn depends on which rank and loader
-    #: worker reads a sample)
+    #: random crop or flip (parity checks the plain images; the crops are drawn per sample,
+    #: alike in every layout: data.SeededSamples)
     no_augment: bool = False
     #: fp32 products in fp32 on CUDA: TF32 off for cuDNN's convolutions (on by default) and
     #: matrix products (parity: TF32 keeps 10 bits of mantissa, and BatchNorm over a few

@@ -403,8 +403,7 @@ def test_a_tree_of_one_class_is_refused(tmp_path, data_root):
 
 
 def test_verify_reads_the_imagenet_subset_without_random_crops(data_root):
-    # which crop and flip a sample gets depends on the RNG of the rank and loader worker
-    # that reads it, so differs with the layout: parity compares layouts on the same pixels
+    # parity compares layouts on the held-out images' center crops, without augmentation
     from bench.analysis import verify
 
     cfg = RunConfig(dataset="imagenet-subset", data_root=str(data_root), max_classes=4)
@@ -416,11 +415,9 @@ def test_verify_reads_the_imagenet_subset_without_random_crops(data_root):
     torch.manual_seed(2)
     assert torch.equal(first, b.train[0][0])
     assert "no random crop" in b.description
-    b = data.load(cfg.replace(image_size=32))  # a run's own: augmented
-    torch.manual_seed(1)
-    first = b.train[0][0]
-    torch.manual_seed(2)
+    b = data.load(cfg.replace(image_size=32))  # a run's own: augmented, each epoch anew
     assert not torch.equal(first, b.train[0][0])
+    assert not torch.equal(b.train[(0, 0)][0], b.train[(1, 0)][0])
 
 
 def test_the_imagenet_description_says_which_images_are_held_out(tmp_path, data_root):
@@ -566,3 +563,34 @@ def test_class_folders_whose_images_are_nested_are_a_tree(tmp_path, data_root):
         assert b.description.startswith(f"imagenet-subset {root / 'train'} (3 classes)")
         assert b.num_classes == 3 and len(b.train) == 3
         assert [int(y) for _, y in b.train] == [int(y) for _, y in plain.train]
+
+
+def test_every_rank_layout_crops_and_flips_a_sample_alike(data_root):
+    """The ImageNet subset's random crops and flips are drawn per sample, from the seed, the
+    epoch and its index: drawn from the generator of the process that read them (a rank's,
+    or a loader worker's, seeded alike on every rank), each DDP rank repeated the others'
+    crops, and step k of world size 2 trained on other pixels than single's."""
+    from torch.utils.data import DistributedSampler
+
+    from bench.harness.worker import train_loader
+
+    cfg = RunConfig(
+        dataset="imagenet-subset", data_root=str(data_root), max_classes=18, image_size=16
+    )
+    train = data.load(cfg).train  # 16 images (every 10th held out)
+
+    def steps(ws: int, rank: int, workers: int, epoch: int) -> list[torch.Tensor]:
+        sampler = DistributedSampler(train, num_replicas=ws, rank=rank, seed=0, drop_last=True)
+        loader = train_loader(train, sampler, 8 // ws, workers, torch.device("cpu"), 0)
+        loader.sampler.set_epoch(epoch)  # as train_epoch does
+        torch.manual_seed(0)  # every rank's generator, as the worker seeds it
+        return [x for x, _ in loader]
+
+    for epoch, workers in ((0, 0), (1, 1)):  # a loader worker's reads: the epoch's too
+        single = steps(1, 0, 0, epoch)
+        ranks = [steps(2, r, workers, epoch) for r in (0, 1)]
+        for k, whole in enumerate(single):  # rank r's share: every other sample
+            assert all(torch.equal(ranks[r][k], whole[r::2]) for r in (0, 1)), (epoch, k)
+    # a sample's draws are its epoch's: another epoch crops it anew
+    assert not torch.equal(train[(0, 3)][0], train[(1, 3)][0])
+    assert torch.equal(train[3][0], train[(0, 3)][0])

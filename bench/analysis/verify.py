@@ -1291,7 +1291,7 @@ def parity_config(base: RunConfig, steps: int) -> RunConfig:
         max_steps=steps,
         save_params=True,
         no_dropout=True,  # its masks depend on how the batch is split over ranks
-        no_augment=True,  # so do the random crops and flips drawn
+        no_augment=True,  # the plain images: center crops, as the held-out ones
         no_tf32=True,  # fp32 is fp32 on a GPU too: cuDNN's convolutions round to TF32 by default
     )
 

@@ -180,6 +180,27 @@ def _run(cfg: RunConfig, spec: dict[str, Any], ctx: RankContext, cell_dir: Path)
             strategy.teardown()
 
 
+def train_loader(
+    train: Any, sampler: Any, batch: int, workers: int, device: torch.device, seed: int
+) -> DataLoader:
+    """The training DataLoader of a rank whose data is not held on its device: `batch`
+    samples a step in `sampler`'s order (with their epoch, where each sample's random
+    transforms are seeded by it: data.keyed)."""
+    return DataLoader(
+        train,
+        batch_size=batch,
+        sampler=data.keyed(train, sampler),
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        drop_last=True,
+        persistent_workers=workers > 0,
+        # its workers' seeds from the run's seed, as the sampler's order is: drawn from
+        # torch's generator, they would give the model other dropout masks than the
+        # same samples get from --data-path device
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
 #: the layers cuDNN runs as convolutions (in TF32 by default for fp32 on Ampere and later)
 CONVS = tuple(getattr(torch.nn, f"Conv{t}{d}d") for t in ("", "Transpose") for d in (1, 2, 3))
 
@@ -239,19 +260,8 @@ def _train(
     if take is not None:  # in memory: on the device once, batches indexed there
         loader = data.DeviceBatches(take, strategy.sampler(bundle.train), per_rank, ctx.device)
     else:
-        loader = DataLoader(
-            bundle.train,
-            batch_size=per_rank,
-            sampler=strategy.sampler(bundle.train),
-            num_workers=workers,
-            pin_memory=ctx.device.type == "cuda",
-            drop_last=True,
-            persistent_workers=workers > 0,
-            # its workers' seeds from the run's seed, as the sampler's order is: drawn from
-            # torch's generator, they would give the model other dropout masks than the
-            # same samples get from --data-path device
-            generator=torch.Generator().manual_seed(cfg.seed),
-        )
+        sampler = strategy.sampler(bundle.train)
+        loader = train_loader(bundle.train, sampler, per_rank, workers, ctx.device, cfg.seed)
     if len(loader) == 0:
         raise ValueError(
             f"global batch {cfg.global_batch} is larger than the {len(bundle.train)} training samples"

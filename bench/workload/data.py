@@ -562,6 +562,8 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
     train = _limit(
         Subset(train_full, train_idx), cfg.limit, f"imagenet-subset {root}", len(held_idx)
     )
+    if not cfg.no_augment:
+        train = SeededSamples(train, cfg.seed)
     labels = train_full.targets
     trained = {labels[i] for i in train_idx[: len(train)]}  # type: ignore[arg-type]
     unseen = sum(labels[i] not in trained for i in held_idx)
@@ -577,6 +579,71 @@ def _imagenet_subset(cfg: RunConfig) -> DataBundle:
     if cfg.no_augment:
         desc += ", training images center-cropped (no random crop or flip)"
     return DataBundle(train, Subset(eval_full, held_idx), classes, desc)
+
+
+class SeededSamples(Dataset):
+    """A data set whose samples are randomly transformed (the ImageNet subset's crops and
+    flips), each sample's draws seeded by the run's seed, the epoch and its index: drawn
+    from torch's generator of whichever process read the sample (a rank's, or a loader
+    worker's, seeded alike on every rank), the crops followed the rank layout, so that each
+    rank of a DDP cell repeated the others' crops and flips (its batch's share of a step
+    held 1/world of the distinct crops a single process drew) and no two layouts trained on
+    the same pixels at step k. The epoch comes with the index as the key `(epoch, i)` that
+    `EpochKeys` makes of a sampler's indices (a persistent loader worker keeps its own copy
+    of the data set, which no epoch set here would reach); a plain index is epoch 0's."""
+
+    def __init__(self, ds: Dataset, seed: int) -> None:
+        self.ds, self.seed = ds, seed
+
+    def __len__(self) -> int:
+        return len(self.ds)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: int | tuple[int, int]) -> Any:
+        epoch, i = key if isinstance(key, tuple) else (0, key)
+        seed = _mix(_mix(_mix(self.seed) ^ epoch) ^ int(i))
+        # the CPU generator alone (torch.manual_seed seeds every backend's: 0.5 ms a sample
+        # here), and the reader's own draws go on as they were
+        state = torch.get_rng_state()
+        try:
+            torch.default_generator.manual_seed(seed)
+            return self.ds[i]
+        finally:
+            torch.set_rng_state(state)
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit integers whose outputs for neighbouring
+    inputs share no bits' pattern (a sample's seed, from the run's seed, epoch and index)."""
+    x = (x + 0x9E3779B97F4A7C15) % 2**64
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB % 2**64
+    return x ^ (x >> 31)
+
+
+class EpochKeys(Sampler):
+    """A sampler's indices as `(epoch, index)` keys of a `SeededSamples` (its epoch set by
+    `set_epoch`, which goes on to the sampler)."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler, self.epoch = sampler, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch
+        return ((epoch, int(i)) for i in self.sampler)
+
+
+def keyed(ds: Dataset, sampler: Sampler) -> Sampler:
+    """The sampler a DataLoader of `ds` takes: its indices with their epoch, where `ds`
+    seeds each sample's draws by them (SeededSamples), else itself."""
+    return EpochKeys(sampler) if isinstance(ds, SeededSamples) else sampler
 
 
 # ---------------------------------------------------------------- synthetic
