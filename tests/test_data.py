@@ -594,3 +594,21 @@ def test_every_rank_layout_crops_and_flips_a_sample_alike(data_root):
     # a sample's draws are its epoch's: another epoch crops it anew
     assert not torch.equal(train[(0, 3)][0], train[(1, 3)][0])
     assert torch.equal(train[3][0], train[(0, 3)][0])
+
+
+def test_a_16_bit_grayscale_image_reads_as_its_8_bit_equal(tmp_path):
+    """A 16-bit grayscale PNG (PIL's I;16) read as PIL converts it to RGB, clipped at 255:
+    all but the darkest 1/256 of its range white. Read as ImageFolder's tree is, it is the
+    8-bit image of its top byte."""
+    import numpy as np
+    from PIL import Image
+
+    from bench.workload.data import _read_image
+
+    wide = np.arange(0, 65536, 257, dtype=np.uint16).reshape(16, 16)  # 0 to 65535
+    Image.fromarray(wide).save(tmp_path / "wide.png")
+    Image.fromarray((wide >> 8).astype(np.uint8)).save(tmp_path / "narrow.png")
+    assert Image.open(tmp_path / "wide.png").mode == "I;16"
+    got = np.asarray(_read_image(str(tmp_path / "wide.png")))
+    assert got.shape == (16, 16, 3)
+    assert np.array_equal(got, np.asarray(_read_image(str(tmp_path / "narrow.png"))))

@@ -468,10 +468,16 @@ def _imagenet_root(root: Path) -> Path:
 def _read_image(path: str) -> Any:
     """ImageFolder's own loader (PIL, as RGB), whose error names the file: PIL's "image file
     is truncated" does not say which of the tree's images it was."""
-    from torchvision.datasets.folder import default_loader
+    from PIL import Image
 
     try:
-        return default_loader(path)
+        with open(path, "rb") as f:
+            image = Image.open(f)
+            if image.mode.startswith("I;16"):
+                # 16-bit grayscale (a PNG's or TIFF's): PIL's conversion to RGB clips each
+                # value at 255, which read all but the darkest 1/256 of the range as white
+                image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8), "L")
+            return image.convert("RGB")
     except MemoryError:
         raise
     except Exception as exc:
