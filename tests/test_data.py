@@ -612,3 +612,31 @@ def test_a_16_bit_grayscale_image_reads_as_its_8_bit_equal(tmp_path):
     got = np.asarray(_read_image(str(tmp_path / "wide.png")))
     assert got.shape == (16, 16, 3)
     assert np.array_equal(got, np.asarray(_read_image(str(tmp_path / "narrow.png"))))
+
+
+def test_a_file_that_is_no_image_is_refused_before_the_run(tmp_path, data_root):
+    """A web page saved as .JPEG, or an empty file, among the images the run reads: every
+    cell failed at the step that read it, after its start-up. The files are opened (their
+    headers) before anything starts: one line naming the file, training or held-out."""
+    tree = _image_tree(tmp_path, data_root)
+    for image in sorted(tree.glob("*/*")):
+        for copy in "bc":
+            shutil.copy(image, image.with_name(copy + image.name))
+    shutil.copy(image, image.with_name("d" + image.name))  # 10: the last one held out
+    cfg = RunConfig(
+        dataset="imagenet-subset", data_root=str(tree), image_size=32, global_batch=3,
+        warmup_steps=1,
+    )  # fmt: skip
+    data.check(cfg)
+    files = sorted(tree.glob("*/*"))
+    for bad, said in ((files[4], "training sample 4"), (files[-1], "held-out sample 0")):
+        good = bad.read_bytes()
+        bad.write_text("<html>Not Found</html>")
+        with pytest.raises(ConfigError) as err:
+            data.check(cfg)
+        assert str(err.value).startswith(
+            f"data imagenet-subset: {said} cannot be read, and every cell would read it: "
+            f"OSError: {bad} cannot be read as an image (UnidentifiedImageError: "
+        ), str(err.value)
+        assert str(err.value).endswith("; replace or remove the file")
+        bad.write_bytes(good)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import itertools
 import math
 import os
 import sys
@@ -131,6 +132,7 @@ def checked(cfg: RunConfig) -> tuple[str, int]:
         image = InputSpec((3, cfg.image_size, cfg.image_size))
         models.check_forward(cfg, image, subset.num_classes)
         _enough(cfg, len(subset.train))
+        _open_images(cfg, subset)
         return f"imagenet-subset at {root}", len(subset.train)
     spec = models.spec(cfg)  # synthetic: what _synthetic makes, without making it
     check_fits(cfg, spec)
@@ -490,6 +492,51 @@ def _visible_image(root: Path, path: str) -> bool:
 
     hidden = any(part.startswith(".") for part in Path(path).relative_to(root).parts)
     return not hidden and path.lower().endswith(IMG_EXTENSIONS)
+
+
+#: the most image files `_open_images` opens before a run: the first the run reads
+OPENED_IMAGES = 20_000
+
+
+def _open_images(cfg: RunConfig, bundle: DataBundle) -> None:
+    """Open each image file the run reads (its header alone, about 0.1 ms a file, where a
+    cell decodes it in several) before anything starts: the training samples of every
+    epoch's steps, in the order the cells read them (single's, whose samples every layout
+    reads at the same step), then the held-out ones, at most OPENED_IMAGES. A file that is
+    no image (a web page saved as .JPEG, an empty file, a link to nothing) failed every
+    cell at the step that read it, after its start-up and steps. (A file cut short is found
+    only where it is decoded: the row of the cell that reads it says which.)"""
+    from PIL import Image
+    from torch.utils.data import DistributedSampler
+
+    train, held = bundle.train, bundle.held_out
+    steps = len(train) // cfg.global_batch  # type: ignore[arg-type]
+    steps = min(steps, cfg.max_steps or steps)
+    read: dict[tuple[bool, int], None] = {}
+    for epoch in range(cfg.epochs):
+        if len(read) >= OPENED_IMAGES:  # (90 epochs of ImageNet's 1.28 million: none past)
+            break
+        order = DistributedSampler(train, num_replicas=1, rank=0, seed=cfg.seed, drop_last=True)
+        order.set_epoch(epoch)
+        read |= dict.fromkeys((False, i) for i in itertools.islice(order, steps * cfg.global_batch))
+    read |= dict.fromkeys((True, i) for i in range(len(held)))  # type: ignore[arg-type]
+    for held_out, i in list(read)[:OPENED_IMAGES]:
+        path = _image_path(held if held_out else train, i)
+        try:
+            with Image.open(path):
+                pass
+        except MemoryError:
+            raise
+        except Exception as exc:
+            said = OSError(f"{path} cannot be read as an image ({one_line(exc)})")
+            raise unreadable(cfg.dataset, i, said, held_out) from None
+
+
+def _image_path(ds: Any, i: int) -> str:
+    """The file of sample `i` of an ImageFolder tree's data set (through its Subsets)."""
+    while not hasattr(ds, "samples"):
+        ds, i = (ds.ds, i) if isinstance(ds, SeededSamples) else (ds.dataset, ds.indices[i])
+    return ds.samples[i][0]
 
 
 def _image_folder(root: Path, transform: Any) -> Any:
