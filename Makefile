@@ -52,7 +52,7 @@ bench: install
 # instead of skipping them.
 test: install horovod
 	-@scripts/slurm_cluster.sh install || echo "slurm-wlm not installed: the SLURM tests will skip"
-	PARABENCH_REQUIRE_HOROVOD=1 $(PY) -m pytest -q -ra --durations=15 tests benchmarks/test_collectives.py --benchmark-disable
+	PARABENCH_REQUIRE_HOROVOD=1 $(PY) -m pytest -q -ra --durations=40 tests benchmarks/test_collectives.py --benchmark-disable
 
 test-fast: install
 	$(PY) -m pytest -q -ra -m "not slow"
