@@ -2078,3 +2078,39 @@ def test_a_hint_names_parabench_as_the_user_called_it(tmp_path) -> None:
     assert f"`venv/bin/parabench run --resume {run_dir}`" in said("venv/bin/parabench")
     env["PATH"] = os.pathsep.join([str(script.parent), env["PATH"]])  # an activated venv
     assert f"`parabench run --resume {run_dir}`" in said("venv/bin/parabench")
+
+
+def test_a_resume_seeing_fewer_cores_runs_the_world_sizes_the_run_planned(
+    tmp_path, data_root, monkeypatch
+):
+    """A run of the default world sizes (1, 2, ... up to the cores) resumed where fewer
+    cores are seen (another machine, a narrower CPU affinity, a smaller job) planned the
+    sizes it saw: the cells the run had planned and not run were dropped, from plan.csv
+    too, and the resume said all its cells were done. It plans the run's own sizes; a cell
+    that cannot run here is a skipped row saying why. A run begun before config.json kept
+    the sizes takes them from its plan.csv."""
+    import json
+
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("ddp_spawn",))  # default world sizes
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    _, begun, cells = runner.open_run(cfg.replace(run_id="two-cores"), None)
+    begun.unlock()
+    assert sorted(c.world_size for c in cells) == [1, 2]
+    assert not any(c.status for c in cells)
+    config = json.loads(begun.config_path.read_text())
+    assert config["world_sizes"] == [1, 2]
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    for begun_before in (False, True):
+        if begun_before:  # config.json as a parabench of before wrote it
+            begun.config_path.write_text(json.dumps({**config, "world_sizes": []}))
+        _, resumed, cells = runner.open_run(cfg, begun.path)
+        resumed.unlock()
+        by_size = {c.world_size: c for c in cells}
+        assert sorted(by_size) == [1, 2], begun_before
+        assert not by_size[1].status
+        assert by_size[2].status == "skipped" and "core" in by_size[2].reason, by_size[2]
+        assert [r["world_size"] for r in resumed.plan.read()] == ["1", "2"]

@@ -686,6 +686,14 @@ class RunDir:
         names = ("strategy", "world_size", "setting", "repeat")
         self.plan.append(dict(zip(names, k, strict=True)) for k in keys)
 
+    def planned_sizes(self) -> tuple[int, ...]:
+        """The world sizes plan.csv lists (none where it has none, or no row says one)."""
+        sizes = set()
+        for r in self.plan.read():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                sizes.add(int(r["world_size"]))
+        return tuple(sorted(s for s in sizes if s > 0))
+
     @property
     def config_path(self) -> Path:
         return self.path / "config.json"
@@ -1405,6 +1413,8 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                 )
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         rd.done()  # a damaged or older runs.csv: one line, before anything is written
+        if not saved.world_sizes:  # begun before config.json kept them: as it planned them
+            saved = saved.replace(world_sizes=rd.planned_sizes())
         try:
             cells = plan(saved)
         except ConfigError as exc:  # its hint names options that --resume refuses
@@ -1433,6 +1443,11 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
     check_new_run(cfg)
     path = Path(cfg.out_dir) / cfg.run_id
     cells = plan(cfg)
+    if not cfg.world_sizes:
+        # the sizes this machine's devices gave the plan, kept as the run's own: a --resume
+        # where it sees fewer (another machine, a narrower CPU affinity) planned its own,
+        # dropped the cells planned and not yet run, and said the run was whole
+        cfg = cfg.replace(world_sizes=tuple(sorted({c.world_size for c in cells})))
     rd = RunDir(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
