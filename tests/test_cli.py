@@ -2114,3 +2114,40 @@ def test_a_resume_seeing_fewer_cores_runs_the_world_sizes_the_run_planned(
         assert not by_size[1].status
         assert by_size[2].status == "skipped" and "core" in by_size[2].reason, by_size[2]
         assert [r["world_size"] for r in resumed.plan.read()] == ["1", "2"]
+
+
+def test_a_run_begun_on_a_gpu_is_not_resumed_on_the_cpu(tmp_path, data_root, monkeypatch):
+    """A run of `--device auto` (the default) begun where torch saw a GPU, resumed where it
+    sees none (a CPU node, a shell without CUDA_VISIBLE_DEVICES): its config.json said
+    `auto`, so the rest of its cells ran on the CPU, their rows repeats of the same cells
+    as the GPU's. The run keeps the device it began on, and such a resume is one line,
+    nothing run; a run begun before config.json kept it goes by its environment.json."""
+    import json
+
+    import torch
+
+    from bench.harness import results, runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), device="auto")
+    with monkeypatch.context() as gpu:  # a machine with 2 GPUs, as far as the plan asks
+        gpu.setattr(torch.cuda, "is_available", lambda: True)
+        gpu.setattr(torch.cuda, "device_count", lambda: 2)
+        _, begun, _ = runner.open_run(cfg.replace(run_id="gpu"), None)
+        begun.unlock()
+    config = json.loads(begun.config_path.read_text())
+    assert config["device"] == "cuda"
+    for begun_before in (False, True):
+        if begun_before:  # as a parabench of before wrote them
+            begun.config_path.write_text(json.dumps({**config, "device": "auto"}))
+            (begun.path / "environment.json").write_text(json.dumps({"device_type": "cuda"}))
+        with pytest.raises(ConfigError, match="torch sees no CUDA device"):
+            runner.open_run(cfg, begun.path)
+        assert results.held_by(begun.path) is None
+    # begun here, on the CPU: resumed on it
+    _, here, _ = runner.open_run(cfg.replace(run_id="cpu"), None)
+    here.unlock()
+    assert json.loads(here.config_path.read_text())["device"] == "cpu"
+    saved, again, cells = runner.open_run(cfg, here.path)
+    again.unlock()
+    assert saved.device == "cpu" and cells

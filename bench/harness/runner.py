@@ -694,6 +694,13 @@ class RunDir:
                 sizes.add(int(r["world_size"]))
         return tuple(sorted(s for s in sizes if s > 0))
 
+    def began_on(self) -> str | None:
+        """The device the run began on (cpu or cuda, as its environment.json says), or None."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            device = json.loads((self.path / "environment.json").read_text()).get("device_type")
+            return device if device in ("cpu", "cuda") else None
+        return None
+
     @property
     def config_path(self) -> Path:
         return self.path / "config.json"
@@ -1413,8 +1420,11 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                 )
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         rd.done()  # a damaged or older runs.csv: one line, before anything is written
-        if not saved.world_sizes:  # begun before config.json kept them: as it planned them
+        # begun before config.json kept them: as it planned them, and where it began
+        if not saved.world_sizes:
             saved = saved.replace(world_sizes=rd.planned_sizes())
+        if saved.device == "auto":
+            saved = saved.replace(device=rd.began_on() or "auto")
         try:
             cells = plan(saved)
         except ConfigError as exc:  # its hint names options that --resume refuses
@@ -1443,11 +1453,13 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
     check_new_run(cfg)
     path = Path(cfg.out_dir) / cfg.run_id
     cells = plan(cfg)
-    if not cfg.world_sizes:
-        # the sizes this machine's devices gave the plan, kept as the run's own: a --resume
-        # where it sees fewer (another machine, a narrower CPU affinity) planned its own,
-        # dropped the cells planned and not yet run, and said the run was whole
-        cfg = cfg.replace(world_sizes=tuple(sorted({c.world_size for c in cells})))
+    # the device and the world sizes this machine gave the plan (--device auto, no
+    # --world-sizes), kept as the run's own: a --resume where fewer devices are seen (another
+    # machine, a narrower CPU affinity) planned its own sizes, dropped the cells planned and
+    # not yet run, and said the run was whole; one where torch saw no GPU ran the rest on the
+    # CPU, its rows beside the GPU's as repeats of the same cells
+    sizes = cfg.world_sizes or tuple(sorted({c.world_size for c in cells}))
+    cfg = cfg.replace(device=resolve_device(cfg.device), world_sizes=sizes)
     rd = RunDir(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
