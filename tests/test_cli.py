@@ -2151,3 +2151,32 @@ def test_a_run_begun_on_a_gpu_is_not_resumed_on_the_cpu(tmp_path, data_root, mon
     saved, again, cells = runner.open_run(cfg, here.path)
     again.unlock()
     assert saved.device == "cpu" and cells
+
+
+def test_a_resume_without_the_run_s_plug_in_strategy_is_refused(tmp_path, data_root):
+    """A run of every strategy, a plug-in's among them (PARABENCH_STRATEGIES), resumed from
+    a shell without that variable: the plan made again had none of the plug-in's cells, so
+    they were dropped, from plan.csv too, and the resume said all its cells were done. One
+    line now, naming them and the cause, nothing written; with the plug-in, it resumes."""
+    from bench.harness import runner
+    from tests.conftest import faulty_strategies, small_config
+
+    cfg = small_config(tmp_path, data_root, world_sizes=(1,))  # every strategy
+    with faulty_strategies():
+        _, begun, cells = runner.open_run(cfg.replace(run_id="plugged"), None)
+        begun.unlock()
+    assert "test_crash" in {c.strategy for c in cells}
+    plan = (begun.path / "plan.csv").read_text()
+    with pytest.raises(ConfigError) as refused:
+        runner.open_run(cfg, begun.path)
+    said = str(refused.value)
+    assert "the run planned cells it has not run that it cannot plan here" in said
+    plugged = sum(c.strategy.startswith("test_") for c in cells)
+    assert f"{plugged} cells of test_" in said and "not registered here" in said, said
+    assert "PARABENCH_STRATEGIES" in said
+    assert "\n" not in said
+    assert (begun.path / "plan.csv").read_text() == plan
+    with faulty_strategies():
+        _, resumed, again = runner.open_run(cfg, begun.path)
+        resumed.unlock()
+    assert {c.key for c in again} == {c.key for c in cells}

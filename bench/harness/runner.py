@@ -694,6 +694,18 @@ class RunDir:
                 sizes.add(int(r["world_size"]))
         return tuple(sorted(s for s in sizes if s > 0))
 
+    def unplanned(self, cells: Sequence[Cell]) -> list[tuple[str, int, str, int]]:
+        """The cells plan.csv lists, with no row in runs.csv, that `cells` (the run planned
+        again) lacks."""
+        now, done = {c.key for c in cells}, self.done()
+        out: dict[tuple[str, int, str, int], None] = {}
+        for r in self.plan.read():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                key = (r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"]))
+                if key not in now and key not in done:
+                    out[key] = None
+        return list(out)
+
     def began_on(self) -> str | None:
         """The device the run began on (cpu or cuda, as its environment.json says), or None."""
         with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -1433,6 +1445,9 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                 f"here: {exc} (--resume takes no other options: resume it where they hold, "
                 "or correct them in its config.json)"
             ) from None
+        unplanned = rd.unplanned(cells)
+        if unplanned:  # left out, the resume said the run was whole without them
+            raise ConfigError(_unplanned(resume, unplanned))
         try:
             rd.lock()
             rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
@@ -1475,6 +1490,34 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
             f"--out-dir {cfg.out_dir}: cannot write the run there ({exc.strerror or exc})"
         ) from None
     return cfg, rd, cells
+
+
+def _unplanned(resume: Path, cells: Sequence[tuple[str, int, str, int]]) -> str:
+    """Why a --resume is refused whose plan lacks cells the run planned and has not run: a
+    strategy of the run that this process has not registered (a plug-in's, named in
+    PARABENCH_STRATEGIES as the run began), else another parabench's plan."""
+
+    def few(items: list[str]) -> str:
+        return ", ".join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+
+    known = strategies.registry()
+    gone = list(dict.fromkeys(s for s, *_ in cells if s not in known))
+    n = f"{len(cells)} cell{'' if len(cells) == 1 else 's'}"
+    if gone:
+        why = (
+            f"{n} of {few(gone)}, not registered here (a plug-in: set PARABENCH_STRATEGIES, "
+            "or install its package, as when the run began)"
+        )
+    else:
+        said = [f"{s} ws={ws} {label} repeat {r}" for s, ws, label, r in cells]
+        why = (
+            f"{n} ({few(said)}): this parabench plans the run otherwise (resume it with the "
+            "one it began with)"
+        )
+    return (
+        f"--resume {resume}: the run planned cells it has not run that it cannot plan here: "
+        f"{why}; or remove their lines from its plan.csv to finish the run without them"
+    )
 
 
 def check_new_run(cfg: RunConfig) -> None:
