@@ -2180,3 +2180,38 @@ def test_a_resume_without_the_run_s_plug_in_strategy_is_refused(tmp_path, data_r
         _, resumed, again = runner.open_run(cfg, begun.path)
         resumed.unlock()
     assert {c.key for c in again} == {c.key for c in cells}
+
+
+def test_a_run_resumed_on_another_machine_says_so(tmp_path, data_root, monkeypatch):
+    """A run resumed on another machine (or with another torch, another parabench) summed
+    the repeats measured on both into one cell's figures without a word: its rows carry
+    their own provenance, but the table at its end and the summary take them as one run's.
+    The resume says what differs, in one line; resumed where it began, nothing."""
+    import json
+
+    from bench.harness import results, runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    _, begun, _ = runner.open_run(cfg.replace(run_id="moved"), None)
+    begun.unlock()
+    env = begun.path / "environment.json"
+    here = runner.provenance("cpu")
+    elsewhere = here | {"cpu_cores": here["cpu_cores"] + 6}
+    monkeypatch.setattr(runner.Runner, "run", lambda self, cells: [])  # measures nothing
+
+    def resumed(began: dict) -> list[str]:
+        env.write_text(json.dumps(began))
+        lines: list[str] = []
+        runner.run_matrix(cfg, resume=begun.path, echo=lines.append)
+        assert json.loads(env.read_text()) == began  # the run's own, kept
+        return [ln for ln in lines if "another setup" in ln]
+
+    assert resumed(here) == []
+    (moved,) = resumed(elsewhere)
+    assert f"(CPU cores {here['cpu_cores'] + 6} -> {here['cpu_cores']})" in moved, moved
+    # its one cell done: nothing is measured from now on, nothing to say
+    row = dict.fromkeys(results.RUN_COLUMNS, "")
+    row.update(run_id="moved", strategy="single", world_size="1", setting="fp32", repeat="0")
+    begun.runs.append([row | {"status": "ok", "epoch": "0"}])
+    assert resumed(elsewhere) == []

@@ -1590,10 +1590,13 @@ def run_matrix(
         env_json = run_dir.path / "environment.json"
         # the run's as it began: a --resume (of a run done, one from another machine) left
         # its commit and platform as this checkout's; each row names its own
+        here = provenance(resolve_device(cfg.device))
         if not env_json.exists():
-            results.write_whole(
-                env_json, json.dumps(provenance(resolve_device(cfg.device)), indent=1)
-            )
+            results.write_whole(env_json, json.dumps(here, indent=1))
+        elif resume is not None and (moved := moved_since(env_json, here)):
+            done = run_dir.done()
+            if any(not c.status and c.key not in done for c in cells):  # any to measure
+                echo(moved)
         measure_collectives(cfg, cells, run_dir.path, echo)
         measure_flops(cfg, cells, run_dir.path, echo)
         runner = Runner(cfg, run_dir, echo)  # after measure_flops: it reads model.json
@@ -1630,6 +1633,42 @@ def run_matrix(
         proc.become_subreaper(False)
         run_dir.unlock()
     return run_dir.path, rows
+
+
+#: what a resume compares with the machine the run began on: what its steps' speed depends on
+MACHINE = {
+    "host": "host",
+    "cpu_model": "CPU",
+    "cpu_cores": "CPU cores",
+    "device_names": "devices",
+    "gpu_count": "GPUs",
+    "torch_version": "torch",
+    "git_commit": "parabench commit",
+}
+
+
+def moved_since(env_json: Path, here: Mapping[str, Any]) -> str:
+    """A line where a run resumes on another machine, torch or parabench than it began with
+    (environment.json, `here` now): its rows carry their own, but the summary takes the
+    repeats measured on both as one cell's, and said nothing of it. '' where none differs
+    (or the file cannot be read)."""
+    try:
+        began = json.loads(env_json.read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(began, dict):
+        return ""
+    changed = [
+        f"{what} {began[k]} -> {here.get(k, '')}"
+        for k, what in MACHINE.items()
+        if began.get(k) not in (None, "") and str(began[k]) != str(here.get(k, ""))
+    ]
+    if not changed:
+        return ""
+    return (
+        f"resuming on another setup than the run began on ({'; '.join(changed)}): the cells "
+        "measured from now on are summarised with those measured before, as one run's"
+    )
 
 
 def collective_sizes(cfg: RunConfig, cells: list[Cell]) -> list[int]:
