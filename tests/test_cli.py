@@ -2215,3 +2215,34 @@ def test_a_run_resumed_on_another_machine_says_so(tmp_path, data_root, monkeypat
     row.update(run_id="moved", strategy="single", world_size="1", setting="fp32", repeat="0")
     begun.runs.append([row | {"status": "ok", "epoch": "0"}])
     assert resumed(elsewhere) == []
+
+
+def test_a_resume_refused_a_full_disk_keeps_the_run_s_plan(tmp_path, data_root, monkeypatch):
+    """`--resume` on a disk still full removed plan.csv before failing to write it again:
+    the run, refused, was left without the cells it set out to run (the report's missing
+    cells, what the next resume checks its plan against). The plan is replaced whole or
+    left as it was."""
+    import errno
+
+    from bench.harness import results, runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    _, begun, _ = runner.open_run(cfg.replace(run_id="full", repeats=2), None)
+    begun.unlock()
+    plan = begun.plan.path.read_text()
+    whole = results.written_whole
+
+    def full(path, *args, **kwargs):
+        if path.name == "plan.csv":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return whole(path, *args, **kwargs)
+
+    monkeypatch.setattr(results, "written_whole", full)
+    with pytest.raises(ConfigError, match="cannot write the run there"):
+        runner.open_run(cfg, begun.path)
+    assert begun.plan.path.read_text() == plan
+    monkeypatch.setattr(results, "written_whole", whole)  # room again
+    _, resumed, _ = runner.open_run(cfg, begun.path)
+    resumed.unlock()
+    assert begun.plan.path.read_text() == plan

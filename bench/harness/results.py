@@ -623,6 +623,10 @@ class CsvTable:
             return
         self._rewrite([*self.read(), *({k: _fmt(v) for k, v in r.items()} for r in rows)])
 
+    def write(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """The file as `rows` alone, replaced whole as `append` rewrites it."""
+        self._rewrite([{k: _fmt(v) for k, v in r.items()} for r in rows])
+
     def keep(self, wanted: Callable[[dict[str, str]], bool]) -> None:
         """Drop the rows `wanted` refuses, rewriting the file whole as `append` does."""
         existing = self.read()

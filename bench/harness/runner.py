@@ -682,9 +682,10 @@ class RunDir:
         planned, and one no longer planned is not reported missing for ever)."""
         keys = [c.key for c in cells]
         keys += sorted(self.done() - set(keys))
-        self.plan.path.unlink(missing_ok=True)
         names = ("strategy", "world_size", "setting", "repeat")
-        self.plan.append(dict(zip(names, k, strict=True)) for k in keys)
+        # in place, whole: removed first, a resume refused a full disk left the run no plan
+        # (the cells it set out to run, which the report and the next resume go by)
+        self.plan.write(dict(zip(names, k, strict=True)) for k in keys)
 
     def planned_sizes(self) -> tuple[int, ...]:
         """The world sizes plan.csv lists (none where it has none, or no row says one)."""
