@@ -2246,3 +2246,33 @@ def test_a_resume_refused_a_full_disk_keeps_the_run_s_plan(tmp_path, data_root, 
     _, resumed, _ = runner.open_run(cfg, begun.path)
     resumed.unlock()
     assert begun.plan.path.read_text() == plan
+
+
+def test_a_run_with_a_relative_data_root_resumes_from_another_folder(
+    tmp_path, data_root, monkeypatch
+):
+    """A run begun with a relative --data-root (the default `data`, README's
+    `../shared/data`) and resumed from another folder looked for its data there: refused
+    with a hint of options --resume does not take (or, where that folder had data of the
+    name, trained on other data). The run keeps its data root whole; one begun before
+    that is told its root is relative to where it began."""
+    import json
+
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    monkeypatch.chdir(data_root.parent)
+    cfg = small_config(tmp_path, Path(data_root.name), strategies=("single",), world_sizes=(1,))
+    _, begun, _ = runner.open_run(cfg.replace(run_id="rel"), None)
+    begun.unlock()
+    config = json.loads(begun.config_path.read_text())
+    assert config["data_root"] == str(data_root.resolve())
+    monkeypatch.chdir(tmp_path)
+    saved, resumed, _ = runner.open_run(cfg, begun.path)
+    resumed.unlock()
+    assert saved.data_path == data_root.resolve()
+    begun.config_path.write_text(json.dumps({**config, "data_root": data_root.name}))
+    with pytest.raises(ConfigError) as refused:
+        runner.open_run(cfg, begun.path)
+    said = str(refused.value)
+    assert f"its data root {data_root.name} is relative to the folder the run began in" in said

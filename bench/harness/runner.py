@@ -1441,10 +1441,16 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
         try:
             cells = plan(saved)
         except ConfigError as exc:  # its hint names options that --resume refuses
+            root = saved.data_root
+            where = (  # begun before config.json kept it whole: read from this folder
+                f"; its data root {root} is relative to the folder the run began in"
+                if not saved.data_path.is_absolute() and f"under {root}" in str(exc)
+                else ""
+            )
             raise ConfigError(
                 f"--resume {resume}: the run's own options (its config.json) do not hold "
-                f"here: {exc} (--resume takes no other options: resume it where they hold, "
-                "or correct them in its config.json)"
+                f"here: {exc}{where} (--resume takes no other options: resume it where they "
+                "hold, or correct them in its config.json)"
             ) from None
         unplanned = rd.unplanned(cells)
         if unplanned:  # left out, the resume said the run was whole without them
@@ -1459,13 +1465,13 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
                 f"{rd.path}: cannot write the run there ({exc.strerror or exc})"
             ) from None
         return saved, rd, cells
-    cfg = cfg.replace(run_id=cfg.run_id or _new_run_id())
+    # the data root as read here, a whole path (data_path: a ~ expanded, as a shell leaves it
+    # after --data-root=, not a folder named ~ below this one): kept relative, a --resume
+    # from another folder (the default `data`, README's `../shared/data`) looked for the
+    # data there, and was refused with a hint of options it does not take, or read other data
+    cfg = cfg.replace(run_id=cfg.run_id or _new_run_id(), data_root=str(cfg.data_path.resolve()))
     if cfg.multi_host:  # other hosts start in other folders: whole paths
-        # the data root as read here (data_path: a ~ expanded, as a shell leaves it after
-        # --data-root=), not a folder named ~ below this one
-        cfg = cfg.replace(
-            out_dir=str(Path(cfg.out_dir).resolve()), data_root=str(cfg.data_path.resolve())
-        )
+        cfg = cfg.replace(out_dir=str(Path(cfg.out_dir).resolve()))
     check_new_run(cfg)
     path = Path(cfg.out_dir) / cfg.run_id
     cells = plan(cfg)
