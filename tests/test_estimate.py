@@ -576,9 +576,9 @@ def test_a_busy_machine_times_the_steps_no_slower_than_on_one_thread(
 
 
 def test_a_busy_machine_times_a_long_step_once(mnist, monkeypatch) -> None:
-    """One thread may take as many times as long as all the cores: a step whose timing took
-    SLOW_S over the threads is not timed again on one (minutes of torch ops no Ctrl-C stops,
-    the bound beyond_timing keeps), and its figure on all the cores stands."""
+    """One thread may take as many times as long as all the cores: a step whose timing on
+    one thread could take past SLOW_S is not timed again there (minutes of torch ops no
+    Ctrl-C stops, the bound beyond_timing keeps), and its figure on all the cores stands."""
     import torch
 
     cfg, bundle = mnist
@@ -598,3 +598,37 @@ def test_a_busy_machine_times_a_long_step_once(mnist, monkeypatch) -> None:
     finally:
         torch.set_num_threads(threads)
     assert seen == [2, 2]
+
+
+@pytest.mark.parametrize("eval_ms, alone", [(30.0, (2.6, 1.0)), (150.0, (2.6, 150.0))])
+def test_a_busy_machine_whose_timing_took_long_still_times_on_one_thread(
+    mnist, monkeypatch, eval_ms, alone
+) -> None:
+    """The load the one-thread timing escapes is what made the timing on all the cores long:
+    on a loaded 2-core machine the MNIST CNN's took 20 s (fp32 and bf16), 40 s over its
+    threads, past SLOW_S, so the one thread's 4 s never ran and `make bench` was estimated at
+    84 min (140 ms a sample; 10 on one thread). Each figure is timed again where one thread,
+    even as many times slower as there are threads than its fastest step, fits in SLOW_S:
+    a forward of 64 samples at 150 ms a sample (9.6 s a step, up to 19.2 on one) does not."""
+    import torch
+
+    cfg, bundle = mnist
+    monkeypatch.setattr(estimate, "CpuShare", type("Busy", (Share,), {"pct": 90.0}))
+    clock = [0.0]
+    monkeypatch.setattr(estimate.time, "perf_counter", lambda: clock[0])
+    seen = []
+
+    def stub(cfg, bundle, precision="fp32", batch=8, forward=False):
+        seen.append(torch.get_num_threads())
+        slow = torch.get_num_threads() > 1
+        clock[0] += 10.0 if slow else 0.5  # each timing on both threads takes 10 s
+        return (eval_ms if slow else 1.0) if forward else (89.5 if slow else 2.6)
+
+    monkeypatch.setattr(estimate, "per_sample_ms", stub)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert estimate.timed(cfg, bundle, ["fp32"], isolate=False) == {"fp32": alone}
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == ([2, 2, 1, 1] if alone[1] == 1.0 else [2, 2, 1])

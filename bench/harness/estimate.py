@@ -50,7 +50,8 @@ DTYPES = {"fp32": torch.float32, **prec.DTYPES}
 LONG_S = 30 * 60
 #: the batch of the training steps timed (or the global batch, where smaller)
 TIMED_BATCH = 8
-#: timing the steps for longer than this says so, on stderr
+#: timing the steps for longer than this says so, on stderr; and a busy CPU's steps are timed
+#: again on one thread only where that cannot take longer (_on_one_thread)
 SLOW_S = 15.0
 #: a CPU core's fp32 matrix-product speed no CPU core reaches (FLOP/s): AVX-512's two FMA
 #: units at 3.5 GHz give 224 G
@@ -176,16 +177,13 @@ def timed(
     clusters) no rank could open GPU 0 at all. Its exceptions (an out-of-memory one too)
     are raised here."""
     if not isolate:
-        share, t0 = CpuShare(), time.perf_counter()
+        share = CpuShare()
         ms = _each_precision(cfg, bundle, precisions)
-        took = time.perf_counter() - t0
         threads = torch.get_num_threads()
         if threads == 1 or resolve_device(cfg.device) != "cpu":
             return ms
         if not share.stop()["other_cpu_pct"] >= BUSY_PCT:
             return ms
-        if took * threads > SLOW_S:  # one thread may take up to `threads` times as long: a
-            return ms  # step that long is one torch op after another, which no Ctrl-C stops
         # Beside other work, a step on several threads waits at each op for its slowest
         # thread, whose core another process holds: on a loaded 2-core machine a step of
         # the MNIST CNN took 112 ms a sample on 2 threads and 2.6 on one, moments apart,
@@ -193,12 +191,7 @@ def timed(
         # slower on more threads than on one (and the ranks of a cell of several have a
         # thread or a few each): a figure slower than one thread's is the load's, so one
         # thread's is taken
-        torch.set_num_threads(1)
-        try:
-            alone = _each_precision(cfg, bundle, precisions)
-        finally:
-            torch.set_num_threads(threads)
-        return {p: (min(ms[p][0], alone[p][0]), min(ms[p][1], alone[p][1])) for p in ms}
+        return _on_one_thread(cfg, bundle, ms, threads)
     spawn = multiprocessing.get_context("spawn")
     # a harness SIGKILLed meanwhile takes the child with it (it would time on, holding the GPU)
     pool = ProcessPoolExecutor(1, mp_context=spawn, initializer=proc.dies_with_this())
@@ -228,6 +221,40 @@ def _each_precision(
         )
         for p in precisions
     }
+
+
+def _on_one_thread(
+    cfg: RunConfig, bundle: data.DataBundle, ms: dict[str, tuple[float, float]], threads: int
+) -> dict[str, tuple[float, float]]:
+    """`ms` (timed on `threads` threads), each figure timed again on one thread where that is
+    faster: each only where its timing fits in what is left of SLOW_S even if one thread
+    were `threads` times as slow as its fastest step on all of them (a warm-up step, then
+    timed ones to a second: per_sample_ms). Such a step is one torch op after another that
+    no Ctrl-C stops, so that worst case bounds it; the time the timing on all the cores took
+    does not, as the load that slowed those steps is what one thread escapes: on a loaded
+    2-core machine it took 20 s for the MNIST CNN (fp32 and bf16), so the one thread's 4 s
+    never ran, and `make bench` was estimated at 84 min (140 ms a sample; 10 on one thread)."""
+    train, held = len(bundle.train), len(bundle.held_out)  # type: ignore[arg-type]
+    # the batches per_sample_ms times a training step and a forward at
+    batches = (max(1, min(timed_batch(cfg), train)), max(1, min(EVAL_TIMED_BATCH, held)))
+    out, spent = {}, 0.0
+    torch.set_num_threads(1)
+    try:
+        for p in sorted(ms, key=lambda p: p != "fp32"):  # fp32 first: the line's figure
+            got = []
+            for forward, per, batch in zip((False, True), ms[p], batches, strict=True):
+                worst_step = threads * per * batch / 1e3
+                if not per or spent + 2 * worst_step + 1.0 > SLOW_S:
+                    got.append(per)
+                    continue
+                t0 = time.perf_counter()
+                alone = per_sample_ms(cfg, bundle, p, batch, forward=forward)
+                spent += time.perf_counter() - t0
+                got.append(min(per, alone))
+            out[p] = (got[0], got[1])
+    finally:
+        torch.set_num_threads(threads)
+    return {p: out[p] for p in ms}
 
 
 def _timed_alone(cfg: RunConfig, precisions: list[str]) -> dict[str, tuple[float, float]]:
