@@ -368,7 +368,7 @@ class RunConfig:
             "--profile writes the trace of the profiled steps: --profile-steps must be at least 1",
         )
         if self.image_size == 0:
-            object.__setattr__(self, "image_size", self._default_image_size())
+            object.__setattr__(self, "image_size", self.default_image_size())
         need(
             16 <= self.image_size <= 1024,
             f"--image-size takes 16 to 1024 pixels, got {self.image_size}",
@@ -509,7 +509,7 @@ class RunConfig:
         )
         object.__setattr__(self, "world_sizes", (world,))
 
-    def _default_image_size(self) -> int:
+    def default_image_size(self) -> int:
         if self.dataset != "synthetic":
             return 224
         from bench.harness.env import resolve_device

@@ -119,6 +119,17 @@ def test_synthetic_matches_the_model_input():
     assert b.description == "synthetic (1, 28, 28) x 400, 10 classes"
     b = data.load(RunConfig(dataset="synthetic", model="resnet18", global_batch=8, device="cpu"))
     assert b.description.endswith("(64 px: the CPU default; --image-size sets it)")
+    # on a GPU 64 px is no default (224 is) but what --image-size asked for: the rows' `data`
+    # called it the CPU default
+    gpu = RunConfig(
+        dataset="synthetic",
+        model="resnet18",
+        image_size=64,
+        limit=16,
+        global_batch=8,
+        device="cuda",
+    )
+    assert data.load(gpu).description == "synthetic (3, 64, 64) x 16, 1000 classes"
     b = data.load(
         RunConfig(dataset="synthetic", model="resnet18", image_size=32, limit=16, global_batch=8)
     )

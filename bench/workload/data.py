@@ -852,8 +852,10 @@ def _synthetic(cfg: RunConfig) -> DataBundle:
         max(cfg.eval_samples, 1), spec.shape, classes, cfg.seed + 1, dtype=spec.dtype
     )
     size = ""
-    # said only where the model's input follows --image-size (mnist_cnn's is 28 px at any)
-    if cfg.image_size == CPU_SYNTHETIC_IMAGE_SIZE and not _ignores(cfg, "image_size", 32):
+    # said only where the model's input follows --image-size (mnist_cnn's is 28 px at any),
+    # and where 64 px is the run's default: on a GPU, whose default is 224, it was asked for
+    cpu_default = cfg.image_size == cfg.default_image_size() == CPU_SYNTHETIC_IMAGE_SIZE
+    if cpu_default and not _ignores(cfg, "image_size", 32):
         size = f" ({cfg.image_size} px: the CPU default; --image-size sets it)"
     desc = f"synthetic {spec.shape} x {n}, {classes} classes{size}"
     return DataBundle(train, held, classes, desc, spec)
