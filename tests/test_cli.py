@@ -2276,3 +2276,34 @@ def test_a_run_with_a_relative_data_root_resumes_from_another_folder(
         runner.open_run(cfg, begun.path)
     said = str(refused.value)
     assert f"its data root {data_root.name} is relative to the folder the run began in" in said
+
+
+def test_what_the_readme_says_runs_make_benchs_tp_and_fsdp_tp_plans_them(data_root) -> None:
+    """make bench skips tp and fsdp_tp; README said both were for the CNN and that
+    `--model transformer` ran them, but on 2 cores fsdp_tp's rows are skipped for their world
+    size (4 ranks at least), with the transformer too (named alone: an error). The reasons
+    are as the README gives them, and the options it names plan their cells."""
+    import re
+
+    from bench.cli import config_from_args
+    from bench.harness import runner
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    tp = re.search(
+        r"`tp` is a skipped row, since the CNN has no attention to split \(add `([^`]+)` for it\)",
+        readme,
+    )
+    fsdp_tp = re.search(
+        r"so is `fsdp_tp`, which needs 4 ranks too \(`([^`]+)` on 2 cores\)", readme
+    )
+    assert tp and fsdp_tp, "README's make bench paragraph on tp and fsdp_tp"
+
+    def cells(*args: str) -> dict[tuple[str, int], str]:
+        a = build_parser().parse_args(["run", "--data-root", str(data_root), *args])
+        return {(c.strategy, c.world_size): c.reason for c in runner.plan(config_from_args(a))}
+
+    bench = cells("--world-sizes", "1,2")  # make bench's on 2 cores (named alone: an error)
+    assert "no attention" in bench[("tp", 2)]
+    assert "at least 4, got 2" in bench[("fsdp_tp", 2)]
+    both = cells("--strategies", "tp,fsdp_tp", *shlex.split(tp[1]), *shlex.split(fsdp_tp[1]))
+    assert both == {("tp", 4): "", ("fsdp_tp", 4): ""}
