@@ -611,6 +611,20 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return head[: max(limit - len(where), 0)] + where
 
 
+def not_a_run(path: Path, missing: str) -> ConfigError:
+    """The error for a folder named as a run that holds none (`missing`: the file it lacks).
+    Where its folders hold runs (results/, a GPU check's under results/reference/), it names
+    them: `compare` of a GPU check's folder was told only to check it was a run directory."""
+    inside = sorted(p.parent.name for p in path.glob("*/runs.csv"))
+    if not inside:
+        return ConfigError(f"{path}: no {missing} there; is it a parabench run directory?")
+    more = f" and {len(inside) - 3} more" if len(inside) > 3 else ""
+    return ConfigError(
+        f"{path}: no {missing} there, but runs in its folders ({', '.join(inside[:3])}{more}): "
+        f"name one, as {path / inside[0]}"
+    )
+
+
 def run_dir_named(path: str | Path) -> Path:
     """The run directory a command names: the folder itself, or the folder of the runs.csv
     named (as a tab completion may end). ConfigError for a missing path, or another file,

@@ -614,6 +614,50 @@ def test_every_reference_run_has_its_row_in_the_results_readme() -> None:
     assert folders and [f for f in folders if f"| `reference/{f}` |" not in table] == []
 
 
+def test_the_results_readme_says_where_a_gpu_checks_runs_are() -> None:
+    """results/README.md: `parabench compare results/reference/<run> ...`, each with its
+    report.md; but a GPU check's folder holds no run (compare on it: no runs.csv there):
+    its runs are its parts, each named in its README.md."""
+    text = " ".join((REFERENCE.parent.parent / "README.md").read_text().split())
+    assert "A GPU check (`nvidia-*`) is no run itself but a folder of them, one a part" in text
+    checks = 0
+    for folder in sorted(p for p in REFERENCE.parent.iterdir() if p.is_dir()):
+        if (folder / "runs.csv").exists():
+            assert (folder / "report.md").exists(), folder
+            continue
+        checks += 1
+        parts = sorted(p.parent.name for p in folder.glob("*/runs.csv"))
+        assert parts and folder.name.startswith("nvidia-"), folder
+        readme = (folder / "README.md").read_text()
+        assert [p for p in parts if p not in readme] == [], folder
+    assert checks
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "predict"])
+def test_a_folder_of_runs_named_as_one_names_its_runs(tmp_path, capsys, command) -> None:
+    """`parabench compare results/reference/nvidia-h200-20261126 ...` (a GPU check's folder,
+    whose runs are its parts) or `report results` said only "no runs.csv there; is it a
+    parabench run directory?": the runs in its folders are named, in one line, exit 2."""
+    from bench.cli import main
+
+    for name in ["resnet50", "mnist", "horovod", "apex"]:
+        (tmp_path / "check" / name).mkdir(parents=True)
+        (tmp_path / "check" / name / "runs.csv").write_text("strategy\n")
+        (tmp_path / "check" / name / "config.json").write_text("{}")
+    check = tmp_path / "check"
+    args = {"report": [check], "compare": [check, check / "mnist"], "predict": [check]}
+    assert main([command, *map(str, args[command])]) == 2
+    err = capsys.readouterr().err
+    lacks = "config.json" if command == "predict" else "runs.csv"
+    assert err == (
+        f"parabench: error: {check}: no {lacks} there, but runs in its folders (apex, "
+        f"horovod, mnist and 1 more): name one, as {check / 'apex'}\n"
+    )
+    (tmp_path / "empty").mkdir()
+    assert main([command, str(tmp_path / "empty"), *map(str, args[command][1:])]) == 2
+    assert "is it a parabench run directory?" in capsys.readouterr().err
+
+
 def _one_process_copy(tmp_path: Path) -> Path:
     """The reference run as a run of world size 1 alone would be (no collectives measured)."""
     run_dir = Path(shutil.copytree(REFERENCE, tmp_path / "one-process"))

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from bench import program
-from bench.config import ConfigError, comma_items, run_dir_named
+from bench.config import ConfigError, comma_items, not_a_run, run_dir_named
 from bench.harness.collectives import ROUGH_R2
 
 #: what-if links: (all-reduce bus bandwidth GB/s, latency per hop in µs), stated assumptions.
@@ -334,7 +334,7 @@ def _config(run_dir: Path, link: str | None = None) -> Any:
     run_dir = run_dir_named(run_dir)  # as report and compare say it
     rd = RunDir(run_dir)
     if not rd.config_path.exists():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.json)")
+        raise not_a_run(run_dir, "config.json")
     if not rd.runs.path.exists():
         raise ConfigError(
             f"{run_dir}: no cell has finished yet (no runs.csv); `{program()} run --resume "

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.config import ConfigError, first_line, run_dir_named
+from bench.config import ConfigError, first_line, not_a_run, run_dir_named
 from bench.harness import breakdown, proc, results, stats
 
 #: the per-repeat measurements that summary.csv gives a median and spread for
@@ -341,7 +341,7 @@ def load_run(run_dir: str | Path) -> Run:
     path = run_dir_named(run_dir)
     begun = (path / "config.json").is_file()  # a run stopped before its first row has no runs.csv
     if not (path / "runs.csv").is_file() and not begun:
-        raise ConfigError(f"{path}: no runs.csv there; is it a parabench run directory?")
+        raise not_a_run(path, "runs.csv")
     required = ("strategy", "world_size", "repeat", "status", "epoch")
     runs = _read_csv(path / "runs.csv", results.RUN_COLUMNS, required, rows=True)
     _check_whole_numbers(runs, path / "runs.csv", {"world_size": 1, "repeat": 0})
