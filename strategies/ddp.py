@@ -36,10 +36,13 @@ class TorchDistributed(Strategy):
     def setup_distributed(self) -> None:
         if self.ctx.device.type == "cuda":
             torch.cuda.set_device(self.ctx.device)
-        # The launcher has put MASTER_ADDR/PORT, RANK and WORLD_SIZE in the environment.
+        # The launcher has put RANK and WORLD_SIZE in the environment, and where the ranks
+        # meet: MASTER_ADDR/PORT, or (mp.spawn's, on one host) a file, PARABENCH_STORE
         timeout = datetime.timedelta(seconds=float(os.environ.get("PARABENCH_PG_TIMEOUT_S", 300)))
+        store = os.environ.get("PARABENCH_STORE")
         dist.init_process_group(
             self.backend,
+            init_method=f"file://{store}" if store else None,
             rank=self.ctx.rank,
             world_size=self.ctx.world_size,
             timeout=timeout,

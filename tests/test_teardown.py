@@ -112,3 +112,33 @@ def test_the_worker_frees_the_ddp_model_before_it_leaves_the_group(
         worker.run(spec)
         assert (cell / "epochs.jsonl").exists()
     assert at_teardown == [True]
+
+
+def test_spawned_ranks_meet_at_a_file_not_a_port_another_process_may_take(tmp_path, monkeypatch):
+    """mp.spawn's ranks met at a port picked free and released before rank 0 bound it: a
+    process of another run could take it in between, and a rank failed with 'address
+    already in use' (seen with two runs at once). They meet at a file of their own
+    (PARABENCH_STORE, as the worker's _spawn_entry sets it): a port held by someone else,
+    as MASTER_PORT, is no longer theirs to bind."""
+    import socket
+
+    import torch.distributed as dist
+
+    from strategies.base import RankContext
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(taken.getsockname()[1]))
+        monkeypatch.setenv("PARABENCH_STORE", str(tmp_path / "store"))
+        monkeypatch.setenv("PARABENCH_PG_TIMEOUT_S", "20")
+        ctx = RankContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), seed=0)
+        strategy = strategies.get("ddp_spawn").create(ctx, {}, Setting())
+        strategy.setup_distributed()
+        try:
+            t = torch.ones(3)
+            dist.all_reduce(t)
+            assert t.tolist() == [1.0, 1.0, 1.0]
+        finally:
+            strategy.teardown()

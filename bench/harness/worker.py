@@ -23,6 +23,7 @@ import os
 import random
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -487,13 +488,12 @@ def _save_replica_gaps(strategy: Strategy, path: Path) -> None:
         results.write_whole(path, json.dumps({"param_gap_by_rank": gaps}))
 
 
-def _spawn_entry(index: int, spec: dict[str, Any], port: int) -> None:
+def _spawn_entry(index: int, spec: dict[str, Any], store: str) -> None:
     os.environ.update(
         RANK=str(index),
         LOCAL_RANK=str(index),
         WORLD_SIZE=str(spec["world_size"]),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+        PARABENCH_STORE=store,
     )
     proc.die_with_parent()
     run(spec)
@@ -539,7 +539,12 @@ def main(argv: list[str] | None = None) -> None:
     if spawn:
         import torch.multiprocessing as mp
 
-        mp.spawn(_spawn_entry, args=(spec, proc.free_port()), nprocs=spec["world_size"], join=True)
+        # the ranks meet at a file, not a port: a free port picked here was released before
+        # rank 0 bound it, and another run's process could take it in between (two runs at
+        # once: a rank of either failed with "address already in use")
+        with tempfile.TemporaryDirectory(prefix="parabench-spawn-") as tmp:
+            store = str(Path(tmp) / "store")
+            mp.spawn(_spawn_entry, args=(spec, store), nprocs=spec["world_size"], join=True)
     else:
         run(spec)
     _exit_now()
