@@ -142,3 +142,7 @@ def test_spawned_ranks_meet_at_a_file_not_a_port_another_process_may_take(tmp_pa
             assert t.tolist() == [1.0, 1.0, 1.0]
         finally:
             strategy.teardown()
+    # a harness started with one (under an enclosing launcher) gives it to no cell's ranks
+    from bench.harness.runner import launcher_free
+
+    assert launcher_free({"PARABENCH_STORE": "/stale", "PATH": "/bin"}) == {"PATH": "/bin"}
