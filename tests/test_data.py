@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -651,3 +652,33 @@ def test_a_file_that_is_no_image_is_refused_before_the_run(tmp_path, data_root):
         ), str(err.value)
         assert str(err.value).endswith("; replace or remove the file")
         bad.write_bytes(good)
+
+
+def test_a_run_opens_each_image_once_however_often_it_plans(tmp_path, data_root, monkeypatch):
+    """The CLI checks the data, then the run plans again (verify more often): each check
+    opened and parsed the header of every file again, up to 20,000. A file opened before,
+    unchanged since, is not opened again; one rewritten since is."""
+    from PIL import Image
+
+    tree = _image_tree(tmp_path, data_root)
+    cfg = RunConfig(
+        dataset="imagenet-subset", data_root=str(tree), image_size=32, global_batch=1,
+        warmup_steps=1,
+    )  # fmt: skip
+    opened: list[str] = []
+    real = Image.open
+
+    def counted(fp, *args, **kwargs):
+        opened.append(str(fp))
+        return real(fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", counted)
+    data.check(cfg)
+    first = len(opened)
+    assert first > 0
+    data.check(cfg)
+    assert len(opened) == first
+    changed = Path(opened[0])
+    changed.write_bytes(changed.read_bytes() + b"\0")
+    data.check(cfg)
+    assert opened[first:] == [str(changed)]

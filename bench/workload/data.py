@@ -523,6 +523,9 @@ def _open_images(cfg: RunConfig, bundle: DataBundle) -> None:
     for held_out, i in list(read)[:OPENED_IMAGES]:
         path = _image_path(held if held_out else train, i)
         try:
+            seen = (path, *_stamp(path))
+            if seen in _OPENED:
+                continue
             with Image.open(path):
                 pass
         except MemoryError:
@@ -530,6 +533,18 @@ def _open_images(cfg: RunConfig, bundle: DataBundle) -> None:
         except Exception as exc:
             said = OSError(f"{path} cannot be read as an image ({one_line(exc)})")
             raise unreadable(cfg.dataset, i, said, held_out) from None
+        _OPENED.add(seen)
+
+
+#: the image files this process has opened (_open_images), as they were then (their size
+#: and change time): a run plans twice (the CLI's check, then the run's), verify more, and
+#: each opened and parsed up to OPENED_IMAGES headers again
+_OPENED: set[tuple[str, int, int]] = set()
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
 
 
 def _image_path(ds: Any, i: int) -> str:
