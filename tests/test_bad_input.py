@@ -770,8 +770,8 @@ def no_run_starts(monkeypatch):
     """Input that validation lets through fails the case: the run it would start doesn't."""
     real = runner.open_run
 
-    def guarded(cfg, resume):
-        real(cfg, resume)
+    def guarded(cfg, resume, *args):
+        real(cfg, resume, *args)
         raise AssertionError("validation let this through: a run would have started")
 
     monkeypatch.setattr(runner, "open_run", guarded)

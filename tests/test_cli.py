@@ -2087,8 +2087,9 @@ def test_a_resume_seeing_fewer_cores_runs_the_world_sizes_the_run_planned(
     cores are seen (another machine, a narrower CPU affinity, a smaller job) planned the
     sizes it saw: the cells the run had planned and not run were dropped, from plan.csv
     too, and the resume said all its cells were done. It plans the run's own sizes; a cell
-    that cannot run here is a skipped row saying why. A run begun before config.json kept
-    the sizes takes them from its plan.csv."""
+    that cannot run here is left with no row, said in one line (a skipped row would count
+    it done, and a resume where it fits would not run it). A run begun before config.json
+    kept the sizes takes them from its plan.csv."""
     import json
 
     from bench.harness import runner
@@ -2107,13 +2108,16 @@ def test_a_resume_seeing_fewer_cores_runs_the_world_sizes_the_run_planned(
     for begun_before in (False, True):
         if begun_before:  # config.json as a parabench of before wrote it
             begun.config_path.write_text(json.dumps({**config, "world_sizes": []}))
-        _, resumed, cells = runner.open_run(cfg, begun.path)
+        said: list[str] = []
+        _, resumed, cells = runner.open_run(cfg, begun.path, said.append)
         resumed.unlock()
-        by_size = {c.world_size: c for c in cells}
-        assert sorted(by_size) == [1, 2], begun_before
-        assert not by_size[1].status
-        assert by_size[2].status == "skipped" and "core" in by_size[2].reason, by_size[2]
+        assert [(c.world_size, c.status) for c in cells] == [(1, "")], begun_before
+        assert said and "left for a resume where they fit" in said[0] and "core" in said[0]
         assert [r["world_size"] for r in resumed.plan.read()] == ["1", "2"]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # back where it fits
+    _, resumed, cells = runner.open_run(cfg, begun.path, said.append)
+    resumed.unlock()
+    assert sorted((c.world_size, c.status) for c in cells) == [(1, ""), (2, "")]
 
 
 def test_a_run_begun_on_a_gpu_is_not_resumed_on_the_cpu(tmp_path, data_root, monkeypatch):

@@ -101,6 +101,8 @@ class Cell:
     options: tuple[tuple[str, str], ...] = ()
     status: str = ""  # pre-decided: skipped / unavailable
     reason: str = ""
+    #: skipped for this machine's cores or GPUs alone: with more, it would run
+    short: bool = False
 
     @property
     def label(self) -> str:
@@ -230,11 +232,14 @@ def _cells(
             if device == "cuda" or not spec.cls
             else cpu_capacity(cfg, Cell(spec.name, ws, 0, setting, opts, "", ""))
         )
+        cannot = _across_nodes(cfg, spec) or spec.cannot_run(ws, device, room, cfg.oversubscribe)
         reason = why_not or (
-            _across_nodes(cfg, spec)
-            or spec.cannot_run(ws, device, room, cfg.oversubscribe)
+            cannot
             or spec.unsupported(setting, device)
             or spec.unsuitable(as_cell, ws, merged_options(spec, opts))
+        )
+        short = bool(cannot and not why_not) and not (
+            _across_nodes(cfg, spec) or spec.cannot_run(ws, device, 2**31, cfg.oversubscribe)
         )
         if not reason:
             shares = spec.batch_shares(ws, merged_options(spec, opts))
@@ -244,7 +249,7 @@ def _cells(
                 reason = _check_shares(cfg, spec.name, ws, setting.accumulate, shares)
         for r in range(cfg.repeats):
             status = (results.UNAVAILABLE if why_not else results.SKIPPED) if reason else ""
-            mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or ""))
+            mine.append(Cell(spec.name, ws, r, setting, opts, status, reason or "", short))
     return mine
 
 
@@ -1404,7 +1409,9 @@ def _summary(row: dict[str, Any]) -> str:
     )
 
 
-def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, list[Cell]]:
+def open_run(
+    cfg: RunConfig, resume: Path | None, echo: Echo = print
+) -> tuple[RunConfig, RunDir, list[Cell]]:
     """The run's config, directory and cells; nothing is created until `plan` accepts it."""
     if resume is not None:
         rd = RunDir(resume)
@@ -1465,7 +1472,17 @@ def open_run(cfg: RunConfig, resume: Path | None) -> tuple[RunConfig, RunDir, li
             raise ConfigError(
                 f"{rd.path}: cannot write the run there ({exc.strerror or exc})"
             ) from None
-        return saved, rd, cells
+        # cells it planned that this machine has too few cores or GPUs for: a skipped row
+        # would count them done, and a resume where they fit would never run them
+        done = rd.done()
+        held = [c for c in cells if c.short and c.key not in done]
+        if held:
+            echo(
+                f"{len(held)} cell(s) of the run left for a resume where they fit, no row "
+                f"written: {held[0].strategy} at world size {held[0].world_size}: "
+                f"{held[0].reason}"
+            )
+        return saved, rd, [c for c in cells if c not in held]
     # the data root as read here, a whole path (data_path: a ~ expanded, as a shell leaves it
     # after --data-root=, not a folder named ~ below this one): kept relative, a --resume
     # from another folder (the default `data`, README's `../shared/data`) looked for the
@@ -1590,7 +1607,7 @@ def run_matrix(
     the run stops (default: its --resume; a run of verify's is one step of verify's own).
     `kept`: whether the run's folder outlives a stop (verify's conditioning runs' does not),
     so that the line says where its rows are kept."""
-    cfg, run_dir, cells = open_run(cfg, resume)
+    cfg, run_dir, cells = open_run(cfg, resume, echo)
     proc.become_subreaper()
     runner: Runner | None = None
     old = signal.signal(signal.SIGTERM, proc.raise_interrupt)  # (as parabench's main does)
