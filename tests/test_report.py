@@ -294,8 +294,8 @@ def test_report_names_every_strategy_and_its_conditions(rendered, runs) -> None:
     first = runs.iloc[0]
     assert str(first["torch_version"]) in text and str(first["host"]) in text
     assert (
-        f"global batch (the same for every strategy at a world size): {first['global_batch']}"
-        in text
+        "global batch (the same for every strategy and at every world size, whose data-parallel "
+        f"ranks share it: strong scaling): {first['global_batch']}" in text
     )
     assert f"warm-up steps excluded from timing, per epoch: {first['warmup_steps']}" in text
     for name in report.PLOTS:
@@ -413,7 +413,8 @@ def test_a_run_with_no_rows_yet_states_its_conditions_from_its_config(small_run,
     cfg = json.loads((small_run / "config.json").read_text())
     assert f"- model: mnist_cnn with dropout=0.0; device: {cfg['device']}" in text
     assert (
-        f"global batch (the same for every strategy at a world size): {cfg['global_batch']}" in text
+        "global batch (the same for every strategy and at every world size, whose data-parallel "
+        f"ranks share it: strong scaling): {cfg['global_batch']}" in text
     )
     assert f"- seed: {cfg['seed']}; learning rate: {cfg['lr']}; optimizer: adam" in text
     assert f"max steps per epoch: {cfg['max_steps']};" in text

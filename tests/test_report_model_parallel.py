@@ -882,3 +882,29 @@ def test_the_efficiency_plot_names_the_single_each_cell_scales_over() -> None:
     assert set(table["efficiency_over"]) == {"single [fp32]", "single [bf16]"}
     two = plots.scaling_efficiency(table).axes[0].get_title()
     assert "over single in each cell's own run options at world size 1" in two
+
+
+def test_the_report_says_its_efficiency_is_strong_scaling() -> None:
+    """The global batch is fixed at every world size, so each rank of a larger cell computes
+    less: the report said only "the same for every strategy at a world size", and its
+    efficiency read as communication's cost alone. It says which scaling it measures, with
+    each world size's batch per data-parallel share (tp's one share at 4 has none)."""
+    runs = _mixed()
+    text = report.report_markdown(_hand_run(runs), report.summarise(runs), [])
+    said = " ".join(text.split())
+    assert "Efficiency here is strong scaling: the global batch is 64 samples a step" in said
+    assert "(world size 2: 32 samples a share)" in said
+    assert "Weak scaling (each rank keeping single's batch" in said
+    conditions = report.fairness_markdown(_hand_run(runs), report.counted_rows(runs))
+    assert "at every world size, whose data-parallel ranks share it: strong scaling): 64" in (
+        " ".join(conditions.split())
+    )
+    label = plots.scaling_efficiency(report.summarise(runs)).axes[0].get_xlabel()
+    assert "strong scaling" in label
+    one = _runs([_row("single", 1), _row("ddp", 1)])  # one world size: nothing scales
+    assert (
+        "strong scaling"
+        not in report.report_markdown(_hand_run(one), report.summarise(one), []).split(
+            "## Summary"
+        )[1]
+    )

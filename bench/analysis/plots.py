@@ -497,7 +497,8 @@ def scaling_efficiency(
     ax.minorticks_off()
     ax.set_xlim(sizes[0] / 1.4, sizes[-1] * 1.4)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("world size (ranks)")
+    # the global batch is fixed: each rank's share shrinks as ranks are added
+    ax.set_xlabel("world size (ranks; the same global batch at each: strong scaling)")
     _note_left_out(ax, left_out)
     ax.set_ylabel("scaling efficiency (speed-up over single / world size)")
     # each cell scales over single in its own run options (report.summarise): a bf16 cell

@@ -707,6 +707,40 @@ def shared_cores_markdown(counted: pd.DataFrame) -> str:
     return text
 
 
+def strong_scaling_markdown(counted: pd.DataFrame) -> str:
+    """Where the counted cells span world sizes: a sentence saying that their efficiency is
+    strong scaling (the global batch fixed, each rank's share of it shrinking with the world
+    size), with each world size's batch per data-parallel share. The report said only that
+    the global batch was "the same for every strategy at a world size", and an efficiency
+    of 0.6 at 8 ranks read as communication's cost alone, where each rank computed an
+    eighth of single's batch; "" with one world size."""
+    if counted.empty or "world_size" not in counted or counted["world_size"].max() <= 1:
+        return ""
+    batch = pd.to_numeric(counted.get("global_batch"), errors="coerce").dropna()
+    if batch.empty:
+        return ""
+    sizes = ", ".join(_plain(float(b)) for b in sorted(batch.unique()))
+    shares = pd.to_numeric(counted.get("data_ranks"), errors="coerce")
+    per_ws: dict[int, set[int]] = {}
+    for (ws, g), n in zip(
+        counted[["world_size", "global_batch"]].itertuples(index=False), shares, strict=True
+    ):
+        if n == n and n > 1 and _count(g):
+            per_ws.setdefault(int(ws), set()).add(int(_count(g) // n))
+    each = "; ".join(
+        f"world size {ws}: {', '.join(str(b) for b in sorted(bs))} samples a share"
+        for ws, bs in sorted(per_ws.items())
+    )
+    return (
+        f" Efficiency here is strong scaling: the global batch is {sizes} samples a step at "
+        "every world size, so each of a cell's N data-parallel shares computes 1/N of it"
+        + (f" ({each})" if each else "")
+        + ", not single's whole batch; a device that computes a smaller batch less "
+        "efficiently lowers efficiency as communication does. Weak scaling (each rank keeping "
+        "single's batch, the global batch growing with the ranks) is not what it measures."
+    )
+
+
 def median_loss_by_step(steps: pd.DataFrame) -> dict[tuple[str, int], pd.Series]:
     """Each cell's training loss by global step (its position in the repeat across epochs),
     median over repeats: the curves of the loss plot."""
@@ -1439,7 +1473,8 @@ def fairness_markdown(run: Run, counted: pd.DataFrame) -> str:
         f"- data set: {said('dataset') or '–'}{args('dataset_kwargs')} "
         f"({_distinct(counted, 'data') or 'no description'})",
         f"- model: {said('model')}{args('model_kwargs')}; device: {said('device')}",
-        f"- global batch (the same for every strategy at a world size): {said('global_batch')}",
+        f"- global batch (the same for every strategy and at every world size, whose "
+        f"data-parallel ranks share it: strong scaling): {said('global_batch')}",
         f"- warm-up steps excluded from timing, per epoch: {said('warmup_steps')}",
         f"- seed: {said('seed')}; learning rate: {said('lr')}; "
         f"optimizer: {said('optimizer') or 'sgd'}",
@@ -2103,7 +2138,8 @@ def report_markdown(
             f"median samples/s over that of `single` at world size 1{base}; efficiency is the "
             "same ratio over `single` in the row's own run options (precision, layout, compile, "
             "accumulation) where the run has that cell, divided by world size: how well the "
-            "cell scales, not what its precision gains. Memory is the peak per device (the "
+            f"cell scales, not what its precision gains.{strong_scaling_markdown(counted)} "
+            "Memory is the peak per device (the "
             "maximum over ranks; per rank where ranks share a GPU, each with its own allocator)."
             f"{memory} "
             "Model state is what the rank holding most keeps of parameters / gradients / optimizer "
