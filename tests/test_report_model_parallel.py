@@ -908,3 +908,39 @@ def test_the_report_says_its_efficiency_is_strong_scaling() -> None:
             "## Summary"
         )[1]
     )
+
+
+def test_oversubscribed_cells_are_marked_where_their_times_are_shown() -> None:
+    """ddp_spawn at 4 ranks on 2 cores (--oversubscribe) stepped in 330 ms beside single's
+    1,160: the summary marked it and gave it no speed-up, but the Where-the-time-goes table,
+    the step-time plot and the time-split plot showed it bare, a 3.5x faster step to read
+    off. Each now marks it, as the summary does; the cell beside it stays unmarked."""
+    laps = {
+        "step_time_ms_mean": 12.0,
+        "part_data_wait_ms": 1.0,
+        "part_forward_ms": 5.0,
+        "part_backward_ms": 5.0,
+        "part_optimizer_ms": 1.0,
+        "part_other_ms": 0.0,
+        "part_comm_exposed_ms": 0.0,
+        "comm_total_ms": 2.0,
+        "comm_hidden_ms": 2.0,
+        "rank_skew_pct": 1.0,
+        "comm_method": "ablation+profiler",
+    }
+    runs = _runs([_row("ddp", 2, **laps), _row("ddp", 4, oversubscribed=1, **laps)])
+    counted = report.counted_rows(runs)
+    table = report.breakdown_markdown(counted)
+    assert "\n| ddp (oversubscribed) | 4 |" in table and "\n| ddp | 2 |" in table
+    assert "Rows marked (oversubscribed) ran more ranks than cores" in " ".join(table.split())
+    assert "Rows marked (oversubscribed)" not in report.breakdown_markdown(counted.iloc[:1])
+    shared = plots.oversubscribed_cells(counted)
+    assert shared == {("ddp", 4)}
+    steps = _steps({("ddp", 2): (10.0, 1.0), ("ddp", 4): (3.0, 1.0)})
+    for fig in (
+        plots.time_parts(counted),
+        plots.time_split(steps, oversubscribed=shared),
+        plots.step_time_distribution(steps, oversubscribed=shared),
+    ):
+        ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        assert ticks == ["ddp\nws=2", "ddp\nws=4\n(oversubscribed)"]

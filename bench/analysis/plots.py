@@ -9,7 +9,7 @@ notebook can display the same Figure objects. Every plot colours a strategy the 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -174,8 +174,20 @@ def _legend_room(fig: Figure, pad: float = 4.0) -> None:
         fig.set_figheight(need / fig.dpi + 0.5)
 
 
-def _cell_label(name: str, ws: int) -> str:
-    return f"{name}\nws={int(ws)}"
+def _cell_label(name: str, ws: int, shared: Collection[tuple[str, int]] = ()) -> str:
+    """A cell's tick label; `shared`: the cells that ran more ranks than cores
+    (--oversubscribe), whose times are not comparable, marked as the report's tables mark
+    them (the step-time plot drew one 4x faster than single, unmarked)."""
+    mark = "\n(oversubscribed)" if (name, int(ws)) in shared else ""
+    return f"{name}\nws={int(ws)}{mark}"
+
+
+def oversubscribed_cells(rows: pd.DataFrame) -> set[tuple[str, int]]:
+    """(strategy, world size) of the runs.csv rows that ran more ranks than cores."""
+    if rows.empty:
+        return set()
+    over = rows[oversubscribed_rows(rows)]
+    return {(str(s), int(w)) for s, w in over[["strategy", "world_size"]].itertuples(index=False)}
 
 
 def _cell_ticks(ax: Axes, labels: Sequence[str]) -> None:
@@ -530,9 +542,12 @@ def _minor_log_labels(value: float, _pos: int) -> str:
 
 
 def step_time_distribution(
-    steps: pd.DataFrame, colours: Mapping[str, Colour] | None = None
+    steps: pd.DataFrame,
+    colours: Mapping[str, Colour] | None = None,
+    oversubscribed: Collection[tuple[str, int]] = (),
 ) -> Figure:
-    """Box plot of step time per strategy and world size, warm-up steps excluded."""
+    """Box plot of step time per strategy and world size, warm-up steps excluded;
+    `oversubscribed` cells (oversubscribed_cells) marked under their box."""
     timed = _timed(steps)
     cells = _cells(timed)
     fig, ax = _figure(_cells_width(len(cells)))
@@ -550,7 +565,7 @@ def step_time_distribution(
             data,
             patch_artist=True,
             widths=0.6,
-            tick_labels=[_cell_label(*c) for c in cells],
+            tick_labels=[_cell_label(*c, oversubscribed) for c in cells],
             medianprops={"color": "black"},
             flierprops={"markersize": 3},
         )
@@ -678,13 +693,16 @@ def _headroom(ax: Axes, notes: Sequence[Annotation], renderer: Any = None) -> bo
     return True
 
 
-def _step_axes(ax: Axes, cells: Sequence[tuple[str, int]]) -> None:
-    """The time-split plots' axes: a tick per (strategy, world size), time per step."""
+def _step_axes(
+    ax: Axes, cells: Sequence[tuple[str, int]], shared: Collection[tuple[str, int]] = ()
+) -> None:
+    """The time-split plots' axes: a tick per (strategy, world size), time per step;
+    `shared`: the oversubscribed cells, marked."""
     if not cells:
         _empty(ax, "timed steps")
     else:  # matplotlib's 5 % margins are a wide empty band beside many bars
         ax.set_xlim(-0.6, len(cells) - 0.4)
-    _cell_ticks(ax, [_cell_label(*c) for c in cells])
+    _cell_ticks(ax, [_cell_label(*c, shared) for c in cells])
     ax.set_xlabel("strategy, world size")
     ax.set_ylabel("time per step (ms, mean over timed steps)")
 
@@ -710,8 +728,10 @@ def time_split(
     steps: pd.DataFrame,
     colours: Mapping[str, Colour] | None = None,
     bubbles: Mapping[tuple[str, int], float] | None = None,
+    oversubscribed: Collection[tuple[str, int]] = (),
 ) -> Figure:
-    """Mean time per step split into compute and data wait (stacked), warm-up excluded.
+    """Mean time per step split into compute and data wait (stacked), warm-up excluded;
+    `oversubscribed` cells (oversubscribed_cells) marked under their bar.
 
     Means, not medians: they add up to the mean step time, and the hatched share is the
     run's data_wait_pct (waiting time over total step time).
@@ -764,7 +784,7 @@ def time_split(
             pct = 100 / (c + w) if c + w > 0 else 0.0  # percent of the step per ms
             said = f"{pct * b:.1f}% bubble\n" if cells[i] in bubble_pct else ""
             notes.append(_note_above(ax, i, c + w, f"{said}{pct * w:.1f}% wait"))
-    _step_axes(ax, cells)
+    _step_axes(ax, cells, oversubscribed)
     ax.set_title(
         "Where a step's time goes: compute, pipeline bubble, waiting for data"
         if drew_bubble
@@ -1149,13 +1169,15 @@ def time_parts(
     counted: pd.DataFrame,
     colours: Mapping[str, Colour] | None = None,
     bubbles: Mapping[tuple[str, int], float] | None = None,
+    oversubscribed: Collection[tuple[str, int]] = (),
 ) -> Figure:
     """A mean step per strategy and world size, stacked: forward, backward and optimizer
     compute, exposed communication (bench.harness.breakdown), data wait and what the laps miss;
     medians over repeats, so the bar's height is the cell's mean step (on a GPU, of its lapped
     steps: the step the parts split, as the report's table gives it). A pipeline's
     measured bubble is said in words over its bar (it lies inside its backward bar: the
-    schedule runs forward and backward as one)."""
+    schedule runs forward and backward as one). Oversubscribed cells (their rows', or
+    `oversubscribed`) are marked under their bar."""
     rows = counted[lapped_rows(counted)].copy()
     for col in STEP_PARTS:
         rows[col] = pd.to_numeric(rows.get(col), errors="coerce")
@@ -1199,7 +1221,7 @@ def time_parts(
         if bubble is not None and np.isfinite(bubble):
             said.append(f"{bubble:.0f}% bubble")
         notes.append(_note_above(ax, i, bottom, "\n".join(said)))
-    _step_axes(ax, cells)
+    _step_axes(ax, cells, {*oversubscribed, *oversubscribed_cells(rows)})
     ax.set_title("Where a step's time goes: compute, exposed communication, data wait")
     parts = [
         Patch(facecolor="0.3", alpha=alpha, hatch=hatch, edgecolor="0.25", label=label)

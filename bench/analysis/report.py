@@ -1831,7 +1831,10 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
     if not lapped(counted):
         return ""
     rows = []
+    shared = False  # a case's ranks took turns on cores (or GPUs): --oversubscribe
     for (name, ws), grp in _by_case(counted):
+        if oversubscribed(grp):
+            name, shared = f"{name} (oversubscribed)", True
         m = {
             c: _median_of(grp, c)
             for c in counted.columns
@@ -1901,7 +1904,15 @@ def breakdown_markdown(counted: pd.DataFrame) -> str:
         "MFU: model FLOPs (FlopCounterMode) per sample x samples/s per device over the "
         "device's peak (a GPU's datasheet, or a matrix product timed on this CPU at the "
         "rank's threads). `--profile` keeps each cell's trace (open it in Perfetto or "
-        "chrome://tracing).\n\n"
+        "chrome://tracing)."
+        + (
+            " Rows marked (oversubscribed) ran more ranks than cores (or GPUs), which they took "
+            "turns on: their step, its parts and their communication are not comparable with "
+            "the other rows' (nor is their skew: a rank waits for its turn)."
+            if shared
+            else ""
+        )
+        + "\n\n"
         + md_table(
             [
                 "strategy",
@@ -2100,7 +2111,8 @@ def report_markdown(
     over = (
         " Rows marked (oversubscribed) ran more CPU ranks than cores, one thread each, for "
         "correctness only: their speed is not comparable, so they get no speed-up or "
-        "efficiency and are left out of the throughput and scaling plots."
+        "efficiency and are left out of the throughput and scaling plots (marked in the "
+        "step-time and time-split plots and under Where the time goes)."
         if "oversubscribed" in summary and (summary["oversubscribed"] == 1).any()
         else ""
     )
@@ -2235,8 +2247,10 @@ def figures(
         "option_sweep": summary,
     }
     base = baseline_row(summary)
+    shared = plots.oversubscribed_cells(counted)  # marked: their times are not comparable
     extra: dict[str, dict[str, Any]] = {
-        "time_split": {"bubbles": bubble_pcts(counted)},
+        "time_split": {"bubbles": bubble_pcts(counted), "oversubscribed": shared},
+        "step_time_distribution": {"oversubscribed": shared},
         "scaling_efficiency": {"shares": thread_shares(counted)[1]},
         "loss_curves": {
             "departing": None if base is None else run.departing(str(base["strategy"])),
