@@ -1164,6 +1164,32 @@ def test_predict_says_what_its_efficiency_is_over(probed_run, capsys) -> None:
     assert "the case's own one-process samples/s" in predict.EFFICIENCY_KEY
 
 
+def test_predict_and_the_report_say_what_batch_a_rank_computes(probed_run, tmp_path, capsys):
+    """The run's global batch is kept at every predicted world size (strong scaling): make
+    bench's 64 is one sample a rank at 64 ranks, and the what-if efficiency there (0.02 to
+    0.06 on this CPU) read as the cost of communication alone, with nothing saying so."""
+    from bench.analysis import report
+    from bench.cli import main
+
+    run, _ = probed_run
+    batch = json.loads((run / "config.json").read_text())["global_batch"]
+    assert main(["predict", str(run), "--world-sizes", "2", "--csv", str(tmp_path / "p.csv")]) == 0
+    line = predict.strong_scaling_line(batch, [2])
+    assert line in capsys.readouterr().out.splitlines()
+    assert f"global batch of {batch} samples a step at every world size (strong scaling" in line
+    assert f"(samples a rank: {batch // 2} at 2 ranks)" in line
+    text = " ".join(report.scaling_markdown(report.load_run(run)).split())
+    sizes = [n for n in predict.WHAT_IF_SIZES if batch % n == 0]
+    said = predict.strong_scaling_line(batch, sizes).replace("batch: the", "The", 1)
+    assert said in text and f"{batch // sizes[-1]} at {sizes[-1]} ranks" in said
+
+
+def test_the_strong_scaling_line_leaves_out_sizes_that_do_not_split_the_batch() -> None:
+    line = predict.strong_scaling_line(64, [1, 8, 64, 8, 3])
+    assert "(samples a rank: 8 at 8 ranks, 1 at 64 ranks)" in line
+    assert "samples a rank" not in predict.strong_scaling_line(64, [1])
+
+
 def test_predict_efficiency_past_the_cores_is_over_the_curve_it_predicts_from(
     probed_run, tmp_path
 ) -> None:

@@ -2060,7 +2060,15 @@ def scaling_markdown(run: Run) -> str:
             f"{links}. Past this machine's devices each rank is assumed a device like the "
             "one-process cell's; efficiency is predicted samples/s over N times the same "
             "strategy's one-process samples/s, there from the whole batch's point of the "
-            "compute curve the prediction reads, not from its timed steps.\n\n"
+            "compute curve the prediction reads, not from its timed steps. "
+            + (
+                predict.strong_scaling_line(batch, (r["world_size"] for r in what_if)).replace(
+                    "batch: the", "The", 1
+                )
+                if (batch := _count(run.config.get("global_batch")))
+                else ""
+            )
+            + "\n\n"
             + md_table(
                 ["strategy", "ws", "link", "samples/s (band)", "efficiency (band)"],
                 [
