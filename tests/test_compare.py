@@ -439,6 +439,40 @@ def test_oversubscribed_cells_and_memory_measured_otherwise_get_no_verdict(
     assert "memory measured differently" in capsys.readouterr().out
 
 
+def test_a_slow_down_measured_beside_other_load_says_so(
+    run_a: Path, tmp_path: Path, capsys
+) -> None:
+    """A run measured while other processes took most of the CPUs (a busy CI machine) was
+    flagged SLOW-DOWN, exit 1, with nothing saying that the load, not the code, was the
+    likelier cause; the report and the run's table said so, compare did not."""
+
+    def load(pct: str):
+        def edit(runs):
+            runs["other_cpu_pct"] = pct
+            return runs
+
+        return edit
+
+    quiet = _edit(Path(shutil.copytree(run_a, tmp_path / "quiet")), load("3.0"))
+    busy = _edit(scaled_copy(quiet, tmp_path / "busy", speed=0.5), load("81.6"))
+    assert main(["compare", "--no-stats", str(quiet), str(busy)]) == 1  # still flagged
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "SLOW-DOWN" in line]
+    assert rows and all(line.endswith("[B busy: others used 82 % of the CPUs]") for line in rows)
+    assert "ran while other processes used 20 % of the CPUs or more" in out
+    last = out.split("slow-down beyond x1.1 in samples_per_s: ")[1].splitlines()[1]
+    assert last.startswith("of those, measured while other processes used 20 % of the CPUs")
+    # both busy: both named; neither (below 20 %): nothing said
+    assert "[A and B busy: others used 82 % and 82 % of the CPUs]" in _said(busy, busy, capsys)
+    calm = _said(quiet, quiet, capsys)
+    assert "busy" not in calm and "other processes" not in calm
+
+
+def _said(a: Path, b: Path, capsys) -> str:
+    main(["compare", "--no-stats", str(a), str(b)])
+    return capsys.readouterr().out
+
+
 def test_rows_that_ran_must_say_their_epoch(run_a: Path, tmp_path: Path) -> None:
     """The report counts each repeat's last epoch: without one, every ok row was silently
     dropped ("No strategy produced an ok result")."""

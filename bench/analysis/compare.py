@@ -373,6 +373,8 @@ def compare(
         )
     runs_a, runs_b = _cells(a.runs), _cells(b.runs)
     sa, sb = (_keyed(report.summarise(r.runs), runs) for r, runs in ((a, runs_a), (b, runs_b)))
+    for s, r in ((sa, a), (sb, b)):  # the CPU others took while the cell ran, where 20 % or more
+        s["busy"] = report.busy_share(s, r.runs)
     # a strategy each run ran in one setting of its own: B's cell stands for A's
     paired = _lone_pairs(runs_a, runs_b)
     b_cells = list(runs_b[CELL].itertuples(index=False, name=None))
@@ -385,7 +387,8 @@ def compare(
         keys = [paired.get(c, c[1]) for c in frame[CELL].itertuples(index=False, name=None)]
         # text even with no row (a run with no ok cell), as A's keys are: merged on below
         frame["key"] = pd.Series(keys, index=frame.index, dtype=str)
-    cols = CELL + ["setting", "oversubscribed", "mem_source"] + [f"{m}_median" for m in METRICS]
+    cols = CELL + ["setting", "oversubscribed", "mem_source", "busy"]
+    cols += [f"{m}_median" for m in METRICS]
     both = sa[cols].merge(sb[cols], on=CELL, suffixes=("_a", "_b"), how="outer", indicator=True)
     both["setting"] = both["setting_a"].where(both["setting_a"].notna(), both["setting_b"])
     # one name per cell for both runs: a strategy's name, with the axes on which its
@@ -495,6 +498,30 @@ def _name(row: pd.Series) -> str:
     return f"{row['strategy']} (oversubscribed)" if row["oversubscribed"] else str(row["strategy"])
 
 
+def busy_mark(row: pd.Series) -> str:
+    """A cell measured while other processes used BUSY_PCT % of the CPUs or more, in either
+    run: which and how much ("" where neither was)."""
+    took = {side: v for side in "AB" if (v := row.get(f"busy_{side.lower()}", math.nan)) == v}
+    if not took:
+        return ""
+    pct = " and ".join(f"{v:.0f} %" for v in took.values())
+    return f"[{' and '.join(took)} busy: others used {pct} of the CPUs]"
+
+
+def busy_line(cmp: Comparison) -> str:
+    """The line above the table where some cell ran beside other load (busy_mark): its speed
+    ratios are that load's as much as the code's. "" where none did."""
+    from bench.harness.env import BUSY_PCT
+
+    if cmp.table.empty or not cmp.table.apply(busy_mark, axis=1).str.len().any():
+        return ""
+    return (
+        f"busy: cells marked [... busy] ran while other processes used {BUSY_PCT:g} % of the "
+        "CPUs or more, so their speed ratios compare the load as much as the code: rerun them "
+        "on a quiet machine"
+    )
+
+
 def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
     """A fixed-width text table for the terminal: per metric A, B and B/A."""
     names = [_name(r) for _, r in cmp.table.iterrows()]
@@ -517,6 +544,8 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
         )
     if cmp.how:
         lines.append(f"measured otherwise: {_said(cmp.how)}")
+    if busy := busy_line(cmp):
+        lines.append(busy)
     lines += [group, head, "-" * len(head)]
     for _, r in cmp.table.iterrows():
         line = f"{_name(r):<{wide}}{int(r['world_size']):>3}"
@@ -525,7 +554,8 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
                 f"  {_fmt(r[f'{m}_median_a'], 1):>9}{_fmt(r[f'{m}_median_b'], 1):>9}"
                 f"{_fmt(r[f'{m}_ratio'], 2):>7}"
             )
-        lines.append(f"{line}  {r['verdict']}".rstrip())
+        said = "  ".join(t for t in (r["verdict"], busy_mark(r)) if t)
+        lines.append(f"{line}  {said}".rstrip())
     if cmp.table.empty:
         lines.append("(no strategy and world size has an ok result in both runs)")
     for label, cells in (("only in A", cmp.only_a), ("only in B", cmp.only_b)):
@@ -539,6 +569,8 @@ def format_table(cmp: Comparison, a_name: str, b_name: str) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from bench.harness.env import BUSY_PCT
+
     a, b = report.load_run(args.a), report.load_run(args.b)
     cmp = compare(a, b, args.metric, args.factor, use_stats=not args.no_stats, unlike=args.unlike)
     print(format_table(cmp, str(a.path), str(b.path)))
@@ -550,6 +582,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     worse = cmp.regressions
     if len(worse):
         print(f"{beyond}: {cells(worse)}")
+        # a CI log's last lines: where the load, not the code, may have slowed a flagged cell
+        loaded = worse[worse.apply(busy_mark, axis=1).str.len() > 0]
+        if len(loaded) and cmp.metric != "peak_mem_mib":
+            print(
+                f"of those, measured while other processes used {BUSY_PCT:g} % of the CPUs or "
+                f"more ([... busy]): {cells(loaded)}; rerun them on a quiet machine"
+            )
     # beyond the factor but untested (exit 0): said last, where an exit 0 on a run of
     # --repeats 1 read as "no slow-down" with only the table's column saying otherwise
     untold = cmp.table[cmp.table["verdict"] == f"{worse_word(cmp.metric)}? {TOO_FEW}"]

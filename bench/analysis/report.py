@@ -979,25 +979,36 @@ def ranking_markdown(summary: pd.DataFrame, runs: pd.DataFrame | None = None) ->
     return "\n".join(lines)
 
 
-def busy_line(summary: pd.DataFrame, runs: pd.DataFrame | None) -> str:
-    """The cells on a CPU that ran while other processes used BUSY_PCT % of the CPUs or more
-    (a repeat's other_cpu_pct): their steps ran on what those left them, so beside cells
-    measured quieter they compare the load, not the strategies; a steady load leaves the
-    repeats steady, and an unstable mark alone did not say it. "" where none did (on a GPU
-    the steps compute on the device)."""
+def busy_share(summary: pd.DataFrame, runs: pd.DataFrame | None) -> pd.Series:
+    """Per summary row, the most other processes used of the CPUs while a repeat of that
+    cell ran on a CPU (its other_cpu_pct_max), where that is BUSY_PCT % or more; NaN for
+    the rest, and for all where the run does not say (on a GPU the steps compute on the
+    device)."""
     from bench.harness.env import BUSY_PCT
 
-    if runs is None or not {"device", "other_cpu_pct"} <= set(runs.columns):
-        return ""
+    none = pd.Series(math.nan, index=summary.index, dtype=float)
+    if runs is None or not {"device", "other_cpu_pct"} <= set(runs.columns) or summary.empty:
+        return none
     cpu = runs[runs["device"] == "cpu"]
     on_cpu = {(str(s), int(ws)) for s, ws in zip(cpu["strategy"], cpu["world_size"], strict=True)}
-    took = pd.to_numeric(summary.get("other_cpu_pct_max"), errors="coerce")
-    busy = summary[
-        [
-            (str(r["strategy"]), int(r["world_size"])) in on_cpu and t >= BUSY_PCT
-            for (_, r), t in zip(summary.iterrows(), took, strict=True)
-        ]
+    took = pd.to_numeric(summary.get("other_cpu_pct_max", none), errors="coerce")
+    here = [
+        (str(s), int(ws)) in on_cpu
+        for s, ws in zip(summary["strategy"], summary["world_size"], strict=True)
     ]
+    return took.where(pd.Series(here, index=summary.index) & (took >= BUSY_PCT))
+
+
+def busy_line(summary: pd.DataFrame, runs: pd.DataFrame | None) -> str:
+    """The cells on a CPU that ran while other processes used BUSY_PCT % of the CPUs or more
+    (a repeat's other_cpu_pct, busy_share): their steps ran on what those left them, so
+    beside cells measured quieter they compare the load, not the strategies; a steady load
+    leaves the repeats steady, and an unstable mark alone did not say it. "" where none did
+    (on a GPU the steps compute on the device)."""
+    from bench.harness.env import BUSY_PCT
+
+    took = busy_share(summary, runs)
+    busy = summary[took.notna()]
     if busy.empty:
         return ""
     names = (
