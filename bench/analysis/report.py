@@ -1704,11 +1704,12 @@ def compile_markdown(runs: pd.DataFrame, counted: pd.DataFrame) -> str:
         saved = (eager_step - step) / 1e3
         if twin.empty or math.isnan(extra + saved):
             repaid = "–"
+        elif _within_noise(grp, twin, "step_time_ms_p50"):
+            # a saving (or a loss) the repeats do not show: any count of steps, or "never",
+            # would be the noise's
+            repaid = "not shown (steps within noise of eager's)"
         elif saved <= 0:
             repaid = "never (no faster a step)"
-        elif _within_noise(grp, twin, "step_time_ms_p50"):
-            # a saving the repeats do not show: any count of steps would be the noise's
-            repaid = "not shown (steps within noise of eager's)"
         elif extra <= 0:
             repaid = "at once"
         else:
