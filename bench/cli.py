@@ -561,7 +561,9 @@ def cmd_run(a: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     print(summary.table(rows))
-    busy = report.run_busy_line(run_dir)
+    ranking, busy = report.run_end_lines(run_dir)
+    for line in ranking:
+        print(f"- {line}")
     if busy:
         print(busy[0].upper() + busy[1:])
     print(f"results: {run_dir}")

@@ -620,6 +620,39 @@ def test_the_table_at_a_runs_end_names_cells_measured_on_a_busy_cpu(run, tmp_pat
     assert code == 0 and "of the CPUs or more" not in out_, err
 
 
+def test_the_table_at_a_runs_end_says_which_cells_are_within_noise(run, tmp_path, monkeypatch):
+    """The table `parabench run` ends with gave each cell's speed-up and nothing of its
+    noise: cells the report found within noise of the fastest read as ranked by it, and a
+    run of one repeat (the default) as measured to its last digit. Under the table, the
+    report's ranking: the fastest per world size and those within noise of it, or that too
+    few repeats tell none apart."""
+    import shutil
+
+    import pandas as pd
+
+    from bench.harness import runner
+
+    done = tmp_path / "out" / "done"
+    shutil.copytree(ROOT / "results/reference/cpu-2core-mnist-3rounds", done)
+    monkeypatch.setattr(runner, "run_matrix", lambda cfg, **kw: (done, []))
+
+    def end() -> list[str]:
+        code, out_, err = run("--strategies", "single", "--world-sizes", "1", "--no-report")
+        assert code == 0, err
+        return out_.partition(f"results: {done}")[0].splitlines()
+
+    said = end()
+    assert said[-3].startswith("- world size 1: fastest single; within noise of it: zero1, ")
+    assert said[-2].startswith("- world size 2: fastest ddp_spawn; within noise of it: ")
+    assert said[-1].startswith("- unstable (samples/s varies more than 5 % over repeats): ")
+    runs = pd.read_csv(done / "runs.csv", dtype=str, keep_default_na=False)
+    runs[runs["repeat"] == "0"].to_csv(done / "runs.csv", index=False)  # one repeat
+    said = end()
+    one = " (no interval (fewer than 3 repeats): ties cannot be told from noise)"
+    assert said[-2] == f"- world size 1: fastest ddp_bf16_hook{one}"  # its repeat 0 alone
+    assert said[-1].startswith("- world size 2: fastest ") and said[-1].endswith(one)
+
+
 def test_a_run_still_going_is_not_resumed_beside_it(tmp_path, capsys, data_root):
     """`--resume` of a run another parabench is running (a second terminal, a job requeued
     while the first still runs) ran its cells again into the same cell folders, and the two

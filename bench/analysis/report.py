@@ -947,7 +947,17 @@ def _leaders(grp: pd.DataFrame, rounds: Mapping[tuple[str, int], Mapping[int, fl
 
 def ranking_markdown(summary: pd.DataFrame, runs: pd.DataFrame | None = None) -> str:
     """Per world size, the fastest cell and those tied with it within noise (paired round by
-    round where `runs` has the rounds)."""
+    round where `runs` has the rounds); the unstable cells, and those measured while other
+    processes took the CPUs."""
+    lines = ranking_lines(summary, runs)
+    if busy := busy_line(summary, runs):
+        lines.append(busy)
+    return "\n".join(f"- {t}" for t in lines)
+
+
+def ranking_lines(summary: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[str]:
+    """ranking_markdown's lines but the busy one: per world size the fastest cell and those
+    within noise of it, and the unstable cells."""
     lines = []
     rounds = per_round(runs)
     for ws, grp in summary.groupby("world_size"):
@@ -964,19 +974,17 @@ def ranking_markdown(summary: pd.DataFrame, runs: pd.DataFrame | None = None) ->
             tied = f" ({how})"
         if untold:  # fewer than 3 repeats: neither within noise nor shown slower
             tied += f"; {stats.untold_text(untold)}"
-        lines.append(f"- world size {ws}: fastest {best[0]}{tied}")
+        lines.append(f"world size {ws}: fastest {best[0]}{tied}")
     unstable = summary[summary["unstable"] == 1]
     if len(unstable):
         names = ", ".join(
             f"{cell_name(r)} ws={r['world_size']}{_busy(r)}" for _, r in unstable.iterrows()
         )
         lines.append(
-            f"- unstable (samples/s varies more than {stats.UNSTABLE_CV_PCT:g} % over repeats): "
+            f"unstable (samples/s varies more than {stats.UNSTABLE_CV_PCT:g} % over repeats): "
             f"{names}. More repeats (--repeats) or a quieter machine would narrow them."
         )
-    if busy := busy_line(summary, runs):
-        lines.append(f"- {busy}")
-    return "\n".join(lines)
+    return lines
 
 
 def busy_share(summary: pd.DataFrame, runs: pd.DataFrame | None) -> pd.Series:
@@ -1027,15 +1035,18 @@ def busy_line(summary: pd.DataFrame, runs: pd.DataFrame | None) -> str:
     )
 
 
-def run_busy_line(run_dir: str | Path) -> str:
-    """busy_line of the run in `run_dir`, which `parabench run` prints under its table: a
-    reader of the terminal alone sees the cells the load measured, as the report's reader
-    does. "" where none, or where its rows cannot be read (the table said what ran)."""
+def run_end_lines(run_dir: str | Path) -> tuple[list[str], str]:
+    """What `parabench run` prints under its table, of the run in `run_dir`: the ranking's
+    lines (ranking_lines: which cells are within noise of the fastest, or that too few
+    repeats tell none apart) and busy_line, so that a reader of the terminal alone does not
+    take a speed-up within noise, or the load's, for the strategy's, as the report's reader
+    does not. Nothing where its rows cannot be read (the table said what ran)."""
     try:
         run = load_run(run_dir)
     except ConfigError:
-        return ""
-    return busy_line(summarise(run.runs), run.runs)
+        return [], ""
+    summary = summarise(run.runs)
+    return ranking_lines(summary, run.runs), busy_line(summary, run.runs)
 
 
 def cell_numerics(counted: pd.DataFrame) -> dict[tuple[str, int], str]:
