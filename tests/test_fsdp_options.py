@@ -287,3 +287,51 @@ def test_fsdp_blocks_of_one_class_share_their_compiled_code(one_rank):
             fsdp.model(torch.randn(3, 8))
 
     assert 0 < _graphs_of(train_and_evaluate) < 12
+
+
+def test_an_fsdp_rank_trains_holding_its_shards_not_the_model_as_built(
+    one_rank, tmp_path, monkeypatch
+):
+    """fully_shard makes each rank's parameters anew, as shards; the worker held the model's
+    parameters as built (the list it counted them from, the optimizer it made first) through
+    its epochs: each FSDP rank kept the whole model besides its shards, in its peak memory
+    (a GPU's allocator peak, a CPU's resident set) and out of sight of its model state."""
+    import gc
+    import weakref
+
+    import strategies
+    from bench.config import RunConfig
+    from bench.harness import worker
+
+    build, built, alive = worker.models.build, [], []
+
+    def build_seen(*args, **kwargs):
+        model = build(*args, **kwargs)
+        built.extend(weakref.ref(p) for p in model.parameters())
+        return model
+
+    def epoch_starts(devices):  # where the worker starts each epoch's peak anew
+        gc.collect()
+        alive.append(sum(r() is not None for r in built))
+
+    monkeypatch.setattr(worker.models, "build", build_seen)
+    monkeypatch.setattr(worker, "reset_peaks", epoch_starts)
+    cfg = RunConfig(
+        dataset="synthetic",
+        model="mnist_cnn",
+        global_batch=4,
+        max_steps=2,
+        warmup_steps=1,
+        eval_samples=0,
+        device="cpu",
+        out_dir=str(tmp_path),
+        scaling_model=False,
+        probe_pairs=0,
+        profile_steps=0,
+    )
+    fsdp = strategies.get("fsdp").create(one_rank, {}, Setting())
+    try:
+        worker._train(cfg, {"threads": 1, "workers_per_device": 0}, one_rank, tmp_path, fsdp, {})
+    finally:
+        fsdp.release()
+    assert built and alive == [0], f"{alive} of the {len(built)} parameters as built held"

@@ -237,6 +237,7 @@ def _train(
     # (none for a model with lazy layers, whose sizes its first batch decides)
     params = list(model.parameters())
     n_params = "" if any(is_lazy(p) for p in params) else sum(p.numel() for p in params)
+    del params
     strategy.loss_fn = models.loss_of(model)
     if cfg.no_dropout:
         without_dropout(model)
@@ -252,6 +253,11 @@ def _train(
     model = model.to(ctx.device)
     optimizer = OPTIMIZERS[cfg.optimizer](model.parameters(), cfg.lr)
     strategy.attach(model, optimizer)
+    # the model as built and its first optimizer: where the strategy made parameters of its
+    # own (FSDP's and tensor parallel's shards, a pipeline rank's stages), held here they
+    # kept the whole model on every rank through the epochs, in its memory figures (an FSDP
+    # rank held its shard and the full model besides)
+    del model, optimizer
     if cfg.save_params:
         _save_params(strategy, cell_dir / "params_init.pt")
     per_rank = strategy.per_rank_batch(cfg.global_batch)
