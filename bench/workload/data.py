@@ -539,12 +539,13 @@ def _open_images(cfg: RunConfig, bundle: DataBundle) -> None:
 #: the image files this process has opened (_open_images), as they were then (their size
 #: and change time): a run plans twice (the CLI's check, then the run's), verify more, and
 #: each opened and parsed up to OPENED_IMAGES headers again
-_OPENED: set[tuple[str, int, int]] = set()
+_OPENED: set[tuple[str, int, int, int, int]] = set()
 
 
-def _stamp(path: str) -> tuple[int, int]:
+def _stamp(path: str) -> tuple[int, int, int, int]:
+    # the change time too: a file put back as it was (cp -p, rsync -t, tar) keeps its mtime
     st = os.stat(path)
-    return st.st_size, st.st_mtime_ns
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _image_path(ds: Any, i: int) -> str:
