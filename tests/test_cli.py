@@ -2151,6 +2151,17 @@ def test_a_resume_seeing_fewer_cores_runs_the_world_sizes_the_run_planned(
     _, resumed, cells = runner.open_run(cfg, begun.path, said.append)
     resumed.unlock()
     assert sorted((c.world_size, c.status) for c in cells) == [(1, ""), (2, "")]
+    # a strategy named that has no cell this machine can run (a pipeline's two stages): its
+    # cell is left as the others, not a refusal of the whole resume
+    cfg = cfg.replace(strategies=("single", "pipeline_gpipe"), run_id="pipeline")
+    _, begun, cells = runner.open_run(cfg, None)
+    begun.unlock()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    _, resumed, cells = runner.open_run(cfg, begun.path, said.append)
+    resumed.unlock()
+    assert [(c.strategy, c.world_size) for c in cells if not c.status] == [("single", 1)]
+    assert ("pipeline_gpipe", 2) not in [(c.strategy, c.world_size) for c in cells]
+    assert "pipeline_gpipe at world size 2" in said[-1]
 
 
 def test_a_run_begun_on_a_gpu_is_not_resumed_on_the_cpu(tmp_path, data_root, monkeypatch):

@@ -130,7 +130,7 @@ def default_world_sizes(n_devices: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
+def plan(cfg: RunConfig, gpus_per_node: int = 0, resuming: bool = False) -> list[Cell]:
     """Every cell of the matrix, or a ConfigError that says what is wrong with the request.
 
     The matrix is strategy x world size x run options (precision, compile, accumulation,
@@ -138,7 +138,9 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
     skipped row with the reason; a strategy named with --strategies that can run none of its
     cells is an error, since that is what was asked for directly. `gpus_per_node`: checked
     for the machines a job will run on, not this one (`parabench submit` on a login node
-    without a GPU): CUDA, with that many GPUs on each node.
+    without a GPU): CUDA, with that many GPUs on each node. `resuming`: a cell skipped for
+    this machine's cores or GPUs alone is one the run will run where it fits, not one a
+    strategy named cannot run (open_run leaves it for such a resume).
     """
     device = "cuda" if gpus_per_node else usable_device(cfg.device)
     n_dev = gpus_per_node or device_count(device)
@@ -170,6 +172,10 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
         raise ConfigError(renamed[0])
     cells: list[Cell] = []
     impossible: list[str] = []  # every named strategy that can run none of its cells, at once
+
+    def never(c: Cell) -> bool:  # a cell that runs in none of this run's resumes
+        return bool(c.status) and not (resuming and c.short)
+
     for spec in specs:
         why_not = spec.unavailable(device)
         if why_not and explicit:
@@ -180,10 +186,10 @@ def plan(cfg: RunConfig, gpus_per_node: int = 0) -> list[Cell]:
         except ConfigError as exc:  # a batch its ranks cannot share
             impossible.append(str(exc))
             continue
-        if explicit and all(c.status for c in mine):
+        if explicit and all(never(c) for c in mine):
             impossible.append(_cannot_run(spec.name, mine))
         cells += mine
-    if not impossible and cells and all(c.status for c in cells):
+    if not impossible and cells and all(never(c) for c in cells):
         # every strategy's cells skipped (--world-sizes 64 on 2 cores): a run of skipped rows
         # only, that timed steps for its estimate and exited 0 with nothing measured. Where
         # some are skipped as the batch does not cut into equal micro-batches, --accumulate
@@ -1447,7 +1453,7 @@ def open_run(
         if saved.device == "auto":
             saved = saved.replace(device=rd.began_on() or "auto")
         try:
-            cells = plan(saved)
+            cells = plan(saved, resuming=True)
         except ConfigError as exc:  # its hint names options that --resume refuses
             root = saved.data_root
             where = (  # begun before config.json kept it whole: read from this folder
