@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -130,6 +131,9 @@ class EpochStats:
     #: per step (warm-up included), MiB this rank held at its end (probes.HeldReads: on
     #: CUDA NaN at a step ended within 20 ms of the last read)
     held_mib: tuple[float, ...] = ()
+    #: on a CPU, MiB glibc's malloc held free (in the resident set, no tensor's) at the end
+    #: of the first timed step and of the last (probes.HeldReads.malloc_free); NaN elsewhere
+    malloc_free_mib: tuple[float, float] = (math.nan, math.nan)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -824,15 +828,17 @@ class Strategy:
                 on_step(step_ms)
             if precision is not None and self.precise_enough(timer, warmup_steps, precision):
                 break
+        free = held.malloc_free()  # (before anything after the steps allocates)
         # after the epoch's steps, not its first: fp16's loss scaling skips a first step whose
         # gradients overflow (often on a GPU, where the scale starts at 65536), and the
         # optimizer then holds no state yet
         self.model_state = model_state_mib(
             self.unwrap(self.model).parameters(), self.optimizer_states()
         )
-        return self._epoch_stats(
+        stats = self._epoch_stats(
             epoch, timer.records(), losses, warmup_steps, self.clock.steps(), held.readings()
         )
+        return replace(stats, malloc_free_mib=free)
 
     def precise_enough(self, timer: StepTimer, warmup: int, target: float) -> bool:
         """Whether the timed steps so far fix the mean step time to within `target` % on every

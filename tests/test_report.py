@@ -1716,3 +1716,27 @@ def test_a_run_still_going_is_reported_as_going_not_stopped(
     assert f"it stopped; to finish it, parabench run --resume {going.path}.**" in text
     assert main(["compare", str(going.path), str(going.path), "--no-stats"]) == 0
     assert f"to finish it, .venv/bin/parabench run --resume {going.path}" in capsys.readouterr().out
+
+
+def test_growth_on_a_cpu_says_what_of_it_malloc_held_free():
+    """A CPU rank's resident set climbs where malloc keeps freed memory in fragmented
+    arenas: the report called every growth a leak of tensors. Where malloc held most of it
+    free it says so, and a growth it did not hold is memory in use; a GPU's rows (no such
+    figure) keep the table they had."""
+    rows = pd.DataFrame(
+        {
+            "strategy": ["model_split", "test_leaky", "single"],
+            "world_size": [2, 1, 1],
+            "repeat": [0, 0, 0],
+            "held_growth_mib": [351.0, 200.0, 1.0],
+            "peak_mem_mib": [1446.0, 900.0, 800.0],
+            "malloc_free_growth_mib": [420.0, 3.0, 0.0],
+        }
+    )
+    text = report.growth_markdown(rows)
+    table = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()}
+    assert "malloc free grew (MiB)" in text and "single" not in table
+    assert table["model_split"].endswith("| 420 | malloc's free memory |")
+    assert table["test_leaky"].endswith("| 3 | memory in use |")
+    gpu = report.growth_markdown(rows.drop(columns="malloc_free_growth_mib"))
+    assert "malloc" not in gpu and "| model_split | 2 | 0 | 351 | 1,446 |" in gpu

@@ -167,6 +167,7 @@ MEASUREMENTS = [
     "peak_reserved_mib",
     "peak_rss_mib",
     "held_growth_mib",
+    "malloc_free_growth_mib",
     "param_mib",
     "grad_mib",
     "optim_mib",
@@ -281,6 +282,10 @@ RANK_COLUMNS = ID + [
     "peak_alloc_mib",
     "peak_reserved_mib",
     "held_growth_mib",  # how much more it held at the end of its timed steps (held_growth)
+    # on a CPU, what glibc's malloc held free at the end of the last step (in the resident
+    # set, no tensor's), and how much more than at the end of the first timed step
+    "malloc_free_mib",
+    "malloc_free_growth_mib",
     "param_mib",
     "grad_mib",
     "optim_mib",
@@ -414,7 +419,7 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "eval_accuracy": record.get("eval_accuracy", float("nan")),
         "peak_mem_mib": peak["peak_alloc_mib"] if cuda else peak["peak_rss_mib"],
         "mem_source": "cuda_allocator" if cuda else "host_rss",
-        "held_growth_mib": _most_growth(record, warm),
+        **_most_growth(record, warm),
         **peak,
         **state,
     }
@@ -443,14 +448,32 @@ def held_growth(held: Sequence[float], warmup: int) -> float:
     return float(np.nanmedian(last) - np.nanmedian(first))
 
 
-def _most_growth(record: Mapping[str, Any], warmup: int) -> float:
+def malloc_free_growth(free: Sequence[float], timed_steps: int) -> float:
+    """How much more glibc's malloc held free at the end of the last step than of the first
+    timed (probes.HeldReads.malloc_free): of a CPU rank's held_growth, the part that is
+    the allocator's free memory, no tensor's. NaN where held_growth is (fewer than 4 timed
+    steps), on CUDA, or where the C library does not say."""
+    if timed_steps < 4 or len(free) != 2:
+        return float("nan")
+    return float(free[1] - free[0])
+
+
+def _most_growth(record: Mapping[str, Any], warmup: int) -> dict[str, float]:
     """The most any rank's held memory grew (held_growth, each rank's from its own
-    readings): a leak on another rank than 0 went unseen where rank 0's alone was read. A
-    record from before the ranks said theirs: rank 0's readings."""
-    each = [r["held_growth_mib"] for r in record["ranks"] if "held_growth_mib" in r]
-    if not each:
-        return held_growth(record.get("held_mib") or (), warmup)
-    return max((g for g in each if g == g), default=float("nan"))
+    readings): a leak on another rank than 0 went unseen where rank 0's alone was read;
+    and what of that rank's growth malloc held free (malloc_free_growth). A record from
+    before the ranks said theirs: rank 0's readings."""
+    nan = float("nan")
+    each = [r for r in record["ranks"] if r.get("held_growth_mib", nan) == r.get("held_growth_mib")]
+    if not each:  # none grew by a number: NaN, or rank 0's readings where no rank said
+        said = any("held_growth_mib" in r for r in record["ranks"])
+        grown = nan if said else held_growth(record.get("held_mib") or (), warmup)
+        return {"held_growth_mib": grown, "malloc_free_growth_mib": nan}
+    most = max(each, key=lambda r: r["held_growth_mib"])
+    return {
+        "held_growth_mib": most["held_growth_mib"],
+        "malloc_free_growth_mib": most.get("malloc_free_growth_mib", float("nan")),
+    }
 
 
 def grew(growth: float, peak: float) -> bool:
@@ -584,6 +607,8 @@ def rank_rows(ident: Mapping[str, Any], record: Mapping[str, Any]) -> list[dict[
                 "peak_alloc_mib": r.get("peak_alloc_mib"),
                 "peak_reserved_mib": r.get("peak_reserved_mib"),
                 "held_growth_mib": r.get("held_growth_mib"),
+                "malloc_free_mib": r.get("malloc_free_mib"),
+                "malloc_free_growth_mib": r.get("malloc_free_growth_mib"),
                 **{k: r.get(k) for k in MODEL_STATE},
             }
         )
