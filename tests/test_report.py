@@ -1740,3 +1740,13 @@ def test_growth_on_a_cpu_says_what_of_it_malloc_held_free():
     assert table["test_leaky"].endswith("| 3 | memory in use |")
     gpu = report.growth_markdown(rows.drop(columns="malloc_free_growth_mib"))
     assert "malloc" not in gpu and "| model_split | 2 | 0 | 351 | 1,446 |" in gpu
+
+
+def test_a_cpu_ranks_memory_is_said_to_leave_out_its_loader_workers():
+    """A rank's peak resident set is its own process's: with --workers on a CPU the report
+    read as if it held the loader too. Said where a CPU cell had workers, not elsewhere."""
+    rows = pd.DataFrame(
+        {"mem_source": ["host_rss", "host_rss", "cuda_allocator"], "loader_workers": [0, 2, 4]}
+    )
+    assert "DataLoader workers" in report.loader_workers_note(rows)
+    assert report.loader_workers_note(rows.iloc[[0, 2]]) == ""
