@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -1750,3 +1751,23 @@ def test_a_cpu_ranks_memory_is_said_to_leave_out_its_loader_workers():
     )
     assert "DataLoader workers" in report.loader_workers_note(rows)
     assert report.loader_workers_note(rows.iloc[[0, 2]]) == ""
+
+
+def test_a_cpu_peak_much_of_it_free_in_malloc_is_said_to_be():
+    """FSDP's rank at the peak on a CPU (lm base, world size 2) ended its steps with 1,334
+    of its 2,711 MiB resident free in malloc (its gathered blocks, freed, kept for the next
+    step), ddp_torchrun's 36 of 2,265: the report read FSDP as needing more memory than DDP
+    with nothing said. It names such cells, not the others, nor a GPU's."""
+    summary = pd.DataFrame(
+        {
+            "strategy": ["fsdp", "ddp_torchrun", "fsdp"],
+            "world_size": [2, 2, 4],
+            "mem_source": ["host_rss", "host_rss", "cuda_allocator"],
+            "peak_mem_mib_median": [2711.0, 2265.0, 9000.0],
+            "malloc_free_mib_median": [1334.0, 36.0, math.nan],
+        }
+    )
+    text = report.malloc_free_note(summary)
+    assert text.endswith("fsdp at world size 2, 1,334 of 2,711 MiB.") and "ddp" not in text
+    assert report.malloc_free_note(summary.iloc[[1, 2]]) == ""
+    assert report.malloc_free_note(summary.drop(columns="malloc_free_mib_median")) == ""

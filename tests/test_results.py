@@ -424,15 +424,18 @@ def test_memory_malloc_keeps_free_is_resident_and_told_apart():
 
 def test_a_rows_growth_and_what_malloc_held_free_are_the_same_ranks():
     """runs.csv takes the rank that grew most, and what malloc held free of that rank's
-    growth, not another's."""
+    growth, not another's; and what malloc held free on the rank of the peak."""
     ranks = [
         {"rank": 0, "samples": 64, "timed_s": 0.05, "peak_rss_mib": 500.0},
         {"rank": 1, "samples": 64, "timed_s": 0.05, "peak_rss_mib": 900.0},
     ]
     ranks[0] |= {"held_growth_mib": 5.0, "malloc_free_growth_mib": 80.0}
     ranks[1] |= {"held_growth_mib": 350.0, "malloc_free_growth_mib": 340.0}
+    ranks[0]["malloc_free_mib"], ranks[1]["malloc_free_mib"] = 600.0, 420.0
     m = results.measure(_record(ranks=ranks), world_size=2, device="cpu")
     assert m["held_growth_mib"] == 350.0 and m["malloc_free_growth_mib"] == 340.0
+    # what malloc held free where the peak is (rank 1's 900 MiB), not the most of any rank
+    assert m["peak_mem_mib"] == 900.0 and m["malloc_free_mib"] == 420.0
     old = results.measure(_record(), world_size=2, device="cpu")  # a run before the ranks said
     assert math.isnan(old["held_growth_mib"]) and math.isnan(old["malloc_free_growth_mib"])
 

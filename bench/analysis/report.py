@@ -38,6 +38,7 @@ SUMMARY_METRICS = (
     "step_time_ms_p90",
     "data_wait_pct",
     "peak_mem_mib",
+    "malloc_free_mib",
     "model_state_mib",
     "model_state_mib_lightest",
     "param_mib",
@@ -1650,6 +1651,29 @@ def loader_workers_note(counted: pd.DataFrame) -> str:
     )
 
 
+def malloc_free_note(summary: pd.DataFrame) -> str:
+    """The CPU cells whose rank at the peak ended its steps with much of its resident set
+    free in malloc (past GROWTH_MIB and GROWTH_SHARE of the peak, as growth is named), or
+    "": such a peak is partly the allocator's keeping, no tensor's."""
+    if "malloc_free_mib_median" not in summary:
+        return ""
+    free = pd.to_numeric(summary["malloc_free_mib_median"], errors="coerce")
+    peak = pd.to_numeric(summary["peak_mem_mib_median"], errors="coerce")
+    cells = [
+        f"{cell_name(r)} at world size {int(r['world_size'])}, {_num(f, 0)} of {_num(p, 0)} MiB"
+        for (_, r), f, p in zip(summary.iterrows(), free, peak, strict=True)
+        if "host_rss" in str(r.get("mem_source")) and results.grew(f, p)
+    ]
+    if not cells:
+        return ""
+    return (
+        " Part of a resident set can be memory glibc's malloc keeps free for its next "
+        "allocations once tensors are freed, no tensor's: the rank at these cells' peak "
+        "ended its steps with this much of its resident set free in malloc (runs.csv "
+        f"`malloc_free_mib`), and that much less in tensors: {'; '.join(cells)}."
+    )
+
+
 def _malloc_verdict(growth: float, free: float) -> str:
     """What a CPU row's growth is, from how much of it malloc held free (growth_markdown)."""
     if free != free:
@@ -2199,7 +2223,9 @@ def report_markdown(
     memory = (
         " On a CPU that is each rank process's peak resident memory (host RSS): mostly "
         "torch's own libraries and the data, whatever the strategy, so what sharding saves "
-        "shows in the model state, not there." + loader_workers_note(counted)
+        "shows in the model state, not there."
+        + loader_workers_note(counted)
+        + malloc_free_note(summary)
         if rss
         else ""
     )

@@ -166,6 +166,9 @@ MEASUREMENTS = [
     "peak_alloc_mib",
     "peak_reserved_mib",
     "peak_rss_mib",
+    # on a CPU, what glibc's malloc held free at the end of the steps (in the resident set,
+    # no tensor's), on the rank whose peak_rss_mib is the row's
+    "malloc_free_mib",
     "held_growth_mib",
     "malloc_free_growth_mib",
     "param_mib",
@@ -374,6 +377,9 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         k: max((r.get(k, float("nan")) for r in ranks), default=float("nan"))
         for k in ("peak_alloc_mib", "peak_reserved_mib", "peak_rss_mib")
     }
+    # what malloc held free on the rank the CPU peak is, which the report weighs it against
+    rss = [r for r in ranks if r.get("peak_rss_mib", math.nan) == r.get("peak_rss_mib")]
+    top = max(rss, key=lambda r: r["peak_rss_mib"]) if rss and not cuda else {}
     sps = samples / timed_s if timed_s > 0 else float("nan")
     # GPUs: the devices the ranks ran on (ranks sharing one under --oversubscribe count it
     # once); a CPU rank's share of the cores is its device
@@ -419,6 +425,7 @@ def measure(record: Mapping[str, Any], world_size: int, device: str) -> dict[str
         "eval_accuracy": record.get("eval_accuracy", float("nan")),
         "peak_mem_mib": peak["peak_alloc_mib"] if cuda else peak["peak_rss_mib"],
         "mem_source": "cuda_allocator" if cuda else "host_rss",
+        "malloc_free_mib": top.get("malloc_free_mib", float("nan")),
         **_most_growth(record, warm),
         **peak,
         **state,
