@@ -2162,6 +2162,16 @@ def test_a_resume_seeing_fewer_cores_runs_the_world_sizes_the_run_planned(
     assert [(c.strategy, c.world_size) for c in cells if not c.status] == [("single", 1)]
     assert ("pipeline_gpipe", 2) not in [(c.strategy, c.world_size) for c in cells]
     assert "pipeline_gpipe at world size 2" in said[-1]
+    # every cell it has left too big here: a refusal, not a resume that ran nothing and
+    # exited 0 as if the run were whole
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    cfg = cfg.replace(strategies=("pipeline_gpipe",), run_id="only-pipeline")
+    _, begun, _ = runner.open_run(cfg, None)
+    begun.unlock()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    with pytest.raises(ConfigError, match="nothing it has left can run here: .*world size 2"):
+        runner.open_run(cfg, begun.path, said.append)
+    assert not (begun.path / ".lock").exists()  # unlocked: a later resume is not refused
 
 
 def test_a_run_begun_on_a_gpu_is_not_resumed_on_the_cpu(tmp_path, data_root, monkeypatch):

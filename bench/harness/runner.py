@@ -1482,6 +1482,13 @@ def open_run(
         # would count them done, and a resume where they fit would never run them
         done = rd.done()
         held = [c for c in cells if c.short and c.key not in done]
+        if held and not any(not c.status and c.key not in done for c in cells):
+            rd.unlock()  # a resume that would measure nothing and exit 0, the run not whole
+            raise ConfigError(
+                f"--resume {resume}: nothing it has left can run here: {len(held)} cell(s) "
+                f"need more than this machine gives ({held[0].strategy} at world size "
+                f"{held[0].world_size}: {held[0].reason}); resume it where they fit"
+            )
         if held:
             echo(
                 f"{len(held)} cell(s) of the run left for a resume where they fit, no row "
