@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -131,9 +130,10 @@ class EpochStats:
     #: per step (warm-up included), MiB this rank held at its end (probes.HeldReads: on
     #: CUDA NaN at a step ended within 20 ms of the last read)
     held_mib: tuple[float, ...] = ()
-    #: on a CPU, MiB glibc's malloc held free (in the resident set, no tensor's) at the end
-    #: of the first timed step and of the last (probes.HeldReads.malloc_free); NaN elsewhere
-    malloc_free_mib: tuple[float, float] = (math.nan, math.nan)
+    #: on a CPU, per step (warm-up included), MiB glibc's malloc held free at its end (in the
+    #: resident set, no tensor's; probes.HeldReads.malloc_free: NaN between reads); none
+    #: on CUDA
+    malloc_free_mib: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -838,7 +838,7 @@ class Strategy:
         stats = self._epoch_stats(
             epoch, timer.records(), losses, warmup_steps, self.clock.steps(), held.readings()
         )
-        return replace(stats, malloc_free_mib=free)
+        return replace(stats, malloc_free_mib=tuple(free))
 
     def precise_enough(self, timer: StepTimer, warmup: int, target: float) -> bool:
         """Whether the timed steps so far fix the mean step time to within `target` % on every

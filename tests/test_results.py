@@ -406,8 +406,11 @@ def test_memory_malloc_keeps_free_is_resident_and_told_apart():
     """On a CPU the resident set holds what tensors freed and malloc kept for its next
     allocations: a rank's held memory climbed step after step with no tensor more (a
     pipeline's last stage on 2 cores: 350 MiB in 60 steps, the report calling it a leak of
-    tensors). malloc_free_mib says how much of it is malloc's, and the loop reads it at the
-    first timed step and the last."""
+    tensors). malloc_free_mib says how much of it is malloc's; the loop reads it at the
+    steps where it reads held memory, at most every MALLOC_EVERY_S, and its growth is taken
+    between the same quarters as held_growth (it was the last step less the first timed,
+    against held_growth's quarter medians: a steady climb read a third more than held
+    memory's growth, all of it malloc's and more)."""
     cpu = torch.device("cpu")
     kept = [torch.ones(1024) for _ in range(16384)]  # 4 KiB each, 64 MiB written
     free, held = probes.malloc_free_mib(), held_mib(cpu)
@@ -416,10 +419,26 @@ def test_memory_malloc_keeps_free_is_resident_and_told_apart():
     assert held_mib(cpu) > held - 8  # still resident
     del kept
     stats = single_epoch(6, warmup=2)
-    first, last = stats.malloc_free_mib
-    assert math.isfinite(first) and math.isfinite(last)
-    assert results.malloc_free_growth((10.0, 300.0), 4) == 290.0
-    assert math.isnan(results.malloc_free_growth((10.0, 300.0), 3))  # as held_growth
+    free = stats.malloc_free_mib
+    assert len(free) == len(stats.held_mib) == 6
+    assert math.isfinite(free[2]) and math.isfinite(free[-1])  # the first timed, the last
+
+
+def test_malloc_free_growth_is_taken_as_held_growth_is(monkeypatch):
+    """A rank whose resident set climbed 10 MiB a step, all of it malloc's free memory:
+    its malloc growth (the last step less the first timed) read 90 MiB against a held
+    growth of 60 (the last quarter's median less the first's): more of it malloc's than
+    had grown. Both are now taken between the same quarters of the same steps' reads."""
+    climb = iter(range(100, 1000, 10))
+    monkeypatch.setattr(probes, "MALLOC_EVERY_S", 0.0)  # each step read, as a slow step is
+    monkeypatch.setattr(probes, "malloc_free_mib", lambda: float(next(climb)))
+    monkeypatch.setattr(probes, "held_mib", lambda device: 1000.0 + 10 * len(reads.readings()))
+    reads = probes.HeldReads(torch.device("cpu"), always=(0, 2))
+    for _ in range(10):
+        reads.step_end()
+    held, free = reads.readings(), reads.malloc_free()
+    assert len(held) == len(free) == 10
+    assert results.held_growth(free, 2) == results.held_growth(held, 2) == 60.0
 
 
 def test_a_rows_growth_and_what_malloc_held_free_are_the_same_ranks():

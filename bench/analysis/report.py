@@ -1614,8 +1614,8 @@ def growth_markdown(counted: pd.DataFrame) -> str:
         "given back, and the resident set can climb step after step with no tensor more "
         "(model_split's last stage grew 350 MiB in 60 steps with the same tensors live; "
         "malloc_trim gave it all back). `malloc free grew` is how much more malloc held "
-        "free at the end of the last step than of the first timed (runs.csv "
-        "`malloc_free_growth_mib`): where it is about the growth, the growth is malloc's "
+        "free, taken as `grew` is, the last quarter of the timed steps against the first "
+        "(runs.csv `malloc_free_growth_mib`): where it is about the growth, the growth is malloc's "
         "keeping, no tensor kept, though the process holds that memory all the same."
         if said
         else ""

@@ -301,10 +301,15 @@ def malloc_free_mib() -> float:
     tensors live: model_split's last stage on a CPU grew 350 MiB in 60 steps (in two runs
     of three) with 135 tensors live throughout, 421 MiB free in malloc at the end, and
     malloc_trim gave all of it back; MALLOC_ARENA_MAX=1 did not stop it. NaN where the C
-    library has no mallinfo2. About 0.1 ms a read (it walks the free lists): read at two steps an
-    epoch, not every step."""
+    library has no mallinfo2. It walks the free lists: 0.1 ms a read, about 3 ms where the
+    heap is in many pieces, so the loop reads it at most every MALLOC_EVERY_S (HeldReads)."""
     fn = _mallinfo2()
     return fn().fordblks / 2**20 if fn is not None else math.nan
+
+
+#: on a CPU, the least time between two reads of malloc's free memory (malloc_free_mib,
+#: up to ~3 ms a read), outside the steps' timing
+MALLOC_EVERY_S = 0.05
 
 
 class HeldReads:
@@ -312,9 +317,10 @@ class HeldReads:
     SPARSE_EVERY_S; NaN between; 0, every step), and always at the steps numbered in
     `always` (the first, the first timed: as PhaseClock's) and the last (`readings()`):
     growth compares the first timed quarter with the last. On a CPU, also what malloc
-    holds free (malloc_free_mib) at the end of step `always[-1]` (the first timed) and of
-    the last (`malloc_free()`), so growth that is the allocator's free memory is told from
-    tensors kept."""
+    holds free (malloc_free_mib), at most every MALLOC_EVERY_S and at the same steps always
+    (`malloc_free()`): its growth is taken between the same quarters (results.held_growth),
+    so the part of a rank's growth that is the allocator's free memory is told from tensors
+    kept, the one against the other."""
 
     def __init__(
         self, device: torch.device, every_s: float = 0.0, always: tuple[int, ...] = (0,)
@@ -322,20 +328,24 @@ class HeldReads:
         self._device = device
         self._due, self._always = Due(every_s), always
         self._mib: list[float] = []
-        self._free_first = math.nan
+        self._cpu = device.type == "cpu"
+        self._free_due = Due(MALLOC_EVERY_S)
+        self._free: list[float] = []
 
     def step_end(self) -> None:
         due = self._due(force=len(self._mib) in self._always)
+        if self._cpu:
+            free = self._free_due(force=len(self._mib) in self._always)
+            self._free.append(malloc_free_mib() if free else math.nan)
         self._mib.append(held_mib(self._device) if due else math.nan)
-        if self._device.type == "cpu" and len(self._mib) - 1 == self._always[-1]:
-            self._free_first = malloc_free_mib()
 
-    def malloc_free(self) -> tuple[float, float]:
-        """On a CPU, MiB malloc held free at the end of the first timed step and now (after
-        the last); NaN on CUDA, whose held memory is the CUDA allocator's."""
-        if self._device.type != "cpu" or not self._mib:
-            return math.nan, math.nan
-        return self._free_first, malloc_free_mib()
+    def malloc_free(self) -> list[float]:
+        """On a CPU, MiB malloc held free at the end of each step so far (NaN between
+        reads; the last step's read now if it was skipped); none on CUDA, whose held memory
+        is the CUDA allocator's."""
+        if self._free and math.isnan(self._free[-1]):
+            self._free[-1] = malloc_free_mib()
+        return self._free
 
     def readings(self) -> list[float]:
         """Per step so far; the last step's read now if it was skipped (nothing has run

@@ -455,20 +455,10 @@ def held_growth(held: Sequence[float], warmup: int) -> float:
     return float(np.nanmedian(last) - np.nanmedian(first))
 
 
-def malloc_free_growth(free: Sequence[float], timed_steps: int) -> float:
-    """How much more glibc's malloc held free at the end of the last step than of the first
-    timed (probes.HeldReads.malloc_free): of a CPU rank's held_growth, the part that is
-    the allocator's free memory, no tensor's. NaN where held_growth is (fewer than 4 timed
-    steps), on CUDA, or where the C library does not say."""
-    if timed_steps < 4 or len(free) != 2:
-        return float("nan")
-    return float(free[1] - free[0])
-
-
 def _most_growth(record: Mapping[str, Any], warmup: int) -> dict[str, float]:
     """The most any rank's held memory grew (held_growth, each rank's from its own
     readings): a leak on another rank than 0 went unseen where rank 0's alone was read;
-    and what of that rank's growth malloc held free (malloc_free_growth). A record from
+    and what of that rank's growth malloc held free (its malloc_free_growth_mib). A record from
     before the ranks said theirs: rank 0's readings."""
     nan = float("nan")
     each = [r for r in record["ranks"] if r.get("held_growth_mib", nan) == r.get("held_growth_mib")]

@@ -318,9 +318,9 @@ def _train(
                 # every rank's: a leak on one rank alone (its own buffers) is one too
                 "held_growth_mib": results.held_growth(stats.held_mib, stats.warmup_steps),
                 # on a CPU: what of that growth glibc's malloc holds free, no tensor's
-                "malloc_free_mib": stats.malloc_free_mib[1],
-                "malloc_free_growth_mib": results.malloc_free_growth(
-                    stats.malloc_free_mib, stats.steps - stats.warmup_steps
+                "malloc_free_mib": (stats.malloc_free_mib or (math.nan,))[-1],
+                "malloc_free_growth_mib": results.held_growth(
+                    stats.malloc_free_mib, stats.warmup_steps
                 ),
                 "metrics_error": extra_error,
             }
