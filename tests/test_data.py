@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -682,3 +683,10 @@ def test_a_run_opens_each_image_once_however_often_it_plans(tmp_path, data_root,
     changed.write_bytes(changed.read_bytes() + b"\0")
     data.check(cfg)
     assert opened[first:] == [str(changed)]
+    # rewritten as the same size with its times put back (cp -p, rsync -t, tar): the change
+    # time, which no one can set, tells it
+    was = changed.stat()
+    changed.write_bytes(b"\1" * was.st_size)
+    os.utime(changed, ns=(was.st_atime_ns, was.st_mtime_ns))
+    with pytest.raises(ConfigError, match="cannot be read as an image"):
+        data.check(cfg)
