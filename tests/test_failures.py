@@ -156,13 +156,13 @@ def test_a_rank_that_raised_then_never_ended_is_failed_with_its_error(tmp_path, 
     hang?'). The error is written as it is raised: the row is failed with it, and says the
     cell was then killed at its deadline."""
     cfg = small_config(
-        tmp_path, data_root, world_sizes=(2,), strategies=("test_crash_stuck",), timeout_s=45
+        tmp_path, data_root, world_sizes=(2,), strategies=("test_crash_stuck",), timeout_s=25
     )
     run_dir, (row,) = run_matrix(cfg, echo=lambda m: None)
     assert row["status"] == "failed", row
     assert row["reason"] == (
         "rank 1: RuntimeError: deliberate crash in backward at step 2; then the cell did not "
-        "end within 45 s: all its processes were killed"
+        "end within 25 s: all its processes were killed"
     )
     assert leftover_processes(run_dir) == []
 
