@@ -1615,8 +1615,8 @@ def growth_markdown(counted: pd.DataFrame) -> str:
         "(model_split's last stage grew 350 MiB in 60 steps with the same tensors live; "
         "malloc_trim gave it all back). `malloc free grew` is how much more malloc held "
         "free, taken as `grew` is, the last quarter of the timed steps against the first "
-        "(runs.csv `malloc_free_growth_mib`): where it is about the growth, the growth is malloc's "
-        "keeping, no tensor kept, though the process holds that memory all the same."
+        "(runs.csv `malloc_free_growth_mib`): where it is about the growth, the growth is "
+        "malloc's keeping, no tensor kept, though the process holds that memory all the same."
         if said
         else ""
     )

@@ -458,8 +458,8 @@ def held_growth(held: Sequence[float], warmup: int) -> float:
 def _most_growth(record: Mapping[str, Any], warmup: int) -> dict[str, float]:
     """The most any rank's held memory grew (held_growth, each rank's from its own
     readings): a leak on another rank than 0 went unseen where rank 0's alone was read;
-    and what of that rank's growth malloc held free (its malloc_free_growth_mib). A record from
-    before the ranks said theirs: rank 0's readings."""
+    and what of that rank's growth malloc held free (its malloc_free_growth_mib). A record
+    from before the ranks said theirs: rank 0's readings."""
     nan = float("nan")
     each = [r for r in record["ranks"] if r.get("held_growth_mib", nan) == r.get("held_growth_mib")]
     if not each:  # none grew by a number: NaN, or rank 0's readings where no rank said

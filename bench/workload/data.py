@@ -537,8 +537,8 @@ def _open_images(cfg: RunConfig, bundle: DataBundle) -> None:
 
 
 #: the image files this process has opened (_open_images), as they were then (_stamp: inode,
-#: size, modification and change times): a run plans twice (the CLI's check, then the run's), verify more, and
-#: each opened and parsed up to OPENED_IMAGES headers again
+#: size, modification and change times): a run plans twice (the CLI's check, then the
+#: run's), verify more, and each opened and parsed up to OPENED_IMAGES headers again
 _OPENED: set[tuple[str, int, int, int, int]] = set()
 
 
