@@ -1180,7 +1180,7 @@ def test_predict_and_the_report_say_what_batch_a_rank_computes(probed_run, tmp_p
     assert f"(samples a rank: {batch // 2} at 2 ranks)" in line
     text = " ".join(report.scaling_markdown(report.load_run(run)).split())
     sizes = [n for n in predict.WHAT_IF_SIZES if batch % n == 0]
-    said = predict.strong_scaling_line(batch, sizes).replace("batch: the", "The", 1)
+    said = predict.strong_scaling_line(batch, sizes, "The")
     assert said in text and f"{batch // sizes[-1]} at {sizes[-1]} ranks" in said
 
 

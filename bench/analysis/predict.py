@@ -90,17 +90,18 @@ EFFICIENCY_KEY = (
 )
 
 
-def strong_scaling_line(global_batch: int, sizes: Iterable[int]) -> str:
+def strong_scaling_line(global_batch: int, sizes: Iterable[int], lead: str = "batch: the") -> str:
     """What batch a rank computes at the predicted world sizes: the run's global batch is
     kept at every one (strong scaling), so at 64 ranks of make bench's 64 each computes one
-    sample, and an efficiency of 0.06 there read as the cost of communication alone."""
+    sample, and an efficiency of 0.06 there read as the cost of communication alone.
+    `lead`: its first words (predict's key "batch: the"; the report's sentence, "The")."""
     each = ", ".join(
         f"{global_batch // n} at {n} ranks"
         for n in sorted(set(sizes))
         if n > 1 and global_batch % n == 0
     )
     return (
-        f"batch: the run's global batch of {global_batch} samples a step at every world size "
+        f"{lead} run's global batch of {global_batch} samples a step at every world size "
         "(strong scaling, as the run measured it), so each of N data-parallel ranks computes "
         f"1/N of it{f' (samples a rank: {each})' if each else ''}; a rank that computes a few samples a "
         "step uses its device less well, which lowers efficiency as communication does."

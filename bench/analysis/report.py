@@ -2155,9 +2155,7 @@ def scaling_markdown(run: Run) -> str:
             "strategy's one-process samples/s, there from the whole batch's point of the "
             "compute curve the prediction reads, not from its timed steps. "
             + (
-                predict.strong_scaling_line(batch, (r["world_size"] for r in what_if)).replace(
-                    "batch: the", "The", 1
-                )
+                predict.strong_scaling_line(batch, (r["world_size"] for r in what_if), "The")
                 if (batch := _count(run.config.get("global_batch")))
                 else ""
             )
