@@ -734,7 +734,8 @@ def test_cells_on_several_thread_counts_are_each_held_to_a_baseline_on_theirs(
         strategies=("model_split", "pipeline_gpipe"),
         world_sizes=(2, 4),
     )
-    run_dir, parity = verify(cfg, steps=6, echo=lambda m: None)
+    # not conditioned (the model has BatchNorm): a cell 0 from its baseline is so at any step
+    run_dir, parity = verify(cfg, steps=6, echo=lambda m: None, condition=False)
     threads = {
         (r["strategy"], int(r["world_size"])): r["threads_per_rank"]
         for r in RunDir(run_dir).runs.read()
