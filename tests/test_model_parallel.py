@@ -689,7 +689,7 @@ def test_model_split_of_a_batchnorm_cnn_is_checked_on_its_ranks_threads(
         world_sizes=world_sizes,
     )
     lines: list[str] = []
-    run_dir, parity = verify(cfg, steps=6, echo=lines.append)
+    run_dir, parity = verify(cfg, steps=6, echo=lines.append, condition=False)
     p = next(p for p in parity if (p.strategy, p.world_size) == ("model_split", 2))
     assert p.status == "pass", p
     assert p.param_rel <= RECIPES["exact"].param_rel
