@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import time
 from pathlib import Path
 
@@ -57,6 +58,10 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
     crash = by[("test_crash", 2)]
     assert crash["status"] == "failed"
     assert "rank 1: RuntimeError: deliberate crash in backward at step 3" == crash["reason"]
+    # a failed cell wrote no epoch, and its row's `hosts` was empty where an ok row names
+    # its ranks' hosts: a failure on one node of several said nothing of where. It names
+    # the hosts the cell was started on (test_a_failed_row_says_where_it_ran: --hosts)
+    assert crash["hosts"] == socket.gethostname()
 
     hang = by[("test_hang", 2)]
     assert hang["status"] == "timeout" and "20 s" in hang["reason"]
@@ -79,19 +84,10 @@ def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_ro
     assert leftover_processes(run_dir) == []
 
 
-def test_a_failed_row_says_where_it_ran(tmp_path, data_root, faulty):
-    """A cell that failed wrote no epoch, and its row's `hosts` was empty, where an ok row
-    names its ranks' hosts: a failure on one node of several said nothing of where. It
-    names the hosts the cell was started on: this machine, or --hosts across nodes."""
-    import socket
-
+def test_a_failed_row_says_where_it_ran():
+    """A failed row names the hosts its cell was started on: this machine
+    (test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on), or --hosts across nodes."""
     from bench.config import RunConfig
-
-    cfg = small_config(tmp_path, data_root, world_sizes=(2,), strategies=("test_crash",))
-    run_dir, (row,) = run_matrix(cfg, echo=lambda m: None)
-    assert row["status"] == "failed", row
-    assert row["hosts"] == socket.gethostname()
-    assert leftover_processes(run_dir) == []
     from bench.harness.runner import launched_on
 
     across = RunConfig(nodes=2, procs_per_node=1, hosts=("a", "b"), rdzv="static", ifname="lo")
@@ -636,6 +632,7 @@ def test_cell_metrics_that_fail_on_one_rank_before_its_gather_fail_the_cell_at_o
         "rank 1: PeersLeftWaiting: GatheredMetricsFail.cell_metrics() raised KeyError: "
         "'bubble_pct' (a peer, not past it within"
     ), row["reason"]
+    assert "(a peer, not past it within 4 s," in row["reason"], row["reason"]  # its wait, cut
     assert took < cfg.timeout_s - worker.PEERS_PAST_S, took
     assert not leftover_processes(run_dir)
 
