@@ -1609,8 +1609,9 @@ def test_a_sweep_whose_setting_column_is_gone_is_refused_not_merged(
     were dropped, the rest reported under the other setting's name (runs.csv); steps or ranks
     without it matched no cell. One line naming the column, exit 2."""
     run_dir = _swept(reference, tmp_path)
-    assert main(["report", str(run_dir)]) == 0  # as written, both settings are reported
-    assert {"ddp_spawn [fp32]", "ddp_spawn [bf16]"} <= set(
+    if table == "runs.csv":  # as written, it renders whole (seconds: once is enough)
+        assert main(["report", str(run_dir)]) == 0
+    assert {"ddp_spawn [fp32]", "ddp_spawn [bf16]"} <= set(  # both settings read
         report.load_run(run_dir).runs["strategy"]
     )
     df = pd.read_csv(run_dir / table, dtype=str, keep_default_na=False)
