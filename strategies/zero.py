@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from strategies.base import Variant
 from strategies.ddp import DistributedDataParallel
@@ -40,6 +39,10 @@ class ZeRO1(DistributedDataParallel):
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         model, _ = super().setup(model, optimizer)
+        # imported here: torch.distributed.optim pulls in FSDP and DTensor, half a second
+        # of every command that lists the strategies (a bad option's exit 2 among them)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         zero = ZeroRedundancyOptimizer(
             model.parameters(), optimizer_class=type(optimizer), **optimizer.defaults
         )
