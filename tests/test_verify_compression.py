@@ -140,17 +140,19 @@ def test_cells_in_a_reduced_precision_are_held_to_single_cut_as_they_cut_the_bat
     assert rounding_reference(one, norms=0) == ((1, 1), "fp16")
 
 
-@pytest.mark.slow
-def test_correct_hooks_match_their_reference_under_adamw(tmp_path, data_root):
-    """The README's `verify --optimizer adamw` (MNIST, 2 ranks, verify's own 4096 samples):
-    the hook's rounding moves weights 1.06e-2 of an update, past the recipe calibrated with
-    SGD; the reference that rounds as it does reads the same, to the bit, and the correct
-    hook passes, held to 1.5x it, where against one rounding of the whole gradient
-    (3.43e-3) it FAILed. A hook that never compresses still FAILs, and one that compresses
-    but never all-reduces FAILs against the reference widened for Adam."""
+@pytest.fixture(scope="module")
+def adamw_hooks(tmp_path_factory, data_root) -> dict:
+    """The README's `verify --optimizer adamw` (MNIST, 2 ranks, verify's own 4096 samples, 8
+    steps) of the fp16 hook, two hooks wrong on purpose and, where Horovod is built here,
+    horovod_fp16: one run and one baseline for the tests below, each cell held to its own
+    reference. By (strategy, world size, setting)."""
+    import strategies
+
     names = ("ddp_fp16_hook", "test_hook_fp32", "test_hook_local")
+    if not strategies.get("horovod").unavailable("cpu"):
+        names += ("horovod_fp16",)
     cfg = small_config(
-        tmp_path,
+        tmp_path_factory.mktemp("adamw"),
         data_root,
         strategies=names,
         world_sizes=(2,),
@@ -160,7 +162,17 @@ def test_correct_hooks_match_their_reference_under_adamw(tmp_path, data_root):
     with faulty_strategies():
         _, result = verify(cfg, steps=8, echo=lambda m: None)
     print(table(result))
-    by = {(p.strategy, p.world_size, p.setting): p for p in result}
+    return {(p.strategy, p.world_size, p.setting): p for p in result}
+
+
+@pytest.mark.slow
+def test_correct_hooks_match_their_reference_under_adamw(adamw_hooks):
+    """The hook's rounding moves weights 1.06e-2 of an update, past the recipe calibrated
+    with SGD; the reference that rounds as it does reads the same, to the bit, and the
+    correct hook passes, held to 1.5x it, where against one rounding of the whole gradient
+    (3.43e-3) it FAILed. A hook that never compresses still FAILs, and one that compresses
+    but never all-reduces FAILs against the reference widened for Adam."""
+    by = adamw_hooks
     good, bad = by[("ddp_fp16_hook", 2, "fp32")], by[("test_hook_fp32", 2, "fp32")]
     ref = by[("single", 1, "fp32,compress=fp16,shares=2")]
     assert ref.reference and ref.param_rel > RECIPES["grad_fp16"].param_rel, ref
@@ -174,23 +186,13 @@ def test_correct_hooks_match_their_reference_under_adamw(tmp_path, data_root):
 
 
 @pytest.mark.slow
-def test_horovods_reference_divides_the_sum(tmp_path, data_root):
+def test_horovods_reference_divides_the_sum(adamw_hooks):
     """Horovod's Average scales the fp16 sum; its reference does too, and reads what it does.
     Under AdamW that is 2.10e-2 of an update, past twice the recipe: it FAILed as a suspect
     precision, and the correct cell beside it. Adam's rounding of components near zero moves
     weights by whole steps, so the reference is `amplified`, saying so, and the cell passes."""
     need_horovod()
-    cfg = small_config(
-        tmp_path,
-        data_root,
-        strategies=("horovod_fp16",),
-        world_sizes=(2,),
-        optimizer="adamw",
-        limit=VERIFY_LIMIT,
-    )
-    _, result = verify(cfg, steps=8, echo=lambda m: None)
-    print(table(result))
-    by = {(p.strategy, p.world_size, p.setting): p for p in result}
+    by = adamw_hooks
     cell = by[("horovod_fp16", 2, "fp32")]
     ref = by[("single", 1, "fp32,compress=fp16,compress_divide=after_sum,shares=2")]
     assert (cell.loss_abs, cell.param_rel) == (ref.loss_abs, ref.param_rel)
