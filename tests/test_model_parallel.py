@@ -680,12 +680,14 @@ def test_model_split_of_a_batchnorm_cnn_is_checked_on_its_ranks_threads(
     if cpu_cores() < 2:
         pytest.skip("one core: single and the ranks both compute on one thread")
     examples = Path(__file__).resolve().parents[1] / "examples"
+    # ddp_spawn and fsdp at 1 rank are what the run's single holds; at 2, the same cells as
+    # in the run with single (held to the baseline in 2 shares): left out of the one apart
     cfg = small_config(
         tmp_path,
         data_root,
         model=f"{examples}/own_model.py:build",
         dataset=f"{examples}/own_data.py:shapes",
-        strategies=("model_split", "ddp_spawn", "fsdp"),
+        strategies=("model_split", "ddp_spawn", "fsdp") if 1 in world_sizes else ("model_split",),
         world_sizes=world_sizes,
     )
     lines: list[str] = []
