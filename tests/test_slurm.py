@@ -195,10 +195,12 @@ def test_two_jobs_sharing_an_address_meet_apart(cluster, data_root, tmp_path) ->
     so their cells overlap."""
     runs = []
     for run_id in ("one", "two"):
-        # held, on one node, two ranks, long enough to overlap the other
+        # held, on one node, two ranks; released together, each job's agent holds its port
+        # from before its ranks start (seconds, on this machine) to after their last step,
+        # so _run_args' 30 steps overlap the other's as 100 did
         run, job, _ = _submit(
             data_root, tmp_path, run_id, "--no-report", "--sbatch-arg=--hold",
-            nodes=1, procs=2, cores_per_node=2, max_steps=100,
+            nodes=1, procs=2, cores_per_node=2,
         )  # fmt: skip
         runs.append((run, job))
     subprocess.run(["scontrol", "release", ",".join(job for _, job in runs)], check=True)
