@@ -666,29 +666,26 @@ def test_sync_bn_is_refused_where_ranks_share_one_batch(name) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_sizes", [(1, 2), (2,)])  # single in the run, or apart
-def test_model_split_of_a_batchnorm_cnn_is_checked_on_its_ranks_threads(
-    tmp_path, data_root, world_sizes
-):
+def test_model_split_of_a_batchnorm_cnn_is_checked_on_its_ranks_threads(tmp_path, data_root):
     """A model_split cell normalises the whole batch at once, as the run's single does, but
     each rank computes with fewer threads: a convolution's gradient on a CPU depends on how
     many reduce it (the worked example: 1.5e-4 of an update apart after 6 steps, past the
     exact tolerance; 0 on the same threads). verify runs the plain baseline apart on them,
-    and holds the cells on the run's single's threads (ddp_spawn, fsdp at 1) to that single."""
+    and holds the cells on the run's single's threads (ddp_spawn, fsdp at 1) to that single.
+    (Without single in the run, model_split held to the baseline run apart on its threads:
+    test_cells_on_several_thread_counts_are_each_held_to_a_baseline_on_theirs.)"""
     if not SPLIT_RUNS:
         pytest.skip(NO_SPLIT)
     if cpu_cores() < 2:
         pytest.skip("one core: single and the ranks both compute on one thread")
     examples = Path(__file__).resolve().parents[1] / "examples"
-    # ddp_spawn and fsdp at 1 rank are what the run's single holds; at 2, the same cells as
-    # in the run with single (held to the baseline in 2 shares): left out of the one apart
     cfg = small_config(
         tmp_path,
         data_root,
         model=f"{examples}/own_model.py:build",
         dataset=f"{examples}/own_data.py:shapes",
-        strategies=("model_split", "ddp_spawn", "fsdp") if 1 in world_sizes else ("model_split",),
-        world_sizes=world_sizes,
+        strategies=("model_split", "ddp_spawn", "fsdp"),
+        world_sizes=(1, 2),
     )
     lines: list[str] = []
     run_dir, parity = verify(cfg, steps=6, echo=lines.append, condition=False)
@@ -698,14 +695,11 @@ def test_model_split_of_a_batchnorm_cnn_is_checked_on_its_ranks_threads(
     # ddp_spawn and fsdp at world size 1, on the run's single's threads, are held to that
     # single, not to the one run apart on model_split's fewer (1.5e-4 from it: FAIL); the
     # second of them too (a name reused in the loop held all but the first to the other)
-    skipped = [("model_split", 1)] if 1 in world_sizes else []  # a pipeline needs 2 ranks
+    skipped = [("model_split", 1)]  # a pipeline needs 2 ranks
     assert [(p.strategy, p.world_size) for p in parity if p.status != "pass"] == skipped, parity
     cell = next(r for r in RunDir(run_dir).runs.read() if r["strategy"] == "model_split")
     n = cell["threads_per_rank"]
-    if 1 in world_sizes:  # (else the plain baseline's own line, run apart as ever)
-        assert (
-            f"baseline: single at world size 1, fp32, with {n} thread(s) as its cells had" in lines
-        )
+    assert f"baseline: single at world size 1, fp32, with {n} thread(s) as its cells had" in lines
     (row,) = RunDir(run_dir / "baselines" / f"shares1-acc1-t{n}").runs.read()
     assert row["threads_per_rank"] == n
 
