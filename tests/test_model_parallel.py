@@ -144,32 +144,18 @@ class _Sent:
         return _arrive, (self.rank,)
 
 
-def _gather_to_root(rank: int, store_path: str, got: dict) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", rank=rank, world_size=2, store=dist.FileStore(store_path, 2))
-    try:
-        ctx = RankContext(
-            rank=rank, local_rank=rank, world_size=2, device=torch.device("cpu"), seed=0
-        )
-        pipe = strategies.get("pipeline_gpipe").create(ctx)
-        got[rank] = (pipe.gather_to_root(_Sent(rank)), list(ARRIVED))
-    finally:
-        dist.destroy_process_group()
+def _gather_to_root(ctx: RankContext) -> tuple:
+    """What gather_to_root gives this rank, and the ranks whose part it unpickled."""
+    pipe = strategies.get("pipeline_gpipe").create(ctx)
+    return pipe.gather_to_root(_Sent(ctx.rank)), list(ARRIVED)
 
 
-def test_the_whole_models_weights_are_gathered_to_rank_0_alone(tmp_path):
+def test_the_whole_models_weights_are_gathered_to_rank_0_alone(two_ranks):
     """A pipeline's evaluation and parity gather every stage's weights: to rank 0 only, so a
     model cut up because it is large is not also copied whole to every other rank (which
     would unpickle every part)."""
-    import torch.multiprocessing as mp
-
-    with mp.Manager() as manager:
-        got = manager.dict()
-        mp.spawn(_gather_to_root, args=(str(tmp_path / "store"), got), nprocs=2)
-        got = dict(got)
-    assert got[0] == ([0, 1], [0, 1])
-    assert got[1] == (None, [])  # rank 1 received no one's part
+    assert two_ranks[("gathered", 0)] == ([0, 1], [0, 1])
+    assert two_ranks[("gathered", 1)] == (None, [])  # rank 1 received no one's part
 
 
 class _Scale(torch.nn.Module):
@@ -193,7 +179,22 @@ def _scaled_net() -> torch.nn.Sequential:
     return net
 
 
-def _evaluate_scaled(rank: int, store_path: str, got: dict) -> None:
+def _evaluate_scaled(ctx: RankContext) -> tuple | None:
+    """On rank 0, the pipeline's evaluation copy of _scaled_net and the net itself on one
+    batch; None on the others."""
+    pipe = strategies.get("pipeline_gpipe").create(ctx, {"microbatches": "2"})
+    net = _scaled_net()
+    pipe.attach(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    full = pipe.eval_module()
+    if full is None:
+        return None
+    x = torch.ones(3, 4)
+    return full(x).tolist(), _scaled_net()(x).tolist()
+
+
+def _two_pipeline_ranks(rank: int, store_path: str, got: dict) -> None:
+    """Rank `rank` of a 2-rank gloo group: the gather, then the evaluation, each noted in
+    `got` under its name and the rank."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", rank=rank, world_size=2, store=dist.FileStore(store_path, 2))
@@ -201,30 +202,32 @@ def _evaluate_scaled(rank: int, store_path: str, got: dict) -> None:
         ctx = RankContext(
             rank=rank, local_rank=rank, world_size=2, device=torch.device("cpu"), seed=0
         )
-        pipe = strategies.get("pipeline_gpipe").create(ctx, {"microbatches": "2"})
-        net = _scaled_net()
-        pipe.attach(net, torch.optim.SGD(net.parameters(), lr=0.1))
-        full = pipe.eval_module()
-        if full is not None:
-            x = torch.ones(3, 4)
-            got[rank] = (full(x).tolist(), _scaled_net()(x).tolist())
+        got[("gathered", rank)] = _gather_to_root(ctx)
+        got[("evaluated", rank)] = _evaluate_scaled(ctx)
     finally:
         dist.destroy_process_group()
 
 
-def test_a_pipelines_evaluation_keeps_buffers_no_state_dict_holds(tmp_path):
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    """One mp.spawn of two ranks for the two tests of a pipeline's gather and evaluation
+    (each spawn starts two processes that import torch): what each rank noted."""
+    import torch.multiprocessing as mp
+
+    store = tmp_path_factory.mktemp("two_ranks") / "store"
+    with mp.Manager() as manager:
+        got = manager.dict()
+        mp.spawn(_two_pipeline_ranks, args=(str(store), got), nprocs=2)
+        return dict(got)
+
+
+def test_a_pipelines_evaluation_keeps_buffers_no_state_dict_holds(two_ranks):
     """Rank 0 evaluates a copy of the whole model made with empty tensors and filled from
     the stages' state dicts: a buffer registered persistent=False is in none, and was left
     uninitialised memory (a model of the MNIST images scaled by two such constants: the
     pipeline's eval_loss 2.5e8 and accuracy 0.10 where single's were 5.6 and 0.30, its
     training losses equal)."""
-    import torch.multiprocessing as mp
-
-    with mp.Manager() as manager:
-        got = manager.dict()
-        mp.spawn(_evaluate_scaled, args=(str(tmp_path / "store"), got), nprocs=2)
-        got = dict(got)
-    evaluated, original = got[0]
+    evaluated, original = two_ranks[("evaluated", 0)]
     assert torch.allclose(torch.tensor(evaluated), torch.tensor(original))
 
 
