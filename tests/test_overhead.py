@@ -43,17 +43,52 @@ def third_harness_raises(monkeypatch, overhead, exc: BaseException) -> None:
     monkeypatch.setattr(overhead, "pairs", lambda device: (("single", 1),))
 
 
-def test_loop_cost_reports_the_harness_step_against_a_bare_one():
+def main_here(monkeypatch, capsys, *options: str) -> tuple[int, str, str]:
+    """overhead.py's main in this process with `options` (its exit code, stdout and
+    stderr), where a test is about its options' checks: no side may be timed."""
+    overhead = load_overhead()
+    refused = lambda *a, **kw: pytest.fail("a side was timed")  # noqa: E731
+    monkeypatch.setattr(overhead, "hand", refused)
+    monkeypatch.setattr(overhead, "harness", refused)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "overhead.py"), *options])
+    with pytest.raises(SystemExit) as stopped:
+        overhead.main()
+    out, err = capsys.readouterr()
+    return stopped.value.code, out, err
+
+
+def options_known(monkeypatch, capsys) -> set[str]:
+    """The options overhead.py's --help names (its main, in this process)."""
+    code, out, _ = main_here(monkeypatch, capsys, "--help")
+    assert code == 0 and "--data-root" in out
+    return set(re.findall(r"--[a-z][\w-]*", out))
+
+
+def test_loop_cost_reports_the_harness_step_against_a_bare_one(monkeypatch, capsys):
     """--loop-cost-only runs the real loop (single's train_epoch) and a bare loop on a tiny
     model and prints both per-step figures and their difference with its interval, with no
-    paired rounds; then the per-step parts of that difference, timed alone."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--loop-cost-only"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    ).stdout
+    paired rounds; then the per-step parts of that difference, timed alone. (In this
+    process, on half its steps and rounds, on one thread: the lines and their sums are what
+    is read; beside other work a second thread made each step of this tiny model wait for
+    it, 5 ms a step against 0.7 ms, and the script ran past its 300 s.)"""
+    import torch
+
+    overhead = load_overhead()
+    real = overhead.loop_cost
+    shorter = lambda device, timing, without=(): real(  # noqa: E731
+        device, timing, steps=200, rounds=9, without=without
+    )
+    monkeypatch.setattr(overhead, "loop_cost", shorter)
+    monkeypatch.setattr(overhead, "hand", lambda *a, **kw: pytest.fail("a round ran"))
+    monkeypatch.setattr(overhead, "harness", lambda *a, **kw: pytest.fail("a round ran"))
+    monkeypatch.setattr(sys, "argv", ["overhead.py", "--loop-cost-only"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        overhead.main()
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
     line, parts, off = out.strip().splitlines()
     m = re.fullmatch(
         r"loop cost \(cpu, step timing sync\): harness (\d+) us a step, bare loop (\d+) us; "
@@ -153,47 +188,43 @@ def test_the_summary_says_which_way_the_ratio_reads(monkeypatch, capsys):
         (["--steps", "100000"], "--warmup 5 + --steps 100000 is more than the"),
     ],
 )
-def test_bad_options_are_one_line_and_exit_2_before_any_round(data_root, options, said):
+def test_bad_options_are_one_line_and_exit_2_before_any_round(
+    data_root, monkeypatch, capsys, options, said
+):
     """An option the harness would refuse is refused before the first round, in the
     script's own words (--batch, --warmup), as one line and exit 2."""
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--data-root", str(data_root)]
-        + ["--min-rounds", "1", "--max-rounds", "1", "--steps", "2", *options],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    code, out, err = main_here(
+        monkeypatch,
+        capsys,
+        *["--data-root", str(data_root), "--min-rounds", "1", "--max-rounds", "1"],
+        *["--steps", "2", *options],
     )
-    assert run.returncode == 2, run.stderr
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("overhead.py: error: "), run.stderr
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("overhead.py: error: "), err
     assert said in lines[0]
-    assert "round" not in run.stdout
+    assert "round" not in out
 
 
-def test_no_mnist_is_one_line_naming_only_options_the_script_has(tmp_path):
+def test_no_mnist_is_one_line_naming_only_options_the_script_has(tmp_path, monkeypatch, capsys):
     """No MNIST under --data-root (`make overhead` on a fresh clone, whose data root is
     ./data): the harness's advice, "pass --download ... or use --dataset synthetic", named
     two options overhead.py did not have, so following it failed on argparse; with the
     last of its three ways cut out of the text, the clause lost its "or"."""
-    script = [sys.executable, str(ROOT / "benchmarks" / "overhead.py")]
-    run = subprocess.run(
-        [*script, "--data-root", str(tmp_path), "--min-rounds", "1", "--steps", "2"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert run.returncode == 2, run.stderr
-    line = run.stderr.strip()
+    options = ["--data-root", str(tmp_path), "--min-rounds", "1", "--steps", "2"]
+    code, _, err = main_here(monkeypatch, capsys, *options)
+    assert code == 2, err
+    line = err.strip()
     assert line.startswith(f"overhead.py: error: MNIST not found under {tmp_path}"), line
     assert line.endswith("; pass --download on a machine with internet, or point --data-root at it")
-    known = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
     named = set(re.findall(r"--[a-z][\w-]*", line))
-    assert named and named <= set(re.findall(r"--[a-z][\w-]*", known.stdout)), line
+    assert named and named <= options_known(monkeypatch, capsys), line
 
 
-def test_one_core_is_one_line_naming_no_option_the_script_lacks(data_root):
+def test_one_core_is_one_line_naming_no_option_the_script_lacks(data_root, monkeypatch, capsys):
     """On one core ddp_spawn's two ranks are refused with the harness's advice,
-    "--oversubscribe runs it anyway", an option overhead.py does not have."""
+    "--oversubscribe runs it anyway", an option overhead.py does not have. (The script
+    itself, as a user runs it, on one core: its exit code and its one line.)"""
     script = [sys.executable, str(ROOT / "benchmarks" / "overhead.py")]
     run = subprocess.run(
         [*script, "--data-root", str(data_root), "--min-rounds", "1", "--steps", "2"],
@@ -203,12 +234,11 @@ def test_one_core_is_one_line_naming_no_option_the_script_lacks(data_root):
         preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
     )
     assert run.returncode == 2, run.stderr
-    line = run.stderr.strip()
-    assert "ddp_spawn cannot run at world size 2" in line, line
-    known = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
-    assert set(re.findall(r"--[a-z][\w-]*", line)) <= set(
-        re.findall(r"--[a-z][\w-]*", known.stdout)
-    )
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("overhead.py: error: "), run.stderr
+    assert "ddp_spawn cannot run at world size 2" in lines[0], lines
+    assert "round" not in run.stdout
+    assert set(re.findall(r"--[a-z][\w-]*", lines[0])) <= options_known(monkeypatch, capsys)
 
 
 def test_download_fetches_mnist_in_the_options_check(monkeypatch, tmp_path):
@@ -241,18 +271,14 @@ def test_download_fetches_mnist_in_the_options_check(monkeypatch, tmp_path):
         (["--max-minutes", "-1"], "--max-minutes must be 0 or more, got -1"),
     ],
 )
-def test_a_width_or_time_limit_that_is_no_number_is_refused(options, said, tmp_path):
+def test_a_width_or_time_limit_that_is_no_number_is_refused(
+    options, said, tmp_path, monkeypatch, capsys
+):
     # no data there: an option let through fails on it, at once, not after every round
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--data-root", str(tmp_path)]
-        + options,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert run.returncode == 2, run.stderr
-    assert said in run.stderr.strip().splitlines()[-1]
-    assert "round" not in run.stdout
+    code, out, err = main_here(monkeypatch, capsys, "--data-root", str(tmp_path), *options)
+    assert code == 2, err
+    assert said in err.strip().splitlines()[-1]
+    assert "round" not in out
 
 
 def test_the_options_check_reads_the_data_once_beside_the_plans(data_root, monkeypatch):
@@ -270,21 +296,19 @@ def test_the_options_check_reads_the_data_once_beside_the_plans(data_root, monke
     assert len(reads) == 1 + len(overhead.pairs("cpu"))  # once, then each plan's own
 
 
-def test_a_csv_that_cannot_be_written_is_refused_before_the_rounds(data_root, tmp_path):
+def test_a_csv_that_cannot_be_written_is_refused_before_the_rounds(
+    data_root, tmp_path, monkeypatch, capsys
+):
     """A --csv path that cannot be written (here a folder) is one line and exit 2 before
     the first round, not a traceback after its minutes; a folder that does not exist yet
     is made."""
-    script = [sys.executable, str(ROOT / "benchmarks" / "overhead.py")]
-    script += ["--data-root", str(data_root), "--min-rounds", "1", "--max-rounds", "1"]
-    run = subprocess.run(
-        [*script, "--steps", "2", "--csv", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    options = ["--data-root", str(data_root), "--min-rounds", "1", "--max-rounds", "1"]
+    code, out, err = main_here(
+        monkeypatch, capsys, *options, "--steps", "2", "--csv", str(tmp_path)
     )
-    assert run.returncode == 2, run.stderr
-    assert run.stderr.strip() == f"overhead.py: error: --csv {tmp_path}: Is a directory"
-    assert "round" not in run.stdout
+    assert code == 2, err
+    assert err.strip() == f"overhead.py: error: --csv {tmp_path}: Is a directory"
+    assert "round" not in out
 
 
 def test_the_rounds_done_stay_in_the_csv_when_a_later_round_fails(monkeypatch, tmp_path):
