@@ -178,18 +178,19 @@ def test_a_logged_command_that_fails_is_named_and_the_parts_after_it_run(tmp_pat
 def test_an_earlier_days_check_is_named_so_a_cut_off_part_is_finished_there(tmp_path):
     """The default folder carries the date: run on another day, the script names the
     earlier check of the same GPU (GPU_CHECK_OUT finishes its parts there) instead of
-    silently starting anew. A fake GPU (torch patched at start-up) and a copy of the
-    script in a folder of its own, so nothing lands in this tree."""
+    silently starting anew. A fake GPU (a stand-in torch ahead of the real one, which the
+    script's Python only asks for its device: each real import took seconds, four a run)
+    and a copy of the script in a folder of its own, so nothing lands in this tree."""
     import shutil
 
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "gpu_check.sh", tmp_path / "scripts")
     fake = tmp_path / "fake"
-    fake.mkdir()
-    (fake / "sitecustomize.py").write_text(
-        "import torch\n"
-        "torch.cuda.is_available = lambda: True\n"
-        "torch.cuda.get_device_name = lambda i=0: 'NVIDIA Fake GPU 80GB'\n"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(
+        "class cuda:\n"
+        "    is_available = staticmethod(lambda: True)\n"
+        "    get_device_name = staticmethod(lambda i=0: 'NVIDIA Fake GPU 80GB')\n"
     )
     earlier = tmp_path / "results" / "reference" / "nvidia-fake-gpu-80gb-20200101"
     (earlier / "mnist-device").mkdir(parents=True)
