@@ -78,8 +78,23 @@ def _horovod_built() -> bool:
 
 def test_a_dry_run_plans_each_matrix_here_and_writes_nothing(tmp_path):
     """GPU_CHECK_DRY_RUN=1 checks the parts' command lines on the CPU: every matrix a
-    GPU machine would run is planned (its cells listed), before that machine's minutes go."""
-    done = _dry_run(tmp_path)
+    GPU machine would run is planned (its cells listed), before that machine's minutes go.
+    (The plans' estimate times no steps here: a stand-in figure, set as each `-m bench.cli
+    ... --dry-run` starts; tests/test_estimate.py times them. Each of the five plans spent
+    seconds on it, more on a busy machine, which times them again on one thread.)"""
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if sys.argv[:1] == ['-m'] and '--dry-run' in sys.argv:\n"
+        f"    sys.path.insert(0, {str(ROOT)!r})\n"
+        "    from bench.harness import estimate\n"
+        "    estimate.timed = lambda cfg, bundle, precisions, isolate: {\n"
+        "        p: (1.0, 0.5) for p in precisions\n"
+        "    }\n"
+    )
+    path = os.pathsep.join(p for p in (str(stub), os.environ.get("PYTHONPATH")) if p)
+    done = _dry_run(tmp_path, PYTHONPATH=path)
     assert done.returncode == 0, done.stderr[-2000:]
     plans = [line for line in done.stdout.splitlines() if line.startswith("plan: ")]
     # mnist: device, loader, events; horovod: run and verify, where it is built (CI builds it)
@@ -89,6 +104,7 @@ def test_a_dry_run_plans_each_matrix_here_and_writes_nothing(tmp_path):
     assert "would run: scripts/build_horovod.sh" in done.stdout
     assert "would run: parabench run --run-id apex" in done.stdout
     assert done.stderr.strip().endswith("gpu-check: dry run, nothing run or written")
+    assert "1.00 ms per sample" in done.stdout  # the stand-in's figure: no step was timed
     assert not (tmp_path / "out").exists()
 
 
