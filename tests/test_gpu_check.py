@@ -8,9 +8,23 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _stand_in_torch(tmp_path: Path, gpu: str | None = None) -> Path:
+    """A folder whose `torch` answers the only questions gpu_check.sh's Python asks of it
+    before a part runs (that it imports; is_available; the device's name): `gpu` its name,
+    None no CUDA device. Put ahead of the real torch (on PYTHONPATH), it spares each of the
+    script's `python -c 'import torch ...'` the seconds the real import takes."""
+    fake = tmp_path / "stand-in"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(
+        "class cuda:\n"
+        f"    is_available = staticmethod(lambda: {gpu is not None})\n"
+        f"    get_device_name = staticmethod(lambda i=0: {gpu!r})\n"
+    )
+    return fake
 
 
 def _check(tmp_path, python: str, *parts: str) -> subprocess.CompletedProcess:
@@ -24,9 +38,9 @@ def _check(tmp_path, python: str, *parts: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: gpu-check would run")
+def test_without_a_gpu_it_says_so_in_one_line(tmp_path, monkeypatch):
+    """(A torch that sees no CUDA device, here or on a GPU machine.)"""
+    monkeypatch.setenv("PYTHONPATH", str(_stand_in_torch(tmp_path)))
     done = _check(tmp_path, sys.executable)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
@@ -111,11 +125,12 @@ def test_a_dry_run_plans_each_matrix_here_and_writes_nothing(tmp_path):
 def test_some_gpu_tests_are_chosen_with_a_k_expression_and_logged_apart(tmp_path):
     """GPU_CHECK_TESTS passes a -k expression to the tests part, for a machine whose command
     limit the whole file may not fit, and logs the selection beside the whole file's log."""
-    done = _dry_run(tmp_path, parts=("tests",), GPU_CHECK_TESTS="syncbn or loop")
+    fake = str(_stand_in_torch(tmp_path))  # the part's command is printed, not run
+    done = _dry_run(tmp_path, parts=("tests",), GPU_CHECK_TESTS="syncbn or loop", PYTHONPATH=fake)
     assert done.returncode == 0, done.stderr[-2000:]
     (line,) = [ln for ln in done.stdout.splitlines() if "tests/test_gpu.py" in ln]
     assert line.endswith(f"-k syncbn or loop > {tmp_path / 'out' / 'test_gpu-syncbn-or-loop.log'}")
-    whole = _dry_run(tmp_path, parts=("tests",))
+    whole = _dry_run(tmp_path, parts=("tests",), PYTHONPATH=fake)
     (line,) = [ln for ln in whole.stdout.splitlines() if "tests/test_gpu.py" in ln]
     assert "-k" not in line and line.endswith("test_gpu.log")
 
@@ -132,7 +147,8 @@ def test_a_whole_check_builds_horovod_before_the_tests_and_matrices(tmp_path):
         f'exec {sys.executable} "$@"\n'
     )
     shim.chmod(0o755)
-    done = _dry_run(tmp_path, parts=(), PYTHON=str(shim))
+    fake = str(_stand_in_torch(tmp_path))  # (the others import only torch, or horovod)
+    done = _dry_run(tmp_path, parts=(), PYTHON=str(shim), PYTHONPATH=fake)
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout.splitlines()
 
@@ -152,7 +168,8 @@ def test_a_dry_run_without_horovod_says_its_matrix_waits_for_the_build(tmp_path)
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('not built (test)')\n")
     # (mnist's matrices, planned the same with or without Horovod, are the test above's)
-    done = _dry_run(tmp_path, parts=("horovod", "apex"), PYTHONPATH=str(shadow.parent))
+    path = os.pathsep.join([str(shadow.parent), str(_stand_in_torch(tmp_path))])
+    done = _dry_run(tmp_path, parts=("horovod", "apex"), PYTHONPATH=path)
     assert done.returncode == 0, done.stderr[-2000:]
     plans = [line for line in done.stdout.splitlines() if line.startswith("plan: ")]
     assert plans == [], done.stdout  # horovod's two wait for its build, apex's for CUDA
@@ -194,20 +211,14 @@ def test_a_logged_command_that_fails_is_named_and_the_parts_after_it_run(tmp_pat
 def test_an_earlier_days_check_is_named_so_a_cut_off_part_is_finished_there(tmp_path):
     """The default folder carries the date: run on another day, the script names the
     earlier check of the same GPU (GPU_CHECK_OUT finishes its parts there) instead of
-    silently starting anew. A fake GPU (a stand-in torch ahead of the real one, which the
-    script's Python only asks for its device: each real import took seconds, four a run)
-    and a copy of the script in a folder of its own, so nothing lands in this tree."""
+    silently starting anew. A fake GPU (a stand-in torch: the real one patched at start-up
+    was imported four times a run) and a copy of the script in a folder of its own, so
+    nothing lands in this tree."""
     import shutil
 
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "gpu_check.sh", tmp_path / "scripts")
-    fake = tmp_path / "fake"
-    (fake / "torch").mkdir(parents=True)
-    (fake / "torch" / "__init__.py").write_text(
-        "class cuda:\n"
-        "    is_available = staticmethod(lambda: True)\n"
-        "    get_device_name = staticmethod(lambda i=0: 'NVIDIA Fake GPU 80GB')\n"
-    )
+    fake = _stand_in_torch(tmp_path, gpu="NVIDIA Fake GPU 80GB")
     earlier = tmp_path / "results" / "reference" / "nvidia-fake-gpu-80gb-20200101"
     (earlier / "mnist-device").mkdir(parents=True)
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(fake))
