@@ -495,6 +495,20 @@ def test_resume_of_a_config_edited_to_a_value_of_another_type(
     assert RunConfig.from_dict(saved.to_dict() | {"timeout_s": 900, "lr": None}).timeout_s == 900
 
 
+@pytest.fixture
+def untimed(monkeypatch):
+    """The estimate a run prints first from a stand-in step time, not steps timed here: for
+    tests of what comes after it (each run of theirs spent a second or more timing them,
+    far more on a busy machine). tests/test_estimate.py times them."""
+    from bench.harness import estimate
+
+    monkeypatch.setattr(
+        estimate,
+        "timed",
+        lambda cfg, bundle, precisions, isolate: {p: (1.0, 0.5) for p in precisions},
+    )
+
+
 def _not_raised(run, *args: str) -> tuple[int, str, str]:
     try:
         return run(*args)
@@ -516,7 +530,9 @@ def test_ctrl_c_before_the_run_begins_is_one_line_and_exit_130(run, tmp_path, mo
     assert not (tmp_path / "out").exists()
 
 
-def test_ctrl_c_in_the_report_after_the_run_says_the_rows_are_kept(run, tmp_path, monkeypatch):
+def test_ctrl_c_in_the_report_after_the_run_says_the_rows_are_kept(
+    run, tmp_path, monkeypatch, untimed
+):
     from bench.analysis import report
     from bench.harness import runner
 
@@ -535,7 +551,7 @@ def test_ctrl_c_in_the_report_after_the_run_says_the_rows_are_kept(run, tmp_path
     )
 
 
-def test_a_stop_the_run_could_not_say_is_said_once(run, tmp_path, monkeypatch):
+def test_a_stop_the_run_could_not_say_is_said_once(run, tmp_path, monkeypatch, untimed):
     """Ctrl-C that left the run before it could say what it kept (as it opened its folder):
     `run` ended with exit 130 and not a word; now main's line. A stop the run did say
     (proc.Interrupted) gets no second one."""
@@ -556,7 +572,7 @@ def test_a_stop_the_run_could_not_say_is_said_once(run, tmp_path, monkeypatch):
     assert (code, err) == (130, "")
 
 
-def test_a_report_the_disk_has_no_room_for_is_not_bad_input(run, tmp_path, monkeypatch):
+def test_a_report_the_disk_has_no_room_for_is_not_bad_input(run, tmp_path, monkeypatch, untimed):
     """A run whose every cell ended, on a disk that filled up as its plots were written:
     "error: cannot write the report there", exit 2 (bad input), no table and no word of the
     rows; now the rows are said to be kept, how to write the report, the table, exit 1."""
@@ -580,7 +596,9 @@ def test_a_report_the_disk_has_no_room_for_is_not_bad_input(run, tmp_path, monke
     assert f"results: {done}" in out and "report:" not in out
 
 
-def test_the_table_at_a_runs_end_names_cells_measured_on_a_busy_cpu(run, tmp_path, monkeypatch):
+def test_the_table_at_a_runs_end_names_cells_measured_on_a_busy_cpu(
+    run, tmp_path, monkeypatch, untimed
+):
     """The report names the cells measured while other processes took 20 % of a CPU
     machine or more (report.busy_line), but the table `parabench run` ends with did not:
     a reader of the terminal alone took their speeds for the strategies'. It says the
@@ -620,7 +638,9 @@ def test_the_table_at_a_runs_end_names_cells_measured_on_a_busy_cpu(run, tmp_pat
     assert code == 0 and "of the CPUs or more" not in out_, err
 
 
-def test_the_table_at_a_runs_end_says_which_cells_are_within_noise(run, tmp_path, monkeypatch):
+def test_the_table_at_a_runs_end_says_which_cells_are_within_noise(
+    run, tmp_path, monkeypatch, untimed
+):
     """The table `parabench run` ends with gave each cell's speed-up and nothing of its
     noise: cells the report found within noise of the fastest read as ranked by it, and a
     run of one repeat (the default) as measured to its last digit. Under the table, the
@@ -968,7 +988,7 @@ def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(
 
 
 def test_a_set_option_some_strategies_do_not_take_is_said(
-    tmp_path, capsys, data_root, monkeypatch
+    tmp_path, capsys, data_root, monkeypatch, untimed
 ) -> None:
     """--set bucket_cap_mb=5,10 with fsdp selected too: ddp_torchrun sweeps it, fsdp runs
     once without it, and run and --dry-run say so in one line (not an error)."""
@@ -1531,7 +1551,9 @@ def test_a_batch_job_on_a_node_without_the_submit_folder_stops(tmp_path, monkeyp
     assert done.stdout == ""  # parabench never started
 
 
-def test_verify_takes_run_options_given_the_values_it_would_set(tmp_path, capsys, data_root):
+def test_verify_takes_run_options_given_the_values_it_would_set(
+    tmp_path, capsys, data_root, untimed
+):
     """Arguments shared between `run` and `verify` (a script's) are fine where they ask for
     what verify does anyway: no evaluation, no probes, --max-steps equal to --steps."""
     same = ["--eval-samples", "0", "--probe-steps", "0", "--no-scaling-model"]
@@ -1543,7 +1565,9 @@ def test_verify_takes_run_options_given_the_values_it_would_set(tmp_path, capsys
     assert "--max-steps would be ignored" in capsys.readouterr().err
 
 
-def test_verify_refuses_a_powersgd_start_no_compared_loss_follows(tmp_path, capsys, data_root):
+def test_verify_refuses_a_powersgd_start_no_compared_loss_follows(
+    tmp_path, capsys, data_root, untimed
+):
     """Step i's loss follows the updates of the steps before it: with PowerSGD starting at
     --steps' last step or later, every loss verify compares came from plain all-reduce, and
     ddp_powersgd passed without having compressed anything. It has no warm-up to refuse."""
@@ -1556,7 +1580,7 @@ def test_verify_refuses_a_powersgd_start_no_compared_loss_follows(tmp_path, caps
     assert main([*args, "--set", "powersgd_start=2"]) == 0, capsys.readouterr().err
 
 
-def test_verify_refuses_runs_defaults_it_would_ignore(tmp_path, capsys, data_root):
+def test_verify_refuses_runs_defaults_it_would_ignore(tmp_path, capsys, data_root, untimed):
     """`run`'s defaults given outright (a run's command line reused) are not verify's: 5
     warm-up steps, 1,000 held-out samples and the probes would be ignored, and are refused
     as any other value is."""
@@ -1577,7 +1601,9 @@ def test_verify_refuses_runs_defaults_it_would_ignore(tmp_path, capsys, data_roo
     assert "where run folders go (default results/verify/)" in help_text
 
 
-def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsys, data_root):
+def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(
+    tmp_path, capsys, data_root, untimed
+):
     """--precision bf16 alone: fp32 cells run too (single's is the baseline), and the
     output says so; asked for already, nothing is added or said."""
     args = ["verify", "--dry-run", "--strategies", "ddp_spawn", "--world-sizes", "2"]
@@ -1590,7 +1616,7 @@ def test_verify_says_why_it_runs_fp32_beside_the_precision_asked(tmp_path, capsy
     assert "also run:" not in out and "compression references" not in out
 
 
-def test_verify_plans_tp_with_a_setting_added_as_it_runs_it(tmp_path, capsys, data_root):
+def test_verify_plans_tp_with_a_setting_added_as_it_runs_it(tmp_path, capsys, data_root, untimed):
     """tp with --precision bf16 or --accumulate 2 (beside which verify adds fp32, one
     micro-batch) was refused for --warmup-steps 0, which would time the step its bytes are
     counted in: the settings asked were planned as `run` plans them, where verify times
@@ -1605,7 +1631,7 @@ def test_verify_plans_tp_with_a_setting_added_as_it_runs_it(tmp_path, capsys, da
 
 
 def test_verify_lists_no_fp32_cell_of_a_strategy_that_never_trains_in_fp32(
-    tmp_path, capsys, data_root
+    tmp_path, capsys, data_root, untimed
 ):
     """--precision fp16 adds fp32 for the baseline; amp_ddp cannot train there, and its
     cell there was listed as skipped beside the fp16 one asked for (single at world size 2
@@ -1626,7 +1652,7 @@ def test_verify_lists_no_fp32_cell_of_a_strategy_that_never_trains_in_fp32(
     assert single == [["single", "1"]], out
 
 
-def test_verify_dry_run_names_the_runs_batch_norm_adds(tmp_path, capsys, data_root):
+def test_verify_dry_run_names_the_runs_batch_norm_adds(tmp_path, capsys, data_root, untimed):
     """On a model with BatchNorm verify runs single 3 times more before the cells (the
     conditioning) and cut into the cells' shares after them: the plan says so; on one
     without, neither runs and nothing is said."""
@@ -1641,7 +1667,7 @@ def test_verify_dry_run_names_the_runs_batch_norm_adds(tmp_path, capsys, data_ro
     assert "conditioning" not in capsys.readouterr().out
 
 
-def test_verify_dry_run_names_the_compression_references(tmp_path, capsys, data_root):
+def test_verify_dry_run_names_the_compression_references(tmp_path, capsys, data_root, untimed):
     """The cells that compress their gradients in fp32 get a reference run of single with
     its gradients rounded alike: the plan says so before anything runs (their numerics are
     known only once they run); a cell that does not compress adds none."""
@@ -1655,7 +1681,7 @@ def test_verify_dry_run_names_the_compression_references(tmp_path, capsys, data_
     assert "compression references" not in capsys.readouterr().out
 
 
-def test_verify_caps_the_samples_only_where_the_data_has_more(tmp_path, capsys, data_root):
+def test_verify_caps_the_samples_only_where_the_data_has_more(tmp_path, capsys, data_root, untimed):
     """verify's own cap (4096 samples) is no --limit given: on the ImageNet sample, of 1000
     images, it trains them all rather than refuse a limit above them; MNIST is capped."""
     args = ["verify", "--dry-run", "--strategies", "ddp_spawn", "--world-sizes", "2"]
@@ -2091,10 +2117,12 @@ def test_the_readme_runs_python_commands_with_the_venvs_python() -> None:
         assert re.findall(bare, (ROOT / source).read_text(), re.M) == [], source
 
 
-def test_a_hint_names_parabench_as_the_user_called_it(tmp_path) -> None:
+def test_a_hint_names_parabench_as_the_user_called_it(tmp_path, monkeypatch, capsys) -> None:
     """README has a newcomer type `.venv/bin/parabench` (make installs it there, not on the
     PATH); the commands its lines said to run next began `parabench`, which that shell did
-    not find. They name the program as it was called, or `parabench` where that finds it."""
+    not find. They name the program as it was called, or `parabench` where that finds it.
+    (The program run as the user runs it, then, for the activated venv, main in this
+    process with that argv[0].)"""
     import subprocess
 
     script = tmp_path / "venv" / "bin" / "parabench"
@@ -2118,8 +2146,12 @@ def test_a_hint_names_parabench_as_the_user_called_it(tmp_path) -> None:
         p for p in env["PATH"].split(os.pathsep) if p != str(script.parent)
     )
     assert f"`venv/bin/parabench run --resume {run_dir}`" in said("venv/bin/parabench")
-    env["PATH"] = os.pathsep.join([str(script.parent), env["PATH"]])  # an activated venv
-    assert f"`parabench run --resume {run_dir}`" in said("venv/bin/parabench")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(script.parent), env["PATH"]]))  # activated
+    monkeypatch.setattr(sys, "argv", ["venv/bin/parabench"])
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", str(run_dir), "--world-sizes", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"`parabench run --resume {run_dir}`" in err, err
 
 
 def test_a_resume_seeing_fewer_cores_runs_the_world_sizes_the_run_planned(
