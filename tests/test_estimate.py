@@ -413,9 +413,9 @@ def test_timing_slow_steps_says_so_while_it_goes_on(mnist, monkeypatch, capsys) 
     cfg = cfg.replace(strategies=["single"], world_sizes=[1], global_batch=4)
     timed = estimate.timed
 
-    def slow(*args, **kw):
+    def slow(cfg, bundle, precisions, isolate):  # 0.5 s, past SLOW_S: a stand-in's figures
         time.sleep(0.5)
-        return timed(*args, **kw)
+        return {p: (1.0, 0.5) for p in precisions}
 
     monkeypatch.setattr(estimate, "timed", slow)
     monkeypatch.setattr(estimate, "SLOW_S", 0.2)
