@@ -3,6 +3,7 @@ K steps match the single-process baseline within the precision's stated toleranc
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -37,6 +38,28 @@ HOROVOD = ("horovod", "horovod_fp16")
 
 def _horovod_required() -> bool:
     return os.environ.get("PARABENCH_REQUIRE_HOROVOD") == "1"
+
+
+def _copy_run(run: Path, to: Path) -> Path:
+    """A copy of a module's run for a test to change: its weights (.pt; 45 MB each for
+    resnet18, whose run is 0.9 GB) hard links to the run's, which _save_weights replaces
+    rather than writes into; every other file copied."""
+
+    def link_weights(src: str, dst: str) -> str:
+        if src.endswith(".pt"):
+            with contextlib.suppress(OSError):  # (another file system: copied)
+                os.link(src, dst)
+                return dst
+        return shutil.copy2(src, dst)
+
+    shutil.copytree(run, to, copy_function=link_weights)
+    return to
+
+
+def _save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
+    """torch.save to a new file: in a _copy_run, `path` is a link to the module's run's."""
+    path.unlink()
+    torch.save(weights, path)
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +265,7 @@ def test_verifys_fp32_companion_of_a_reduced_precision_strategy_is_no_cell(parit
     skipped and counted ("1 of 2 cell(s) match", "1 cell(s) skipped")."""
     run_dir, rows, _ = parity_run
     copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy)
+    _copy_run(run_dir, copy)
     why = "trains in bf16 | fp16 only, not fp32"
     amp = {**rows[("amp_ddp", 2)], "setting": "fp32", "precision": "fp32"}
     amp |= {"status": "skipped", "reason": why}
@@ -278,7 +301,7 @@ def test_a_cell_that_did_not_run_keeps_its_reason(parity_run, tmp_path):
     """verify's table and verify.csv say why a cell was skipped, as the run's row does."""
     run_dir, rows, _ = parity_run
     copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy)
+    _copy_run(run_dir, copy)
     why = "DataParallel parallelises over GPUs; on cpu it has one device"
     row = {**rows[("ddp_torchrun", 2)], "strategy": "dp", "status": "skipped", "reason": why}
     single = {**row, "strategy": "single", "reason": "Single runs one process"}
@@ -359,7 +382,7 @@ def test_a_compression_hook_that_never_compresses_fails_parity_in_bf16(bf16_run,
     # where a reference of that check did not run, the cell says it was not checked rather
     # than passing as if it had been; a cell whose own reference is there is unchanged
     run_dir = tmp_path / "run"
-    shutil.copytree(bf16_run[0], run_dir)
+    _copy_run(bf16_run[0], run_dir)
     shutil.rmtree(baselines_dir(run_dir) / "shares2-acc1-bf16+grad_fp16")
     with faulty_strategies():
         again = {(p.strategy, p.world_size, p.setting): p for p in compare(run_dir)}
@@ -590,7 +613,7 @@ def test_a_fail_where_one_ulp_moves_the_first_loss_says_it_may_be_rounding(ampli
     assert amplified[1][nosync].status == "FAIL"
     assert "may be rounding" not in amplified[1][nosync].reason
     run_dir = tmp_path / "run"
-    shutil.copytree(amplified[0], run_dir)
+    _copy_run(amplified[0], run_dir)
     path = run_dir / "conditioning.json"
     cond = json.loads(path.read_text())
     path.write_text(json.dumps({**cond, "gaps": [6.3e-4, *cond["gaps"][1:]], "horizon": 1}))
@@ -605,12 +628,12 @@ def test_a_reference_from_other_weights_fails_and_leaves_the_recipe(amplified, t
     import torch
 
     run_dir = tmp_path / "run"
-    shutil.copytree(amplified[0], run_dir)
+    _copy_run(amplified[0], run_dir)
     (init,) = (run_dir / "baselines" / "shares2-acc1-bf16" / "cells").glob("*/params_init.pt")
     weights = torch.load(init, weights_only=True)
     name = next(iter(weights))
     weights[name] = weights[name] + 1e-2
-    torch.save(weights, init)
+    _save_weights(weights, init)
     by = {(p.strategy, p.setting): p for p in verify_mod.compare(run_dir)}
     ref = by[("single", "bf16,shares=2")]
     assert ref.status == "FAIL" and "did not start from the baseline's weights" in ref.reason
@@ -621,12 +644,12 @@ def test_a_cell_from_other_weights_fails_and_says_why(one_rank_run, tmp_path):
     """A cell whose initial weights are not the baseline's FAILs however close its gaps, and
     its reason says so: its table row alone is within every tolerance it shows."""
     run_dir = tmp_path / "run"
-    shutil.copytree(one_rank_run[0], run_dir)
+    _copy_run(one_rank_run[0], run_dir)
     (init,) = (run_dir / "cells").glob("dp-*/params_init.pt")
     weights = torch.load(init, weights_only=True)
     name = next(iter(weights))
     weights[name] = weights[name] + 1e-6
-    torch.save(weights, init)
+    _save_weights(weights, init)
     with faulty_strategies():
         (cell,) = [p for p in compare(run_dir) if p.strategy == "dp"]
     assert cell.status == "FAIL" and cell.param_rel <= cell.tol.param_rel
@@ -675,11 +698,11 @@ def test_a_strategy_that_trains_another_model_fails_and_says_why(one_rank_run, t
     with open(run_dir / "verify.csv") as f:
         assert {r["strategy"]: r["result"] for r in csv.DictReader(f)}["test_other_model"] == "FAIL"
     copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy)
+    _copy_run(run_dir, copy)
     (final,) = (copy / "cells").glob("dp-*/params.pt")
     weights = torch.load(final, weights_only=True)
     weights["features.0.bias"] = weights["features.0.bias"][:1]
-    torch.save(weights, final)
+    _save_weights(weights, final)
     with faulty_strategies():
         (cell,) = [p for p in compare(copy) if p.strategy == "dp"]
     assert cell.status == "FAIL" and "holds features.0.bias in another shape" in cell.reason
@@ -696,7 +719,7 @@ def _apart_changed(run: Path, tmp_path: Path, baseline: str, **changes: str) -> 
     from bench.harness.runner import RunDir
 
     run_dir = tmp_path / "run"
-    shutil.copytree(run, run_dir)
+    _copy_run(run, run_dir)
     runs = RunDir(run_dir / "baselines" / baseline).runs
     rows = runs.read()
     for r in rows:
