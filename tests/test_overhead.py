@@ -68,9 +68,9 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one(monkeypatch, caps
     """--loop-cost-only runs the real loop (single's train_epoch) and a bare loop on a tiny
     model and prints both per-step figures and their difference with its interval, with no
     paired rounds; then the per-step parts of that difference, timed alone. (In this
-    process, on half its steps and rounds, on one thread: the lines and their sums are what
-    is read; beside other work a second thread made each step of this tiny model wait for
-    it, 5 ms a step against 0.7 ms, and the script ran past its 300 s.)"""
+    process, on 200 of its 400 steps and 9 of its 15 rounds, on one thread: the lines and
+    their sums are what is read; beside other work a second thread made each step of this
+    tiny model wait for it, 5 ms a step against 0.7 ms, and the script ran past its 300 s.)"""
     import torch
 
     overhead = load_overhead()

@@ -312,16 +312,8 @@ class MetricsFail(DistributedDataParallel):
 
     variants = {"test_metrics_fail": Variant("spawn", "DDP whose cell_metrics raises on rank 1")}
 
-    #: how long rank 1 waits to hear its peer is past cell_metrics (the worker's
-    #: PEERS_PAST_S, 20 s): rank 0 never is, so the test sat through all of it
-    PEERS_PAST_S = 4.0
-
     def cell_metrics(self, warmup_steps):
         if self.ctx.rank == 1:
-            # the rank's worker is __main__; in mp.spawn's children a copy of its names,
-            # so set the one its function reads
-            waits = sys.modules["__main__"]._peers_past_metrics
-            waits.__globals__["PEERS_PAST_S"] = self.PEERS_PAST_S
             raise KeyError("bubble_pct")
         return super().cell_metrics(warmup_steps)
 
