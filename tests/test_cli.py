@@ -495,6 +495,11 @@ def test_resume_of_a_config_edited_to_a_value_of_another_type(
     assert RunConfig.from_dict(saved.to_dict() | {"timeout_s": 900, "lr": None}).timeout_s == 900
 
 
+def _stand_in_timed(cfg, bundle, precisions, isolate) -> dict:
+    """estimate.timed's figures without timing a step: 1 ms a sample, 0.5 a forward."""
+    return {p: (1.0, 0.5) for p in precisions}
+
+
 @pytest.fixture
 def untimed(monkeypatch):
     """The estimate a run prints first from a stand-in step time, not steps timed here: for
@@ -502,11 +507,7 @@ def untimed(monkeypatch):
     far more on a busy machine). tests/test_estimate.py times them."""
     from bench.harness import estimate
 
-    monkeypatch.setattr(
-        estimate,
-        "timed",
-        lambda cfg, bundle, precisions, isolate: {p: (1.0, 0.5) for p in precisions},
-    )
+    monkeypatch.setattr(estimate, "timed", _stand_in_timed)
 
 
 def _not_raised(run, *args: str) -> tuple[int, str, str]:
@@ -976,11 +977,7 @@ def test_dry_run_prints_the_plan_and_an_estimate_and_starts_nothing(
     assert not out.exists()  # nothing ran, nothing written
     # more steps: longer, at one time per sample (timed twice, on a busy machine the first
     # timing could come out longer than the second's plan in all)
-    monkeypatch.setattr(
-        estimate,
-        "timed",
-        lambda cfg, bundle, precisions, isolate: {p: (1.0, 0.5) for p in precisions},
-    )
+    monkeypatch.setattr(estimate, "timed", _stand_in_timed)
     assert main([*args, "--max-steps", "10"]) == 0
     short = seconds(capsys.readouterr().out)
     assert main([*args, "--max-steps", "16", "--epochs", "3"]) == 0

@@ -69,7 +69,7 @@ def test_the_command_in_the_header_runs_the_notebook_on_two_runs(
     copy.parent.mkdir()
     shutil.copy(NOTEBOOK, copy)
     env = os.environ | {"PARABENCH_RUNS": f"{a_relative},{b}"}
-    args = [str(copy) if a == "notebooks/compare.ipynb" else a for a in args]
+    args = [str(copy) if arg == "notebooks/compare.ipynb" else arg for arg in args]
     done = subprocess.run(
         [str(jupyter), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )

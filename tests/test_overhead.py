@@ -43,13 +43,19 @@ def third_harness_raises(monkeypatch, overhead, exc: BaseException) -> None:
     monkeypatch.setattr(overhead, "pairs", lambda device: (("single", 1),))
 
 
-def main_here(monkeypatch, capsys, *options: str) -> tuple[int, str, str]:
-    """overhead.py's main in this process with `options` (its exit code, stdout and
-    stderr), where a test is about its options' checks: no side may be timed."""
+def no_rounds(monkeypatch):
+    """overhead.py, loaded, with its two sides (hand, harness) failing the test if timed."""
     overhead = load_overhead()
     refused = lambda *a, **kw: pytest.fail("a side was timed")  # noqa: E731
     monkeypatch.setattr(overhead, "hand", refused)
     monkeypatch.setattr(overhead, "harness", refused)
+    return overhead
+
+
+def main_here(monkeypatch, capsys, *options: str) -> tuple[int, str, str]:
+    """overhead.py's main in this process with `options` (its exit code, stdout and
+    stderr), where a test is about its options' checks: no side may be timed."""
+    overhead = no_rounds(monkeypatch)
     monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "overhead.py"), *options])
     with pytest.raises(SystemExit) as stopped:
         overhead.main()
@@ -73,14 +79,12 @@ def test_loop_cost_reports_the_harness_step_against_a_bare_one(monkeypatch, caps
     tiny model wait for it, 5 ms a step against 0.7 ms, and the script ran past its 300 s.)"""
     import torch
 
-    overhead = load_overhead()
+    overhead = no_rounds(monkeypatch)
     real = overhead.loop_cost
     shorter = lambda device, timing, without=(): real(  # noqa: E731
         device, timing, steps=200, rounds=9, without=without
     )
     monkeypatch.setattr(overhead, "loop_cost", shorter)
-    monkeypatch.setattr(overhead, "hand", lambda *a, **kw: pytest.fail("a round ran"))
-    monkeypatch.setattr(overhead, "harness", lambda *a, **kw: pytest.fail("a round ran"))
     monkeypatch.setattr(sys, "argv", ["overhead.py", "--loop-cost-only"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
