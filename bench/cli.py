@@ -505,8 +505,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     from bench.analysis import summary
     from bench.harness import results, runner
 
+    if a.retry_failed and not a.resume:
+        raise ConfigError(
+            "--retry-failed runs the failed cells of a run again: it goes with --resume RUN_DIR"
+        )
     if a.resume:
-        given = _given(a, keep=("resume", "no_report", "dry_run"))
+        given = _given(a, keep=("resume", "no_report", "dry_run", "retry_failed"))
         if given:
             raise ConfigError(
                 f"--resume {a.resume} finishes the run with its own options (its config.json); "
@@ -535,7 +539,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     # a stop: the run says its own line (proc.Interrupted), or main says one where the run
     # could not (exit 130 both); swallowed here, a stop it could not say went unsaid
     run_dir, rows = runner.run_matrix(
-        cfg, resume=Path(a.resume) if a.resume else None, progress=True
+        cfg, resume=Path(a.resume) if a.resume else None, progress=True, retry=a.retry_failed
     )
     from bench.analysis import report
 
@@ -572,6 +576,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     broken = [r for r in rows if r["status"] in results.BROKEN]
     if broken:
         print(f"{len(broken)} cell(s) failed, ran out of memory, timed out or diverged (see above)")
+    if any(r["status"] in results.RETRYABLE for r in broken):
+        launcher = runner.RunDir(run_dir).config().launcher
+        again = results.resume_command(launcher, run_dir, retry=True)
+        print(f"to run those that failed, ran out of memory or timed out again: {again}")
     return 1 if broken or not (rendered or a.no_report) else 0
 
 
@@ -734,6 +742,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the benchmark matrix")
     add_run_options(r)
     r.add_argument("--resume", default=None, metavar="RUN_DIR", help="finish an interrupted run")
+    r.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="with --resume: run the cells that failed, ran out of memory or timed out again "
+        "(not those that diverged: seeded, they diverge again); each earlier attempt's rows and "
+        "folder are kept in RUN_DIR/retried/",
+    )
     r.add_argument("--no-report", action="store_true", help="skip the report at the end")
     r.add_argument(
         "--dry-run",

@@ -545,6 +545,14 @@ CASES = [
     ),
     # ---- run --resume
     case(RUN, ["--resume", "{file}"], "no config.json there", ["file"], id="resume-a-file"),
+    case(RUN, ["--retry-failed"], "goes with --resume RUN_DIR", id="retry-without-resume"),
+    case(
+        RUN,
+        ["--resume", "{file}", "--retry-failed"],
+        "no config.json there",
+        ["file"],
+        id="retry-a-file",
+    ),
     case(
         RUN,
         ["--resume", "{resume_bad_value}", "--max-steps", "50"],

@@ -1268,6 +1268,9 @@ def test_the_resume_command_runs_as_printed_from_a_folder_with_a_space(tmp_path)
     sbatch, _, inside = results.resume_command("slurm", run).partition(" (it resumes the run), or ")
     assert shlex.split(sbatch) == ["sbatch", str(run / "job.sbatch")]
     assert inside == f"{how} inside salloc"
+    # a job script from before it passed its arguments on: --retry-failed inside salloc only
+    retry = results.resume_command("slurm", run, retry=True)
+    assert retry == f"{how} --retry-failed inside an allocation (salloc)"
 
 
 def test_submit_passes_a_run_id_with_a_leading_dash_to_the_job(
@@ -1506,15 +1509,16 @@ def test_a_slurm_run_resumed_outside_an_allocation_says_how(tmp_path, capsys, da
 
 def test_a_requeued_batch_job_resumes_its_run(tmp_path, monkeypatch):
     """SLURM requeues a job whose node was lost: the script `parabench submit` wrote runs
-    again, and finishes the run it began instead of refusing its run id."""
+    again, and finishes the run it began instead of refusing its run id; given
+    --retry-failed, it runs the run's failed cells again too."""
     import subprocess
 
-    from bench.harness import slurm
+    from bench.harness import results, slurm
 
     monkeypatch.setattr(sys, "executable", "/bin/echo")  # the script says what it would run
     run_dir = tmp_path / "job"
     run_dir.mkdir()
-    script = tmp_path / "job.sbatch"
+    script = run_dir / "job.sbatch"
     script.write_text(slurm.batch_script(run_dir, ["--run-id", "job", "--no-report"], 2, 1, []))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     env = {**os.environ, "SLURM_JOB_ID": "99"}
@@ -1527,6 +1531,12 @@ def test_a_requeued_batch_job_resumes_its_run(tmp_path, monkeypatch):
     (run_dir / "config.json").write_text("{}")
     again = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
     assert again.stdout.split()[2:] == ["run", "--resume", str(run_dir), "--no-report"]
+    # `sbatch job.sbatch --retry-failed`, as the run's end and its report say it
+    said = results.resume_command("slurm", run_dir, retry=True)
+    assert said.startswith(f"sbatch {script} --retry-failed (it resumes the run)")
+    args = shlex.split(said.partition(" (")[0])[2:]
+    again = subprocess.run(["bash", str(script), *args], capture_output=True, text=True)
+    assert again.stdout.split()[2:] == ["run", "--resume", str(run_dir), "--no-report", *args]
 
 
 def test_a_batch_job_on_a_node_without_the_submit_folder_stops(tmp_path, monkeypatch):

@@ -170,6 +170,56 @@ def test_csv_rows_of_an_older_parabench_keep_their_renamed_columns(tmp_path):
     assert "model_state_mib_min" not in path.read_text()
 
 
+def test_retry_failed_moves_each_failed_cells_rows_and_folder_as_its_next_attempt(tmp_path):
+    """--retry-failed's move (RunDir.retry_failed): a cell that failed again is the cell's
+    attempt 2 (its attempt 1 already in retried/), its steps and ranks rows and its folder
+    move with its row, the trace its row names is where its folder went; a cell that was ok,
+    one that diverged (a result, seeded: it diverges again) and one the plan cannot run here
+    (a skipped cell now) keep their rows, the last said."""
+    from types import SimpleNamespace
+
+    from bench.harness.runner import RunDir
+
+    rd = RunDir(tmp_path)
+
+    def ident(name, status, **more):
+        return {"strategy": name, "world_size": 2, "setting": "fp32", "repeat": 0, "epoch": 0,
+                "status": status, "reason": f"{name} went wrong" if status != "ok" else "",
+                **more}  # fmt: skip
+
+    trace = "cells/ddp-ws2-fp32-r0/trace.json"
+    rows = [ident("ddp", "ok", trace=trace, epoch=0), ident("ddp", "oom", epoch="")]
+    rows += [ident("single", "ok"), ident("fsdp", "diverged"), ident("dp", "failed")]
+    rd.write(rows, [ident("ddp", "ok", step=3), ident("single", "ok", step=3)], [])
+    rd.retried.path.parent.mkdir()
+    rd.retried.append([{**ident("ddp", "failed", epoch=""), "attempt": 1}])
+    (tmp_path / "cells" / "ddp-ws2-fp32-r0").mkdir(parents=True)
+    (tmp_path / "cells" / "ddp-ws2-fp32-r0" / "log.txt").write_text("CUDA out of memory")
+    cells = [SimpleNamespace(key=(n, 2, "fp32", 0), status="") for n in ("ddp", "single", "fsdp")]
+    cells.append(SimpleNamespace(key=("dp", 2, "fp32", 0), status="skipped"))
+
+    lines, left = rd.retry_failed(cells)
+
+    assert lines == ["ddp ws=2 repeat 0: oom (ddp went wrong)"]
+    assert left == "1 failed cell(s) cannot run here and keep their rows: dp ws=2 repeat 0"
+    assert [(r["strategy"], r["status"]) for r in rd.runs.read()] == [
+        ("single", "ok"),
+        ("fsdp", "diverged"),
+        ("dp", "failed"),
+    ]
+    assert [r["strategy"] for r in rd.steps.read()] == ["single"]
+    moved = rd.retried.read()[1:]
+    assert [(r["attempt"], r["status"]) for r in moved] == [("2", "ok"), ("2", "oom")]
+    folder = "retried/ddp-ws2-fp32-r0-attempt2"
+    assert {r["attempt_dir"] for r in moved} == {folder}
+    assert moved[0]["trace"] == f"{folder}/trace.json"
+    assert (tmp_path / folder / "log.txt").read_text() == "CUDA out of memory"
+    assert not (tmp_path / "cells" / "ddp-ws2-fp32-r0").exists()
+    steps = results.CsvTable(tmp_path / "retried" / "steps.csv", []).read()
+    assert [(r["attempt"], r["strategy"], r["step"]) for r in steps] == [("2", "ddp", "3")]
+    assert rd.retry_failed(cells) == ([], left)  # nothing more to retry
+
+
 def test_step_timer_measures_wall_time():
     import time
 

@@ -16,7 +16,7 @@ import pytest
 
 from bench.harness import proc
 from bench.harness.runner import RunDir
-from tests.conftest import ROOT, small_config
+from tests.conftest import ROOT, faulty_strategies, small_config
 from tests.test_failures import leftover_processes
 
 pytestmark = pytest.mark.slow
@@ -615,26 +615,65 @@ def test_a_rank_of_a_harness_that_is_pid_1_runs(tmp_path):
     assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
 
 
-def test_a_resumed_cell_is_in_a_round_after_those_already_run(tmp_path, data_root):
-    """A cell run on --resume (its row removed to run it again, or never written before a
-    stop) ran apart in time from the rows already there, but its row said the round of its
-    repeat, and the report paired it, as run side by side, with cells measured before the
-    stop: its round now comes after every round already in runs.csv."""
+def test_retry_failed_runs_a_failed_cell_again_and_keeps_its_first_attempt(
+    tmp_path, data_root, capsys
+):
+    """`run --resume RUN --retry-failed`: a cell that failed (test_fails_once fails its first
+    time only) runs again and its row is ok; the failed attempt's row and folder (its log)
+    are kept under retried/, the report lists it, and the cell that was ok is not run again.
+    The run said how to retry. The retried cell ran apart in time from the rows already there,
+    but its row said the round of its repeat, and the report paired it, as run side by side,
+    with cells measured before: its round comes after every round already in runs.csv."""
     import pandas as pd
 
-    from bench.harness.runner import run_matrix
+    from bench import program
+    from bench.analysis import report
+    from bench.cli import main
 
-    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,), repeats=2)
-    run_dir, _ = run_matrix(cfg, echo=lambda m: None)
-    rd = RunDir(run_dir)
-    first = pd.read_csv(run_dir / "runs.csv")
-    assert list(first["round"]) == list(first["repeat"]) == [0, 1]  # a run not resumed
-    first[first["repeat"] == 1].to_csv(run_dir / "runs.csv", index=False)  # repeat 0 again
-    run_matrix(cfg, resume=run_dir, echo=lambda m: None)
-    after = pd.read_csv(run_dir / "runs.csv").set_index("repeat")
-    assert after.loc[1, "round"] == 1  # as it was
-    assert after.loc[0, "round"] == 2, after[["round", "status"]]
-    assert len(rd.runs.read()) == 2
+    argv = _cli(tmp_path, data_root, "--run-id", "r", "--repeats", "2")[3:]
+    argv[argv.index(MATRIX[1])] = "test_fails_once"
+    argv[argv.index(MATRIX[3])] = "1"
+    run_dir = tmp_path / "r"
+    with faulty_strategies():
+        assert main(argv) == 1
+        said = capsys.readouterr().out
+        assert f"{program()} run --resume {run_dir} --retry-failed" in said
+        first = pd.read_csv(run_dir / "runs.csv")
+        assert list(first["round"]) == list(first["repeat"]) == [0, 1]  # a run not resumed
+        (failed,) = first[first["status"] != "ok"].itertuples()
+        assert failed.status == "failed" and "deliberate failure" in failed.reason
+        run = report.load_run(run_dir)
+        text = report.report_markdown(run, report.summarise(run.runs), [])
+        assert f"`parabench run --resume {run_dir} --retry-failed`" in text
+
+        assert main(["run", "--resume", str(run_dir), "--retry-failed", "--no-report"]) == 0
+        said = capsys.readouterr().out
+        assert "retrying 1 failed cell(s)" in said and "deliberate failure" in said
+        assert "1 of 2 cells already done" in said
+        after = pd.read_csv(run_dir / "runs.csv").set_index("repeat")
+        assert list(after["status"]) == ["ok", "ok"]
+        kept = 1 - failed.repeat
+        pd.testing.assert_series_equal(  # the ok cell's row as it was: not run again
+            after.loc[kept], first.set_index("repeat").loc[kept], check_names=False
+        )
+        assert after.loc[failed.repeat, "round"] == 2, after[["round", "status"]]
+
+        cell = f"test_fails_once-ws1-fp32-r{failed.repeat}"
+        (old,) = RunDir(run_dir).retried.read()
+        assert (old["attempt"], old["status"]) == ("1", "failed")
+        assert old["attempt_dir"] == f"retried/{cell}-attempt1"
+        assert "deliberate failure" in (run_dir / old["attempt_dir"] / "log.txt").read_text()
+        assert "deliberate failure" not in (run_dir / "cells" / cell / "log.txt").read_text()
+        run = report.load_run(run_dir)
+        text = report.report_markdown(run, report.summarise(run.runs), [])
+        assert f"--resume {run_dir} --retry-failed" not in text  # nothing failed now
+        row = next(ln for ln in text.splitlines() if f"{cell}-attempt1/" in ln)
+        assert "failed: " in row and "| ok |" in row
+
+        # nothing failed: nothing runs
+        assert main(["run", "--resume", str(run_dir), "--retry-failed", "--no-report"]) == 0
+        assert "no failed cell to retry" in capsys.readouterr().out
+    assert len(RunDir(run_dir).retried.read()) == 1
 
 
 #: armed by the test below: a SIGTERM to this process from inside a fork's hooks

@@ -79,6 +79,8 @@ class Run:
     planned: pd.DataFrame = field(default_factory=lambda: pd.DataFrame())
     #: runs.csv's infinite figures, read as not measured: "row N (cell): column inf" each
     not_finite: tuple[str, ...] = ()
+    #: retried/runs.csv: the earlier attempts of cells `--retry-failed` ran again
+    retried: pd.DataFrame = field(default_factory=lambda: pd.DataFrame())
     _departing: dict[str, list[str] | None] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -385,6 +387,9 @@ def load_run(run_dir: str | Path) -> Run:
         config=_read_json(path / "config.json"),
         planned=planned,
         not_finite=not_finite,
+        retried=_read_csv(
+            path / results.RETRIED / "runs.csv", results.ATTEMPT + results.RUN_COLUMNS
+        ),
     )
 
 
@@ -1681,9 +1686,13 @@ def _malloc_verdict(growth: float, free: float) -> str:
     return "malloc's free memory" if free >= growth / 2 else "memory in use"
 
 
-def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame, missing: int = 0) -> str:
+def problems_markdown(
+    runs: pd.DataFrame, summary: pd.DataFrame, missing: int = 0, retry: str = ""
+) -> str:
     """Every non-ok cell with its status and reason, and strategies with no result at all
-    (`missing`: the planned cells with no row, which the report's head lists)."""
+    (`missing`: the planned cells with no row, which the report's head lists). `retry`: the
+    command that runs the failed ones again, said where any failed, ran out of memory or
+    timed out."""
     bad = runs[runs["status"] != results.OK]
     lines = []
     no_result = sorted(set(runs["strategy"]) - set(summary["strategy"]), key=results.natural_key)
@@ -1709,7 +1718,49 @@ def problems_markdown(runs: pd.DataFrame, summary: pd.DataFrame, missing: int = 
         "finished. repeat(s): which repeats, by index from r0 (not how many).\n"
     )
     lines.append(md_table(["strategy", "world size", "status", "repeat(s)", "reason"], rows))
+    if retry and bad["status"].isin(results.RETRYABLE).any():
+        lines.append(
+            f"\nTo run those that failed, ran out of memory or timed out again: `{retry}` "
+            "(each earlier attempt is kept, under retried/)."
+        )
     return "\n".join(lines)
+
+
+def retried_markdown(run: Run) -> str:
+    """The cells `--retry-failed` ran again: each earlier attempt, how it ended and where
+    its rows and folder are kept, beside how the cell's row ends now; "" where none."""
+    old = run.retried
+    if old.empty:
+        return ""
+    # the row that says how the attempt ended (its epochs before it are rows of their own)
+    old = old[old["status"].isin(results.RETRYABLE)]
+    now: dict[tuple[str, int, str, int], str] = {}
+    for r in run.runs.itertuples():
+        key = (str(r.strategy_name), int(r.world_size), str(r.setting), int(r.repeat))
+        if now.get(key, results.OK) == results.OK:  # the cell's first status not ok, else ok
+            now[key] = str(r.status)
+    rows = []
+    for r in old.itertuples():
+        setting = "" if pd.isna(r.setting) else str(r.setting)
+        key = (str(r.strategy), int(r.world_size), setting, int(r.repeat))
+        extra = "" if setting in ("", "fp32") else f" {setting}"
+        rows.append(
+            [
+                f"{r.strategy}{extra}",
+                int(r.world_size),
+                f"r{int(r.repeat)}",
+                _plain(r.attempt),
+                f"{r.status}: {r.reason or '–'}",
+                now.get(key, "no row yet"),
+                f"{r.attempt_dir}/",
+            ]
+        )
+    return (
+        "Cells run again by `run --resume RUN --retry-failed`: each earlier attempt (1 is the "
+        "first), how it ended, and how the cell ends now. An attempt's rows are in "
+        "retried/runs.csv (steps and ranks beside it), its log and epochs in its folder.\n\n"
+        + md_table(["strategy", "world size", "repeat", "attempt", "ended", "now", "kept in"], rows)
+    )
 
 
 def startup_markdown(counted: pd.DataFrame, runs: pd.DataFrame | None = None) -> str:
@@ -2306,7 +2357,15 @@ def report_markdown(
         *(["## Plots", *plots_markdown(images, undrawn)] if images or undrawn else []),
         *(["## Memory that grew step after step", growth] if growth else []),
         "## Unavailable, skipped and failed",
-        problems_markdown(run.runs, summary, len(run.missing)),
+        problems_markdown(
+            run.runs,
+            summary,
+            len(run.missing),
+            results.resume_command(
+                str(run.config.get("launcher") or ""), run.path, "parabench", True
+            ),
+        ),
+        *([retried] if (retried := retried_markdown(run)) else []),
         *([not_finite_text(run)] if run.not_finite else []),
     ]
     return "\n\n".join(parts) + "\n"

@@ -247,17 +247,21 @@ def held_by(path: Path) -> str | None:
     return None
 
 
-def resume_command(launcher: str, path: Path, command: str = "") -> str:
+def resume_command(launcher: str, path: Path, command: str = "", retry: bool = False) -> str:
     """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
     submitted run's own job script, whose first branch resumes it. `command`: parabench as
-    named there (default: as this process was called, bench.program())."""
+    named there (default: as this process was called, bench.program()). `retry`: the one
+    that runs its failed cells again too (--retry-failed)."""
     # quoted, so that it runs as printed where the path holds a space
-    how = f"{command or program()} run --resume {shlex.quote(str(path))}"
+    flag = " --retry-failed" if retry else ""
+    how = f"{command or program()} run --resume {shlex.quote(str(path))}{flag}"
     if launcher != "slurm":
         return how
-    if (path / "job.sbatch").exists():
-        script = shlex.quote(str(path / "job.sbatch"))
-        return f"sbatch {script} (it resumes the run), or {how} inside salloc"
+    job = path / "job.sbatch"
+    # a job script from before it passed its arguments on would drop --retry-failed
+    if job.exists() and (not retry or '"$@"' in job.read_text(errors="replace")):
+        script = shlex.quote(str(job))
+        return f"sbatch {script}{flag} (it resumes the run), or {how} inside salloc"
     return f"{how} inside an allocation (salloc)"
 
 
@@ -310,6 +314,15 @@ STATUSES = (OK, FAILED, OOM, TIMEOUT, SKIPPED, UNAVAILABLE, DIVERGED)
 #: statuses of a cell that was asked to run here and gave no result to rank (skipped and
 #: unavailable are this machine's limits, said before anything ran)
 BROKEN = (FAILED, OOM, TIMEOUT, DIVERGED)
+#: statuses `run --resume RUN --retry-failed` runs again: what went wrong around the training
+#: (a crash, memory another process held, a hang). A diverged cell is left: its loss is a
+#: result of the seeded training, and the same cell diverges again
+RETRYABLE = (FAILED, OOM, TIMEOUT)
+#: retried/: a retried cell's earlier attempt, moved out of runs.csv (and steps.csv,
+#: ranks.csv) whole, each row with its attempt's number (1: the first); its cell folder
+#: moved to retried/<cell>-attempt<N>/, which `attempt_dir` names, relative to the run
+RETRIED = "retried"
+ATTEMPT = ["attempt", "attempt_dir"]
 
 
 def divergence(losses: Sequence[float], factor: float, first: float | None = None) -> str | None:

@@ -622,6 +622,10 @@ class RunDir:
         self.steps = results.CsvTable(path / "steps.csv", results.STEP_COLUMNS)
         self.ranks = results.CsvTable(path / "ranks.csv", results.RANK_COLUMNS)
         self.plan = results.CsvTable(path / "plan.csv", results.PLAN_COLUMNS)
+        #: the earlier attempts of the cells --retry-failed ran again (retry_failed)
+        self.retried = results.CsvTable(
+            path / results.RETRIED / "runs.csv", results.ATTEMPT + results.RUN_COLUMNS
+        )
         self._lock: Any = None
 
     def lock(self, new_run: bool = False) -> None:
@@ -764,14 +768,89 @@ class RunDir:
         done = self.done()
 
         def finished(r: dict[str, str]) -> bool:
-            try:
-                key = (r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"]))
-            except (KeyError, TypeError, ValueError):  # not a cell's: as it was
-                return True
-            return key in done
+            key = _row_key(r)
+            return key is None or key in done  # not a cell's: as it was
 
         self.steps.keep(finished)
         self.ranks.keep(finished)
+
+    def retry_failed(self, cells: Sequence[Cell]) -> tuple[list[str], str]:
+        """Make the run's cells that failed, ran out of memory or timed out (RETRYABLE) and
+        can run here (`cells`, as planned now) cells to run again: each one's rows move from
+        runs.csv, steps.csv and ranks.csv to retried/, numbered with its attempt, and its
+        folder to retried/<cell>-attempt<N>/ (log, epochs, traces), so that nothing of the
+        attempt is lost and the resume runs the cell anew. A line per cell retried, and one
+        on those that cannot run here, left as they are ("" where none)."""
+        runnable = {c.key for c in cells if not c.status}
+        failed: dict[tuple[str, int, str, int], dict[str, str]] = {}
+        for r in self.runs.read():
+            key = _row_key(r)
+            if key is not None and r.get("status") in results.RETRYABLE:
+                failed.setdefault(key, r)
+        stay = [k for k in failed if k not in runnable]
+        keys = {k: None for k in failed if k in runnable}
+        lines = [
+            f"{_key_text(k)}: {failed[k]['status']} ({failed[k]['reason'] or 'no reason'})"
+            for k in keys
+        ]
+        left = (
+            f"{len(stay)} failed cell(s) cannot run here and keep their rows: "
+            + "; ".join(_key_text(k) for k in stay)
+            if stay
+            else ""
+        )
+        if not keys:
+            return lines, left
+        into = self.retried.path.parent
+        tables = [
+            (self.runs, self.retried),
+            (
+                self.steps,
+                results.CsvTable(into / "steps.csv", results.ATTEMPT + self.steps.columns),
+            ),
+            (
+                self.ranks,
+                results.CsvTable(into / "ranks.csv", results.ATTEMPT + self.ranks.columns),
+            ),
+        ]
+        before = self._attempts()
+        folders = {}
+        for key in keys:  # the next attempt's number, past any folder a kill left behind
+            n = before.get(key, 0) + 1
+            while (into / f"{cell_dirname(*key)}-attempt{n}").exists():
+                n += 1
+            folders[key] = (n, into / f"{cell_dirname(*key)}-attempt{n}")
+        with proc.stops_held():  # Ctrl-C waits until every table is moved
+            into.mkdir(exist_ok=True)
+            for key, (_, folder) in folders.items():
+                with contextlib.suppress(FileNotFoundError):  # a row written before its folder
+                    os.replace(self.path / "cells" / cell_dirname(*key), folder)
+            for table, out in tables:
+                rows = [(r, k) for r in table.read() if (k := _row_key(r)) in keys]
+                out.append(self._attempt(r, k, *folders[k]) for r, k in rows)
+                table.keep(lambda r: _row_key(r) not in keys)
+        return lines, left
+
+    def _attempt(
+        self, row: dict[str, str], key: tuple[str, int, str, int], n: int, folder: Path
+    ) -> dict[str, Any]:
+        """An earlier attempt's row as retried/ keeps it: its number and folder, and its
+        trace (a path in the cell's folder) where that folder now is."""
+        out = {**row, "attempt": n, "attempt_dir": str(folder.relative_to(self.path))}
+        cell = f"cells/{cell_dirname(*key)}/"
+        if str(row.get("trace") or "").startswith(cell):
+            out["trace"] = out["attempt_dir"] + "/" + row["trace"].removeprefix(cell)
+        return out
+
+    def _attempts(self) -> dict[tuple[str, int, str, int], int]:
+        """Each cell's last attempt already in retried/runs.csv."""
+        last: dict[tuple[str, int, str, int], int] = {}
+        for r in self.retried.read():
+            key = _row_key(r)
+            with contextlib.suppress(TypeError, ValueError):
+                if key is not None:
+                    last[key] = max(last.get(key, 0), int(r["attempt"]))
+        return last
 
     def write(self, runs: list[dict], steps: list[dict], ranks: list[dict]) -> None:
         with proc.stops_held():
@@ -779,6 +858,19 @@ class RunDir:
             self.steps.append(steps)
             self.ranks.append(ranks)
             self.runs.append(runs)
+
+
+def _row_key(r: Mapping[str, Any]) -> tuple[str, int, str, int] | None:
+    """The cell a row of runs, steps or ranks.csv is of, or None where it names none."""
+    try:
+        return (r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _key_text(key: tuple[str, int, str, int]) -> str:
+    name, ws, setting, repeat = key
+    return f"{name} ws={ws}{'' if setting in ('', 'fp32') else ' ' + setting} repeat {repeat}"
 
 
 def _new_run_id() -> str:
@@ -1416,9 +1508,10 @@ def _summary(row: dict[str, Any]) -> str:
 
 
 def open_run(
-    cfg: RunConfig, resume: Path | None, echo: Echo = print
+    cfg: RunConfig, resume: Path | None, echo: Echo = print, retry: bool = False
 ) -> tuple[RunConfig, RunDir, list[Cell]]:
-    """The run's config, directory and cells; nothing is created until `plan` accepts it."""
+    """The run's config, directory and cells; nothing is created until `plan` accepts it.
+    `retry` (with `resume`): its failed cells run again (RunDir.retry_failed)."""
     if resume is not None:
         rd = RunDir(resume)
         if not rd.config_path.exists():
@@ -1471,6 +1564,15 @@ def open_run(
             raise ConfigError(_unplanned(resume, unplanned))
         try:
             rd.lock()
+            if retry:  # held: no other harness writes its rows as they move
+                again, left = rd.retry_failed(cells)
+                if again:
+                    echo(
+                        f"retrying {len(again)} failed cell(s), their rows and folders kept "
+                        f"in {rd.path / results.RETRIED}: " + "; ".join(again)
+                    )
+                if left or not again:
+                    echo(left or "no failed cell to retry")
             rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
             rd.drop_unfinished()
         except OSError as exc:  # read-only now, a full disk: before anything runs
@@ -1614,13 +1716,15 @@ def run_matrix(
     progress: bool = False,
     again: str | None = None,
     kept: bool = True,
+    retry: bool = False,
 ) -> tuple[Path, list[dict]]:
     """Plan, then run every cell not yet done. `progress`: show the running cell's steps,
     speed and the ETAs (bench.harness.progress) on stderr. `again`: how to go on, said where
     the run stops (default: its --resume; a run of verify's is one step of verify's own).
     `kept`: whether the run's folder outlives a stop (verify's conditioning runs' does not),
-    so that the line says where its rows are kept."""
-    cfg, run_dir, cells = open_run(cfg, resume, echo)
+    so that the line says where its rows are kept. `retry`: a resume runs the failed cells
+    again (RunDir.retry_failed)."""
+    cfg, run_dir, cells = open_run(cfg, resume, echo, retry)
     proc.become_subreaper()
     runner: Runner | None = None
     old = signal.signal(signal.SIGTERM, proc.raise_interrupt)  # (as parabench's main does)

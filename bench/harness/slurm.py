@@ -287,7 +287,8 @@ def batch_script(
         + shlex.join(
             [sys.executable, "-m", "bench.cli", "run", "--resume", str(run_dir)]
             + (["--no-report"] if "--no-report" in argv else [])
-        ),
+        )
+        + ' "$@"',  # `sbatch job.sbatch --retry-failed` runs the failed cells again
         "fi",
         "exec "
         + shlex.join([sys.executable, "-m", "bench.cli", "run", "--launcher", "slurm", *argv]),

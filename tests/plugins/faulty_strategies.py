@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -100,6 +101,21 @@ class OutOfMemory(Strategy):
 
     def forward_loss(self, x, y):
         torch.empty(2**56, dtype=torch.uint8, device=self.ctx.device).fill_(1)
+        return super().forward_loss(x, y)
+
+
+class FailsOnce(Strategy):
+    """single whose first run in a run folder raises in its first forward (as a cell does
+    that another process's memory or a lost node stops): it leaves a mark in the run's
+    folder, and every later run of the cell there trains as single."""
+
+    variants = {"test_fails_once": Variant("inprocess", "single that fails its first time")}
+
+    def forward_loss(self, x, y):
+        mark = Path(os.environ["PARABENCH_CELL"]).parents[1] / "failed-once"
+        if not mark.exists():
+            mark.touch()
+            raise RuntimeError("deliberate failure, the first time only")
         return super().forward_loss(x, y)
 
 
