@@ -1138,6 +1138,39 @@ def test_a_latency_fitted_below_zero_is_not_said_as_0_us(tmp_path, monkeypatch) 
     assert list(predict.best_fits(tmp_path / "collectives.json")) == ["all_gather"]
 
 
+def test_a_what_if_link_predicts_from_fits_whose_latency_was_not_resolved(tmp_path, capsys) -> None:
+    """A run on a busy machine whose every fit's latency was not resolved (fitted below 0 us)
+    has nothing to predict from, but a what-if link names a latency of its own: `predict
+    --link` was refused all the same (no fit with both a bandwidth and a latency). It
+    predicts, saying that the measured sizes cannot be checked; --busbw, which supplies no
+    latency, and a plain predict are still refused, each saying what would do."""
+    from bench.cli import main
+    from bench.harness import collectives
+
+    ref = Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist-20261126"
+    if not (ref / "collectives.json").exists():
+        pytest.skip(f"{ref} is not in this checkout")
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    saved = collectives.load(run / "collectives.json")
+    fits = {k: {**f, "alpha_us": math.nan} for k, f in saved["fits"].items()}
+    collectives.save(run / "collectives.json", saved["rows"], fits, saved["meta"])
+    sizes = ["--world-sizes", "8", "--csv", str(tmp_path / "p.csv")]
+
+    assert main(["predict", str(run), *sizes, "--link", "ib-400g"]) == 0
+    out = capsys.readouterr().out
+    assert "no check of the predictions against the world sizes run" in out
+    rows = pd.read_csv(tmp_path / "p.csv").set_index("case")
+    assert rows.loc["ddp_spawn", "link"] == "ib-400g" and rows.loc["ddp_spawn", "comm_ms"] > 0
+    for what_if, says in (
+        ([], "a what-if link (--link) supplies both"),
+        (["--busbw", "50"], "--busbw supplies a bandwidth only"),
+    ):
+        assert main(["predict", str(run), *sizes, *what_if]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+
+
 def _clean(op: str) -> list[dict]:
     return [
         {"op": op, "backend": "gloo", "device": "cpu", "world_size": 2}

@@ -271,29 +271,47 @@ def _shape(run_dir: Path):
         ) from None
 
 
-def _fits(run_dir: Path, cfg: Any, run: Any) -> dict[str, dict]:
+def _fits(
+    run_dir: Path, cfg: Any, run: Any, busbw_GBps: float | None = None, link: str | None = None
+) -> dict[str, dict]:
     """The collectives' fit per op at the largest world size measured (collectives.json,
-    as `run` read it); where there is none, the run's config and rows say why."""
+    as `run` read it); where there is none, the run's config and rows say why. A what-if
+    supplies a bandwidth (--busbw) or a bandwidth and a latency (--link): a fit that lacks
+    what it supplies (a noisy machine's, whose latency was not resolved) serves it too."""
     if not (run_dir / "collectives.json").exists():
         raise ConfigError(
             f"{run_dir} has no collectives.json: the run measured no collectives "
             f"({_why_no_collectives(run_dir, cfg, run.runs)})"
         )
-    return run.fits
+    if busbw_GBps is None and link is None:
+        return run.fits
+    return run.fits_for(busbw=False, latency=link is None)
 
 
-def best_fits(path: Path) -> dict[str, dict]:
-    """Each op's fit with a bandwidth and a latency at the largest world size in
-    collectives.json `path`."""
+def read_collectives(path: Path) -> dict[str, Any]:
+    """collectives.json at `path`; ConfigError where it is unreadable."""
     from bench.harness import collectives
 
     try:
-        fits = collectives.load(path).get("fits", {})
+        return collectives.load(path)
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
+
+
+def best_fits(
+    path: Path, busbw: bool = True, latency: bool = True, loaded: Mapping[str, Any] | None = None
+) -> dict[str, dict]:
+    """Each op's fit at the largest world size in collectives.json `path` with a bandwidth
+    and a latency; `busbw` or `latency` False: with or without it (a what-if link's
+    supplies it). `loaded`: the file as already read (report.Run.collectives)."""
+    data = read_collectives(path) if loaded is None else loaded
+    try:
+        fits = data.get("fits", {})
         best: dict[str, dict] = {}
         for fit in fits.values():
-            if not math.isfinite(float(fit.get("busbw_GBps", float("nan")))):
+            if busbw and not math.isfinite(float(fit.get("busbw_GBps", float("nan")))):
                 continue  # latency-bound or undetermined: no bandwidth to carry over
-            if not math.isfinite(float(fit.get("alpha_us", float("nan")))):
+            if latency and not math.isfinite(float(fit.get("alpha_us", float("nan")))):
                 continue  # latency not resolved (fitted below 0): none to carry over
             if int(fit["world_size"]) < 2:
                 continue
@@ -301,11 +319,18 @@ def best_fits(path: Path) -> dict[str, dict]:
                 best[fit["op"]] = fit
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
-    if not best:
+    if not best and busbw and latency:
         raise ConfigError(
             f"{path} holds no fit with both a bandwidth and a latency to predict from (each "
-            "fit's note in it says why)"
+            "fit's note in it says why); a what-if link (--link) supplies both"
         )
+    if not best and latency:
+        raise ConfigError(
+            f"{path} holds no fit with a latency to predict from (each fit's note in it says "
+            "why); --busbw supplies a bandwidth only, a what-if link (--link) both"
+        )
+    if not best:
+        raise ConfigError(f"{path} holds no fit of two ranks or more to predict from")
     return best
 
 
@@ -397,7 +422,7 @@ def predict_run(
     if run is None:
         run = report.load_run(run_dir)
     runs = run.runs
-    fits = _fits(run_dir, cfg, run)
+    fits = _fits(run_dir, cfg, run, busbw_GBps, link)
     shape = _shape(run_dir)
     alpha = None
     if link is not None:
@@ -1030,7 +1055,13 @@ def cmd_predict(a: argparse.Namespace) -> int:
     if rough:
         print(rough)
     # a strategy whose check at a world size run is far off: its every prediction is doubtful
-    checked = check_run(run_dir, run=run)
+    try:
+        checked = check_run(run_dir, run=run)
+    except ConfigError as exc:  # the measured fits predict nothing: a what-if's rows stand
+        if a.link is None and a.busbw is None:
+            raise
+        print(f"no check of the predictions against the world sizes run: {exc}")
+        checked = []
     busy, busy_cases = busy_line(run_dir, checked)
     for case, where in doubtful(checked).items():
         if any(r["case"] == case for r in rows):

@@ -110,9 +110,20 @@ class Run:
         """Each collective's fit that predictions use (predict.best_fits of collectives.json),
         read once: the run's every prediction and the rough-fits line ask. A ConfigError
         where it is unreadable or holds no fit to predict from."""
+        return self.fits_for()
+
+    def fits_for(self, busbw: bool = True, latency: bool = True) -> dict[str, dict]:
+        """predict.best_fits of the run's collectives.json, as read once (`collectives`)."""
         from bench.analysis import predict
 
-        return predict.best_fits(self.path / "collectives.json")
+        return predict.best_fits(self.path / "collectives.json", busbw, latency, self.collectives)
+
+    @functools.cached_property
+    def collectives(self) -> dict[str, Any]:
+        """collectives.json as read, once; ConfigError where it is unreadable."""
+        from bench.analysis import predict
+
+        return predict.read_collectives(self.path / "collectives.json")
 
     def departing(self, base: str) -> list[str] | None:
         """The cells whose training loss departs from `base`'s (single's label) at world size
