@@ -204,8 +204,14 @@ def test_two_jobs_sharing_an_address_meet_apart(cluster, data_root, tmp_path) ->
         )  # fmt: skip
         runs.append((run, job))
     subprocess.run(["scontrol", "release", ",".join(job for _, job in runs)], check=True)
+    spans = []
     for run, _ in runs:
         line = _wait_left_queue(run, 240)
         rows = pd.read_csv(run / "runs.csv")
         assert "completed" in line and list(rows["status"]) == ["ok"], rows["reason"]
         assert _left_behind(run) == []
+        # the row is written as the cell ends (to the second): it began cell_wall_s before
+        end = pd.Timestamp(rows["timestamp"].iloc[0]).timestamp() + 1
+        spans.append((end - 1 - float(rows["cell_wall_s"].iloc[0]), end))
+    (a0, a1), (b0, b1) = spans
+    assert a0 < b1 and b0 < a1, f"the jobs' cells ran one after the other, not at once: {spans}"
