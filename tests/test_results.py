@@ -220,6 +220,60 @@ def test_retry_failed_moves_each_failed_cells_rows_and_folder_as_its_next_attemp
     assert rd.retry_failed(cells) == ([], left)  # nothing more to retry
 
 
+@pytest.mark.parametrize("cut", range(6))
+def test_retry_failed_cut_short_at_any_write_ends_whole_on_the_next_resume(
+    tmp_path, monkeypatch, cut
+):
+    """A move stopped part way (the disk full, the process killed) between any two of its
+    writes of runs, steps and ranks.csv and their retried/ copies: the next resume (its
+    drop_unfinished) lost no row of the attempt, and a second --retry-failed finishes the
+    move as attempt 1, its rows once each, its folder (the log) the one attempt_dir names.
+    Moved runs row first, a cut left the cell's steps to drop_unfinished, which dropped them;
+    the folder moved first, the next try numbered the rows attempt 2, its folder not there."""
+    import errno
+    from types import SimpleNamespace
+
+    from bench.harness.runner import RunDir
+
+    rd = RunDir(tmp_path)
+    ident = {"strategy": "ddp", "world_size": 2, "setting": "fp32", "repeat": 0}
+    rd.write(
+        [{**ident, "epoch": 0, "status": "ok"}, {**ident, "epoch": "", "status": "oom"}],
+        [{**ident, "epoch": 0, "step": s} for s in range(3)],
+        [{**ident, "epoch": 0, "rank": r} for r in range(2)],
+    )
+    (tmp_path / "cells" / "ddp-ws2-fp32-r0").mkdir(parents=True)
+    (tmp_path / "cells" / "ddp-ws2-fp32-r0" / "log.txt").write_text("CUDA out of memory")
+    cells = [SimpleNamespace(key=("ddp", 2, "fp32", 0), status="")]
+    rewrite, writes = results.CsvTable._rewrite, []
+
+    def cut_short(table, rows):
+        writes.append(table.path)
+        if len(writes) > cut:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        rewrite(table, rows)
+
+    monkeypatch.setattr(results.CsvTable, "_rewrite", cut_short)
+    with pytest.raises(OSError):
+        rd.retry_failed(cells)
+    monkeypatch.setattr(results.CsvTable, "_rewrite", rewrite)
+    rd.drop_unfinished()  # what a plain resume does first
+    kept = results.CsvTable(tmp_path / "retried" / "steps.csv", []).read()
+    assert {r["step"] for r in rd.steps.read() + kept} == {"0", "1", "2"}  # none lost
+    rd.retry_failed(cells)
+    rd.drop_unfinished()
+
+    moved = rd.retried.read()
+    assert [(r["attempt"], r["status"]) for r in moved] == [("1", "ok"), ("1", "oom")]
+    folder = tmp_path / moved[0]["attempt_dir"]
+    assert (folder / "log.txt").read_text() == "CUDA out of memory"
+    for name, n in (("steps", 3), ("ranks", 2)):
+        rows = results.CsvTable(tmp_path / "retried" / f"{name}.csv", []).read()
+        assert [r["attempt"] for r in rows] == ["1"] * n, name
+    assert rd.runs.read() == rd.steps.read() == rd.ranks.read() == []
+    assert not (tmp_path / "cells" / "ddp-ws2-fp32-r0").exists()
+
+
 def test_step_timer_measures_wall_time():
     import time
 

@@ -802,8 +802,10 @@ class RunDir:
         if not keys:
             return lines, left
         into = self.retried.path.parent
+        # runs.csv's rows last: until they move, the cell counts as done, so a move cut
+        # short (a full disk, a kill) leaves its steps and ranks rows where drop_unfinished
+        # keeps them, and the next --retry-failed finishes it under the same number
         tables = [
-            (self.runs, self.retried),
             (
                 self.steps,
                 results.CsvTable(into / "steps.csv", results.ATTEMPT + self.steps.columns),
@@ -812,12 +814,15 @@ class RunDir:
                 self.ranks,
                 results.CsvTable(into / "ranks.csv", results.ATTEMPT + self.ranks.columns),
             ),
+            (self.runs, self.retried),
         ]
-        before = self._attempts()
+        numbers = self._attempt_numbers(keys)
         folders = {}
-        for key in keys:  # the next attempt's number, past any folder a kill left behind
-            n = before.get(key, 0) + 1
-            while (into / f"{cell_dirname(*key)}-attempt{n}").exists():
+        for key in keys:
+            n, cell = numbers[key], self.path / "cells" / cell_dirname(*key)
+            # past a folder in the way that is no part of this move (its cell's folder still
+            # to move): a folder this move put there before a cut is its own
+            while (into / f"{cell_dirname(*key)}-attempt{n}").exists() and cell.exists():
                 n += 1
             folders[key] = (n, into / f"{cell_dirname(*key)}-attempt{n}")
         with proc.stops_held():  # Ctrl-C waits until every table is moved
@@ -827,6 +832,13 @@ class RunDir:
                     os.replace(self.path / "cells" / cell_dirname(*key), folder)
             for table, out in tables:
                 rows = [(r, k) for r in table.read() if (k := _row_key(r)) in keys]
+                there = {k for _, k in rows}
+                # copied there before a cut, and still here: once, as copied anew
+                out.keep(
+                    lambda r, there=there: (
+                        (k := _row_key(r)) not in there or not _is_attempt(r, folders[k][0])
+                    )
+                )
                 out.append(self._attempt(r, k, *folders[k]) for r, k in rows)
                 table.keep(lambda r: _row_key(r) not in keys)
         return lines, left
@@ -842,15 +854,28 @@ class RunDir:
             out["trace"] = out["attempt_dir"] + "/" + row["trace"].removeprefix(cell)
         return out
 
-    def _attempts(self) -> dict[tuple[str, int, str, int], int]:
-        """Each cell's last attempt already in retried/runs.csv."""
-        last: dict[tuple[str, int, str, int], int] = {}
+    def _attempt_numbers(
+        self, keys: Iterable[tuple[str, int, str, int]]
+    ) -> dict[tuple[str, int, str, int], int]:
+        """Each cell's attempt number for its rows in runs.csv now: one past its last in
+        retried/runs.csv, or that last where it holds these very rows (a move cut short
+        after it copied them, before it removed them from runs.csv)."""
+        now: dict[tuple[str, int, str, int], list[dict[str, str]]] = {}
+        for r in self.runs.read():
+            if (key := _row_key(r)) is not None:
+                now.setdefault(key, []).append(_as_moved(r))
+        by: dict[tuple[str, int, str, int], dict[int, list[dict[str, str]]]] = {}
         for r in self.retried.read():
             key = _row_key(r)
             with contextlib.suppress(TypeError, ValueError):
                 if key is not None:
-                    last[key] = max(last.get(key, 0), int(r["attempt"]))
-        return last
+                    by.setdefault(key, {}).setdefault(int(r["attempt"]), []).append(_as_moved(r))
+        out = {}
+        for key in keys:
+            last = max(by.get(key, {0: []}))
+            copied = last and by[key][last] == now.get(key)
+            out[key] = last if copied else last + 1
+        return out
 
     def write(self, runs: list[dict], steps: list[dict], ranks: list[dict]) -> None:
         with proc.stops_held():
@@ -866,6 +891,20 @@ def _row_key(r: Mapping[str, Any]) -> tuple[str, int, str, int] | None:
         return (r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"]))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _as_moved(r: Mapping[str, str]) -> dict[str, str]:
+    """A runs.csv row as retried/ compares it with its copy there: its own columns but its
+    trace (a path in the folder that moved)."""
+    return {c: r.get(c) or "" for c in results.RUN_COLUMNS if c != "trace"}
+
+
+def _is_attempt(r: Mapping[str, str], n: int) -> bool:
+    """Whether a row of retried/ is of attempt `n`."""
+    try:
+        return int(r["attempt"]) == n
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def _key_text(key: tuple[str, int, str, int]) -> str:
