@@ -1772,3 +1772,36 @@ def test_a_cpu_peak_much_of_it_free_in_malloc_is_said_to_be():
     assert text.endswith("fsdp at world size 2, 1,334 of 2,711 MiB.") and "ddp" not in text
     assert report.malloc_free_note(summary.iloc[[1, 2]]) == ""
     assert report.malloc_free_note(summary.drop(columns="malloc_free_mib_median")) == ""
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("strategy,status\nddp,failed\n", "no column repeat, world_size"),
+        (
+            "attempt,strategy,world_size,setting,repeat,status\n1,ddp,two,fp32,0,failed\n",
+            "column world_size holds 'two', not a whole number (row 2)",
+        ),
+        ("attempt,strategy,world_size\n1,ddp,2,9,9\n", "more fields than its header"),
+    ],
+)
+def test_a_damaged_retried_runs_csv_is_said_in_the_report_not_its_end(tmp_path, text, says) -> None:
+    """retried/runs.csv holds the earlier attempts of retried cells, none of which the report
+    ranks: one damaged (edited, cut short) stopped every command that reads the run (report,
+    compare, predict), the report with a traceback; now the run is read, and the report's
+    section on retried cells names the file and what is wrong with it. An attempt number or
+    folder missing reads as –, not nan."""
+    run_dir = tmp_path / "run"
+    (run_dir / "retried").mkdir(parents=True)
+    shutil.copy(REFERENCE / "runs.csv", run_dir / "runs.csv")
+    (run_dir / "retried" / "runs.csv").write_text(text)
+    run = report.load_run(run_dir)  # as report, compare and predict read it
+    assert run.retried.empty
+    text = report.retried_markdown(run)  # the report's section (it raised)
+    assert str(run_dir / "retried" / "runs.csv") in text and says in text, text[-600:]
+
+    (run_dir / "retried" / "runs.csv").write_text(
+        "attempt,strategy,world_size,setting,repeat,status,reason\n,ddp,2,fp32,0,oom,\n"
+    )
+    text = report.retried_markdown(report.load_run(run_dir))
+    assert "| ddp | 2 | r0 | – | oom: – | no row yet | – |" in text

@@ -81,6 +81,9 @@ class Run:
     not_finite: tuple[str, ...] = ()
     #: retried/runs.csv: the earlier attempts of cells `--retry-failed` ran again
     retried: pd.DataFrame = field(default_factory=lambda: pd.DataFrame())
+    #: why retried/runs.csv could not be read ("" where it could, or there is none): the
+    #: report says so in its place, the rest of the run is reported
+    retried_unread: str = ""
     _departing: dict[str, list[str] | None] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -398,10 +401,21 @@ def load_run(run_dir: str | Path) -> Run:
         config=_read_json(path / "config.json"),
         planned=planned,
         not_finite=not_finite,
-        retried=_read_csv(
-            path / results.RETRIED / "runs.csv", results.ATTEMPT + results.RUN_COLUMNS
-        ),
+        **_read_retried(path / results.RETRIED / "runs.csv"),
     )
+
+
+def _read_retried(path: Path) -> dict[str, Any]:
+    """retried/runs.csv as Run keeps it: its rows, or none and why (`retried_unread`). The
+    earlier attempts are no part of the results: one damaged stops no command."""
+    try:
+        rows = _read_csv(
+            path, results.ATTEMPT + results.RUN_COLUMNS, ("strategy", "world_size", "repeat")
+        )
+        _check_whole_numbers(rows, path, {"world_size": 1, "repeat": 0})
+    except ConfigError as exc:
+        return {"retried_unread": str(exc)}
+    return {"retried": rows}
 
 
 #: the runs.csv columns a cell's setting is made of
@@ -1740,11 +1754,18 @@ def problems_markdown(
 def retried_markdown(run: Run) -> str:
     """The cells `--retry-failed` ran again: each earlier attempt, how it ended and where
     its rows and folder are kept, beside how the cell's row ends now; "" where none."""
+    if run.retried_unread:
+        return (
+            "The earlier attempts of the cells `run --resume RUN --retry-failed` ran again "
+            f"are not listed: {run.retried_unread}"
+        )
     old = run.retried
     if old.empty:
         return ""
     # the row that says how the attempt ended (its epochs before it are rows of their own)
     old = old[old["status"].isin(results.RETRYABLE)]
+    if old.empty:  # none says how an attempt ended (a file edited by hand): no empty table
+        return ""
     now: dict[tuple[str, int, str, int], str] = {}
     for r in run.runs.itertuples():
         key = (str(r.strategy_name), int(r.world_size), str(r.setting), int(r.repeat))
@@ -1760,10 +1781,10 @@ def retried_markdown(run: Run) -> str:
                 f"{r.strategy}{extra}",
                 int(r.world_size),
                 f"r{int(r.repeat)}",
-                _plain(r.attempt),
+                "–" if pd.isna(r.attempt) else _plain(r.attempt),
                 f"{r.status}: {r.reason or '–'}",
                 now.get(key, "no row yet"),
-                f"{r.attempt_dir}/",
+                "–" if pd.isna(r.attempt_dir) else f"{r.attempt_dir}/",
             ]
         )
     return (
