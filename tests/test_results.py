@@ -200,8 +200,8 @@ def test_retry_failed_moves_each_failed_cells_rows_and_folder_as_its_next_attemp
 
     lines, left = rd.retry_failed(cells)
 
-    assert lines == ["ddp ws=2 repeat 0: oom (ddp went wrong)"]
-    assert left == "1 failed cell(s) cannot run here and keep their rows: dp ws=2 repeat 0"
+    assert lines == ["ddp ws=2 repeat=0: oom (ddp went wrong)"]
+    assert left == "1 failed cell(s) cannot run here and keep their rows: dp ws=2 repeat=0"
     assert [(r["strategy"], r["status"]) for r in rd.runs.read()] == [
         ("single", "ok"),
         ("fsdp", "diverged"),

@@ -717,10 +717,9 @@ class RunDir:
         now, done = {c.key for c in cells}, self.done()
         out: dict[tuple[str, int, str, int], None] = {}
         for r in self.plan.read():
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                key = (r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"]))
-                if key not in now and key not in done:
-                    out[key] = None
+            key = _row_key(r)
+            if key is not None and key not in now and key not in done:
+                out[key] = None
         return list(out)
 
     def began_on(self) -> str | None:
@@ -749,15 +748,14 @@ class RunDir:
                     "setting column): this one cannot tell which of its cells have run; "
                     f"`{program()} report` reads it, a new run measures again"
                 )
-            try:
-                if None in r or None in r.values():  # fewer or more fields than the header
-                    raise ValueError
-                keys.add((r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"])))
-            except (KeyError, ValueError):
+            key = _row_key(r)
+            # fewer or more fields than the header: None among its values, or as a column
+            if key is None or None in r or None in r.values():
                 raise ConfigError(
                     f"{self.runs.path}: row {i} is cut short or damaged; remove it (its cell "
                     "runs again) and resume"
-                ) from None
+                )
+            keys.add(key)
         return keys
 
     def drop_unfinished(self) -> None:
@@ -908,8 +906,9 @@ def _is_attempt(r: Mapping[str, str], n: int) -> bool:
 
 
 def _key_text(key: tuple[str, int, str, int]) -> str:
+    """A cell as a line names it: `ddp ws=2 bf16 repeat=0` (its setting but plain fp32)."""
     name, ws, setting, repeat = key
-    return f"{name} ws={ws}{'' if setting in ('', 'fp32') else ' ' + setting} repeat {repeat}"
+    return f"{name} ws={ws}{'' if setting in ('', 'fp32') else ' ' + setting} repeat={repeat}"
 
 
 def _new_run_id() -> str:
@@ -1105,7 +1104,7 @@ class Runner:
             raise
         shown = self.progress
         if shown is not None:
-            shown.start(self._label(cell), cell_dir, self.cfg.global_batch)
+            shown.start(_key_text(cell.key), cell_dir, self.cfg.global_batch)
         heard = LastStep(cell_dir)  # whether a cell killed at its deadline still stepped
 
         def poll() -> None:
@@ -1320,11 +1319,6 @@ class Runner:
             runs = self.run_cell(cell)
             self.echo(f"{label} {_summary(runs[-1])}")
         return self.dir.runs.read()
-
-    @staticmethod
-    def _label(cell: Cell) -> str:
-        extra = "" if cell.label == "fp32" else " " + cell.label
-        return f"{cell.strategy} ws={cell.world_size}{extra} repeat={cell.repeat}"
 
     def interrupt(self) -> None:
         if self.current is not None:  # normally already killed by run_cell
