@@ -777,8 +777,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sb.add_argument("--no-report", action="store_true", help="the job skips the report at the end")
     sb.set_defaults(func=cmd_submit)
-    st = sub.add_parser("status", help="a submitted run: its job's state and the rows so far")
-    st.add_argument("run_dir", metavar="RUN_DIR", help="the run directory submit printed")
+    st = sub.add_parser(
+        "status",
+        help="a run's state: running (where, how far, about how long left), stopped (how to "
+        "finish it) or complete, and how its cells ended; a submitted run's job's state",
+    )
+    st.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (submit's printed)")
     st.set_defaults(func=cmd_status)
     add_verify_parser(sub)
     # the other analysis commands own their options (an import error here is a bug: it shows)
@@ -891,9 +895,12 @@ def cmd_submit(a: argparse.Namespace) -> int:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    from bench.harness import slurm
+    from bench.config import run_dir_named
+    from bench.harness import progress, slurm
 
-    print(slurm.status(Path(a.run_dir)))
+    path = run_dir_named(a.run_dir)
+    submitted = (path / "job.id").exists()
+    print(slurm.status(path) if submitted else progress.run_status(path))
     return 0
 
 

@@ -242,6 +242,14 @@ CASES = [
     case(RUN, ["--image-size", "-1"], "--image-size must be at least 16", id="image-size-neg"),
     case("list", ["--device", "tpu"], "unknown device 'tpu'", id="list-device-tpu"),
     case("status", ["{in}/nope"], "nope: no such run directory", id="status-no-run-dir"),
+    case("status", ["{in}"], "no config.json there", id="status-not-a-run"),
+    case(
+        "status",
+        ["{corrupt_config}"],
+        "its files cannot be read",
+        ["corrupt_config"],
+        id="status-bad-config",
+    ),
     case("predict", ["{in}/nope"], "nope: no such run directory", id="predict-no-run-dir"),
     case(
         "status",

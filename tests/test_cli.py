@@ -8,9 +8,11 @@ import shlex
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from bench import program
 from bench.cli import build_parser, config_from_args, main
 from bench.config import ConfigError, RunConfig
 
@@ -1070,6 +1072,64 @@ def test_test_torch_wants_a_version_before_it_makes_anything(args, tmp_path):
         f"usage: {script} TORCH_VERSION [PYTEST ARGS ...]   (e.g. {script} 2.11.0)"
     ]
     assert set(script.parent.parent.glob(".venv-torch-*")) == venvs
+
+
+def test_status_of_a_run_on_this_machine_says_how_far_it_is(tmp_path, capsys) -> None:
+    """`parabench status` of a run started here (no job.id) was refused ("not made by
+    parabench submit"): a run left going in another terminal could only be watched by
+    reading its CSVs. It says, in one line, that the run is running (the parabench holding
+    it, the cell it is in, its step, about how long is left from the cells so far), stopped
+    (with the command that finishes it) or complete (its report, and the command that runs
+    its failed cells again), and how its cells ended."""
+    from bench.harness.runner import RunDir
+
+    run = tmp_path / "run"
+    rd = RunDir(run)
+    run.mkdir()
+    rd.config_path.write_text(json.dumps({"launcher": ""}))
+    cells = [("single", 1, "fp32", 0), ("ddp", 2, "fp32", 0), ("ddp", 2, "bf16", 0)]
+    rd.write_plan([SimpleNamespace(key=k) for k in cells])
+
+    def row(cell, status, epoch, wall):
+        names = ("strategy", "world_size", "setting", "repeat")
+        return {
+            **dict(zip(names, cell, strict=True)),
+            "epoch": epoch,
+            "status": status,
+            "cell_wall_s": wall,
+        }
+
+    # single's two epochs (one row each, its wall time on both), ddp's row out of memory
+    rd.write([row(cells[0], "ok", 0, 10), row(cells[0], "ok", 1, 10)], [], [])
+    rd.write([row(cells[1], "oom", "", 4)], [], [])
+    done = "2 of 3 cells done (1 ok, 1 oom)"
+
+    assert main(["status", str(run)]) == 0
+    resume = f"{program()} run --resume {run}"
+    assert capsys.readouterr().out == f"{run}: stopped, {done}; to finish it: {resume}\n"
+
+    rd.lock()  # as the parabench running it holds it
+    try:
+        for name, steps in (("single-ws1-fp32-r0", 20), ("ddp-ws2-bf16-r0", 12)):
+            (run / "cells" / name).mkdir(parents=True)  # single's (done) first, then bf16's
+            (run / "cells" / name / "progress.json").write_text(
+                json.dumps({"done": 5, "total": steps, "step_ms": 3.0})
+            )
+        assert main(["status", str(run)]) == 0
+        assert capsys.readouterr().out == (
+            f"{run}: running (parabench pid {os.getpid()}): {done}; now ddp-ws2-bf16-r0, step 5 "
+            "of 12; about 7 s left (7 s a cell so far)\n"
+        )
+    finally:
+        rd.unlock()
+
+    rd.write([row(cells[2], "ok", 0, 7)], [], [])
+    (run / "report.md").write_text("# report\n")
+    assert main(["status", str(run)]) == 0
+    assert capsys.readouterr().out == (
+        f"{run}: complete, 3 of 3 cells done (2 ok, 1 oom); report: {run / 'report.md'}; to run "
+        f"the failed cells again: {resume} --retry-failed\n"
+    )
 
 
 def _status_with(slurm_run, job: str, tmp_path, monkeypatch, capsys) -> str:

@@ -238,7 +238,7 @@ def compute_at(curve: Sequence[Mapping[str, float]], batch: int) -> tuple[float,
 
 
 def _records(run_dir: Path, row: Mapping[str, Any]) -> dict[str, Any]:
-    from bench.harness.runner import cell_dirname
+    from bench.harness.results import cell_dirname
 
     path = (
         run_dir
@@ -854,7 +854,7 @@ def _no_curve(run_dir: Path, one: Any) -> str:
     folder without the curve."""
     import pandas as pd
 
-    from bench.harness.runner import cell_dirname
+    from bench.harness.results import cell_dirname
 
     cells = run_dir / "cells"
     if not cells.is_dir():

@@ -9,6 +9,9 @@ terminal, or a plain line every few seconds where the output is a log (CI).
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import csv
 import json
 import math
 import os
@@ -17,6 +20,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
+
+from bench.config import ConfigError, not_a_run
+from bench.harness import results
 
 PROGRESS_FILE = "progress.json"
 
@@ -195,3 +201,62 @@ class Display:
             self.walls.append(self.clock() - self.t0)
         self.left -= 1
         self.cell_dir = None
+
+
+def run_status(path: Path) -> str:
+    """One line on a run of this machine's (not a submitted job's: slurm.status): running
+    (the parabench holding it, the cell it is in and how far, about how long is left),
+    stopped (and the command that finishes it) or complete (and its report), with how its
+    cells ended so far."""
+    config_path = path / "config.json"
+    if not config_path.exists():
+        raise not_a_run(path, "config.json")
+    ended: dict[tuple[str, int, str, int], str] = {}  # the cell's first status not ok, else ok
+    walls: dict[tuple[str, int, str, int], float] = {}  # the cells that ran: their wall time
+    try:
+        rows = results.CsvTable(path / "runs.csv", results.RUN_COLUMNS).read()
+        plan = results.CsvTable(path / "plan.csv", results.PLAN_COLUMNS).read()
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError, csv.Error) as exc:  # UnicodeDecodeError is a ValueError
+        raise ConfigError(f"{path}: its files cannot be read ({exc})") from None
+    for r in rows:
+        if (key := results.row_key(r)) is None:
+            continue
+        if ended.get(key, results.OK) == results.OK:
+            ended[key] = r.get("status") or "?"
+        with contextlib.suppress(TypeError, ValueError):
+            if math.isfinite(wall := float(r.get("cell_wall_s") or "nan")):
+                walls[key] = wall
+    planned = {k for r in plan if (k := results.row_key(r)) is not None} | set(ended)
+    counts = collections.Counter(ended.values()).most_common()
+    done = f"{len(ended)} of {len(planned)} cells done"
+    done += f" ({', '.join(f'{n} {status}' for status, n in counts)})" if counts else ""
+    launcher = str(config.get("launcher") or "") if isinstance(config, dict) else ""
+    pid = results.held_by(path)
+    if pid is not None:
+        line = f"{path}: running (parabench pid {pid}): {done}"
+        gone = {results.cell_dirname(*k) for k in ended}
+        now = []  # the cells that have begun, with no row yet: the last to begin is running
+        for file in path.glob(f"cells/*/{PROGRESS_FILE}"):
+            with contextlib.suppress(OSError):  # rewritten as it is read
+                if file.parent.name not in gone:
+                    now.append((file.stat().st_mtime, file.parent))
+        if now:
+            cell = max(now)[1]
+            state = read(cell) or {}
+            steps = f", step {state['done']} of {state['total']}" if "total" in state else ""
+            line += f"; now {cell.name}{steps}"
+        left = len(planned) - len(ended)
+        if walls and left:
+            each = sum(walls.values()) / len(walls)
+            line += f"; about {duration(left * each)} left ({duration(each)} a cell so far)"
+        return line
+    if len(ended) < len(planned):
+        return f"{path}: stopped, {done}; to finish it: {results.resume_command(launcher, path)}"
+    line = f"{path}: complete, {done}"
+    if (path / "report.md").exists():
+        line += f"; report: {path / 'report.md'}"
+    if any(s in results.RETRYABLE for s in ended.values()):
+        again = results.resume_command(launcher, path, retry=True)
+        line += f"; to run the failed cells again: {again}"
+    return line

@@ -247,6 +247,20 @@ def held_by(path: Path) -> str | None:
     return None
 
 
+def cell_dirname(strategy: str, world_size: int, label: str, repeat: int) -> str:
+    """A cell's folder under cells/ (`single-ws1-fp32-r0`): its setting's commas as +."""
+    return f"{strategy}-ws{world_size}-{label.replace(',', '+')}-r{repeat}"
+
+
+def row_key(r: Mapping[str, Any]) -> tuple[str, int, str, int] | None:
+    """The cell a row of runs, steps, ranks or plan.csv is of (strategy, world size,
+    setting, repeat), or None where it names none."""
+    try:
+        return (r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def resume_command(launcher: str, path: Path, command: str = "", retry: bool = False) -> str:
     """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
     submitted run's own job script, whose first branch resumes it. `command`: parabench as

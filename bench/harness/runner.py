@@ -47,6 +47,7 @@ from bench.harness.env import (
 from bench.harness.launchers import LAUNCHERS
 from bench.harness.progress import Display, LastStep
 from bench.harness.progress import read as read_progress
+from bench.harness.results import cell_dirname, row_key
 from bench.workload import data, models
 from bench.workload.models import check_model, check_model_args
 from strategies.base import Setting
@@ -116,10 +117,6 @@ class Cell:
     @property
     def dirname(self) -> str:
         return cell_dirname(self.strategy, self.world_size, self.label, self.repeat)
-
-
-def cell_dirname(strategy: str, world_size: int, label: str, repeat: int) -> str:
-    return f"{strategy}-ws{world_size}-{label.replace(',', '+')}-r{repeat}"
 
 
 def default_world_sizes(n_devices: int) -> tuple[int, ...]:
@@ -717,7 +714,7 @@ class RunDir:
         now, done = {c.key for c in cells}, self.done()
         out: dict[tuple[str, int, str, int], None] = {}
         for r in self.plan.read():
-            key = _row_key(r)
+            key = row_key(r)
             if key is not None and key not in now and key not in done:
                 out[key] = None
         return list(out)
@@ -748,7 +745,7 @@ class RunDir:
                     "setting column): this one cannot tell which of its cells have run; "
                     f"`{program()} report` reads it, a new run measures again"
                 )
-            key = _row_key(r)
+            key = row_key(r)
             # fewer or more fields than the header: None among its values, or as a column
             if key is None or None in r or None in r.values():
                 raise ConfigError(
@@ -766,7 +763,7 @@ class RunDir:
         done = self.done()
 
         def finished(r: dict[str, str]) -> bool:
-            key = _row_key(r)
+            key = row_key(r)
             return key is None or key in done  # not a cell's: as it was
 
         self.steps.keep(finished)
@@ -782,7 +779,7 @@ class RunDir:
         runnable = {c.key for c in cells if not c.status}
         failed: dict[tuple[str, int, str, int], dict[str, str]] = {}
         for r in self.runs.read():
-            key = _row_key(r)
+            key = row_key(r)
             if key is not None and r.get("status") in results.RETRYABLE:
                 failed.setdefault(key, r)
         stay = [k for k in failed if k not in runnable]
@@ -829,16 +826,16 @@ class RunDir:
                 with contextlib.suppress(FileNotFoundError):  # a row written before its folder
                     os.replace(self.path / "cells" / cell_dirname(*key), folder)
             for table, out in tables:
-                rows = [(r, k) for r in table.read() if (k := _row_key(r)) in keys]
+                rows = [(r, k) for r in table.read() if (k := row_key(r)) in keys]
                 there = {k for _, k in rows}
                 # copied there before a cut, and still here: once, as copied anew
                 out.keep(
                     lambda r, there=there: (
-                        (k := _row_key(r)) not in there or not _is_attempt(r, folders[k][0])
+                        (k := row_key(r)) not in there or not _is_attempt(r, folders[k][0])
                     )
                 )
                 out.append(self._attempt(r, k, *folders[k]) for r, k in rows)
-                table.keep(lambda r: _row_key(r) not in keys)
+                table.keep(lambda r: row_key(r) not in keys)
         return lines, left
 
     def _attempt(
@@ -860,11 +857,11 @@ class RunDir:
         after it copied them, before it removed them from runs.csv)."""
         now: dict[tuple[str, int, str, int], list[dict[str, str]]] = {}
         for r in self.runs.read():
-            if (key := _row_key(r)) is not None:
+            if (key := row_key(r)) is not None:
                 now.setdefault(key, []).append(_as_moved(r))
         by: dict[tuple[str, int, str, int], dict[int, list[dict[str, str]]]] = {}
         for r in self.retried.read():
-            key = _row_key(r)
+            key = row_key(r)
             with contextlib.suppress(TypeError, ValueError):
                 if key is not None:
                     by.setdefault(key, {}).setdefault(int(r["attempt"]), []).append(_as_moved(r))
@@ -881,14 +878,6 @@ class RunDir:
             self.steps.append(steps)
             self.ranks.append(ranks)
             self.runs.append(runs)
-
-
-def _row_key(r: Mapping[str, Any]) -> tuple[str, int, str, int] | None:
-    """The cell a row of runs, steps or ranks.csv is of, or None where it names none."""
-    try:
-        return (r["strategy"], int(r["world_size"]), r["setting"], int(r["repeat"]))
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def _as_moved(r: Mapping[str, str]) -> dict[str, str]:
