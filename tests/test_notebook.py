@@ -151,18 +151,27 @@ def test_each_runs_plots_are_the_figures_of_its_report(monkeypatch) -> None:
 def test_a_run_with_planned_cells_missing_says_so(monkeypatch, tmp_path) -> None:
     """A run still going or stopped, its plan.csv holding cells runs.csv has no row for: the
     notebook's last section said nothing of them (report.md opens with them), and where no
-    cell had failed it said every cell finished ok."""
+    cell had failed it said every cell finished ok. A cell --retry-failed ran again is
+    listed with its earlier attempt, as report.md lists it."""
+    from bench.harness.runner import RunDir
+
     if not (REFERENCE_RUN / "runs.csv").exists():
         pytest.skip("the CPU reference run is not in this checkout")
     run_dir = Path(shutil.copytree(REFERENCE_RUN, tmp_path / "stopped"))
     runs = pd.read_csv(run_dir / "runs.csv", dtype=str, keep_default_na=False)
     stopped = runs[(runs["status"] == "ok") & (runs["round"] == runs["round"].min())]
     stopped.to_csv(run_dir / "runs.csv", index=False)  # only its first round's ok cells ran
+    # and one of them ran again by --retry-failed: its first attempt ran out of memory
+    first = {**stopped.iloc[0].to_dict(), "status": "oom", "reason": "CUDA out of memory"}
+    (run_dir / "retried").mkdir()
+    RunDir(run_dir).retried.append([{**first, "attempt": 1, "attempt_dir": "retried/x-attempt1"}])
     (text,) = [m.data for m in _shown(monkeypatch, str(run_dir), "problems_markdown")]
     planned = len(pd.read_csv(run_dir / "plan.csv"))
     assert f"**Incomplete: {planned - len(stopped)} of {planned} planned cells have no row" in text
     assert "Every cell finished ok." not in text
     assert f"{planned - len(stopped)} planned cell(s) did not run" in text
+    (row,) = [line for line in text.splitlines() if "retried/x-attempt1/" in line]
+    assert "oom: CUDA out of memory" in row and "| ok |" in row
 
 
 def _summary(cells: list[tuple[str, str, int, float]]) -> pd.DataFrame:
