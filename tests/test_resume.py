@@ -637,6 +637,8 @@ def test_retry_failed_runs_a_failed_cell_again_and_keeps_its_first_attempt(
     with faulty_strategies():
         assert main(argv) == 1
         said = capsys.readouterr().out
+        # where its rows go, said as it begins: `status` in another terminal follows it
+        assert f"run folder: {run_dir} (`{program()} status {run_dir}` says" in said
         assert f"{program()} run --resume {run_dir} --retry-failed" in said
         first = pd.read_csv(run_dir / "runs.csv")
         assert list(first["round"]) == list(first["repeat"]) == [0, 1]  # a run not resumed

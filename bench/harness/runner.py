@@ -1747,6 +1747,9 @@ def run_matrix(
     so that the line says where its rows are kept. `retry`: a resume runs the failed cells
     again (RunDir.retry_failed)."""
     cfg, run_dir, cells = open_run(cfg, resume, echo, retry)
+    if kept and again is None:  # a run of its own (not one of verify's steps): where to watch it
+        where = shlex.quote(str(run_dir.path))
+        echo(f"run folder: {run_dir.path} (`{program()} status {where}` says how far it is)")
     proc.become_subreaper()
     runner: Runner | None = None
     old = signal.signal(signal.SIGTERM, proc.raise_interrupt)  # (as parabench's main does)
