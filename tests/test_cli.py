@@ -1088,6 +1088,7 @@ def test_status_of_a_run_on_this_machine_says_how_far_it_is(tmp_path, capsys) ->
     run.mkdir()
     rd.config_path.write_text(json.dumps({"launcher": ""}))
     cells = [("single", 1, "fp32", 0), ("ddp", 2, "fp32", 0), ("ddp", 2, "bf16", 0)]
+    cells.append(("single", 2, "fp32", 0))
     rd.write_plan([SimpleNamespace(key=k) for k in cells])
 
     def row(cell, status, epoch, wall):
@@ -1102,7 +1103,8 @@ def test_status_of_a_run_on_this_machine_says_how_far_it_is(tmp_path, capsys) ->
     # single's two epochs (one row each, its wall time on both), ddp's row out of memory
     rd.write([row(cells[0], "ok", 0, 10), row(cells[0], "ok", 1, 10)], [], [])
     rd.write([row(cells[1], "oom", "", 4)], [], [])
-    done = "2 of 3 cells done (1 ok, 1 oom)"
+    rd.write([row(cells[3], "skipped", "", "")], [], [])  # at once, no wall time
+    done = "3 of 4 cells done (1 ok, 1 oom, 1 skipped)"
 
     assert main(["status", str(run)]) == 0
     resume = f"{program()} run --resume {run}"
@@ -1118,7 +1120,7 @@ def test_status_of_a_run_on_this_machine_says_how_far_it_is(tmp_path, capsys) ->
         assert main(["status", str(run)]) == 0
         assert capsys.readouterr().out == (
             f"{run}: running (parabench pid {os.getpid()}): {done}; now ddp-ws2-bf16-r0, step 5 "
-            "of 12; about 7 s left (7 s a cell so far)\n"
+            "of 12; about 5 s left (5 s a cell so far)\n"  # 14 s for 3 cells, one skipped
         )
     finally:
         rd.unlock()
@@ -1127,7 +1129,7 @@ def test_status_of_a_run_on_this_machine_says_how_far_it_is(tmp_path, capsys) ->
     (run / "report.md").write_text("# report\n")
     assert main(["status", str(run)]) == 0
     assert capsys.readouterr().out == (
-        f"{run}: complete, 3 of 3 cells done (2 ok, 1 oom); report: {run / 'report.md'}; to run "
+        f"{run}: complete, 4 of 4 cells done (2 ok, 1 oom, 1 skipped); report: {run / 'report.md'}; to run "
         f"the failed cells again: {resume} --retry-failed\n"
     )
 

@@ -247,8 +247,9 @@ def run_status(path: Path) -> str:
             steps = f", step {state['done']} of {state['total']}" if "total" in state else ""
             line += f"; now {cell.name}{steps}"
         left = len(planned) - len(ended)
-        if walls and left:
-            each = sum(walls.values()) / len(walls)
+        if walls and left:  # a skipped cell counts as one of no time: the plan interleaves
+            # them, so the cells left hold them in the share those done did
+            each = sum(walls.values()) / len(ended)
             line += f"; about {duration(left * each)} left ({duration(each)} a cell so far)"
         return line
     if len(ended) < len(planned):
