@@ -1171,6 +1171,48 @@ def test_a_what_if_link_predicts_from_fits_whose_latency_was_not_resolved(tmp_pa
         assert says in err and err.count("\n") == 1, err
 
 
+def test_busbw_predicts_from_fits_with_no_bandwidth_and_writes_its_rows(tmp_path, capsys) -> None:
+    """--busbw supplies a bandwidth, so a run whose fits have none (latency-bound) predicts
+    from their latencies; but the rough-fits line then asked for fits with both, and
+    `predict --busbw` printed its table and stopped with exit 2 (that error), its CSV not
+    written."""
+    from bench.cli import main
+    from bench.harness import collectives
+
+    ref = Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist-20261126"
+    if not (ref / "collectives.json").exists():
+        pytest.skip(f"{ref} is not in this checkout")
+    run = tmp_path / "run"
+    shutil.copytree(ref, run)
+    saved = collectives.load(run / "collectives.json")
+    fits = {k: {**f, "busbw_GBps": math.nan} for k, f in saved["fits"].items()}
+    collectives.save(run / "collectives.json", saved["rows"], fits, saved["meta"])
+    out = tmp_path / "p.csv"
+
+    assert (
+        main(["predict", str(run), "--world-sizes", "8", "--csv", str(out), "--busbw", "50"]) == 0
+    )
+    assert "error" not in capsys.readouterr().err
+    rows = pd.read_csv(out).set_index("case")
+    assert rows.loc["ddp_spawn", "comm_ms"] > 0
+
+
+@pytest.mark.parametrize("busbw,latency", [(True, True), (False, True), (False, False)])
+def test_fits_of_one_rank_alone_are_not_refused_as_wanting_a_what_if(
+    tmp_path, busbw, latency
+) -> None:
+    """collectives.json whose fits are all of one rank: predict, --busbw and --link were
+    each told that a what-if would supply what the fits lack (--link: "supplies both"), but
+    no what-if supplies ranks: each is told there is no fit of two ranks or more."""
+    fit = {"op": "all_reduce", "world_size": 1, "busbw_GBps": math.nan, "alpha_us": math.nan}
+    (tmp_path / "collectives.json").write_text(
+        json.dumps({"rows": [], "fits": {"all_reduce@1": fit}, "meta": {}})
+    )
+    with pytest.raises(ConfigError) as e:
+        predict.best_fits(tmp_path / "collectives.json", busbw, latency)
+    assert "no fit of two ranks or more" in str(e.value) and "--link" not in str(e.value)
+
+
 def _clean(op: str) -> list[dict]:
     return [
         {"op": op, "backend": "gloo", "device": "cpu", "world_size": 2}

@@ -308,7 +308,10 @@ def best_fits(
     try:
         fits = data.get("fits", {})
         best: dict[str, dict] = {}
+        pairs = False  # any fit of two ranks or more, with or without its figures
         for fit in fits.values():
+            with contextlib.suppress(KeyError, TypeError, ValueError):  # (said below)
+                pairs = pairs or int(fit["world_size"]) >= 2
             if busbw and not math.isfinite(float(fit.get("busbw_GBps", float("nan")))):
                 continue  # latency-bound or undetermined: no bandwidth to carry over
             if latency and not math.isfinite(float(fit.get("alpha_us", float("nan")))):
@@ -319,6 +322,8 @@ def best_fits(
                 best[fit["op"]] = fit
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{path} is unreadable ({type(exc).__name__}: {exc})") from None
+    if not best and not pairs:  # no what-if supplies the ranks a fit is of
+        raise ConfigError(f"{path} holds no fit of two ranks or more to predict from")
     if not best and busbw and latency:
         raise ConfigError(
             f"{path} holds no fit with both a bandwidth and a latency to predict from (each "
@@ -890,18 +895,20 @@ def _no_curve(run_dir: Path, one: Any) -> str:
     return "its world-size-1 cell kept no compute curve (cells/*/epochs.jsonl)"
 
 
-def rough_fits(run_dir: Path, run: Any = None) -> str:
+def rough_fits(run_dir: Path, run: Any = None, busbw: bool = True) -> str:
     """A line naming the run's collectives' fits that predictions use (`_fits`) whose times
     scatter about their latency-bandwidth line (r² under ROUGH_R2), or "": the communication
     predicted from them is no better than that line (on a busy CPU gloo's times at one size
     vary more than between sizes). `run`: the run the predictions read (report.load_run),
-    whose fits they read already."""
+    whose fits they read already. `busbw` False: those of a --busbw what-if, which supplies
+    their bandwidth (a fit with none, latency-bound, serves it)."""
     path = run_dir / "collectives.json"
     if not path.exists():
         return ""
+    fits = best_fits(path, busbw) if run is None else run.fits_for(busbw=busbw)
     rough = [
         f"{f['op']} ({f['backend']}, {f['world_size']} ranks) r² {float(f['r2']):.2f}"
-        for f in (best_fits(path) if run is None else run.fits).values()
+        for f in fits.values()
         if float(f.get("r2", math.nan)) < ROUGH_R2
     ]
     if not rough:
@@ -1051,7 +1058,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     if above:
         print(above)
     # a named link's figures replace the fits' (--busbw keeps their latencies)
-    rough = rough_fits(run_dir, run) if a.link is None else ""
+    rough = rough_fits(run_dir, run, busbw=a.busbw is None) if a.link is None else ""
     if rough:
         print(rough)
     # a strategy whose check at a world size run is far off: its every prediction is doubtful
