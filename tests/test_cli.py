@@ -1134,6 +1134,45 @@ def test_status_of_a_run_on_this_machine_says_how_far_it_is(tmp_path, capsys) ->
     )
 
 
+def test_status_of_an_older_run_or_a_verify_names_no_command_that_fails_it(
+    tmp_path, capsys
+) -> None:
+    """A run from before plan.csv and run options (results/reference/cpu-2core-mnist) was
+    said "complete, 0 of 0 cells done": its rows name no setting, and with no plan every
+    run read as complete. A verify's run stopped part-way was told to finish with `run
+    --resume` (and one with a failed cell, `--retry-failed`), which runs its cells with no
+    verdict: verify has no --resume."""
+    from bench.harness.runner import RunDir
+
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({"launcher": "torchrun"}))
+    (old / "runs.csv").write_text(
+        "run_id,strategy,world_size,repeat,epoch,status\n"
+        "old,ddp,2,0,0,ok\nold,ddp,2,1,0,oom\nold,single,1,0,0,ok\n"
+    )
+    assert main(["status", str(old)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{old}: not running, 3 cells done (2 ok, 1 oom) (no plan.csv"), out
+    assert "--resume" not in out
+
+    run = tmp_path / "verify"
+    rd = RunDir(run)
+    run.mkdir()
+    rd.config_path.write_text(json.dumps({"launcher": "", "save_params": True}))
+    cells = [("single", 1, "fp32", 0), ("ddp", 2, "fp32", 0)]
+    rd.write_plan([SimpleNamespace(key=k) for k in cells])
+    names = ("strategy", "world_size", "setting", "repeat")
+    for cell, status in zip(cells, ("ok", "oom"), strict=True):
+        assert main(["status", str(run)]) == 0
+        out = capsys.readouterr().out
+        rd.write([{**dict(zip(names, cell, strict=True)), "epoch": 0, "status": status}], [], [])
+        if status == "ok":  # stopped before its first cell's row
+            assert "verify has no --resume" in out and "run --resume" not in out, out
+    assert main(["status", str(run)]) == 0
+    assert capsys.readouterr().out == f"{run}: complete, 2 of 2 cells done (1 ok, 1 oom)\n"
+
+
 def _status_with(slurm_run, job: str, tmp_path, monkeypatch, capsys) -> str:
     """`parabench status` of a submitted run whose job is `job`, SLURM's commands answered
     by `slurm_run`: what it printed."""

@@ -220,7 +220,9 @@ def run_status(path: Path) -> str:
     except (OSError, ValueError, csv.Error) as exc:  # UnicodeDecodeError is a ValueError
         raise ConfigError(f"{path}: its files cannot be read ({exc})") from None
     for r in rows:
-        if (key := results.row_key(r)) is None:
+        # a runs.csv from before run options has no setting column: a cell per row's
+        # strategy, world size and repeat (as the report reads it)
+        if (key := results.row_key({"setting": "", **r})) is None:
             continue
         if ended.get(key, results.OK) == results.OK:
             ended[key] = r.get("status") or "?"
@@ -229,9 +231,17 @@ def run_status(path: Path) -> str:
                 walls[key] = wall
     planned = {k for r in plan if (k := results.row_key(r)) is not None} | set(ended)
     counts = collections.Counter(ended.values()).most_common()
-    done = f"{len(ended)} of {len(planned)} cells done"
+    # a run from before plan.csv: the cells it set out to run are not known, nor whether it
+    # ran them all (it was said complete, with "0 of 0 cells done" where its runs.csv was
+    # older than run options too)
+    unplanned = not (path / "plan.csv").exists()
+    done = f"{len(ended)}{'' if unplanned else f' of {len(planned)}'} cells done"
     done += f" ({', '.join(f'{n} {status}' for status, n in counts)})" if counts else ""
     launcher = str(config.get("launcher") or "") if isinstance(config, dict) else ""
+    # a verify's run (it saves the final weights): its --resume would finish the run with
+    # no verdict, which takes every cell, baseline and comparison of one verify
+    verify = isinstance(config, dict) and config.get("save_params") is True
+    again = "verify has no --resume; for its verdict, run the same verify again"
     pid = results.held_by(path)
     if pid is not None:
         line = f"{path}: running (parabench pid {pid}): {done}"
@@ -252,12 +262,20 @@ def run_status(path: Path) -> str:
             each = sum(walls.values()) / len(ended)
             line += f"; about {duration(left * each)} left ({duration(each)} a cell so far)"
         return line
-    if len(ended) < len(planned):
-        return f"{path}: stopped, {done}; to finish it: {results.resume_command(launcher, path)}"
-    line = f"{path}: complete, {done}"
+    if unplanned:
+        line = f"{path}: not running, {done} (no plan.csv, an older parabench's run: which "
+        line += "cells it planned is not known)"
+    elif len(ended) < len(planned):
+        how = again if verify else f"to finish it: {results.resume_command(launcher, path)}"
+        return f"{path}: stopped, {done}; {how}"
+    else:
+        line = f"{path}: complete, {done}"
     if (path / "report.md").exists():
         line += f"; report: {path / 'report.md'}"
-    if any(s in results.RETRYABLE for s in ended.values()):
-        again = results.resume_command(launcher, path, retry=True)
-        line += f"; to run the failed cells again: {again}"
+    if verify:
+        return line
+    # an older runs.csv's (no setting column) --resume is refused: no cell can be told
+    if rows and "setting" in rows[0] and any(s in results.RETRYABLE for s in ended.values()):
+        retry = results.resume_command(launcher, path, retry=True)
+        line += f"; to run the failed cells again: {retry}"
     return line
