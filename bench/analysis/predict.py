@@ -1064,10 +1064,13 @@ def cmd_predict(a: argparse.Namespace) -> int:
     # a strategy whose check at a world size run is far off: its every prediction is doubtful
     try:
         checked = check_run(run_dir, run=run)
-    except ConfigError as exc:  # the measured fits predict nothing: a what-if's rows stand
+    except ConfigError:  # the measured fits predict nothing: a what-if's rows stand
         if a.link is None and a.busbw is None:
             raise
-        print(f"no check of the predictions against the world sizes run: {exc}")
+        print(
+            "no check of the predictions against the world sizes run: the run's own fits "
+            "lack a latency or a bandwidth to predict them with (collectives.json's notes say why)"
+        )
         checked = []
     busy, busy_cases = busy_line(run_dir, checked)
     for case, where in doubtful(checked).items():
