@@ -1249,6 +1249,25 @@ def test_status_says_how_a_job_ended(tmp_path, monkeypatch, capsys, squeue_says,
         assert out.rstrip().endswith(str(run_dir / "slurm-7.out"))
 
 
+def test_status_of_a_running_job_names_the_cell_it_is_in(tmp_path, monkeypatch, capsys):
+    """A submitted run's job running said its rows written, not which cell it was in nor how
+    far: it says the cell last begun that has no row yet, and its step, from the progress
+    file the cell writes as it steps (on the shared folder the job writes its rows to)."""
+    run = tmp_path / "run"
+    for when, (cell, done) in enumerate((("single-ws1-fp32-r0", 10), ("ddp-ws2-fp32-r0", 3))):
+        (run / "cells" / cell).mkdir(parents=True)
+        file = run / "cells" / cell / "progress.json"
+        file.write_text(json.dumps({"done": done, "total": 10, "step_ms": 5.0}))
+        os.utime(file, (1e9 + when, 1e9 + when))  # single's first, ddp's a second later
+    (run / "runs.csv").write_text(
+        "run_id,strategy,world_size,setting,repeat,epoch,status\nr,single,1,fp32,0,0,ok\n"
+    )
+    out = _status_with(lambda argv, timeout=30: "RUNNING 1:02 2 n[1-2]\n", "7", tmp_path,
+                       monkeypatch, capsys)  # fmt: skip
+    assert out.startswith("job 7: running for 1:02 on 2 node(s) (n[1-2]); 1 row written"), out
+    assert out.endswith("; now ddp-ws2-fp32-r0, step 3 of 10\n"), out
+
+
 @pytest.fixture
 def sbatch(monkeypatch):
     """sbatch answered here: each script it was given (the text), a job id back; set

@@ -17,7 +17,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -203,6 +203,23 @@ class Display:
         self.cell_dir = None
 
 
+def running_now(path: Path, ended: Iterable[tuple[str, int, str, int]]) -> str:
+    """`now <cell>, step N of M`: of the run's cells that have begun with no row yet (`ended`
+    have one), the last to begin, as its progress file says; "" where none has."""
+    gone = {results.cell_dirname(*k) for k in ended}
+    begun = []
+    for file in path.glob(f"cells/*/{PROGRESS_FILE}"):
+        with contextlib.suppress(OSError):  # rewritten as it is read
+            if file.parent.name not in gone:
+                begun.append((file.stat().st_mtime, file.parent))
+    if not begun:
+        return ""
+    cell = max(begun)[1]
+    state = read(cell)
+    total = state.get("total") if isinstance(state, dict) else None
+    return f"now {cell.name}" + (f", step {state['done']} of {total}" if total else "")
+
+
 def run_status(path: Path) -> str:
     """One line on a run of this machine's (not a submitted job's: slurm.status): running
     (the parabench holding it, the cell it is in and how far, about how long is left),
@@ -245,17 +262,8 @@ def run_status(path: Path) -> str:
     pid = results.held_by(path)
     if pid is not None:
         line = f"{path}: running (parabench pid {pid}): {done}"
-        gone = {results.cell_dirname(*k) for k in ended}
-        now = []  # the cells that have begun, with no row yet: the last to begin is running
-        for file in path.glob(f"cells/*/{PROGRESS_FILE}"):
-            with contextlib.suppress(OSError):  # rewritten as it is read
-                if file.parent.name not in gone:
-                    now.append((file.stat().st_mtime, file.parent))
-        if now:
-            cell = max(now)[1]
-            state = read(cell) or {}
-            steps = f", step {state['done']} of {state['total']}" if "total" in state else ""
-            line += f"; now {cell.name}{steps}"
+        if now := running_now(path, ended):
+            line += f"; {now}"
         left = len(planned) - len(ended)
         if walls and left:  # a skipped cell counts as one of no time: the plan interleaves
             # them, so the cells left hold them in the share those done did

@@ -25,6 +25,7 @@ from typing import Any
 
 from bench import ROOT, program
 from bench.config import ConfigError, run_dir_named
+from bench.harness import progress, results
 from bench.harness.nodes import PORTS
 
 #: after one rank of a step exits, the others get this long before SLURM kills them
@@ -389,12 +390,13 @@ def status(run_dir: Path) -> str:
     job = again or job
     fields, unknown = _job_state(job)
     rows = run_dir / "runs.csv"
-    n = 0
+    read: list[dict[str, str]] = []
     if rows.exists():
         import csv
 
         with open(rows, newline="") as f:  # a record may span lines (a quoted reason)
-            n = sum(1 for _ in csv.DictReader(f))
+            read = list(csv.DictReader(f))
+    n = len(read)
     written = f"{n} row{'' if n == 1 else 's'} written to {rows}"
     if unknown:
         return f"{name}: state unknown ({unknown}); {written}"
@@ -410,4 +412,7 @@ def status(run_dir: Path) -> str:
         return f"{name}: {state.lower()}, ended after {elapsed}; {written}{tail}"
     if state.upper() == "PENDING":
         return f"{name}: pending ({where}); {written}"
-    return f"{name}: {state.lower()} for {elapsed} on {count} node(s) ({where}); {written}"
+    line = f"{name}: {state.lower()} for {elapsed} on {count} node(s) ({where}); {written}"
+    ended = {k for r in read if (k := results.row_key(r)) is not None}
+    now = progress.running_now(run_dir, ended)  # the cell it is in, as its progress file says
+    return f"{line}; {now}" if now else line
