@@ -217,7 +217,7 @@ def running_now(path: Path, ended: Iterable[tuple[str, int, str, int]]) -> str:
     cell = max(begun)[1]
     state = read(cell)
     total = state.get("total") if isinstance(state, dict) else None
-    return f"now {cell.name}" + (f", step {state['done']} of {total}" if total else "")
+    return f"now {cell.name}" + (f", step {state.get('done', '?')} of {total}" if total else "")
 
 
 def run_status(path: Path) -> str:
