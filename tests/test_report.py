@@ -352,6 +352,12 @@ def test_failed_repeats_leave_the_summary_and_appear_with_their_reason(small_run
     assert "| ghost | 1 | timeout | r0 | no result within 240 s (hang?) |" in problems
     assert "| ghost | 2 | oom | r0 |" in problems
     assert "ghost" in problems.split("\n\n")[1]
+    # what runs them again; not for a verify's run, whose resume would give no verdict
+    assert f"again: `parabench run --resume {run_dir} --retry-failed`" in problems
+    config = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({**config, "save_params": True}))
+    run = report.load_run(run_dir)
+    assert "--retry-failed" not in report.report_markdown(run, report.summarise(run.runs), [])
 
 
 def test_median_and_spread_over_three_repeats(small_run, tmp_path) -> None:

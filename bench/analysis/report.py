@@ -1751,6 +1751,16 @@ def problems_markdown(
     return "\n".join(lines)
 
 
+def retry_command(run: Run) -> str:
+    """The command that runs the run's failed cells again; "" for a verify's run, whose
+    resume finishes its cells with no verdict (verify has none: it is run again whole)."""
+    if run.config.get("save_params") is True:  # what marks a verify's run (its weights kept)
+        return ""
+    return results.resume_command(
+        str(run.config.get("launcher") or ""), run.path, "parabench", True
+    )
+
+
 def retried_markdown(run: Run) -> str:
     """The cells `--retry-failed` ran again: each earlier attempt, how it ended and where
     its rows and folder are kept, beside how the cell's row ends now; "" where none."""
@@ -2389,14 +2399,7 @@ def report_markdown(
         *(["## Plots", *plots_markdown(images, undrawn)] if images or undrawn else []),
         *(["## Memory that grew step after step", growth] if growth else []),
         "## Unavailable, skipped and failed",
-        problems_markdown(
-            run.runs,
-            summary,
-            len(run.missing),
-            results.resume_command(
-                str(run.config.get("launcher") or ""), run.path, "parabench", True
-            ),
-        ),
+        problems_markdown(run.runs, summary, len(run.missing), retry_command(run)),
         *([retried] if (retried := retried_markdown(run)) else []),
         *([not_finite_text(run)] if run.not_finite else []),
     ]
