@@ -782,7 +782,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a run's state: running (where, how far, about how long left), stopped (how to "
         "finish it) or complete, and how its cells ended; a submitted run's job's state",
     )
-    st.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (submit's printed)")
+    st.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        nargs="?",
+        help="the run directory (submit's printed; default: the newest under results/)",
+    )
     st.set_defaults(func=cmd_status)
     add_verify_parser(sub)
     # the other analysis commands own their options (an import error here is a bug: it shows)
@@ -898,10 +903,24 @@ def cmd_status(a: argparse.Namespace) -> int:
     from bench.config import run_dir_named
     from bench.harness import progress, slurm
 
-    path = run_dir_named(a.run_dir)
+    path = run_dir_named(a.run_dir) if a.run_dir is not None else _newest_run()
     submitted = (path / "job.id").exists()
     print(slurm.status(path) if submitted else progress.run_status(path))
     return 0
+
+
+def _newest_run() -> Path:
+    """The run folder under the default --out-dir (results/) begun or written last: the one
+    `status` with no folder named follows (`make bench`'s, going in another terminal)."""
+    out = Path(RunConfig.out_dir)
+    runs = [p.parent for p in out.glob("*/config.json")]  # begun: before its first row
+    if not runs:
+        raise ConfigError(f"no run under {out}/ (in {Path.cwd()}): name a run folder")
+
+    def written(run: Path) -> float:
+        return max((p.stat().st_mtime for p in run.glob("*.csv")), default=0.0)
+
+    return max(runs, key=lambda run: max(written(run), (run / "config.json").stat().st_mtime))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

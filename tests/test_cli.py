@@ -1134,6 +1134,25 @@ def test_status_of_a_run_on_this_machine_says_how_far_it_is(tmp_path, capsys) ->
     )
 
 
+def test_status_with_no_folder_named_follows_the_newest_run(tmp_path, monkeypatch, capsys):
+    """`parabench status` alone (make bench going in another terminal, its run id made of the
+    time and a pid) follows the run under results/ begun or written last; with none there,
+    one line says so."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["status"]) == 2
+    assert "no run under results/" in capsys.readouterr().err
+    for when, name in enumerate(("older", "newer")):
+        (tmp_path / "results" / name).mkdir(parents=True)
+        config = tmp_path / "results" / name / "config.json"
+        config.write_text(json.dumps({"launcher": ""}))
+        os.utime(config, (1e9 + when, 1e9 + when))
+    assert main(["status"]) == 0
+    assert capsys.readouterr().out.startswith("results/newer: ")
+    (tmp_path / "results" / "older" / "runs.csv").write_text("strategy\n")  # written now
+    assert main(["status"]) == 0
+    assert capsys.readouterr().out.startswith("results/older: ")
+
+
 def test_status_of_an_older_run_or_a_verify_names_no_command_that_fails_it(
     tmp_path, capsys
 ) -> None:
