@@ -510,11 +510,13 @@ def cmd_run(a: argparse.Namespace) -> int:
             "--retry-failed runs the failed cells of a run again: it goes with --resume RUN_DIR"
         )
     if a.resume:
-        given = _given(a, keep=("resume", "no_report", "dry_run", "retry_failed"))
+        # --timeout measures nothing: a cell that timed out may run again with more time
+        given = _given(a, keep=("resume", "no_report", "dry_run", "retry_failed", "timeout"))
         if given:
             raise ConfigError(
-                f"--resume {a.resume} finishes the run with its own options (its config.json); "
-                f"{', '.join(given)} would be ignored: leave them out, or start a new run"
+                f"--resume {a.resume} finishes the run with its own options (its config.json; "
+                f"--timeout aside); {', '.join(given)} would be ignored: leave them out, or "
+                "start a new run"
             )
     cfg = config_from_args(a)
     if not a.resume:
@@ -539,7 +541,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     # a stop: the run says its own line (proc.Interrupted), or main says one where the run
     # could not (exit 130 both); swallowed here, a stop it could not say went unsaid
     run_dir, rows = runner.run_matrix(
-        cfg, resume=Path(a.resume) if a.resume else None, progress=True, retry=a.retry_failed
+        cfg,
+        resume=Path(a.resume) if a.resume else None,
+        progress=True,
+        retry=a.retry_failed,
+        timeout_s=cfg.timeout_s if a.resume and _given(a, only=("timeout",)) else None,
     )
     from bench.analysis import report
 
@@ -579,7 +585,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     if any(r["status"] in results.RETRYABLE for r in broken):
         launcher = runner.RunDir(run_dir).config().launcher
         again = results.resume_command(launcher, run_dir, retry=True)
-        print(f"to run those that failed, ran out of memory or timed out again: {again}")
+        more = (
+            " (with a larger --timeout SECONDS beside it for those that timed out)"
+            if any(r["status"] == results.TIMEOUT for r in broken)
+            else ""
+        )
+        print(f"to run those that failed, ran out of memory or timed out again: {again}{more}")
     return 1 if broken or not (rendered or a.no_report) else 0
 
 

@@ -556,6 +556,13 @@ CASES = [
     case(RUN, ["--retry-failed"], "goes with --resume RUN_DIR", id="retry-without-resume"),
     case(
         RUN,
+        ["--resume", "{file}", "--timeout", "-1"],
+        "--timeout takes seconds above 0",
+        ["file"],
+        id="resume-timeout-negative",
+    ),
+    case(
+        RUN,
         ["--resume", "{file}", "--retry-failed"],
         "no config.json there",
         ["file"],

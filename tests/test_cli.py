@@ -730,6 +730,35 @@ def test_resume_refuses_an_option_given_its_default(tmp_path, capsys, data_root,
         assert err.count("\n") == 1, err
 
 
+def test_resume_takes_a_timeout_for_the_cells_it_runs(tmp_path, capsys, data_root, monkeypatch):
+    """A cell that timed out ("too long for the --timeout") could only run again with the
+    same deadline: --resume refused --timeout as an option of the run's. It measures
+    nothing, so a resume (--retry-failed beside it) takes it for the cells it runs; the
+    run's config.json keeps the deadline its cells so far ran with."""
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    _, begun, _ = runner.open_run(cfg.replace(run_id="r"), None)
+    begun.unlock()
+    asked = []
+    monkeypatch.setattr(runner, "run_matrix", lambda cfg, **kw: asked.append(kw) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # (the run itself is not this test's)
+        main(["run", "--resume", str(begun.path), "--retry-failed", "--timeout", "900"])
+    assert (asked[0]["timeout_s"], asked[0]["retry"]) == (900, True)
+    with pytest.raises(ZeroDivisionError):
+        main(["run", "--resume", str(begun.path)])
+    assert asked[1]["timeout_s"] is None  # not given: the run's own
+    monkeypatch.undo()
+    said: list[str] = []
+    resumed, rd, _ = runner.open_run(cfg, begun.path, said.append, timeout_s=900)
+    rd.unlock()
+    assert resumed.timeout_s == 900 and said == [
+        "cells run with --timeout 900 s (the run began with 240)"
+    ]
+    assert rd.config().timeout_s == 240
+
+
 def test_a_lock_on_the_file_an_ending_run_removed_is_taken_anew(tmp_path, monkeypatch):
     """A harness that opened `.lock` just as the run holding it ended (which removes it)
     gets the lock on a file with no name: a third could then lock a new `.lock` too and

@@ -1530,10 +1530,16 @@ def _summary(row: dict[str, Any]) -> str:
 
 
 def open_run(
-    cfg: RunConfig, resume: Path | None, echo: Echo = print, retry: bool = False
+    cfg: RunConfig,
+    resume: Path | None,
+    echo: Echo = print,
+    retry: bool = False,
+    timeout_s: float | None = None,
 ) -> tuple[RunConfig, RunDir, list[Cell]]:
     """The run's config, directory and cells; nothing is created until `plan` accepts it.
-    `retry` (with `resume`): its failed cells run again (RunDir.retry_failed)."""
+    `retry` (with `resume`): its failed cells run again (RunDir.retry_failed); `timeout_s`
+    (with `resume`): its cells' deadline from now on (config.json keeps the one it began
+    with, as its cells so far ran with it)."""
     if resume is not None:
         rd = RunDir(resume)
         if not rd.config_path.exists():
@@ -1562,6 +1568,12 @@ def open_run(
                 )
             saved = saved.replace(hosts=now["hosts"], master_addr=now["master"])
         rd.done()  # a damaged or older runs.csv: one line, before anything is written
+        longer = ""  # said once the resume is under way
+        if timeout_s is not None and timeout_s != saved.timeout_s:
+            longer = (
+                f"cells run with --timeout {timeout_s:g} s (the run began with {saved.timeout_s:g})"
+            )
+            saved = saved.replace(timeout_s=timeout_s)
         # begun before config.json kept them: as it planned them, and where it began
         if not saved.world_sizes:
             saved = saved.replace(world_sizes=rd.planned_sizes())
@@ -1586,6 +1598,8 @@ def open_run(
             raise ConfigError(_unplanned(resume, unplanned))
         try:
             rd.lock()
+            if longer:
+                echo(longer)
             if retry:  # held: no other harness writes its rows as they move
                 again, left = rd.retry_failed(cells)
                 if again:
@@ -1739,14 +1753,15 @@ def run_matrix(
     again: str | None = None,
     kept: bool = True,
     retry: bool = False,
+    timeout_s: float | None = None,
 ) -> tuple[Path, list[dict]]:
     """Plan, then run every cell not yet done. `progress`: show the running cell's steps,
     speed and the ETAs (bench.harness.progress) on stderr. `again`: how to go on, said where
     the run stops (default: its --resume; a run of verify's is one step of verify's own).
     `kept`: whether the run's folder outlives a stop (verify's conditioning runs' does not),
-    so that the line says where its rows are kept. `retry`: a resume runs the failed cells
-    again (RunDir.retry_failed)."""
-    cfg, run_dir, cells = open_run(cfg, resume, echo, retry)
+    so that the line says where its rows are kept. `retry`, `timeout_s`: a resume runs the
+    failed cells again, and its cells with this deadline (open_run)."""
+    cfg, run_dir, cells = open_run(cfg, resume, echo, retry, timeout_s)
     if kept and again is None:  # a run of its own (not one of verify's steps): where to watch it
         where = shlex.quote(str(run_dir.path))
         echo(f"run folder: {run_dir.path} (`{program()} status {where}` says how far it is)")
