@@ -1138,13 +1138,9 @@ def test_a_latency_fitted_below_zero_is_not_said_as_0_us(tmp_path, monkeypatch) 
     assert list(predict.best_fits(tmp_path / "collectives.json")) == ["all_gather"]
 
 
-def test_a_what_if_link_predicts_from_fits_whose_latency_was_not_resolved(tmp_path, capsys) -> None:
-    """A run on a busy machine whose every fit's latency was not resolved (fitted below 0 us)
-    has nothing to predict from, but a what-if link names a latency of its own: `predict
-    --link` was refused all the same (no fit with both a bandwidth and a latency). It
-    predicts, saying that the measured sizes cannot be checked; --busbw, which supplies no
-    latency, and a plain predict are still refused, each saying what would do."""
-    from bench.cli import main
+def _reference_with_fits(tmp_path: Path, unresolved: str) -> Path:
+    """A copy of the CPU reference run whose every collective fit has no `unresolved`
+    figure (alpha_us: a latency fitted below 0 us; busbw_GBps: latency-bound)."""
     from bench.harness import collectives
 
     ref = Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist-20261126"
@@ -1153,8 +1149,20 @@ def test_a_what_if_link_predicts_from_fits_whose_latency_was_not_resolved(tmp_pa
     run = tmp_path / "run"
     shutil.copytree(ref, run)
     saved = collectives.load(run / "collectives.json")
-    fits = {k: {**f, "alpha_us": math.nan} for k, f in saved["fits"].items()}
+    fits = {k: {**f, unresolved: math.nan} for k, f in saved["fits"].items()}
     collectives.save(run / "collectives.json", saved["rows"], fits, saved["meta"])
+    return run
+
+
+def test_a_what_if_link_predicts_from_fits_whose_latency_was_not_resolved(tmp_path, capsys) -> None:
+    """A run on a busy machine whose every fit's latency was not resolved (fitted below 0 us)
+    has nothing to predict from, but a what-if link names a latency of its own: `predict
+    --link` was refused all the same (no fit with both a bandwidth and a latency). It
+    predicts, saying that the measured sizes cannot be checked; --busbw, which supplies no
+    latency, and a plain predict are still refused, each saying what would do."""
+    from bench.cli import main
+
+    run = _reference_with_fits(tmp_path, "alpha_us")
     sizes = ["--world-sizes", "8", "--csv", str(tmp_path / "p.csv")]
 
     assert main(["predict", str(run), *sizes, "--link", "ib-400g"]) == 0
@@ -1178,16 +1186,8 @@ def test_busbw_predicts_from_fits_with_no_bandwidth_and_writes_its_rows(tmp_path
     `predict --busbw` printed its table and stopped with exit 2 (that error), its CSV not
     written."""
     from bench.cli import main
-    from bench.harness import collectives
 
-    ref = Path(__file__).parents[1] / "results" / "reference" / "cpu-2core-mnist-20261126"
-    if not (ref / "collectives.json").exists():
-        pytest.skip(f"{ref} is not in this checkout")
-    run = tmp_path / "run"
-    shutil.copytree(ref, run)
-    saved = collectives.load(run / "collectives.json")
-    fits = {k: {**f, "busbw_GBps": math.nan} for k, f in saved["fits"].items()}
-    collectives.save(run / "collectives.json", saved["rows"], fits, saved["meta"])
+    run = _reference_with_fits(tmp_path, "busbw_GBps")
     out = tmp_path / "p.csv"
 
     assert (
