@@ -759,6 +759,28 @@ def test_resume_takes_a_timeout_for_the_cells_it_runs(tmp_path, capsys, data_roo
     assert rd.config().timeout_s == 240
 
 
+def test_a_resume_refused_says_no_new_timeout(tmp_path, data_root, monkeypatch):
+    """`--resume RUN --timeout S` said "cells run with --timeout S" and then was refused
+    (every cell it has left too big for this machine): the line
+    said a deadline that no cell ran with. It is said only where a cell runs with it."""
+    from bench.harness import runner
+    from tests.conftest import small_config
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    cfg = small_config(tmp_path, data_root, strategies=("pipeline_gpipe",), run_id="pipe")
+    _, begun, _ = runner.open_run(cfg, None)
+    begun.unlock()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    said: list[str] = []
+    with pytest.raises(ConfigError, match="nothing it has left can run here"):
+        runner.open_run(cfg, begun.path, said.append, timeout_s=900)
+    assert not any("--timeout" in line for line in said), said
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # where it fits: said
+    _, resumed, _ = runner.open_run(cfg, begun.path, said.append, timeout_s=900)
+    resumed.unlock()
+    assert said == ["cells run with --timeout 900 s (the run began with 240)"], said
+
+
 def test_a_lock_on_the_file_an_ending_run_removed_is_taken_anew(tmp_path, monkeypatch):
     """A harness that opened `.lock` just as the run holding it ended (which removes it)
     gets the lock on a file with no name: a third could then lock a new `.lock` too and

@@ -1598,8 +1598,6 @@ def open_run(
             raise ConfigError(_unplanned(resume, unplanned))
         try:
             rd.lock()
-            if longer:
-                echo(longer)
             if retry:  # held: no other harness writes its rows as they move
                 again, left = rd.retry_failed(cells)
                 if again:
@@ -1633,6 +1631,9 @@ def open_run(
                 f"written: {held[0].strategy} at world size {held[0].world_size}: "
                 f"{held[0].reason}"
             )
+        # once the resume is sure to go on (not refused above), and has a cell to run
+        if longer and any(not c.status and c.key not in done for c in cells if c not in held):
+            echo(longer)
         return saved, rd, [c for c in cells if c not in held]
     # the data root as read here, a whole path (data_path: a ~ expanded, as a shell leaves it
     # after --data-root=, not a folder named ~ below this one): kept relative, a --resume
