@@ -759,6 +759,37 @@ def test_resume_takes_a_timeout_for_the_cells_it_runs(tmp_path, capsys, data_roo
     assert rd.config().timeout_s == 240
 
 
+def test_a_resume_given_a_timeout_says_it_in_the_command_that_goes_on(
+    tmp_path, data_root, monkeypatch, capsys
+):
+    """`--resume RUN --retry-failed --timeout S` of a SLURM run outside an allocation was
+    told to `sbatch job.sbatch` (or resume inside salloc) with neither option, and such a
+    resume stopped (Ctrl-C) was told to go on with a plain --resume: either, run as said,
+    gave the cells the run's first deadline again (and retried none). They keep them."""
+    from bench.harness import proc, runner, slurm
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    _, begun, _ = runner.open_run(cfg.replace(run_id="r"), None)
+    begun.unlock()
+    monkeypatch.setattr(runner, "measure_collectives", lambda *a: (_ for _ in ()).throw(
+        KeyboardInterrupt))  # fmt: skip
+    with pytest.raises(proc.Interrupted):
+        runner.run_matrix(cfg, resume=begun.path, echo=lambda line: None, timeout_s=900)
+    assert f"continue with: parabench run --resume {begun.path} --timeout 900" in (
+        capsys.readouterr().err
+    )
+    config = json.loads(begun.config_path.read_text())
+    slurm_run = {"launcher": "slurm", "nodes": 1, "procs_per_node": 1, "hosts": ["n1"]}
+    begun.config_path.write_text(json.dumps({**config, **slurm_run, "master_addr": "n1"}))
+    (begun.path / "job.sbatch").write_text('exec parabench run --resume r "$@"\n')
+    monkeypatch.setattr(slurm, "in_allocation", lambda: False)
+    with pytest.raises(ConfigError) as refused:
+        runner.open_run(cfg, begun.path, retry=True, timeout_s=900)
+    job = begun.path / "job.sbatch"
+    assert f"sbatch {job} --retry-failed --timeout 900 (it resumes" in str(refused.value)
+
+
 def test_a_resume_refused_says_no_new_timeout(tmp_path, data_root, monkeypatch):
     """`--resume RUN --timeout S` said "cells run with --timeout S" and then was refused
     (every cell it has left too big for this machine): the line

@@ -261,19 +261,27 @@ def row_key(r: Mapping[str, Any]) -> tuple[str, int, str, int] | None:
         return None
 
 
-def resume_command(launcher: str, path: Path, command: str = "", retry: bool = False) -> str:
+def resume_command(
+    launcher: str,
+    path: Path,
+    command: str = "",
+    retry: bool = False,
+    timeout_s: float | None = None,
+) -> str:
     """The command that finishes the run at `path`: under SLURM, inside an allocation, or a
     submitted run's own job script, whose first branch resumes it. `command`: parabench as
     named there (default: as this process was called, bench.program()). `retry`: the one
-    that runs its failed cells again too (--retry-failed)."""
+    that runs its failed cells again too (--retry-failed). `timeout_s`: with the deadline a
+    resume was given (--timeout; config.json keeps the run's first)."""
     # quoted, so that it runs as printed where the path holds a space
     flag = " --retry-failed" if retry else ""
+    flag += f" --timeout {timeout_s:g}" if timeout_s is not None else ""
     how = f"{command or program()} run --resume {shlex.quote(str(path))}{flag}"
     if launcher != "slurm":
         return how
     job = path / "job.sbatch"
-    # a job script from before it passed its arguments on would drop --retry-failed
-    if job.exists() and (not retry or '"$@"' in job.read_text(errors="replace")):
+    # a job script from before it passed its arguments on would drop them
+    if job.exists() and (not flag or '"$@"' in job.read_text(errors="replace")):
         script = shlex.quote(str(job))
         return f"sbatch {script}{flag} (it resumes the run), or {how} inside salloc"
     return f"{how} inside an allocation (salloc)"

@@ -1554,7 +1554,8 @@ def open_run(
             if not slurm.in_allocation():
                 raise ConfigError(
                     f"--resume {resume}: the run's cells are srun steps (--launcher slurm); "
-                    f"continue it with {results.resume_command(saved.launcher, rd.path)}"
+                    "continue it with "
+                    + results.resume_command(saved.launcher, rd.path, "", retry, timeout_s)
                 )
             try:  # the threads its rows ran with: the CPUs they need on a node
                 now = slurm.describe(saved.nodes, saved.procs_per_node, saved.cores_per_node)
@@ -1795,7 +1796,9 @@ def run_matrix(
             if runner is not None:
                 runner.interrupt()
             n = len(run_dir.runs.read())
-            again = again or f"continue with: {results.resume_command(cfg.launcher, run_dir.path)}"
+            # a resume given --timeout goes on with it (config.json keeps the run's first)
+            how = results.resume_command(cfg.launcher, run_dir.path, timeout_s=timeout_s)
+            again = again or f"continue with: {how}"
             rows_in = f"{n} finished row{'' if n == 1 else 's'} kept in" if n else "no row yet for"
             line = f"{rows_in} {run_dir.runs.path}; {again}" if kept else again
             if isinstance(stop, KeyboardInterrupt):  # on stderr: seen where output goes to a file
