@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import shlex
@@ -929,9 +930,15 @@ def _newest_run() -> Path:
         raise ConfigError(f"no run under {out}/ (in {Path.cwd()}): name a run folder")
 
     def written(run: Path) -> float:
-        return max((p.stat().st_mtime for p in run.glob("*.csv")), default=0.0)
+        """When the run itself last wrote: its config.json and rows, not what a `report`
+        or `predict` of it wrote since (summary.csv, predict.csv)"""
+        when = 0.0
+        for name in ("config.json", "plan.csv", "runs.csv", "steps.csv", "ranks.csv"):
+            with contextlib.suppress(OSError):  # not yet written, or removed as it is read
+                when = max(when, (run / name).stat().st_mtime)
+        return when
 
-    return max(runs, key=lambda run: max(written(run), (run / "config.json").stat().st_mtime))
+    return max(runs, key=written)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1233,6 +1234,13 @@ def test_status_with_no_folder_named_follows_the_newest_run(tmp_path, monkeypatc
     (tmp_path / "results" / "older" / "runs.csv").write_text("strategy\n")  # written now
     assert main(["status"]) == 0
     assert capsys.readouterr().out.startswith("results/older: ")
+    # a report or prediction of the other run since writes no row of it: not followed
+    for name in ("summary.csv", "predict.csv"):
+        (tmp_path / "results" / "newer" / name).write_text("strategy\n")
+        later = time.time() + 60
+        os.utime(tmp_path / "results" / "newer" / name, (later, later))
+        assert main(["status"]) == 0
+        assert capsys.readouterr().out.startswith("results/older: "), name
 
 
 def test_status_of_an_older_run_or_a_verify_names_no_command_that_fails_it(
