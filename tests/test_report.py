@@ -1724,6 +1724,11 @@ def test_a_run_still_going_is_reported_as_going_not_stopped(
     assert f"it stopped; to finish it, parabench run --resume {going.path}.**" in text
     assert main(["compare", str(going.path), str(going.path), "--no-stats"]) == 0
     assert f"to finish it, .venv/bin/parabench run --resume {going.path}" in capsys.readouterr().out
+    # a verify's run (its weights kept): its resume would give no verdict, as status says
+    config = json.loads((going.path / "config.json").read_text())
+    (going.path / "config.json").write_text(json.dumps({**config, "save_params": True}))
+    text = report.render(going.path).read_text()
+    assert "--resume " not in text and "run the same verify again" in text
 
 
 def test_growth_on_a_cpu_says_what_of_it_malloc_held_free():

@@ -161,6 +161,9 @@ class Run:
                 f"{head}: the run is still going (parabench pid {pid} holds it); these are "
                 "its rows so far"
             )
+        if self.config.get("save_params") is True:  # a verify's run: no verdict from a resume
+            how = "verify has no --resume: for its verdict, run the same verify again"
+            return f"{head}: the run is still going, or it stopped; {how}"
         how = results.resume_command(str(self.config.get("launcher") or ""), self.path, command)
         return f"{head}: the run is still going, or it stopped; to finish it, {how}"
 
