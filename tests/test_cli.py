@@ -75,7 +75,7 @@ CASES = [
     (["--strategies", "single", "--device", "cuda"], "torch sees no CUDA device"),
     (  # (a --resume with nothing else: tests/test_bad_input.py, resume-a-file)
         ["--strategies", "single", "--resume", "/nonexistent/run"],
-        "finishes the run with its own options (its config.json); --strategies, --device",
+        "finishes the run with its own options (its config.json; --timeout aside); --strategies, --device",
     ),
     (
         ["--strategies", "amp_ddp", "--set", "amp_dtype=fp8"],
