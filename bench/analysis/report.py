@@ -161,9 +161,8 @@ class Run:
                 f"{head}: the run is still going (parabench pid {pid} holds it); these are "
                 "its rows so far"
             )
-        if self.config.get("save_params") is True:  # a verify's run: no verdict from a resume
-            how = "verify has no --resume: for its verdict, run the same verify again"
-            return f"{head}: the run is still going, or it stopped; {how}"
+        if results.of_verify(self.config):  # no verdict from its resume
+            return f"{head}: the run is still going, or it stopped; {results.VERIFY_AGAIN}"
         how = results.resume_command(str(self.config.get("launcher") or ""), self.path, command)
         return f"{head}: the run is still going, or it stopped; to finish it, {how}"
 
@@ -1757,7 +1756,7 @@ def problems_markdown(
 def retry_command(run: Run) -> str:
     """The command that runs the run's failed cells again; "" for a verify's run, whose
     resume finishes its cells with no verdict (verify has none: it is run again whole)."""
-    if run.config.get("save_params") is True:  # what marks a verify's run (its weights kept)
+    if results.of_verify(run.config):
         return ""
     return results.resume_command(
         str(run.config.get("launcher") or ""), run.path, "parabench", True

@@ -1359,7 +1359,7 @@ def again(cfg: RunConfig) -> str:
     --resume of the run it stopped in would finish that run alone, with no verdict, which
     takes the cells, their baselines and the comparison of one verify."""
     other = " under another --run-id" if cfg.run_id else ""
-    return f"verify has no --resume; for its verdict, run the same verify again{other}"
+    return f"{results.VERIFY_AGAIN}{other}"
 
 
 def baseline_runs(run_dir: Path) -> list[tuple[Layout, int]]:

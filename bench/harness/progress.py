@@ -257,8 +257,7 @@ def run_status(path: Path) -> str:
     launcher = str(config.get("launcher") or "") if isinstance(config, dict) else ""
     # a verify's run (it saves the final weights): its --resume would finish the run with
     # no verdict, which takes every cell, baseline and comparison of one verify
-    verify = isinstance(config, dict) and config.get("save_params") is True
-    again = "verify has no --resume; for its verdict, run the same verify again"
+    verify = results.of_verify(config)
     pid = results.held_by(path)
     if pid is not None:
         line = f"{path}: running (parabench pid {pid}): {done}"
@@ -274,7 +273,11 @@ def run_status(path: Path) -> str:
         line = f"{path}: not running, {done} (no plan.csv, an older parabench's run: which "
         line += "cells it planned is not known)"
     elif len(ended) < len(planned):
-        how = again if verify else f"to finish it: {results.resume_command(launcher, path)}"
+        how = (
+            results.VERIFY_AGAIN
+            if verify
+            else f"to finish it: {results.resume_command(launcher, path)}"
+        )
         return f"{path}: stopped, {done}; {how}"
     else:
         line = f"{path}: complete, {done}"

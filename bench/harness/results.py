@@ -261,6 +261,16 @@ def row_key(r: Mapping[str, Any]) -> tuple[str, int, str, int] | None:
         return None
 
 
+#: what a verify's run is told in place of a resume command: its --resume would finish the
+#: run alone, with no verdict, which takes the cells, baselines and comparison of one verify
+VERIFY_AGAIN = "verify has no --resume; for its verdict, run the same verify again"
+
+
+def of_verify(config: Any) -> bool:
+    """Whether a run's config.json (as read) is a verify's: a verify keeps its weights."""
+    return isinstance(config, Mapping) and config.get("save_params") is True
+
+
 def resume_command(
     launcher: str,
     path: Path,
