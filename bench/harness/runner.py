@@ -1619,7 +1619,8 @@ def open_run(
         # would count them done, and a resume where they fit would never run them
         done = rd.done()
         held = [c for c in cells if c.short and c.key not in done]
-        if held and not any(not c.status and c.key not in done for c in cells):
+        to_run = any(not c.status and c.key not in done for c in cells)  # (held: skipped)
+        if held and not to_run:
             rd.unlock()  # a resume that would measure nothing and exit 0, the run not whole
             raise ConfigError(
                 f"--resume {resume}: nothing it has left can run here: {len(held)} cell(s) "
@@ -1633,7 +1634,7 @@ def open_run(
                 f"{held[0].reason}"
             )
         # once the resume is sure to go on (not refused above), and has a cell to run
-        if longer and any(not c.status and c.key not in done for c in cells if c not in held):
+        if longer and to_run:
             echo(longer)
         return saved, rd, [c for c in cells if c not in held]
     # the data root as read here, a whole path (data_path: a ~ expanded, as a shell leaves it
