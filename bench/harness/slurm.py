@@ -390,12 +390,7 @@ def status(run_dir: Path) -> str:
     job = again or job
     fields, unknown = _job_state(job)
     rows = run_dir / "runs.csv"
-    read: list[dict[str, str]] = []
-    if rows.exists():
-        import csv
-
-        with open(rows, newline="") as f:  # a record may span lines (a quoted reason)
-            read = list(csv.DictReader(f))
+    read = results.CsvTable(rows, results.RUN_COLUMNS).read()  # (none yet: no rows)
     n = len(read)
     written = f"{n} row{'' if n == 1 else 's'} written to {rows}"
     if unknown:
