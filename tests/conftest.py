@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,16 @@ def need_horovod() -> None:
         if os.environ.get("PARABENCH_REQUIRE_HOROVOD") == "1":
             pytest.fail(f"Horovod should have been built by `make horovod`: {why}")
         pytest.skip(why)
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT as Python's own (KeyboardInterrupt), for a test that sends it to itself: a
+    suite started in the background of a non-interactive shell inherits it ignored, and so
+    does a pytest-xdist worker (make test), and a Ctrl-C sent to the test went unseen."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture(scope="session")

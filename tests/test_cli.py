@@ -1948,15 +1948,6 @@ def test_verify_reads_the_data_once_for_its_cap(tmp_path, capsys, data_root, mon
     assert limits == [None, 4096]
 
 
-@pytest.fixture
-def sigint_raises():
-    """SIGINT as Python's own (KeyboardInterrupt): a suite started in the background of a
-    non-interactive shell inherits it ignored, and a Ctrl-C sent to the test went unseen."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, old)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_verify_stopped_part_way_says_to_run_verify_again(
     tmp_path, capsys, data_root, monkeypatch, sig, sigint_raises

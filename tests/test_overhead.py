@@ -459,7 +459,7 @@ def test_a_stop_in_the_loop_cost_is_one_line_after_the_rounds(monkeypatch, tmp_p
     )
 
 
-def test_a_stop_under_loop_cost_only_counts_no_rounds(monkeypatch, capsys):
+def test_a_stop_under_loop_cost_only_counts_no_rounds(monkeypatch, capsys, sigint_raises):
     """--loop-cost-only asks for no rounds: stopped there, the line said "0 pair(s) of
     sides timed", as if rounds had been asked for and none had finished."""
     import signal

@@ -524,7 +524,7 @@ def test_a_render_stopped_part_way_leaves_the_earlier_one_whole(tmp_path, monkey
 
 
 def test_a_stop_as_the_files_are_put_in_place_waits_until_all_are(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, sigint_raises
 ) -> None:
     """Every file written whole, they are put in place one after another: Ctrl-C there
     left this render's last plots beside the earlier render's report.md and summary.csv,

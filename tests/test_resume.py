@@ -268,7 +268,7 @@ def test_sigterm_stops_cleanly_and_says_how_to_resume(tmp_path, data_root, capsy
 
 
 def test_ctrl_c_again_while_the_run_stops_still_says_how_to_resume(
-    tmp_path, data_root, monkeypatch, capsys
+    tmp_path, data_root, monkeypatch, capsys, sigint_raises
 ):
     """A user who presses Ctrl-C again (and again) while the harness stops the cell's ranks
     (seconds: SIGTERM, a grace, SIGKILL) cut that clean-up short: the line with the
@@ -310,7 +310,7 @@ def test_ctrl_c_again_while_the_run_stops_still_says_how_to_resume(
     assert leftover_processes(run_dir) == []
 
 
-def test_ctrl_c_as_a_cells_rows_are_written_waits_for_the_last_table(tmp_path):
+def test_ctrl_c_as_a_cells_rows_are_written_waits_for_the_last_table(tmp_path, sigint_raises):
     """A cell's steps, ranks and runs rows are written with Ctrl-C held off, so a stop never
     leaves a cell's steps without its row. The hold was a signal mask, the main thread's
     alone: in a harness that had run a torch op (the estimate times steps in it), torch's
@@ -542,7 +542,7 @@ def test_sigterm_before_the_cells_and_while_the_report_is_written_is_as_ctrl_c(
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_command_stopped_as_it_starts_says_one_line(monkeypatch, capsys, sig):
+def test_a_command_stopped_as_it_starts_says_one_line(monkeypatch, capsys, sig, sigint_raises):
     """Ctrl-C or SIGTERM in a command's first seconds, as its parser imports torch: one line
     and exit 130, where Ctrl-C there gave a traceback of torch's imports (SIGTERM ended it
     silently with 143: here the test's own handler hears it)."""
