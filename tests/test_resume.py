@@ -695,7 +695,8 @@ def test_a_stop_while_a_cell_forks_stops_the_run(tmp_path):
     which is killed."""
     os.register_at_fork(after_in_parent=_term_in_fork)  # no way to remove it: disarmed after
     old = signal.signal(signal.SIGTERM, proc.raise_interrupt)  # as run_matrix
-    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    # its own command line (tmp_path's): the search below is of every process on the machine
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path)]
     try:
         _TERM_IN_FORK.append(True)
         with pytest.raises(KeyboardInterrupt):
