@@ -319,6 +319,7 @@ def probed_run(tmp_path_factory, data_root):
     return run, bare
 
 
+@pytest.mark.serial  # shares of a step, and an MFU against a peak timed apart
 def test_probed_rows_break_the_step_down(probed_run) -> None:
     run, _ = probed_run
     rows = pd.read_csv(run / "runs.csv")

@@ -39,6 +39,7 @@ def faulty():
         yield
 
 
+@pytest.mark.serial  # its healthy cells must end inside the 20 s deadline
 def test_crash_hang_and_oom_become_rows_and_the_matrix_goes_on(tmp_path, data_root, faulty):
     cfg = small_config(
         tmp_path,
@@ -146,6 +147,7 @@ def test_a_rank_killed_by_a_signal_is_named_in_its_row(tmp_path, data_root, faul
     assert leftover_processes(run_dir) == []
 
 
+@pytest.mark.serial  # rank 1 must raise inside the 25 s deadline
 def test_a_rank_that_raised_then_never_ended_is_failed_with_its_error(tmp_path, data_root, faulty):
     """A rank wrote its error only after its teardown: one whose teardown never ended left
     no word of what it raised, and the cell read as a hang at its deadline ('timeout: ...
@@ -238,6 +240,7 @@ def _memory_cgroup(tmp_path: Path) -> Path:
     pytest.skip("no memory cgroup to make here (root, and a writable cgroup hierarchy, needed)")
 
 
+@pytest.mark.serial  # a real OOM kill: the machine's count and kernel log
 def test_a_loader_worker_the_oom_killer_killed_is_an_oom_row_with_the_kernels_words(
     tmp_path, data_root
 ):

@@ -24,6 +24,9 @@ from bench.cli import main
 from bench.config import RunConfig
 from tests.conftest import ROOT
 
+# two nodes' agents must reach their first step inside fixed deadlines
+pytestmark = pytest.mark.serial
+
 SCRIPT = ROOT / "scripts" / "netns_hosts.sh"
 HOSTS = ("10.231.0.1", "10.231.0.2")
 

@@ -21,6 +21,9 @@ from bench.harness import stats
 from bench.harness.runner import plan, run_matrix
 from tests.conftest import faulty_strategies, small_config
 
+# measures run-to-run noise and flags slowdowns: alone on the CPUs
+pytestmark = pytest.mark.serial
+
 # ---------------------------------------------------------------- statistics
 
 

@@ -70,6 +70,7 @@ def options_known(monkeypatch, capsys) -> set[str]:
     return set(re.findall(r"--[a-z][\w-]*", out))
 
 
+@pytest.mark.serial  # times the harness's step against a bare loop's
 def test_loop_cost_reports_the_harness_step_against_a_bare_one(monkeypatch, capsys):
     """--loop-cost-only runs the real loop (single's train_epoch) and a bare loop on a tiny
     model and prints both per-step figures and their difference with its interval, with no

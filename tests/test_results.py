@@ -274,6 +274,7 @@ def test_retry_failed_cut_short_at_any_write_ends_whole_on_the_next_resume(
     assert not (tmp_path / "cells" / "ddp-ws2-fp32-r0").exists()
 
 
+@pytest.mark.serial  # real sleeps, timed to a few ms
 def test_step_timer_measures_wall_time():
     import time
 

@@ -20,7 +20,8 @@ import pytest
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
-pytestmark = pytest.mark.slow
+# the machine's one SLURM cluster, on fixed ports; its jobs' processes must go in seconds
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

@@ -126,6 +126,7 @@ def test_a_bare_launcher_that_fails_says_why_in_one_line(tmp_path):
 
 # the timeout: long enough for the rank to start its child and say it waits (torchrun imports
 # torch first, seconds on a busy machine; spawn's rank is a bare Python, which imports nothing)
+@pytest.mark.serial  # torchrun's rank must start inside the 10 s
 @pytest.mark.parametrize(("launcher", "world", "limit"), [("spawn", 2, 6), ("torchrun", 1, 10)])
 def test_a_bare_launcher_that_hangs_is_killed_with_its_ranks_after_the_timeout(
     tmp_path, launcher, world, limit
