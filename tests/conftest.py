@@ -14,50 +14,19 @@ import torch
 import strategies
 from bench.config import RunConfig
 from bench.harness.runner import run_matrix
+from tests.suite_parts import shared_builds
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PARABENCH_TEST_DATA", ROOT.parent / "shared" / "data"))
 
 
-#: session fixtures that run cells: their users go to one xdist worker (shared_builds)
+#: session fixtures that run cells: their users go to one xdist worker (suite_parts)
 SHARED_SESSION = frozenset({"small_run"})
-
-
-def shared_builds(config, items) -> None:
-    """`make test` runs the suite on pytest-xdist workers (--dist loadgroup), then the tests
-    marked serial alone. Tests that share a build (a module-scoped fixture of their module,
-    or a run of SHARED_SESSION) get one xdist_group, so it is built once: on one worker, and
-    in one of the two parts (a group with a serial test is serial whole). A test that uses
-    two joins their groups."""
-    parent: dict[str, str] = {}
-
-    def root(key: str) -> str:
-        while parent.setdefault(key, key) != key:
-            key = parent[key]
-        return key
-
-    shares = []
-    for item in items:
-        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        keys = [name for name in defs if name in SHARED_SESSION]
-        if any(d[-1].scope == "module" for d in defs.values()):
-            keys.append(item.module.__name__)
-        for key in keys[1:]:
-            parent[root(key)] = root(keys[0])
-        if keys:
-            shares.append((item, keys[0]))
-    serial = {root(key) for item, key in shares if item.get_closest_marker("serial")}
-    xdist = config.pluginmanager.hasplugin("xdist")  # not installed with --no-deps (gpu-check)
-    for item, key in shares:
-        if xdist:
-            item.add_marker(pytest.mark.xdist_group(root(key)))
-        if root(key) in serial:
-            item.add_marker(pytest.mark.serial)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m reads the serial marks and xdist the groups
 def pytest_collection_modifyitems(config, items):
-    shared_builds(config, items)
+    shared_builds(config, items, SHARED_SESSION)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
         if "small_run" in getattr(item, "fixturenames", ()):
