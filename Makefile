@@ -50,15 +50,17 @@ bench: install
 
 # PARABENCH_REQUIRE_HOROVOD: a Horovod that failed to build fails the Horovod tests
 # instead of skipping them. The suite in two parts: on TEST_WORKERS pytest-xdist workers
-# (tests sharing a run on one: tests/conftest.py), then the tests marked serial alone (they
-# time something or wait on a fixed deadline). Both run, and either's failure fails it.
+# (tests sharing a run on one: tests/suite_parts.py), then the tests marked serial alone
+# (they time something or wait on a fixed deadline). Both run, and either's failure fails
+# it; a Ctrl-C in the first (pytest's exit 2) ends it there.
 TEST_WORKERS ?= 2
 SUITE := PARABENCH_REQUIRE_HOROVOD=1 $(PY) -m pytest -q -ra tests benchmarks/test_collectives.py --benchmark-disable
 test: install horovod
 	-@scripts/slurm_cluster.sh install || echo "slurm-wlm not installed: the SLURM tests will skip"
 	@rc=0; \
-	( set -x; $(SUITE) --durations=30 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" ) || rc=1; \
-	( set -x; $(SUITE) --durations=10 -m serial ) || rc=1; \
+	( set -x; $(SUITE) --durations=30 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" ) || rc=$$?; \
+	[ $$rc -ne 2 ] || exit 2; \
+	( set -x; $(SUITE) --durations=10 -m serial ) || rc=$$?; \
 	exit $$rc
 
 test-fast: install

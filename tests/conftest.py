@@ -68,8 +68,8 @@ def need_horovod() -> None:
 @pytest.fixture
 def sigint_raises():
     """SIGINT as Python's own (KeyboardInterrupt), for a test that sends it to itself: a
-    suite started in the background of a non-interactive shell inherits it ignored, and so
-    does a pytest-xdist worker (make test), and a Ctrl-C sent to the test went unseen."""
+    suite started in the background of a non-interactive shell (and its xdist workers)
+    inherits it ignored, and a Ctrl-C sent to the test went unseen."""
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, old)

@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Item:
-    """What shared_builds reads of a collected test: its module, its fixtures' scopes (the
+    """What shared_builds reads of a collected test: its file, its fixtures' scopes (the
     whole closure, as pytest lists it) and its marks."""
 
     def __init__(self, module: str, serial: bool = False, **scopes: str) -> None:
-        self.module = SimpleNamespace(__name__=module)
+        self.nodeid = f"{module}.py::test"
         defs = {name: (SimpleNamespace(scope=scope),) for name, scope in scopes.items()}
         self._fixtureinfo = SimpleNamespace(name2fixturedefs=defs)
         self.marks = [pytest.mark.serial.mark] if serial else []
@@ -40,33 +40,35 @@ class Item:
         return mark.args[0] if mark else None
 
 
-def config(xdist: bool = True, worker: bool = False):
-    """`worker`: an xdist worker's, under --dist loadgroup."""
-    plugins = SimpleNamespace(hasplugin=lambda name: xdist)
-    return SimpleNamespace(pluginmanager=plugins, option=SimpleNamespace(loadgroup=worker))
+def config(xdist: bool = True):
+    return SimpleNamespace(pluginmanager=SimpleNamespace(hasplugin=lambda name: xdist))
 
 
 def test_tests_sharing_a_build_share_a_group_and_the_others_are_free():
     run_a = Item("m1", run="module", tmp_path="function")
     run_b = Item("m1", run="module", data_root="session")
     free = Item("m1", tmp_path="function", data_root="session")  # a session fixture, not a run
-    other = Item("m2", cells="module")
-    shared_builds(config(), [run_a, run_b, free, other])
-    assert run_a.group == run_b.group == "m1"
+    other_build = Item("m1", reference="module")  # another build of the file's: apart
+    other_file = Item("m2", run="module")  # its own instance of a fixture of that name
+    by_class = Item("m2", per_class="class")
+    shared_builds(config(), [run_a, run_b, free, other_build, other_file, by_class])
+    assert run_a.group == run_b.group == "m1.py::run"
     assert free.group is None
-    assert other.group == "m2"
+    assert other_build.group == "m1.py::reference"
+    assert other_file.group == "m2.py::run"
+    assert by_class.group == "m2.py::per_class"
 
 
 def test_a_test_using_two_builds_joins_their_groups():
-    """small_run is one build for the whole session: its users in every module, and the
-    module fixtures built from it, are one group."""
+    """small_run is one build for the whole session: its users in every file, and the
+    fixtures built from it, are one group."""
     report = Item("m1", small_run="session", rendered="module")
-    report_only = Item("m1", reference="module")  # same module fixture instance per module
+    rendered = Item("m1", rendered="module")
     compare = Item("m2", small_run="session")
     alone = Item("m3", cells="module")
-    shared_builds(config(), [report, report_only, compare, alone], {"small_run"})
-    assert report.group == report_only.group == compare.group
-    assert alone.group == "m3" != report.group
+    shared_builds(config(), [report, rendered, compare, alone], {"small_run"})
+    assert report.group == rendered.group == compare.group
+    assert alone.group == "m3.py::cells" != report.group
 
 
 def test_a_group_with_a_serial_test_is_serial_whole():
@@ -80,19 +82,6 @@ def test_a_group_with_a_serial_test_is_serial_whole():
     assert unshared.get_closest_marker("serial") is None
     assert elsewhere.get_closest_marker("serial") is None
     assert reader.group is None  # no xdist (gpu-check's --no-deps install): no group marks
-
-
-def test_an_xdist_worker_hands_out_the_groups_first_and_the_order_stays_otherwise():
-    """xdist gives work out in collection order: a long group collected last would run on
-    one worker while the other sat idle. A plain pytest keeps the file order."""
-    items = [Item("m1", tmp_path="function"), Item("m1", run="module"), Item("m2")]
-    items.append(Item("m3", cells="module"))
-    plain = list(items)
-    shared_builds(config(), plain)
-    assert plain == items
-    shared_builds(config(worker=True), items)
-    assert [i.group for i in items] == ["m1", "m3", None, None]
-    assert items[2:] == [plain[0], plain[2]]
 
 
 MODULE = """
