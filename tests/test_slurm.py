@@ -20,8 +20,9 @@ import pytest
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
-# the machine's one SLURM cluster, on fixed ports; its jobs' processes must go in seconds
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# the module's cluster listens on fixed ports: its tests are one xdist group (its fixture's),
+# never two clusters at once
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
