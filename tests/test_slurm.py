@@ -20,9 +20,8 @@ import pytest
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
-# the module's cluster listens on fixed ports: its tests are one xdist group (its fixture's),
-# never two clusters at once
-pytestmark = pytest.mark.slow
+# the machine's one SLURM cluster, on fixed ports; its jobs' processes must go in seconds
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")
