@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(config, items):
     shared_builds(config, items, SHARED_SESSION)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
-        if "small_run" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.slow)  # the fixture runs the whole matrix
+        if SHARED_SESSION.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)  # small_run runs the whole matrix
         if item.get_closest_marker("requires_cuda") and gpus == 0:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
         m = item.get_closest_marker("requires_gpus")

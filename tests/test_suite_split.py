@@ -1,4 +1,4 @@
-"""make test's two parts (tests/conftest.py, shared_builds): tests that share a build (a
+"""make test's two parts (tests/suite_parts.py, shared_builds): tests that share a build (a
 module-scoped fixture, a session run such as small_run) go to one xdist worker and to one
 part, so that it is built once."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -123,7 +122,7 @@ def test_under_xdist_a_modules_build_is_made_once_on_one_worker(tmp_path):
     hook = "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
     (tmp_path / "conftest.py").write_text(hook)
     for name in ("test_a", "test_b"):
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(MODULE))
+        (tmp_path / f"{name}.py").write_text(MODULE)
     log = tmp_path / "log.txt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPLIT_LOG": str(log)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"]
