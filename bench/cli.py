@@ -552,6 +552,12 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     rendered = None
     if not a.no_report:  # before the table, so a reader gone by then does not lose it
+        # the run held again while its report is written: `status` said it complete, its
+        # report named nowhere, for the seconds the plots take (another process reading
+        # whether it is held keeps it from us a moment: then written unheld, as before)
+        held = runner.RunDir(run_dir)
+        with contextlib.suppress(ConfigError, OSError):
+            held.lock()
         try:
             rendered = report.render(run_dir)
         except report.StoppedWhole as stop:
@@ -571,6 +577,8 @@ def cmd_run(a: argparse.Namespace) -> int:
                 f"`{program()} report {run_dir}` writes it",
                 file=sys.stderr,
             )
+        finally:
+            held.unlock()
     print(summary.table(rows))
     ranking, busy = report.run_end_lines(run_dir)
     for line in ranking:

@@ -555,6 +555,39 @@ def test_ctrl_c_in_the_report_after_the_run_says_the_rows_are_kept(
     )
 
 
+def test_a_run_writing_its_report_is_still_going_to_status(run, tmp_path, monkeypatch, untimed):
+    """`parabench run` let go of its run as the last cell ended, then wrote the report (its
+    plots: seconds): `status` in another terminal said the run complete and named no
+    report, which was not there yet. It holds the run until the report is written: status
+    says it is writing it, then complete with the report."""
+    import shutil
+
+    from bench.analysis import report
+    from bench.harness import progress, results, runner
+
+    done = tmp_path / "out" / "done"
+    shutil.copytree(ROOT / "results/reference/cpu-2core-mnist-3rounds", done)
+    (done / "report.md").unlink()
+    rd = runner.RunDir(done)  # planned: the cells it has rows for (an older run: no plan.csv)
+    rd.write_plan([SimpleNamespace(key=k) for k in {results.row_key(r) for r in rd.runs.read()}])
+    monkeypatch.setattr(runner, "run_matrix", lambda cfg, **kw: (done, []))
+    said = []
+
+    def render(run_dir):
+        said.append(progress.run_status(run_dir))
+        (run_dir / "report.md").write_text("# report\n")
+        return run_dir / "report.md"
+
+    monkeypatch.setattr(report, "render", render)
+    code, out, err = run("--strategies", "single", "--world-sizes", "1")
+    assert code == 0, err
+    cells = "120 of 120 cells done (84 ok, 30 skipped, 6 unavailable)"
+    pid = os.getpid()
+    assert said == [f"{done}: running (parabench pid {pid}): {cells}; writing its report"]
+    report_md = done / "report.md"
+    assert progress.run_status(done) == f"{done}: complete, {cells}; report: {report_md}"
+
+
 def test_a_stop_the_run_could_not_say_is_said_once(run, tmp_path, monkeypatch, untimed):
     """Ctrl-C that left the run before it could say what it kept (as it opened its folder):
     `run` ended with exit 130 and not a word; now main's line. A stop the run did say

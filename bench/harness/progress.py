@@ -264,6 +264,8 @@ def run_status(path: Path) -> str:
         if now := running_now(path, ended):
             line += f"; {now}"
         left = len(planned) - len(ended)
+        if not left and not unplanned:  # run_matrix's end: `run` holds it for its report
+            line += "; writing its report"
         if walls and left:  # a skipped cell counts as one of no time: the plan interleaves
             # them, so the cells left hold them in the share those done did
             each = sum(walls.values()) / len(ended)
