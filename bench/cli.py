@@ -594,11 +594,14 @@ def cmd_run(a: argparse.Namespace) -> int:
     if any(r["status"] in results.RETRYABLE for r in broken):
         launcher = runner.RunDir(run_dir).config().launcher
         again = results.resume_command(launcher, run_dir, retry=True)
-        more = (
-            " (with a larger --timeout SECONDS beside it for those that timed out)"
-            if any(r["status"] == results.TIMEOUT for r in broken)
-            else ""
-        )
+        more = ""
+        if any(r["status"] == results.TIMEOUT for r in broken):  # (a resume's is in `again`)
+            larger = (
+                "its --timeout larger"
+                if "--timeout" in again
+                else "a larger --timeout SECONDS beside it"
+            )
+            more = f" (with {larger} for those that timed out)"
         print(f"to run those that failed, ran out of memory or timed out again: {again}{more}")
     return 1 if broken or not (rendered or a.no_report) else 0
 

@@ -824,6 +824,43 @@ def test_a_resume_given_a_timeout_says_it_in_the_command_that_goes_on(
     assert f"sbatch {job} --retry-failed --timeout 900 (it resumes" in str(refused.value)
 
 
+def test_the_timeout_a_stopped_resume_gave_is_named_by_what_goes_on(
+    run, tmp_path, data_root, monkeypatch, untimed
+):
+    """A resume given --timeout that stopped said to go on with it, but `status`, the report
+    and a run's end line for its failed cells named a plain --resume, which ran the cells
+    left with the run's first deadline again. The deadline the last resume that ran cells
+    gave them is kept beside config.json (which keeps the first) and named by each; a plain
+    resume that runs cells goes back to the run's own."""
+    import shutil
+
+    from bench.harness import progress, results, runner
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
+    _, begun, _ = runner.open_run(cfg.replace(run_id="r"), None)
+    begun.unlock()
+    plain = f"to finish it: parabench run --resume {begun.path}"
+    assert progress.run_status(begun.path).endswith(plain)
+    for timeout_s, said in ((900, f"{plain} --timeout 900"), (None, plain)):
+        _, rd, _ = runner.open_run(cfg, begun.path, lambda line: None, timeout_s=timeout_s)
+        rd.unlock()  # (stopped before its first cell ended)
+        assert progress.run_status(begun.path).endswith(said), timeout_s
+        assert rd.config().timeout_s == 240
+    # a run's end: the failed cells' command keeps it, and asks for more where one timed out
+    done = tmp_path / "out" / "done"
+    shutil.copytree(ROOT / "results/reference/cpu-2core-mnist-3rounds", done)
+    (done / results.RESUMED).write_text('{"timeout_s": 900}')
+    rows = [{**runner.RunDir(done).runs.read()[0], "status": "timeout", "reason": "too long"}]
+    monkeypatch.setattr(runner, "run_matrix", lambda cfg, **kw: (done, rows))
+    code, out, err = run("--strategies", "single", "--world-sizes", "1", "--no-report")
+    assert out.splitlines()[-1] == (
+        f"to run those that failed, ran out of memory or timed out again: parabench run "
+        f"--resume {done} --retry-failed --timeout 900 (with its --timeout larger for those "
+        "that timed out)"
+    )
+
+
 def test_a_resume_refused_says_no_new_timeout(tmp_path, data_root, monkeypatch):
     """`--resume RUN --timeout S` said "cells run with --timeout S" and then was refused
     (every cell it has left too big for this machine): the line

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import math
 import os
 import re
@@ -271,6 +272,20 @@ def of_verify(config: Any) -> bool:
     return isinstance(config, Mapping) and config.get("save_params") is True
 
 
+#: the --timeout the last resume that ran cells gave them, where it was not the run's first
+#: (config.json keeps that one: its first cells ran with it); none: the run's own
+RESUMED = "resumed.json"
+
+
+def resumed_timeout(path: Path) -> float | None:
+    """The deadline the run's cells last ran with where a resume's --timeout set it
+    (RESUMED), else None: config.json's."""
+    try:
+        return float(json.loads((path / RESUMED).read_text())["timeout_s"])
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not one this wrote
+        return None
+
+
 def resume_command(
     launcher: str,
     path: Path,
@@ -282,7 +297,11 @@ def resume_command(
     submitted run's own job script, whose first branch resumes it. `command`: parabench as
     named there (default: as this process was called, bench.program()). `retry`: the one
     that runs its failed cells again too (--retry-failed). `timeout_s`: with the deadline a
-    resume was given (--timeout; config.json keeps the run's first)."""
+    resume was given (--timeout; config.json keeps the run's first); none given, the one
+    the last resume that ran cells gave them (resumed_timeout), as a plain --resume would
+    run the cells left with the first again."""
+    if timeout_s is None:
+        timeout_s = resumed_timeout(path)
     # quoted, so that it runs as printed where the path holds a space
     flag = " --retry-failed" if retry else ""
     flag += f" --timeout {timeout_s:g}" if timeout_s is not None else ""

@@ -1610,16 +1610,22 @@ def open_run(
                     echo(left or "no failed cell to retry")
             rd.write_plan(cells)  # as it is now (a run from before plan.csv had none)
             rd.drop_unfinished()
+            # cells it planned that this machine has too few cores or GPUs for: a skipped
+            # row would count them done, and a resume where they fit would never run them
+            done = rd.done()
+            held = [c for c in cells if c.short and c.key not in done]
+            to_run = any(not c.status and c.key not in done for c in cells)  # (held: skipped)
+            if to_run:  # the deadline they run with, for the command that goes on from here
+                resumed = rd.path / results.RESUMED
+                if longer:
+                    results.write_whole(resumed, json.dumps({"timeout_s": timeout_s}))
+                else:
+                    resumed.unlink(missing_ok=True)
         except OSError as exc:  # read-only now, a full disk: before anything runs
             rd.unlock()
             raise ConfigError(
                 f"{rd.path}: cannot write the run there ({exc.strerror or exc})"
             ) from None
-        # cells it planned that this machine has too few cores or GPUs for: a skipped row
-        # would count them done, and a resume where they fit would never run them
-        done = rd.done()
-        held = [c for c in cells if c.short and c.key not in done]
-        to_run = any(not c.status and c.key not in done for c in cells)  # (held: skipped)
         if held and not to_run:
             rd.unlock()  # a resume that would measure nothing and exit 0, the run not whole
             raise ConfigError(
