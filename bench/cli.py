@@ -595,10 +595,10 @@ def cmd_run(a: argparse.Namespace) -> int:
         launcher = runner.RunDir(run_dir).config().launcher
         again = results.resume_command(launcher, run_dir, retry=True)
         more = ""
-        if any(r["status"] == results.TIMEOUT for r in broken):  # (a resume's is in `again`)
-            larger = (
+        if any(r["status"] == results.TIMEOUT for r in broken):
+            larger = (  # a resume's --timeout, which `again` names
                 "its --timeout larger"
-                if "--timeout" in again
+                if results.resumed_timeout(run_dir) is not None
                 else "a larger --timeout SECONDS beside it"
             )
             more = f" (with {larger} for those that timed out)"
