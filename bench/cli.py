@@ -553,12 +553,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     rendered = None
     if not a.no_report:  # before the table, so a reader gone by then does not lose it
         # the run held again while its report is written: `status` said it complete, its
-        # report named nowhere, for the seconds the plots take (another process reading
-        # whether it is held keeps it from us a moment: then written unheld, as before)
+        # report named nowhere, for the seconds the plots take (a second parabench that
+        # took the run as this one let go of it: written unheld, as before)
         held = runner.RunDir(run_dir)
-        with contextlib.suppress(ConfigError, OSError):
-            held.lock()
         try:
+            with contextlib.suppress(ConfigError, OSError):
+                held.lock()
             rendered = report.render(run_dir)
         except report.StoppedWhole as stop:
             print(f"interrupted once the report was whole: {stop}", file=sys.stderr)

@@ -588,6 +588,30 @@ def test_a_run_writing_its_report_is_still_going_to_status(run, tmp_path, monkey
     assert progress.run_status(done) == f"{done}: complete, {cells}; report: {report_md}"
 
 
+def test_the_report_a_run_writes_of_itself_does_not_call_it_still_going(tmp_path):
+    """`run` holds its run as it writes the report: one that left cells for a machine they
+    fit on has planned cells with no row, and its report.md named this very process as the
+    one still running it ("parabench pid N holds it"), for good. It says how to finish it."""
+    import shutil
+
+    from bench.analysis import report
+    from bench.harness import results, runner
+
+    done = tmp_path / "done"
+    shutil.copytree(ROOT / "results/reference/cpu-2core-mnist-3rounds", done)
+    rd = runner.RunDir(done)
+    cells = [*{results.row_key(r) for r in rd.runs.read()}, ("ddp_spawn", 8, "fp32", 0)]
+    rd.write_plan([SimpleNamespace(key=k) for k in cells])
+    rd.lock()  # as `run` holds it
+    try:
+        text = report.load_run(done).missing_text()
+    finally:
+        rd.unlock()
+    assert text.endswith(
+        f"the run is still going, or it stopped; to finish it, parabench run --resume {done}"
+    ), text
+
+
 def test_a_stop_the_run_could_not_say_is_said_once(run, tmp_path, monkeypatch, untimed):
     """Ctrl-C that left the run before it could say what it kept (as it opened its folder):
     `run` ended with exit 130 and not a word; now main's line. A stop the run did say

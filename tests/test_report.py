@@ -1685,6 +1685,18 @@ def test_cells_measured_while_other_processes_took_the_cpus_are_named(reference)
     assert "other processes used" not in report.ranking_markdown(summary, gpu)
 
 
+#: a process that holds the run's lock (argv[1]) as a parabench running it does, until its
+#: stdin closes
+_HOLDS = (
+    "import fcntl, os, sys\n"
+    "f = open(sys.argv[1], 'a+')\n"
+    "fcntl.flock(f, fcntl.LOCK_EX)\n"
+    "f.truncate(0); f.write(f'{os.getpid()}\\n'); f.flush()\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
 def test_a_run_still_going_is_reported_as_going_not_stopped(
     tmp_path, data_root, capsys, monkeypatch
 ) -> None:
@@ -1693,24 +1705,35 @@ def test_a_run_still_going_is_reported_as_going_not_stopped(
     that --resume is refused while the run holds its lock. Where a parabench holds it, the
     report says the run is going, by its pid, and offers no --resume; once it has let go,
     the --resume."""
-    import os
+    import subprocess
+    import sys
 
     from bench.harness import runner
     from tests.conftest import small_config
 
     cfg = small_config(tmp_path, data_root, strategies=("single",), world_sizes=(1,))
-    _, going, _ = runner.open_run(cfg.replace(run_id="going"), None)  # held by this process
+    _, going, _ = runner.open_run(cfg.replace(run_id="going"), None)
+    going.unlock()
+    # another process holds it as a parabench running it does (this one's own hold is `run`
+    # writing the report of the run it ended: not one going)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDS, str(going.path / ".lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        assert holder.stdout.readline() == "held\n"
         text = report.render(going.path).read_text()
         assert "**Incomplete: 1 of 1 planned cells have no row yet (single ws=1 " in text
-        said = f"the run is still going (parabench pid {os.getpid()} holds it); these are its"
+        said = f"the run is still going (parabench pid {holder.pid} holds it); these are its"
         assert said in text, text[:600]
         assert "--resume" not in text and "it stopped" not in text
         assert main(["compare", str(going.path), str(going.path), "--no-stats"]) == 0
         out = capsys.readouterr().out
         assert said in out and "--resume" not in out, out
     finally:
-        going.unlock()
+        holder.communicate(timeout=30)  # its stdin closed: it ends, and lets go
     text = report.render(going.path).read_text()
     assert f"it stopped; to finish it, parabench run --resume {going.path}.**" in text
     # report.md, read elsewhere, names parabench plainly; the terminal as it was called

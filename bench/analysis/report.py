@@ -18,6 +18,7 @@ import csv
 import functools
 import json
 import math
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -156,7 +157,9 @@ class Run:
             f"({'; '.join(shown)}{more})"
         )
         pid = results.held_by(self.path)
-        if pid is not None:  # its --resume would be refused: the run is not stopped
+        # (this process's own hold: `run` writing the report of the run it ended, whose
+        # cells left are for a machine they fit on)
+        if pid not in (None, str(os.getpid())):  # its --resume would be refused: not stopped
             return (
                 f"{head}: the run is still going (parabench pid {pid} holds it); these are "
                 "its rows so far"
