@@ -593,12 +593,13 @@ def cmd_run(a: argparse.Namespace) -> int:
         print(f"{len(broken)} cell(s) failed, ran out of memory, timed out or diverged (see above)")
     if any(r["status"] in results.RETRYABLE for r in broken):
         launcher = runner.RunDir(run_dir).config().launcher
-        again = results.resume_command(launcher, run_dir, retry=True)
+        kept = results.resumed_timeout(run_dir)  # a resume's --timeout, which `again` names
+        again = results.resume_command(launcher, run_dir, retry=True, timeout_s=kept)
         more = ""
         if any(r["status"] == results.TIMEOUT for r in broken):
-            larger = (  # a resume's --timeout, which `again` names
+            larger = (
                 "its --timeout larger"
-                if results.resumed_timeout(run_dir) is not None
+                if kept is not None
                 else "a larger --timeout SECONDS beside it"
             )
             more = f" (with {larger} for those that timed out)"

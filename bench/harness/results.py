@@ -286,6 +286,15 @@ def resumed_timeout(path: Path) -> float | None:
         return None
 
 
+def keep_resumed_timeout(path: Path, timeout_s: float | None) -> None:
+    """As a resume begins to run cells: the --timeout it gives them, where it is not the
+    run's first (None: the run's own again)."""
+    if timeout_s is None:
+        (path / RESUMED).unlink(missing_ok=True)
+    else:
+        write_whole(path / RESUMED, json.dumps({"timeout_s": timeout_s}))
+
+
 def resume_command(
     launcher: str,
     path: Path,

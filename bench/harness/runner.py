@@ -1616,11 +1616,7 @@ def open_run(
             held = [c for c in cells if c.short and c.key not in done]
             to_run = any(not c.status and c.key not in done for c in cells)  # (held: skipped)
             if to_run:  # the deadline they run with, for the command that goes on from here
-                resumed = rd.path / results.RESUMED
-                if longer:
-                    results.write_whole(resumed, json.dumps({"timeout_s": timeout_s}))
-                else:
-                    resumed.unlink(missing_ok=True)
+                results.keep_resumed_timeout(rd.path, timeout_s if longer else None)
         except OSError as exc:  # read-only now, a full disk: before anything runs
             rd.unlock()
             raise ConfigError(
